@@ -1,0 +1,45 @@
+"""lazyweights: lazy model weight adapters over memory-mapped safetensors and GGUF.
+
+Write an adapter the way the seed documents do; every op builds a graph node and nothing is read until
+`.data`, `to_numpy()`, `Plan.materialize()`, `allocated_weights` or a save.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from safetensors.numpy import save_file
+    >>> import lazyweights as lw
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+    >>> save_file({"model.norm.weight": np.ones(4, np.float32)}, path)
+    >>> weights = lw.load_weights([path])
+    >>> adapted = {k.replace("model.", ""): w.data().astype(lw.DType.bfloat16) for k, w in weights.items()}
+    >>> lw.plan(adapted).materialize()["norm.weight"].dtype.name
+    'bfloat16'
+"""
+from .device import DeviceRef
+from .dtype import DType
+from .errors import (
+    BudgetError,
+    DTypeError,
+    ExecutionError,
+    FormatError,
+    LazyWeightsError,
+    LoadError,
+    MissingWeightError,
+    ShapeError,
+    SourceChangedError,
+    WriteError,
+)
+from .formats import WeightsFormat, weights_format
+from .plan import Plan, plan
+from .quantization import QuantizationEncoding
+from .weight import Weight
+from .weight_data import WeightData, concat, from_numpy, split, stack
+from .weights import Weights, load_weights
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",
+    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError",
+    "Weight", "WeightData", "Weights", "WeightsFormat", "WriteError", "concat", "from_numpy", "load_weights",
+    "plan", "split", "stack", "weights_format",
+]

@@ -1,0 +1,52 @@
+"""`DeviceRef`: where a materialized weight lives ("cpu" or "gpu:N"), in the seed system's spelling.
+
+Example:
+    >>> from lazyweights import DeviceRef
+    >>> DeviceRef.GPU(0), DeviceRef.CPU(), DeviceRef.parse("gpu:1")
+    (DeviceRef.GPU(0), DeviceRef.CPU(), DeviceRef.GPU(1))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import LazyWeightsError
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A device: `kind` is "cpu" or "gpu"; `id` the device index."""
+
+    kind: str = "cpu"
+    id: int = 0
+
+    @staticmethod
+    def CPU(id: int = 0) -> "DeviceRef":  # noqa: N802 - the seed system's spelling
+        return DeviceRef("cpu", id)
+
+    @staticmethod
+    def GPU(id: int = 0) -> "DeviceRef":  # noqa: N802
+        return DeviceRef("gpu", id)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "gpu"
+
+    @classmethod
+    def parse(cls, value) -> "DeviceRef":
+        """Accept None (cpu), a DeviceRef, "cpu", "gpu", "gpu:1", "cuda:1"."""
+        if value is None:
+            return cls.CPU()
+        if isinstance(value, DeviceRef):
+            return value
+        if isinstance(value, str):
+            kind, _, idx = value.lower().partition(":")
+            kind = {"cuda": "gpu"}.get(kind, kind)
+            if kind in ("cpu", "gpu") and (idx == "" or idx.isdigit()):
+                return cls(kind, int(idx or 0))
+        raise LazyWeightsError(f"unknown device {value!r}; use 'cpu', 'gpu' or 'gpu:N'")
+
+    def __repr__(self) -> str:
+        return f"DeviceRef.{self.kind.upper()}({self.id if self.kind == 'gpu' else ''})"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"

@@ -1,0 +1,96 @@
+"""The exception hierarchy. Every error lazyweights raises on bad input derives from `LazyWeightsError`.
+
+Each subclass also derives from the builtin a caller would naturally catch (a missing weight is a
+`KeyError`, a mismatch at load is a `ValueError`), so code written against the seed system keeps working.
+
+    LazyWeightsError
+    ├── FormatError            a file is not what it claims (bad magic, header, offsets, truncation)
+    │   └── SourceChangedError a file changed size or identity after it was opened
+    ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
+    ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
+    ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
+    ├── LoadError              (also ValueError) load_state_dict found missing/unexpected/mismatched weights
+    ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
+    └── ExecutionError         a step failed while running a plan; names the output tensor
+        └── WriteError         writing an output failed (disk full, permissions); names the file
+
+Example:
+    >>> from lazyweights import LazyWeightsError, MissingWeightError
+    >>> issubclass(MissingWeightError, KeyError) and issubclass(MissingWeightError, LazyWeightsError)
+    True
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+
+class LazyWeightsError(Exception):
+    """Root of every error lazyweights raises on bad input."""
+
+
+class FormatError(LazyWeightsError, ValueError):
+    """A checkpoint file is malformed: the message names the file and, where known, the tensor."""
+
+
+class SourceChangedError(FormatError):
+    """A source file was truncated, replaced or modified after `load_weights` opened it."""
+
+
+class MissingWeightError(LazyWeightsError, KeyError):
+    """A weight name that does not exist. Carries close matches as a did-you-mean suggestion."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message with quotes
+        return self.message
+
+
+class ShapeError(LazyWeightsError, ValueError):
+    """An op whose shapes do not fit; raised when the node is built, with both shapes in the message."""
+
+
+class DTypeError(LazyWeightsError, TypeError, ValueError):
+    """An unsupported dtype, or an op the dtype does not allow (e.g. casting packed quantized blocks)."""
+
+
+class LoadError(LazyWeightsError, ValueError):
+    """`load_state_dict` found missing, unexpected or mismatched weights (all are listed in one message)."""
+
+
+class BudgetError(LazyWeightsError, ValueError):
+    """The memory budget is smaller than the largest block the plan must hold at once."""
+
+
+class ExecutionError(LazyWeightsError, RuntimeError):
+    """A step failed while running a plan. `tensor` names the output being computed."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
+
+
+class WriteError(ExecutionError, OSError):
+    """Writing an output failed. The partial output has been removed; `path` names it."""
+
+    def __init__(self, message: str, path: str | None = None, tensor: str | None = None):
+        ExecutionError.__init__(self, message, tensor)
+        self.path = path
+
+
+def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
+    """A ' Did you mean ...?' suffix naming the closest candidates, or '' when none are close."""
+    close = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def missing_weight(name: str, candidates: Iterable[str], where: str = "the checkpoint") -> MissingWeightError:
+    """Build the error for a missing weight, with a did-you-mean suggestion."""
+    candidates = list(candidates)
+    return MissingWeightError(
+        f"No weight named {name!r} in {where} ({len(candidates)} weights).{did_you_mean(name, candidates)}"
+    )

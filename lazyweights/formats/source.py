@@ -1,0 +1,169 @@
+"""Memory-mapped source files and the tensor records readers produce.
+
+A reader (safetensors, GGUF) validates a file's header and yields `TensorRecord`s: where a tensor's bytes
+are (file, absolute offset, byte length) and what they mean (dtype, shape, quantization). Records are
+frozen and hashable: they are the argument of a graph `source` node.
+
+`SourceFile` owns one read-only memory map per file. It remembers the file's size and identity (device,
+inode, mtime) when opened and re-checks them before any tensor bytes are touched, so a file truncated or
+replaced after `load_weights` gives a `SourceChangedError` instead of a SIGBUS.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from lazyweights.formats.source import SourceFile, TensorRecord
+    >>> from lazyweights import DType
+    >>> path = os.path.join(tempfile.mkdtemp(), "raw.bin")
+    >>> np.arange(6, dtype=np.float32).tofile(path)
+    >>> f = SourceFile.open(path)
+    >>> rec = TensorRecord(f, "x", 0, 24, DType.float32, (2, 3))
+    >>> rec.array().tolist()
+    [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dtype import DType
+from ..errors import FormatError, SourceChangedError
+from ..quantization import QuantizationEncoding
+
+
+class SourceFile:
+    """One opened checkpoint file: a read-only mmap plus the identity it had when opened.
+
+    Files are shared: opening the same path twice returns the same object (per process), so the same
+    file's tensors share one map and equal source nodes compare equal.
+    """
+
+    _cache: dict[str, "SourceFile"] = {}
+    _cache_lock = threading.Lock()
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FormatError(f"{path}: no such file") from None
+        except OSError as e:
+            raise FormatError(f"{path}: cannot open: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            self.size = st.st_size
+            self._identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            # mmap of an empty file is an error on Linux; such a file fails header validation anyway.
+            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self.size else None
+        finally:
+            os.close(fd)
+        self._buffer = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.empty(0, np.uint8)
+
+    @classmethod
+    def open(cls, path: str) -> "SourceFile":
+        """The shared SourceFile for `path`, re-opened if the file on disk changed since it was cached."""
+        key = os.path.abspath(path)
+        with cls._cache_lock:
+            f = cls._cache.get(key)
+            if f is not None and f.changed() is None:
+                return f
+            f = cls(key)
+            cls._cache[key] = f
+            return f
+
+    # --- identity ---------------------------------------------------------------------------------
+    def changed(self) -> str | None:
+        """None if the file on disk is the one we mapped; otherwise a description of what changed."""
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            return f"it can no longer be read ({e.strerror})"
+        now = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if now == self._identity:
+            return None
+        if now[:2] != self._identity[:2]:
+            return "it was replaced by another file"
+        if st.st_size != self.size:
+            return f"its size changed from {self.size} to {st.st_size} bytes"
+        return "it was modified"
+
+    def check_unchanged(self, tensor: str | None = None) -> None:
+        """Raise SourceChangedError if the file changed since it was opened. Call before touching pages."""
+        what = self.changed()
+        if what is not None:
+            about = f" while reading tensor {tensor!r}" if tensor else ""
+            raise SourceChangedError(
+                f"{self.path}: the file changed after it was opened{about}: {what}. "
+                "Reload it with load_weights()."
+            )
+
+    # --- bytes --------------------------------------------------------------------------------------
+    def read(self, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) as a copy; for headers. FormatError if past the end."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise FormatError(
+                f"{self.path}: wants bytes [{offset}, {offset + length}) but the file has {self.size} bytes"
+            )
+        return bytes(self._buffer[offset:offset + length])
+
+    def view(self, offset: int, length: int) -> np.ndarray:
+        """A zero-copy, read-only uint8 view of [offset, offset+length) of the map."""
+        return self._buffer[offset:offset + length]
+
+    def __repr__(self) -> str:
+        return f"SourceFile({self.path!r}, {self.size} bytes)"
+
+    def __reduce__(self):  # pickled for dask.distributed: workers re-open the file themselves
+        return (SourceFile.open, (self.path,))
+
+
+@dataclass(frozen=True, eq=False)
+class TensorRecord:
+    """Where one stored tensor's bytes are and what they mean.
+
+    `dtype` and `shape` describe the stored array: for quantized tensors the dtype is uint8 and the last
+    dimension is the byte length of one row of blocks (the seed system's convention), with `encoding` set.
+    `offset` is absolute within the file.
+    """
+
+    file: SourceFile
+    name: str
+    offset: int
+    nbytes: int
+    dtype: DType
+    shape: tuple[int, ...]
+    encoding: QuantizationEncoding | None = None
+    extra: Any = field(default=None, compare=False)  # format-specific details (e.g. GGUF type id)
+
+    def __post_init__(self):
+        expected = int(np.prod(self.shape, dtype=object)) * self.dtype.size_in_bytes if self.shape else self.dtype.size_in_bytes
+        if expected != self.nbytes:
+            raise FormatError(
+                f"{self.file.path}: tensor {self.name!r}: {self.dtype.name}{list(self.shape)} needs "
+                f"{expected} bytes but the header gives {self.nbytes}"
+            )
+        if self.offset < 0 or self.offset + self.nbytes > self.file.size:
+            raise FormatError(
+                f"{self.file.path}: tensor {self.name!r}: bytes [{self.offset}, {self.offset + self.nbytes}) "
+                f"lie outside the file ({self.file.size} bytes)"
+            )
+
+    # Records compare by location and meaning, so equal source nodes built twice are one node.
+    def _key(self):
+        return (self.file.path, self.offset, self.nbytes, self.dtype, self.shape, self.encoding, self.name)
+
+    def __eq__(self, other):
+        return isinstance(other, TensorRecord) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def array(self, check: bool = True) -> np.ndarray:
+        """The tensor as a zero-copy, read-only numpy view of the map (after an identity check)."""
+        if check:
+            self.file.check_unchanged(self.name)
+        raw = self.file.view(self.offset, self.nbytes)
+        return raw.view(self.dtype.to_numpy()).reshape(self.shape)

@@ -1,0 +1,249 @@
+"""The op table: one constructor per op, each computing dtype and shape and validating its inputs.
+
+Every op fails here, when the node is built, with both shapes (or dtypes) in the message; nothing fails
+later while bytes are being read. Constructors also canonicalise, which is where the cheap rewrites live:
+a cast to the same dtype, an identity permute, a full slice and a reshape to the same shape return the
+input node itself; permute-of-permute and reshape-of-reshape compose into one node; cast-of-cast folds
+when the first cast is exact (e.g. bf16 -> f32 -> f16 is bf16 -> f16). So a plan never carries no-ops.
+
+Ops:
+    source      a stored tensor (arg: TensorRecord)
+    const       an in-memory array (arg: Const)
+    cast        value conversion, round-to-nearest-even (arg: DType)
+    bitcast     bit reinterpretation, last dim scaled by the size ratio (arg: DType)
+    reshape     (arg: new shape)
+    permute     axes permutation (arg: axes)
+    slice       basic slicing (arg: ((start, stop, step), ...) per axis, normalised, step > 0)
+    take        gather along one axis (arg: (axis, IndexArray))
+    concat      join along an axis (arg: axis)
+    dequantize  packed blocks [.., row_bytes] uint8 -> float [.., row_values] (arg: (encoding, DType))
+    quantize    float [.., row_values] -> packed blocks uint8 [.., row_bytes] (arg: encoding)
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.graph import ops
+    >>> from lazyweights import DType
+    >>> x = ops.const(np.zeros((4, 6), np.float32))
+    >>> ops.reshape(x, (3, 8)).shape
+    (3, 8)
+    >>> ops.reshape(x, (5, 5))
+    Traceback (most recent call last):
+    ...
+    lazyweights.errors.ShapeError: reshape: cannot reshape float32[4, 6] (24 elements) to [5, 5] (25 elements)
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..dtype import DType
+from ..errors import DTypeError, ShapeError
+from ..quantization import QuantizationEncoding
+from .node import Const, IndexArray, Node
+
+# dtypes a value survives unchanged when cast to: cast(cast(x, A), B) == cast(x, B) if x -> A is exact.
+_EXACT_WIDENING: dict[DType, frozenset[DType]] = {
+    DType.bfloat16: frozenset({DType.float32, DType.float64}),
+    DType.float16: frozenset({DType.float32, DType.float64}),
+    DType.float32: frozenset({DType.float64}),
+    DType.float8_e4m3fn: frozenset({DType.float16, DType.bfloat16, DType.float32, DType.float64}),
+    DType.float8_e5m2: frozenset({DType.float16, DType.float32, DType.float64}),
+}
+
+
+def _fmt(dtype: DType, shape) -> str:
+    return f"{dtype.name}{list(shape)}"
+
+
+# --- leaves -----------------------------------------------------------------------------------------
+def source(record) -> Node:
+    """A stored tensor. `record` is a `formats.source.TensorRecord`."""
+    return Node("source", (), record, record.dtype, record.shape)
+
+
+def const(array: np.ndarray) -> Node:
+    """An in-memory array (kept by reference; the caller must not mutate it afterwards)."""
+    arr = np.asarray(array)
+    return Node("const", (), Const(arr), DType.from_numpy(arr.dtype), arr.shape)
+
+
+# --- element type -----------------------------------------------------------------------------------
+def cast(x: Node, dtype: DType) -> Node:
+    """Convert values to `dtype` (round-to-nearest-even, NaN and inf kept), as numpy/ml_dtypes do."""
+    dtype = DType.parse(dtype)
+    if x.dtype is dtype:
+        return x
+    if x.op == "cast" and x.dtype in _EXACT_WIDENING.get(x.srcs[0].dtype, ()):
+        return cast(x.srcs[0], dtype)
+    return Node("cast", (x,), dtype, dtype, x.shape)
+
+
+def bitcast(x: Node, dtype: DType) -> Node:
+    """Reinterpret bits as `dtype`; like numpy's `view`, the last dimension scales by the size ratio."""
+    dtype = DType.parse(dtype)
+    if x.dtype is dtype:
+        return x
+    a, b = x.dtype.size_in_bytes, dtype.size_in_bytes
+    if a == b:
+        shape = x.shape
+    else:
+        if not x.shape:
+            raise ShapeError(f"view: cannot reinterpret a 0-d {x.dtype.name} as {dtype.name} (sizes differ)")
+        last = x.shape[-1] * a
+        if last % b:
+            raise ShapeError(
+                f"view: last dimension of {_fmt(x.dtype, x.shape)} is {last} bytes, not a multiple of "
+                f"{dtype.name}'s {b} bytes"
+            )
+        shape = x.shape[:-1] + (last // b,)
+    if x.op == "bitcast":
+        return bitcast(x.srcs[0], dtype)
+    return Node("bitcast", (x,), dtype, dtype, shape)
+
+
+# --- layout -----------------------------------------------------------------------------------------
+def normalize_shape(shape: Sequence[int], size: int, what: str) -> tuple[int, ...]:
+    """Resolve one -1 and check every dimension is a non-negative int."""
+    shape = tuple(shape)
+    dims = []
+    for d in shape:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise ShapeError(f"{what}: dimension {d!r} in {list(shape)} is not an integer")
+        dims.append(int(d))
+    if dims.count(-1) > 1:
+        raise ShapeError(f"{what}: at most one -1 allowed in {dims}")
+    if any(d < -1 for d in dims):
+        raise ShapeError(f"{what}: negative dimension in {dims}")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise ShapeError(f"{what}: cannot infer -1 in {dims} for {size} elements")
+        dims[dims.index(-1)] = size // known
+    return tuple(dims)
+
+
+def reshape(x: Node, shape: Sequence[int]) -> Node:
+    """Same elements in C order, new shape (one -1 allowed)."""
+    shape = normalize_shape(shape, x.size, "reshape")
+    if math.prod(shape) != x.size:
+        raise ShapeError(
+            f"reshape: cannot reshape {_fmt(x.dtype, x.shape)} ({x.size} elements) to {list(shape)} "
+            f"({math.prod(shape)} elements)"
+        )
+    if shape == x.shape:
+        return x
+    if x.op == "reshape":
+        return reshape(x.srcs[0], shape)
+    return Node("reshape", (x,), shape, x.dtype, shape)
+
+
+def permute(x: Node, axes: Sequence[int]) -> Node:
+    """Reorder axes: output axis i is input axis axes[i] (numpy's transpose)."""
+    n = x.ndim
+    try:
+        axes = tuple(int(a) + n if int(a) < 0 else int(a) for a in axes)
+    except (TypeError, ValueError):
+        raise ShapeError(f"permute: axes {axes!r} must be integers") from None
+    if sorted(axes) != list(range(n)):
+        raise ShapeError(f"permute: axes {list(axes)} are not a permutation of the {n} axes of {_fmt(x.dtype, x.shape)}")
+    if axes == tuple(range(n)):
+        return x
+    if x.op == "permute":
+        inner = x.arg
+        return permute(x.srcs[0], tuple(inner[a] for a in axes))
+    shape = tuple(x.shape[a] for a in axes)
+    return Node("permute", (x,), axes, x.dtype, shape)
+
+
+def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
+    """Basic slicing with one (start, stop, step) per axis; steps must be positive."""
+    if len(slices) != x.ndim:
+        raise ShapeError(f"slice: {len(slices)} ranges for {x.ndim}-d {_fmt(x.dtype, x.shape)}")
+    norm = []
+    shape = []
+    for dim, (start, stop, step) in zip(x.shape, slices):
+        if step <= 0:
+            raise ShapeError(f"slice: step {step} must be positive (negative steps: use take with reversed indices)")
+        start, stop, step = slice(start, stop, step).indices(dim)
+        n = max(0, (stop - start + step - 1) // step)
+        stop = start + n * step if n else start
+        norm.append((start, stop, step))
+        shape.append(n)
+    norm = tuple(norm)
+    if all(r == (0, d, 1) for r, d in zip(norm, x.shape)):
+        return x
+    return Node("slice", (x,), norm, x.dtype, tuple(shape))
+
+
+def take(x: Node, indices, axis: int) -> Node:
+    """Gather positions `indices` (1-D ints, negatives allowed) along `axis`, e.g. a RoPE row permutation."""
+    if not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"take: axis {axis} out of range for {_fmt(x.dtype, x.shape)}")
+    axis %= x.ndim
+    idx = np.asarray(indices)
+    if idx.dtype == np.bool_:
+        if idx.shape != (x.shape[axis],):
+            raise ShapeError(f"take: boolean mask of shape {list(idx.shape)} for axis {axis} of length {x.shape[axis]}")
+        idx = np.flatnonzero(idx)
+    if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
+        raise ShapeError(f"take: indices must be a 1-D integer array, got {idx.dtype}{list(idx.shape)}")
+    dim = x.shape[axis]
+    if idx.size and (idx.min() < -dim or idx.max() >= dim):
+        bad = int(idx[(idx < -dim) | (idx >= dim)][0])
+        raise ShapeError(f"take: index {bad} is out of bounds for axis {axis} of {_fmt(x.dtype, x.shape)}")
+    ia = IndexArray(np.where(idx < 0, idx + dim, idx))
+    if len(ia) == dim and ia.is_arange():
+        return x
+    shape = x.shape[:axis] + (len(ia),) + x.shape[axis + 1:]
+    return Node("take", (x,), (axis, ia), x.dtype, shape)
+
+
+def concat(xs: Sequence[Node], axis: int = 0) -> Node:
+    """Join along `axis`; every other dimension and the dtype must agree."""
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("concat: nothing to concatenate")
+    first = xs[0]
+    if first.ndim == 0:
+        raise ShapeError("concat: cannot concatenate 0-d tensors (use stack)")
+    if not -first.ndim <= axis < first.ndim:
+        raise ShapeError(f"concat: axis {axis} out of range for {_fmt(first.dtype, first.shape)}")
+    axis %= first.ndim
+    for x in xs[1:]:
+        if x.dtype is not first.dtype:
+            raise DTypeError(f"concat: dtypes differ: {first.dtype.name} and {x.dtype.name} (cast first)")
+        if x.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(x.shape, first.shape)) if i != axis):
+            raise ShapeError(
+                f"concat along axis {axis}: shapes {list(first.shape)} and {list(x.shape)} differ off that axis"
+            )
+    if len(xs) == 1:
+        return first
+    shape = list(first.shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    return Node("concat", tuple(xs), axis, first.dtype, tuple(shape))
+
+
+# --- quantization -----------------------------------------------------------------------------------
+def dequantize(x: Node, encoding: QuantizationEncoding, dtype: DType = DType.float32) -> Node:
+    """Packed uint8 blocks [..., row_bytes] -> `dtype` [..., row_values]."""
+    dtype = DType.parse(dtype)
+    if x.dtype is not DType.uint8:
+        raise DTypeError(f"dequantize: {encoding.name} data must be uint8 blocks, got {x.dtype.name}")
+    if not dtype.is_float:
+        raise DTypeError(f"dequantize: target dtype must be a float type, got {dtype.name}")
+    if not x.shape:
+        raise ShapeError(f"dequantize: {encoding.name} data must have at least one dimension")
+    values = encoding.elements_per_row_bytes(x.shape[-1])
+    return Node("dequantize", (x,), (encoding, dtype), dtype, x.shape[:-1] + (values,))
+
+
+def quantize(x: Node, encoding: QuantizationEncoding) -> Node:
+    """Float [..., row_values] -> packed uint8 blocks [..., row_bytes] (for writing GGUF)."""
+    if not x.dtype.is_float:
+        raise DTypeError(f"quantize: {encoding.name} needs float input, got {x.dtype.name}")
+    if not x.shape:
+        raise ShapeError(f"quantize: {encoding.name} input must have at least one dimension")
+    row_bytes = encoding.row_bytes_for_elements(x.shape[-1])
+    return Node("quantize", (x,), encoding, DType.uint8, x.shape[:-1] + (row_bytes,))
