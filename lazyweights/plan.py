@@ -55,6 +55,44 @@ class Plan:
 
         return materialize(self, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out)
 
+    def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
+             progress: bool = False, metadata: dict | None = None) -> list[str]:
+        """Stream the outputs to `path` (see `lazyweights.save`): `.safetensors` file, a directory
+        (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files."""
+        from .save import save
+
+        return save(self, path, format=format, max_shard_size=max_shard_size, budget=budget,
+                    scheduler=scheduler, progress=progress, metadata=metadata)
+
+    def steps(self, budget=None):
+        """The fused, ordered steps the scheduler will run (see `lazyweights.schedule`)."""
+        from .schedule import compile_steps
+
+        return compile_steps(self, budget=budget)
+
+    # --- seeing the plan (lazyweights/explain.py, lazyweights/visualize.py) ---------------------------------
+    def explain(self, filter: str | None = None, group_layers: bool = True) -> str:
+        """Readable text: one line per node (`%3:f16[2048,2048] = cast[f16] %2`), sources with file and
+        offset, output names, fused steps and a byte/memory summary. `filter` is a glob on output names."""
+        from .explain import explain
+
+        return explain(self, filter=filter, group_layers=group_layers)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def to_networkx(self):
+        """A networkx DiGraph of the plan with op, dtype, shape, bytes, source file and output names."""
+        from .visualize import to_networkx
+
+        return to_networkx(self)
+
+    def visualize(self, path, group_layers: bool = True) -> str:
+        """Draw the plan to `path`: .dot, .svg/.png (graphviz), .mmd (Mermaid) or a self-contained .html."""
+        from .visualize import visualize
+
+        return visualize(self, path, group_layers=group_layers)
+
     def __len__(self) -> int:
         return len(self.tensors)
 

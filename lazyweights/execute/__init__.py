@@ -1,43 +1,182 @@
-"""Executors: turn a Plan into arrays. One entry point, `materialize`, picks the executor by `scheduler`.
+"""Executors: run a compiled schedule. One loop (`run_tasks`) over block tasks, three ways to run them.
 
-    "sync"        the single-thread numpy reference (`reference.py`)
+    "reference"   the op-at-a-time numpy specification (`reference.py`), for tests and debugging
+    "sync"        every task inline, in order, on the calling thread
+    "threads"     dask's threaded scheduler (the default): `workers` tasks at once; the kernels release
+                  the GIL, so blocks really run in parallel
+    Client        a dask.distributed Client: whole steps (or output shards, when saving) go to workers,
+                  which read their own sources (see `distributed.py`)
+
+The budget bounds working memory: at most `workers` blocks are in flight and the compiler sized blocks so
+that many fit (`schedule.py`). The result arrays themselves are the caller's (or the file's), not working
+memory.
+
+`materialize` returns name -> array. Steps of kind "view" return zero-copy views of the memory map.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights import WeightData, DType, plan
+    >>> w = WeightData.from_numpy(np.arange(6, dtype=np.float32).reshape(3, 2), "w")
+    >>> plan({"t": w.T.astype(DType.float16)}).materialize(scheduler="sync")["t"].tolist()
+    [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
 """
 from __future__ import annotations
 
-from typing import Mapping
+import threading
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..device import DeviceRef
-from ..errors import LazyWeightsError, ShapeError, DTypeError
-from .reference import evaluate
+from ..errors import DTypeError, ExecutionError, LazyWeightsError, ShapeError
+from ..progress import Progress
+from .blocks import full_view, write_rows
+
+Task = tuple  # (step, rows)
+
+
+def resolve_scheduler(scheduler):
+    """'sync' | 'threads' | None (threads) | a dask.distributed Client."""
+    if scheduler in (None, "threads", "threading"):
+        return "threads"
+    if scheduler in ("sync", "synchronous", "single-threaded"):
+        return "sync"
+    if scheduler == "reference":
+        return "reference"
+    if type(scheduler).__name__ == "Client" and hasattr(scheduler, "submit"):
+        return scheduler
+    raise LazyWeightsError(f"unknown scheduler {scheduler!r}; use 'sync', 'threads' or a dask.distributed Client")
+
+
+def run_tasks(tasks: Sequence[Task], run_one: Callable[[Task], int], scheduler="threads",
+              workers: int | None = None, progress: Progress | None = None) -> None:
+    """Run every task; `run_one` returns the bytes it produced (for progress). The first failure stops
+    the rest: tasks not yet started are skipped and the error propagates, naming the tensor."""
+    from ..schedule import default_workers
+
+    cancelled = threading.Event()
+
+    def guarded(i: int) -> int:
+        if cancelled.is_set():
+            return 0
+        task = tasks[i]
+        try:
+            done = run_one(task)
+        except BaseException as e:
+            cancelled.set()
+            raise _name_error(e, task) from (None if isinstance(e, LazyWeightsError) else e)
+        if progress is not None:
+            progress.advance(done)
+        return done
+
+    if scheduler == "sync" or len(tasks) <= 1:
+        for i in range(len(tasks)):
+            guarded(i)
+        return
+    import dask
+    import dask.threaded
+
+    # One key per task, no dependencies: dask's local scheduler keeps at most num_workers running, which
+    # is what bounds bytes in flight.
+    dsk = {("lw-block", i): (guarded, i) for i in range(len(tasks))}
+    try:
+        dask.threaded.get(dsk, list(dsk), num_workers=workers or default_workers())
+    finally:
+        cancelled.set()
+
+
+def _name_error(e: BaseException, task: Task) -> BaseException:
+    step, rows = task[0], task[1]
+    name = step.outputs[0]
+    if isinstance(e, LazyWeightsError):
+        return e
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return e
+    span = f"rows {rows.start}..{rows.stop}" if isinstance(rows, range) else "rows"
+    return ExecutionError(f"computing tensor {name!r} ({span}) failed: {type(e).__name__}: {e}", tensor=name)
 
 
 def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
-                out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                out: Mapping[str, np.ndarray] | None = None, workers: int | None = None,
+                block_bytes: int | None = None) -> dict[str, np.ndarray]:
     """Compute every output of `plan`; see `Plan.materialize`."""
+    from ..schedule import compile_steps
+
     device = DeviceRef.parse(device)
     if device.is_gpu:
-        raise LazyWeightsError("GPU materialization is not available in this build")
-    if scheduler not in (None, "sync", "threads"):
-        raise LazyWeightsError(f"unknown scheduler {scheduler!r}; use 'sync' or 'threads'")
-    outputs = plan.outputs
-    names = {node: name for name, node in outputs.items()}
-    arrays = evaluate(outputs.values(), names)
-    result = {}
-    for (name, node), arr in zip(outputs.items(), arrays):
-        arr = np.ascontiguousarray(arr)
-        if out is not None and name in out:
-            dst = out[name]
-            _check_destination(name, node, dst)
-            np.copyto(dst, arr.reshape(dst.shape) if dst.shape != arr.shape else arr)
-            arr = dst
-        result[name] = arr
-    return result
+        from .gpu import materialize_gpu
+
+        return materialize_gpu(plan, device=device, budget=budget, progress=progress, out=out)
+    sched = resolve_scheduler(scheduler)
+    if sched == "reference":
+        from .reference import materialize_reference
+
+        return materialize_reference(plan, out=out)
+    if not isinstance(sched, str):
+        from .distributed import materialize_distributed
+
+        return materialize_distributed(plan, sched, budget=budget, out=out)
+    out = dict(out or {})
+    for name in out:
+        if name not in plan.outputs:
+            raise LazyWeightsError(f"destination given for {name!r}, which is not an output of the plan")
+    steps = compile_steps(plan, budget=budget, workers=workers, block_bytes=block_bytes,
+                          materialize=True)
+    result: dict[str, np.ndarray] = {}
+    tasks: list[Task] = []
+    for step in steps:
+        dsts = [n for n in step.outputs if n in out]
+        if step.kind == "view" and not dsts:
+            view = full_view(step.node)
+            for name in step.outputs:
+                result[name] = view
+            continue
+        for name in dsts:
+            _check_destination(name, step.node, out[name])
+        primary = out[dsts[0]].reshape(step.node.shape) if dsts else np.empty(step.node.shape, step.node.dtype.to_numpy())
+        for name in step.outputs:
+            result[name] = out[name] if name in out else primary
+        extra = [out[n].reshape(step.node.shape) for n in dsts[1:]]
+        for rows in step.blocks:
+            tasks.append((step, rows, primary, extra))
+    bar = Progress(sum(task_bytes(t) for t in tasks), "materialize") if progress else None
+    run_tasks(tasks, _materialize_block, sched, workers, bar)
+    if bar:
+        bar.close()
+    return {name: result[name] for name in plan.outputs}
+
+
+def task_bytes(task: Task) -> int:
+    """Output bytes one block task produces."""
+    node, rows = task[0].node, task[1]
+    if not node.shape:
+        return node.nbytes
+    return node.nbytes // max(1, node.shape[0]) * len(rows)
+
+
+def _materialize_block(task: Task) -> int:
+    step, rows, primary, extra = task
+    node = step.node
+    for r in step.sources:
+        r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check identity before touching pages
+    cache: dict = {}
+    if not node.shape:
+        tmp = np.empty((), node.dtype.to_numpy())
+        write_rows(node, rows, tmp.reshape(()), cache)
+        primary[...] = tmp
+    else:
+        write_rows(node, rows, primary[rows.start:rows.stop], cache)
+    for dst in extra:
+        dst[rows.start:rows.stop] = primary[rows.start:rows.stop] if node.shape else primary
+    return primary[rows.start:rows.stop].nbytes if node.shape else primary.nbytes
 
 
 def _check_destination(name, node, dst: np.ndarray) -> None:
+    if not isinstance(dst, np.ndarray):
+        raise DTypeError(f"destination for {name!r} must be a numpy array, got {type(dst).__name__}")
     if dst.dtype != node.dtype.to_numpy():
         raise DTypeError(f"destination for {name!r} is {dst.dtype}, the plan produces {node.dtype.name}")
-    if dst.size != node.size:
+    if dst.size != node.size or (dst.shape != node.shape and not dst.flags.c_contiguous):
         raise ShapeError(f"destination for {name!r} has shape {list(dst.shape)}, the plan produces {list(node.shape)}")
+    if not dst.flags.writeable:
+        raise LazyWeightsError(f"destination for {name!r} is read-only")

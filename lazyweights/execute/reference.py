@@ -148,3 +148,17 @@ def _first_output_names(order: list[Node], roots: list[Node], names: dict[Node, 
             owner[n] = label
             stack.extend(n.srcs)
     return owner
+
+
+def materialize_reference(plan, out=None) -> dict[str, np.ndarray]:
+    """Materialize a whole plan with `evaluate` (C-contiguous results; `out` arrays are filled)."""
+    outputs = plan.outputs
+    names = {node: name for name, node in outputs.items()}
+    result = {}
+    for (name, node), arr in zip(outputs.items(), evaluate(outputs.values(), names)):
+        arr = np.ascontiguousarray(arr)
+        if out is not None and name in out:
+            np.copyto(out[name], arr.reshape(out[name].shape))
+            arr = out[name]
+        result[name] = arr
+    return result

@@ -92,6 +92,9 @@ class Node:
     def __setattr__(self, key, value):
         raise AttributeError("Node is immutable")
 
+    def __reduce__(self):  # rebuilt through __init__ (slots + immutability defeat default pickling)
+        return (Node, (self.op, self.srcs, self.arg, self.dtype, self.shape))
+
     def __hash__(self):
         return self._hash
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The W1 adapter written with lazyweights, run on one checkpoint in one mode (a subprocess of bench_w1.py).
+
+  w1_lazy.py CKPT serve [--scheduler S]           materialize the adapted state dict, touch every output
+  w1_lazy.py CKPT convert OUT [--budget B] ...    stream the adapted checkpoint to OUT
+Prints one JSON line: seconds, peak RssAnon growth (bytes), tensors, checksum.
+"""
+import argparse, json, os, sys, time
+
+import numpy as np
+
+BENCH = os.environ.get("LAZYWEIGHTS_SHARED_BENCH", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench"))
+sys.path.insert(0, BENCH)
+from memwatch import PeakMem  # noqa: E402
+from workload import adapt_name, rope_perm, target_dtype  # noqa: E402
+
+import lazyweights as lw  # noqa: E402
+
+
+def w1_adapter(state_dict, huggingface_config, **unused_kwargs):
+    """The shared W1 workload as a seed-style lazy adapter."""
+    cfg = huggingface_config
+    hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+    perm = rope_perm(hd)
+    out = {}
+    for name, weights in state_dict.items():
+        new = adapt_name(name)
+        if new is None:
+            continue
+        data = weights.data()
+        if new.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in new else cfg["num_key_value_heads"]
+            data = data.reshape(heads, hd, -1)[:, perm, :].reshape(heads * hd, -1)
+        out[new] = data.astype(lw.DType.from_numpy(target_dtype(new)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ckpt")
+    ap.add_argument("mode", choices=["serve", "convert"])
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--budget", default=None)
+    ap.add_argument("--scheduler", default="threads")
+    a = ap.parse_args()
+    cfg = json.load(open(os.path.join(a.ckpt, "config.json")))
+    t = time.perf_counter()
+    with PeakMem() as pm:
+        weights = lw.load_weights(a.ckpt)
+        adapted = w1_adapter(dict(weights.items()), huggingface_config=cfg)
+        plan = lw.plan(adapted)
+        if a.mode == "serve":
+            sd = plan.materialize(budget=a.budget, scheduler=a.scheduler)
+            chk = sum(int(v.view(np.uint8).reshape(-1)[:: max(1, v.nbytes // 64)].sum()) for v in sd.values())
+        else:
+            plan.save(a.out, budget=a.budget, scheduler=a.scheduler)
+            chk = 0
+    dt = time.perf_counter() - t
+    print(json.dumps({"seconds": dt, "peak_anon_growth": pm.peak_anon - pm.base_anon, "tensors": len(adapted), "checksum": chk}))
+
+
+if __name__ == "__main__":
+    main()
