@@ -45,24 +45,29 @@ class Plan:
         return toposort(self.outputs.values())
 
     def materialize(self, device=None, budget=None, scheduler=None, progress: bool = False,
-                    out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                    out: Mapping[str, np.ndarray] | None = None, *, workers: int | None = None,
+                    block_bytes: int | None = None) -> dict[str, np.ndarray]:
         """Compute every output: name -> array (C-contiguous; untouched sources are zero-copy map views).
 
         `scheduler`: "sync", "threads" (default) or a dask.distributed Client. `budget`: bytes in
         flight (int, or a string like "512MB"). `out`: caller-provided destination arrays to fill.
+        `workers` (threads) and `block_bytes` (output bytes per block) tune the executor.
         """
         from .execute import materialize
 
-        return materialize(self, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out)
+        return materialize(self, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out,
+                           workers=workers, block_bytes=block_bytes)
 
     def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
-             progress: bool = False, metadata: dict | None = None) -> list[str]:
+             progress: bool = False, metadata: dict | None = None, *, workers: int | None = None,
+             block_bytes: int | None = None) -> list[str]:
         """Stream the outputs to `path` (see `lazyweights.save`): `.safetensors` file, a directory
         (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files."""
         from .save import save
 
         return save(self, path, format=format, max_shard_size=max_shard_size, budget=budget,
-                    scheduler=scheduler, progress=progress, metadata=metadata)
+                    scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
+                    block_bytes=block_bytes)
 
     def steps(self, budget=None):
         """The fused, ordered steps the scheduler will run (see `lazyweights.schedule`)."""

@@ -86,11 +86,16 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
                      for i in range(len(shards))]
     meta = {"format": "pt"} if metadata is None else metadata
     sched = resolve_scheduler(scheduler)
-    if not isinstance(sched, str):
-        from .distributed import save_distributed
+    if sched == "reference":
+        sched = "sync"
 
-        return save_distributed(plan, sched, directory, files, shards, meta, budget=budget,
-                                index=_index_doc(plan, files, shards) if len(files) > 1 else None)
+    def write_all(work_files: list[str], writers: list) -> None:
+        if isinstance(sched, str):
+            write_shards(plan, work_files, shards, meta, budget, sched, workers, progress, block_bytes, writers)
+        else:
+            from .distributed import write_shards_distributed
+
+            write_shards_distributed(plan, sched, work_files, shards, meta, budget)
 
     # A new directory is staged under a temporary sibling name and renamed whole at the end, so a reader
     # never sees some shards without the rest; into an existing directory each file is renamed in turn,
@@ -102,7 +107,7 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
     work_files = [os.path.join(staging, os.path.basename(f)) for f in files] if staging else files
     writers: list[StreamingFile] = []
     try:
-        write_shards(plan, work_files, shards, meta, budget, sched, workers, progress, block_bytes, writers)
+        write_all(work_files, writers)
         for w in writers:
             w.commit()
         if len(files) > 1:

@@ -113,7 +113,7 @@ def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
 
         return materialize_reference(plan, out=out)
     if not isinstance(sched, str):
-        from .distributed import materialize_distributed
+        from ..distributed import materialize_distributed
 
         return materialize_distributed(plan, sched, budget=budget, out=out)
     out = dict(out or {})

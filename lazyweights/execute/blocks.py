@@ -100,7 +100,8 @@ def _pull_cast(node: Node, rows: Rows, cache) -> np.ndarray:
 
 
 def _pull_bitcast(node: Node, rows: Rows, cache) -> np.ndarray:
-    x = np.ascontiguousarray(pull(node.srcs[0], rows, cache))
+    x = pull(node.srcs[0], rows, cache)
+    x = np.ascontiguousarray(x).reshape(x.shape)
     if x.ndim == 0:
         return x.reshape(1).view(node.dtype.to_numpy()).reshape(())
     return x.view(node.dtype.to_numpy())

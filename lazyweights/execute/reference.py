@@ -154,11 +154,13 @@ def materialize_reference(plan, out=None) -> dict[str, np.ndarray]:
     """Materialize a whole plan with `evaluate` (C-contiguous results; `out` arrays are filled)."""
     outputs = plan.outputs
     names = {node: name for name, node in outputs.items()}
-    result = {}
+    result, by_node = {}, {}
     for (name, node), arr in zip(outputs.items(), evaluate(outputs.values(), names)):
-        arr = np.ascontiguousarray(arr)
         if out is not None and name in out:
             np.copyto(out[name], arr.reshape(out[name].shape))
-            arr = out[name]
-        result[name] = arr
+            result[name] = out[name]
+            continue
+        if node not in by_node:  # identical outputs (tied weights) share one array
+            by_node[node] = np.ascontiguousarray(arr).reshape(node.shape)  # (ascontiguousarray makes 0-d 1-d)
+        result[name] = by_node[node]
     return result
