@@ -235,7 +235,21 @@ def _pull_quantize(node: Node, rows: Rows, cache) -> np.ndarray:
     return _quant_row_pull(node, rows, cache, op)
 
 
+def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.elementwise import numpy_binary
+
+    def operand(src):
+        # A broadcast operand (leading dim 1 where the output has more) gives its single row to every row.
+        if node.shape and src.shape and src.shape[0] == 1 and node.shape[0] != 1:
+            return pull(src, range(0, 1), cache)
+        return pull(src, rows, cache)
+
+    a, b = (operand(s) for s in node.srcs)
+    return numpy_binary(node, a, b)
+
+
 _PULL = {
+    "binary": _pull_binary,
     "cast": _pull_cast,
     "bitcast": _pull_bitcast,
     "reshape": _pull_reshape,
@@ -286,6 +300,8 @@ def row_alignment(node: Node) -> int:
         a, _, step = node.arg[0]
         g = row_alignment(src)
         return g if (step == 1 and a % g == 0) else 1
+    if op == "binary":
+        return math.lcm(*[row_alignment(s) for s in node.srcs])
     if op in ("cast", "bitcast", "take", "dequantize", "quantize") or (op == "permute" and node.arg[0] == 0):
         return row_alignment(src) if (op != "take" or node.arg[0] != 0) else 1
     if op == "concat":

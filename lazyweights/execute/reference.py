@@ -89,7 +89,14 @@ def _quantize(node: Node, x: np.ndarray) -> np.ndarray:
     return quantize(node.arg, np.ascontiguousarray(rows)).reshape(node.shape)
 
 
+def _binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    from ..graph.elementwise import numpy_binary
+
+    return numpy_binary(node, a, b)
+
+
 numpy_impl: dict[str, Callable[..., np.ndarray]] = {
+    "binary": _binary,
     "source": _source,
     "const": _const,
     "cast": _cast,

@@ -65,4 +65,8 @@ def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:
         return ops.dequantize(srcs[0], *arg)
     if op == "quantize":
         return ops.quantize(srcs[0], arg)
+    if op == "binary":
+        from .elementwise import binary
+
+        return binary(arg, srcs[0], srcs[1])
     return Node(op, srcs, arg, n.dtype, n.shape)
