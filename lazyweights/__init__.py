@@ -29,6 +29,13 @@ from .errors import (
     WriteError,
 )
 from .formats import WeightsFormat, weights_format
+from .config import GGUFConfig, HFConfig, load_hf_config
+from .formats.gguf_writer import save_gguf
+from .module import LayerList, Module
+from .check import CheckReport, check, check_unique_renames
+from .torch_interop import load_into_torch  # imports torch only when called
+from .registry import SupportedArchitecture
+from . import registry
 from .plan import Plan, plan
 from .quantization import QuantizationEncoding
 from .weight import Weight
@@ -41,5 +48,7 @@ __all__ = [
     "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",
     "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError",
     "Weight", "WeightData", "Weights", "WeightsFormat", "WriteError", "concat", "from_numpy", "load_weights",
-    "plan", "split", "stack", "weights_format",
+    "plan", "split", "stack", "weights_format", "Module", "LayerList", "CheckReport", "check",
+    "check_unique_renames", "load_into_torch", "SupportedArchitecture", "registry",
+    "GGUFConfig", "HFConfig", "load_hf_config", "save_gguf",
 ]

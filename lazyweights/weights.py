@@ -164,6 +164,14 @@ class Weights:
         return self._shared.checkpoint.metadata
 
     @property
+    def config(self):
+        """A Hugging Face-style config: `GGUFConfig` from GGUF metadata (`cfg.num_attention_heads`, ...),
+        or for safetensors the `config.json` beside the files (`HFConfig`); None if there is none."""
+        from .config import config_from_metadata
+
+        return config_from_metadata(self.format, self.metadata, self.files, self._shared.names)
+
+    @property
     def files(self) -> list[str]:
         return list(self._shared.checkpoint.files)
 
