@@ -7,9 +7,9 @@ Example:
     >>> import io
     >>> from lazyweights.progress import Progress
     >>> buf = io.StringIO()
-    >>> bar = Progress(2_000_000, "save", stream=buf, min_interval=0)
-    >>> bar.advance(1_000_000); bar.close()
-    >>> "2.0 MB / 2.0 MB" in buf.getvalue()
+    >>> bar = Progress(2 << 20, "save", stream=buf, min_interval=0)
+    >>> bar.advance(1 << 20); bar.close()
+    >>> "2.0 MiB / 2.0 MiB" in buf.getvalue()
     True
 """
 from __future__ import annotations
@@ -20,11 +20,12 @@ import time
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    """Binary units, as explain() and inspect print them."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 class Progress:

@@ -172,6 +172,11 @@ class Weights:
         return config_from_metadata(self.format, self.metadata, self.files, self._shared.names)
 
     @property
+    def records(self) -> dict:
+        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name."""
+        return self._shared.checkpoint.records
+
+    @property
     def files(self) -> list[str]:
         return list(self._shared.checkpoint.files)
 

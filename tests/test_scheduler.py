@@ -298,7 +298,7 @@ def test_progress_bar(ckpt, tmp_path, capsys):
     err = capsys.readouterr().err
     total = sum(n.nbytes for n in plan.outputs.values() if n not in ())
     assert "save [" in err and "/s" in err
-    assert "kB" in err or "MB" in err
+    assert "KiB" in err or "MiB" in err
 
 
 # --- faults ----------------------------------------------------------------------------------------------
