@@ -6,6 +6,11 @@ without leaving compiled code. Both directions are exact and follow IEEE round-t
 what numpy's `astype(np.float16)` does (and what ggml's `GGML_FP32_TO_FP16` does), so quantized bytes match
 gguf-py's bit for bit.
 
+Caching caveat: kernels are compiled with `cache=True`, and numba invalidates a cached kernel only when
+the file defining it changes. The helpers here (and `legacy.np_roundf`) are inlined into kernels in
+other modules, so after editing them delete the caches (`find lazyweights/quant -name "*.nb[ic]" -delete`)
+or the old code keeps running.
+
 Also here: `as_kernel_src`, which gives every kernel the same (read-only, 1-D) argument type so numba
 compiles one specialization per kernel instead of one for writable and one for read-only inputs.
 
@@ -191,3 +196,19 @@ def as_kernel_src(src: np.ndarray) -> np.ndarray:
         flat = flat.view()
         flat.flags.writeable = False
     return flat
+
+
+def flat_runner(kernel, *extra):
+    """Wrap a numba kernel `kernel(src_flat_readonly, out_flat, *extra)` as a registry kernel over 2-D arrays.
+
+    Rows of whole blocks are contiguous in both arrays, so the kernel can walk blocks from start to end
+    without knowing about rows; that keeps the loop nest (and what LLVM must vectorize) minimal.
+    """
+
+    def run(src: np.ndarray, out: np.ndarray) -> None:
+        kernel(as_kernel_src(src), out.reshape(-1), *extra)
+
+    run.__name__ = kernel.__name__.lstrip("_")
+    run.__qualname__ = run.__name__
+    run.kernel = kernel
+    return run

@@ -1,0 +1,45 @@
+"""Block-quantization kernels: dequantize every GGUF block type, quantize the simple ones.
+
+Each block family is one module that registers its kernels with `registry` at import; importing this
+package imports them all. The kernels are numba loops over blocks (`nogil`, so threads working on
+different row ranges run in parallel) that reproduce gguf-py's `gguf.quants` results bit for bit.
+
+    legacy    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0        dequantize + quantize
+    kquants   Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K   dequantize
+    iquants   IQ4_NL IQ4_XS IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M   dequantize
+    ternary   TQ1_0 TQ2_0                     dequantize + quantize
+    mxfp4     MXFP4                           dequantize
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.quant import quantize, dequantize, supported_quantize
+    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    >>> y = dequantize(Q.Q8_0, quantize(Q.Q8_0, x))
+    >>> bool(np.abs(x - y).max() < 0.02), sorted(e.name for e in supported_quantize())
+    (True, ['Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q8_0', 'TQ1_0', 'TQ2_0'])
+"""
+from __future__ import annotations
+
+from . import iquants, kquants, legacy, mxfp4, ternary  # noqa: F401  (importing registers the kernels)
+from .registry import (
+    dequantize,
+    dequantize_into,
+    implementation,
+    quantize,
+    quantize_into,
+    register,
+    supported_dequantize,
+    supported_quantize,
+)
+
+__all__ = [
+    "dequantize",
+    "dequantize_into",
+    "implementation",
+    "quantize",
+    "quantize_into",
+    "register",
+    "supported_dequantize",
+    "supported_quantize",
+]

@@ -1,0 +1,267 @@
+"""The block-quantization registry: one table from `QuantizationEncoding` to its kernels.
+
+Each block family lives in its own module (`legacy`, `kquants`, `iquants`, `ternary`, `mxfp4`) and calls
+`register` at import; `lazyweights.quant` imports them all. Everything else in lazyweights goes through
+the four functions here, which validate shapes and dtypes once so the kernels can trust their inputs.
+
+Conventions (the same as the seed system's and gguf-py's byte view of a quantized tensor):
+  * packed data is `uint8` of shape `[rows, row_bytes]`, `row_bytes` a whole number of blocks;
+  * the float side is `float32` of shape `[rows, row_bytes // block_bytes * block_elements]`;
+  * both C-contiguous; the packed side may be a read-only memory map.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.quant import quantize, dequantize
+    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    >>> packed = quantize(Q.Q8_0, x)
+    >>> packed.shape, packed.dtype.name
+    ((2, 34), 'uint8')
+    >>> bool(np.abs(dequantize(Q.Q8_0, packed) - x).max() < 0.01)
+    True
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..quantization import QuantizationEncoding
+
+# A dequantizer writes float32 [rows, n] from uint8 [rows, row_bytes]; a quantizer the reverse. Both get
+# validated, C-contiguous 2-D arrays and return nothing.
+Kernel = Callable[[np.ndarray, np.ndarray], None]
+
+_DEQUANTIZE: dict[QuantizationEncoding, Kernel] = {}
+_QUANTIZE: dict[QuantizationEncoding, Kernel] = {}
+# How each registered function is implemented ("numba" or a short note, e.g. "gguf-py fallback").
+_IMPLEMENTATION: dict[tuple[str, QuantizationEncoding], str] = {}
+
+
+def register(
+    encoding: QuantizationEncoding,
+    *,
+    dequantize: Kernel | None = None,
+    quantize: Kernel | None = None,
+    implementation: str = "numba",
+):
+    """Register kernels for `encoding`. Usable as a plain call or as a decorator.
+
+    Plain: `register(Q.Q8_0, dequantize=fn, quantize=fn2)`. As a decorator with neither given, the
+    decorated function becomes the dequantizer: `@register(Q.Q8_0)`.
+    Each kernel is `fn(src, out) -> None` over validated 2-D arrays (see the module docstring).
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.quant.registry import register, _DEQUANTIZE
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> old = _DEQUANTIZE.get(Q.Q8_0)
+        >>> @register(Q.Q8_0)
+        ... def fake(src, out):
+        ...     out[...] = 0
+        >>> _DEQUANTIZE[Q.Q8_0] is fake
+        True
+        >>> register(Q.Q8_0, dequantize=old)  # put the real one back
+    """
+    encoding = QuantizationEncoding.parse(encoding)
+    if not encoding.is_gguf:
+        raise DTypeError(f"{encoding} is not a block type; it cannot have block kernels")
+    if dequantize is None and quantize is None:
+        def decorator(fn: Kernel) -> Kernel:
+            register(encoding, dequantize=fn, implementation=implementation)
+            return fn
+
+        return decorator
+    if dequantize is not None:
+        _DEQUANTIZE[encoding] = dequantize
+        _IMPLEMENTATION[("dequantize", encoding)] = implementation
+    if quantize is not None:
+        _QUANTIZE[encoding] = quantize
+        _IMPLEMENTATION[("quantize", encoding)] = implementation
+    return None
+
+
+def supported_dequantize() -> set[QuantizationEncoding]:
+    """Encodings that `dequantize`/`dequantize_into` accept.
+
+    Example:
+        >>> from lazyweights.quant import supported_dequantize
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> Q.Q4_K in supported_dequantize()
+        True
+    """
+    return set(_DEQUANTIZE)
+
+
+def supported_quantize() -> set[QuantizationEncoding]:
+    """Encodings that `quantize`/`quantize_into` accept.
+
+    Example:
+        >>> from lazyweights.quant import supported_quantize
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize()
+        (True, False)
+    """
+    return set(_QUANTIZE)
+
+
+def implementation(encoding: QuantizationEncoding, kind: str = "dequantize") -> str:
+    """How a registered kernel is implemented: "numba", or a note such as "gguf-py fallback"."""
+    encoding = QuantizationEncoding.parse(encoding)
+    return _IMPLEMENTATION.get((kind, encoding), "unsupported")
+
+
+def _lookup(table: dict, encoding, verb: str) -> tuple[QuantizationEncoding, Kernel]:
+    enc = QuantizationEncoding.parse(encoding)  # DTypeError for unknown names
+    if enc is None:
+        raise DTypeError(f"cannot {verb}: no quantization encoding given (got None)")
+    fn = table.get(enc)
+    if fn is None:
+        names = ", ".join(sorted(e.name for e in table)) or "none"
+        raise DTypeError(f"cannot {verb} {enc.name}: no {verb} kernel is registered for it (supported: {names})")
+    return enc, fn
+
+
+def _check_2d(arr, what: str, enc: QuantizationEncoding, dtype: np.dtype, verb: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise DTypeError(f"{verb} {enc.name}: {what} must be a numpy array, got {type(arr).__name__}")
+    if arr.dtype != dtype:
+        raise DTypeError(f"{verb} {enc.name}: {what} must be {dtype.name}, got {arr.dtype.name} {arr.shape}")
+    if arr.ndim != 2:
+        raise ShapeError(f"{verb} {enc.name}: {what} must be 2-D [rows, columns], got shape {arr.shape}")
+    return arr
+
+
+def dequantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
+    """Dequantize packed blocks `src` (uint8 [rows, row_bytes]) into `out` (float32 [rows, n]).
+
+    `n` must be `row_bytes // block_bytes * block_elements`. `src` may be a read-only memory map; `out`
+    must be writable. Both must be C-contiguous (a slice of whole rows of a C-contiguous array is).
+    Values equal gguf-py's `gguf.quants.dequantize` bit for bit. The kernel releases the GIL, so threads
+    dequantizing different row ranges run in parallel.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.quant import dequantize_into
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> blocks = np.zeros((1, 34), np.uint8); blocks[0, :2] = [0x00, 0x3C]  # d = 1.0 (fp16)
+        >>> blocks[0, 2:] = np.arange(32, dtype=np.int8).view(np.uint8)
+        >>> out = np.empty((1, 32), np.float32)
+        >>> dequantize_into(Q.Q8_0, blocks, out)
+        >>> out[0, :4]
+        array([0., 1., 2., 3.], dtype=float32)
+    """
+    enc, fn = _lookup(_DEQUANTIZE, encoding, "dequantize")
+    _check_2d(src, "src", enc, np.dtype(np.uint8), "dequantize")
+    _check_2d(out, "out", enc, np.dtype(np.float32), "dequantize")
+    rows, row_bytes = src.shape
+    if row_bytes % enc.block_bytes:
+        raise ShapeError(
+            f"dequantize {enc.name}: src shape {src.shape} has rows of {row_bytes} bytes, not a whole number "
+            f"of {enc.block_bytes}-byte blocks (out shape {out.shape})"
+        )
+    want = (rows, row_bytes // enc.block_bytes * enc.block_elements)
+    if out.shape != want:
+        raise ShapeError(
+            f"dequantize {enc.name}: src shape {src.shape} needs out shape {want}, got out shape {out.shape}"
+        )
+    if not src.flags.c_contiguous:
+        raise ShapeError(f"dequantize {enc.name}: src shape {src.shape} must be C-contiguous")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ShapeError(f"dequantize {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+    if src.size == 0:
+        return
+    fn(src, out)
+
+
+def dequantize(encoding, src: np.ndarray) -> np.ndarray:
+    """Dequantize packed blocks to a new float32 array. `src` is uint8 [rows, row_bytes] (1-D is one row).
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.quant import dequantize
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> dequantize(Q.Q4_0, np.zeros((3, 18 * 2), np.uint8)).shape
+        (3, 64)
+    """
+    enc, _ = _lookup(_DEQUANTIZE, encoding, "dequantize")
+    if isinstance(src, np.ndarray) and src.ndim == 1:
+        return dequantize(enc, src.reshape(1, -1)).reshape(-1)
+    _check_2d(src, "src", enc, np.dtype(np.uint8), "dequantize")
+    if src.shape[1] % enc.block_bytes:
+        raise ShapeError(
+            f"dequantize {enc.name}: src shape {src.shape} has rows of {src.shape[1]} bytes, not a whole "
+            f"number of {enc.block_bytes}-byte blocks"
+        )
+    src = np.ascontiguousarray(src)
+    out = np.empty((src.shape[0], src.shape[1] // enc.block_bytes * enc.block_elements), np.float32)
+    dequantize_into(enc, src, out)
+    return out
+
+
+def quantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
+    """Quantize float32 `src` [rows, n] into packed blocks `out` (uint8 [rows, n // block_elements * block_bytes]).
+
+    The bytes equal gguf-py's `gguf.quants.quantize` (its reference rounding, which is llama.cpp's
+    `quantize_row_*_ref`). Both arrays C-contiguous; `out` writable. Releases the GIL.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.quant import quantize_into
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> out = np.empty((1, 18), np.uint8)
+        >>> quantize_into(Q.Q4_0, np.full((1, 32), -8.0, np.float32), out)
+        >>> out[0, :4].tolist()  # d = +1.0 as fp16, then codes 0 (= -8 after the +8 offset)
+        [0, 60, 0, 0]
+    """
+    enc, fn = _lookup(_QUANTIZE, encoding, "quantize")
+    _check_2d(src, "src", enc, np.dtype(np.float32), "quantize")
+    _check_2d(out, "out", enc, np.dtype(np.uint8), "quantize")
+    rows, n = src.shape
+    if n % enc.block_elements:
+        raise ShapeError(
+            f"quantize {enc.name}: src shape {src.shape} has rows of {n} values, not a whole number of "
+            f"{enc.block_elements}-value blocks (out shape {out.shape})"
+        )
+    want = (rows, n // enc.block_elements * enc.block_bytes)
+    if out.shape != want:
+        raise ShapeError(f"quantize {enc.name}: src shape {src.shape} needs out shape {want}, got out shape {out.shape}")
+    if not src.flags.c_contiguous:
+        raise ShapeError(f"quantize {enc.name}: src shape {src.shape} must be C-contiguous")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ShapeError(f"quantize {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+    if src.size == 0:
+        return
+    fn(src, out)
+
+
+def quantize(encoding, src: np.ndarray) -> np.ndarray:
+    """Quantize to a new uint8 array of packed blocks. `src` is any float array [rows, n] (1-D is one row);
+    it is converted to float32 first, as gguf-py does.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.quant import quantize
+        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> quantize(Q.Q5_0, np.ones((4, 64), np.float32)).shape
+        (4, 44)
+    """
+    enc, _ = _lookup(_QUANTIZE, encoding, "quantize")
+    if not isinstance(src, np.ndarray):
+        raise DTypeError(f"quantize {enc.name}: src must be a numpy array, got {type(src).__name__}")
+    if src.ndim == 1:
+        return quantize(enc, src.reshape(1, -1)).reshape(-1)
+    if src.dtype.kind != "f" and not src.dtype.name.startswith(("bfloat16", "float")):  # ml_dtypes floats too
+        raise DTypeError(f"quantize {enc.name}: src must be floating point, got {src.dtype.name} {src.shape}")
+    if src.ndim != 2:
+        raise ShapeError(f"quantize {enc.name}: src must be 2-D [rows, n], got shape {src.shape}")
+    if src.shape[1] % enc.block_elements:
+        raise ShapeError(
+            f"quantize {enc.name}: src shape {src.shape} has rows of {src.shape[1]} values, not a whole "
+            f"number of {enc.block_elements}-value blocks"
+        )
+    src = np.ascontiguousarray(src, dtype=np.float32)
+    out = np.empty((src.shape[0], src.shape[1] // enc.block_elements * enc.block_bytes), np.uint8)
+    quantize_into(enc, src, out)
+    return out
