@@ -168,9 +168,10 @@ def main(argv=None) -> int:
 
     adapter = broken_adapter if args.broken else convert_safetensor_state_dict
     adapted = adapter(dict(weights.items()))
-    print("\n# 3. the adapted state dict (the plan's keys)")
+    print("\n# 3. the adapted state dict (the plan's keys), and the plan itself")
     for name in sorted(plan(adapted).outputs):
         print(name)
+    print(plan(adapted))
 
     print("\n# 4. lazyweights.check(adapted, model)")
     report = check(adapted, model, checkpoint=weights)

@@ -98,6 +98,8 @@ def op_arg(node: Node) -> str:
         return arg.name
     if op == "source":
         return arg.encoding.name if getattr(arg, "encoding", None) is not None else ""
+    if op == "binary":
+        return arg  # mul, add, sub, div
     return ""  # const, reshape (the result type shows the shape)
 
 
@@ -353,7 +355,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
 
 # --- statistics ---------------------------------------------------------------------------------------
-_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize"})
+_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary"})
 
 
 def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None = None) -> int:

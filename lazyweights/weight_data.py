@@ -147,6 +147,44 @@ class WeightData:
         encoding = QuantizationEncoding.parse(encoding)
         return WeightData._wrap(ops.quantize(self.node, encoding), self.name, encoding)
 
+    # --- arithmetic (for scale-based dequantization: weight * scale) ----------------------------------
+    def _binary(self, kind: str, other, reflected: bool = False) -> "WeightData":
+        from .graph.elementwise import binary
+
+        self._check_not_quantized(kind)
+        if not isinstance(other, WeightData):
+            if isinstance(other, (numbers.Number, np.number)):
+                other = np.asarray(other, dtype=self.dtype.to_numpy())
+            other = WeightData.from_numpy(_to_host_array(other), f"{self.name}.{kind}")
+        other._check_not_quantized(kind)
+        a, b = (other.node, self.node) if reflected else (self.node, other.node)
+        return self._derive(binary(kind, a, b), keep_encoding=False)
+
+    def __mul__(self, other) -> "WeightData":
+        """Elementwise product with numpy broadcasting; both operands must share a dtype (cast first)."""
+        return self._binary("mul", other)
+
+    def __rmul__(self, other) -> "WeightData":
+        return self._binary("mul", other, reflected=True)
+
+    def __add__(self, other) -> "WeightData":
+        return self._binary("add", other)
+
+    def __radd__(self, other) -> "WeightData":
+        return self._binary("add", other, reflected=True)
+
+    def __sub__(self, other) -> "WeightData":
+        return self._binary("sub", other)
+
+    def __rsub__(self, other) -> "WeightData":
+        return self._binary("sub", other, reflected=True)
+
+    def __truediv__(self, other) -> "WeightData":
+        return self._binary("div", other)
+
+    def __rtruediv__(self, other) -> "WeightData":
+        return self._binary("div", other, reflected=True)
+
     # --- layout -------------------------------------------------------------------------------------
     def reshape(self, *shape) -> "WeightData":
         """New shape, same elements in C order; one -1 allowed. `reshape(2, 3)` or `reshape((2, 3))`."""
@@ -197,7 +235,10 @@ class WeightData:
         """Materialize: a numpy array (bf16/fp8 as ml_dtypes arrays; a source with no ops is a zero-copy view)."""
         from .plan import Plan
 
-        return Plan({self.name: self}).materialize()[self.name]
+        arr = Plan({self.name: self}).materialize()[self.name]
+        # FIX: guarantee the declared shape. np.ascontiguousarray (used by the executors) turns a 0-d
+        # result into shape (1,), so a scalar such as a k_scale came back as [x] instead of x.
+        return arr if arr.shape == self.shape else arr.reshape(self.shape)
 
     @property
     def data(self) -> np.ndarray:
@@ -315,9 +356,20 @@ def _torch_to_numpy(t) -> np.ndarray:
 
 # --- numpy-style indexing -----------------------------------------------------------------------------
 def _index(node: Node, key, name: str) -> Node:
-    """Lower a numpy index expression to slice / take / reshape nodes."""
+    """Lower a numpy index expression to slice / take / reshape (/ permute) nodes.
+
+    Supports ints (also 0-d integer arrays), slices of any step, `None`, `...`, and at most one 1-D
+    integer or boolean array. Negative-step slices become takes with descending indices (any number of
+    them, one per axis). As numpy does, when the array index and integer indices are not adjacent
+    (separated by a slice or `None`), the array's axis moves to the front of the result.
+    """
     if not isinstance(key, tuple):
         key = (key,)
+    # FIX: a 0-d integer array indexes like a Python int (numpy's rule); it used to be refused.
+    key = tuple(
+        int(k) if isinstance(k, np.ndarray) and k.ndim == 0 and np.issubdtype(k.dtype, np.integer) else k
+        for k in key
+    )
     # Expand the ellipsis into full slices.
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if sum(1 for k in key if k is Ellipsis) > 1:
@@ -332,22 +384,22 @@ def _index(node: Node, key, name: str) -> Node:
             expanded.append(k)
     expanded.extend([slice(None)] * (node.ndim - sum(1 for k in expanded if k is not None)))
 
-    ranges, take_axis, take_idx, drop_axes, out_shape_plan = [], None, None, [], []
+    ranges, takes, out_shape_plan = [], [], []
+    array_axis = None
     axis = 0
-    kinds = []
+    kinds = []  # one entry per index element, None included (it separates advanced indices in numpy)
     for k in expanded:
         if k is None:
             out_shape_plan.append(("new", None))
+            kinds.append("new")
             continue
         dim = node.shape[axis]
         if isinstance(k, slice):
             start, stop, step = k.indices(dim)
             if step < 0:
-                # A reversed slice is a take with descending indices.
-                idx = np.arange(start, stop, step)
-                if take_axis is not None:
-                    raise ShapeError(f"indexing {name!r}: only one array index or negative-step slice is supported")
-                take_axis, take_idx = axis, idx
+                # A reversed slice is a take with descending indices. FIX: any number of these (one per
+                # axis) and together with an array index; they used to be limited to one per expression.
+                takes.append((axis, np.arange(start, stop, step)))
                 ranges.append((0, dim, 1))
             else:
                 ranges.append((start, stop, step))
@@ -359,30 +411,33 @@ def _index(node: Node, key, name: str) -> Node:
                 raise ShapeError(f"indexing {name!r}: index {i} is out of bounds for axis {axis} with size {dim}")
             i %= dim
             ranges.append((i, i + 1, 1))
-            drop_axes.append(axis)
             kinds.append("int")
         else:
             arr = np.asarray(k)
             if arr.ndim != 1:
                 raise ShapeError(f"indexing {name!r}: array indices must be 1-D, got shape {list(arr.shape)}")
-            if take_axis is not None:
+            if array_axis is not None:
                 raise ShapeError(f"indexing {name!r}: only one array index per indexing expression is supported; index twice")
-            take_axis, take_idx = axis, arr
+            array_axis = axis
+            takes.append((axis, arr))
             ranges.append((0, dim, 1))
             out_shape_plan.append(("keep", axis))
             kinds.append("array")
         axis += 1
-    if take_axis is not None and drop_axes and "array" in kinds:
-        # numpy moves the array index's axis to the front when integers and arrays are not adjacent;
-        # refuse that rare case rather than silently differ.
+    # numpy moves the array index's axis to the front when it and the integer indices (which then count
+    # as advanced indices too) are not adjacent. FIX: `None` separates them as well; it used to be ignored
+    # here, which silently gave a differently-shaped (wrong) result for e.g. x[0, None, [1, 2]].
+    move_to_front = False
+    if array_axis is not None and "int" in kinds:
         positions = [i for i, k in enumerate(kinds) if k in ("int", "array")]
-        if positions != list(range(positions[0], positions[0] + len(positions))):
-            raise ShapeError(f"indexing {name!r}: integer and array indices separated by a slice are not supported; index twice")
+        move_to_front = positions != list(range(positions[0], positions[0] + len(positions)))
 
     out = ops.slice_(node, ranges)
-    if take_axis is not None:
-        out = ops.take(out, take_idx, take_axis)
-    new_shape = []
-    for kind, ax in out_shape_plan:
-        new_shape.append(1 if kind == "new" else out.shape[ax])
-    return ops.reshape(out, tuple(new_shape))
+    for ax, idx in takes:
+        out = ops.take(out, idx, ax)
+    new_shape = [1 if kind == "new" else out.shape[ax] for kind, ax in out_shape_plan]
+    out = ops.reshape(out, tuple(new_shape))
+    if move_to_front:
+        p = out_shape_plan.index(("keep", array_axis))
+        out = ops.permute(out, (p,) + tuple(i for i in range(len(new_shape)) if i != p))
+    return out
