@@ -247,16 +247,22 @@ class Module:
             err.report = report
             raise err
 
-        buffers: dict[str, np.ndarray] = {}
+        buffers: dict = {}
         sources = {}
+        device_sources: dict = {}  # weights declared on a GPU: DeviceRef -> {name: WeightData}
         for r in resolved:
             w = r.slot.target
-            align = max(int(weight_alignment or w.align or 1), DEFAULT_ALIGNMENT)
             canonical = r.slot.names[0]
+            if w.device.is_gpu:
+                device_sources.setdefault(w.device, {})[canonical] = r.value
+                continue
+            align = max(int(weight_alignment or w.align or 1), DEFAULT_ALIGNMENT)
             buffers[canonical] = aligned_empty(r.shape, r.dtype, align)
             sources[canonical] = r.value
         if sources:
             Plan(sources).materialize(out=buffers, budget=budget, scheduler=scheduler, progress=progress)
+        for device, group in device_sources.items():  # straight onto the device (CuPy arrays)
+            buffers.update(Plan(group).materialize(device=device, budget=budget, progress=progress))
 
         for r in resolved:  # commit only after every byte was read
             w = r.slot.target

@@ -144,13 +144,16 @@ class Weights:
 
     @property
     def allocated_weights(self) -> dict[str, np.ndarray]:
-        """Every weight allocated through `allocate()` so far, materialized (in one fused plan)."""
+        """Every weight allocated through `allocate()` so far, materialized (one fused plan per device)."""
         shared = self._shared
-        pending = {n: w.source for n, w in shared.allocated.items() if n not in shared.materialized}
+        pending = {n: w for n, w in shared.allocated.items() if n not in shared.materialized}
         if pending:
             from .plan import Plan
 
-            shared.materialized.update(Plan(pending).materialize())
+            # One fused plan per device: GPU allocations (DeviceRef.GPU(i)) come back as CuPy arrays.
+            for device in {w.device for w in pending.values()}:
+                group = {n: w.source for n, w in pending.items() if w.device == device}
+                shared.materialized.update(Plan(group).materialize(device=device if device.is_gpu else None))
         return {n: shared.materialized[n] for n in shared.allocated}
 
     # --- checkpoint facts -------------------------------------------------------------------------------
