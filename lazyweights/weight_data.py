@@ -298,11 +298,13 @@ def split(x: WeightData, sizes: Sequence[int] | int, axis: int = 0) -> list[Weig
     length = x.shape[axis]
     if isinstance(sizes, numbers.Integral):
         if sizes <= 0 or length % sizes:
-            raise ShapeError(f"split: axis {axis} of {x.name!r} has length {length}, not divisible into {sizes} equal parts")
+            raise ShapeError(f"split: axis {axis} of {x.name!r} (shape {list(x.shape)}) has length {length}, "
+                             f"not divisible into {sizes} equal parts")
         sizes = [length // sizes] * int(sizes)
     sizes = [int(s) for s in sizes]
     if any(s < 0 for s in sizes) or sum(sizes) != length:
-        raise ShapeError(f"split: sizes {sizes} sum to {sum(sizes)} but axis {axis} of {x.name!r} has length {length}")
+        raise ShapeError(f"split: sizes {sizes} sum to {sum(sizes)} but axis {axis} of {x.name!r} "
+                         f"(shape {list(x.shape)}) has length {length}")
     parts, start = [], 0
     for s in sizes:
         ranges = [(0, d, 1) for d in x.shape]
@@ -408,7 +410,8 @@ def _index(node: Node, key, name: str) -> Node:
         elif isinstance(k, (numbers.Integral, np.integer)) and not isinstance(k, (bool, np.bool_)):
             i = int(k)
             if not -dim <= i < dim:
-                raise ShapeError(f"indexing {name!r}: index {i} is out of bounds for axis {axis} with size {dim}")
+                raise ShapeError(f"indexing {name!r}: index {i} is out of bounds for axis {axis} with size {dim} "
+                                 f"(shape {list(node.shape)})")
             i %= dim
             ranges.append((i, i + 1, 1))
             kinds.append("int")

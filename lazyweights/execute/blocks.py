@@ -100,8 +100,20 @@ def _pull_cast(node: Node, rows: Rows, cache) -> np.ndarray:
 
 
 def _pull_bitcast(node: Node, rows: Rows, cache) -> np.ndarray:
-    x = pull(node.srcs[0], rows, cache)
-    x = np.ascontiguousarray(x).reshape(x.shape)
+    src = node.srcs[0]
+    a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
+    if node.ndim == 1 and a != b:
+        # The only axis is both the row axis and the reinterpreted one: output rows are byte ranges of
+        # the input, so pull the input elements covering those bytes and cut.
+        if not isinstance(rows, range):
+            lo, hi = int(rows.min()), int(rows.max()) + 1
+            return _pull_bitcast(node, range(lo, hi), cache)[rows - lo]
+        b0, b1 = rows.start * b, rows.stop * b
+        i0, i1 = b0 // a, -(-b1 // a)
+        raw = np.ascontiguousarray(pull(src, range(i0, i1), cache)).view(np.uint8)
+        return raw[b0 - i0 * a:b1 - i0 * a].view(node.dtype.to_numpy())
+    x = pull(src, rows, cache)
+    x = np.ascontiguousarray(x).reshape(x.shape)  # (ascontiguousarray makes 0-d 1-d)
     if x.ndim == 0:
         return x.reshape(1).view(node.dtype.to_numpy()).reshape(())
     return x.view(node.dtype.to_numpy())
@@ -302,6 +314,9 @@ def row_alignment(node: Node) -> int:
         return g if (step == 1 and a % g == 0) else 1
     if op == "binary":
         return math.lcm(*[row_alignment(s) for s in node.srcs])
+    if op == "bitcast" and node.ndim == 1 and node.dtype.size_in_bytes != src.dtype.size_in_bytes:
+        a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
+        return a // math.gcd(a, b)  # output rows whose bytes start on an input element boundary
     if op in ("cast", "bitcast", "take", "dequantize", "quantize") or (op == "permute" and node.arg[0] == 0):
         return row_alignment(src) if (op != "take" or node.arg[0] != 0) else 1
     if op == "concat":

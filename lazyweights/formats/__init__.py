@@ -100,14 +100,22 @@ def _format_of(p: Path) -> WeightsFormat:
     raise FormatError(f"{p}: not a recognised checkpoint (expected .safetensors, .safetensors.index.json or .gguf)")
 
 
-def open_checkpoint(paths: PathLike | Iterable[PathLike]) -> Checkpoint:
-    """Resolve `paths` to files, validate every header, and collect the tensor records."""
+def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None) -> Checkpoint:
+    """Resolve `paths` to files, validate every header, and collect the tensor records.
+
+    Pickle checkpoints are refused unless `allow_pickle="weights_only"` (torch's restricted unpickler,
+    see `formats/torch_pickle.py`)."""
+    from .torch_pickle import is_pickle_checkpoint, pickle_allowed, read_torch_checkpoint
+
+    if pickle_allowed(allow_pickle) and is_pickle_checkpoint(_as_paths(paths)):
+        return read_torch_checkpoint(_as_paths(paths))
     files = _expand(_as_paths(paths))
     fmt = weights_format(files)
     if fmt is WeightsFormat.pytorch:
         raise FormatError(
             f"{files[0]}: PyTorch pickle checkpoints are refused: unpickling runs arbitrary code. "
-            "Convert it to safetensors with a trusted tool first."
+            "Convert it to safetensors with a trusted tool first, or pass allow_pickle='weights_only' to "
+            "load it with torch's restricted unpickler."
         )
     if fmt is WeightsFormat.gguf:
         from .gguf import read_gguf_checkpoint  # imported lazily: gguf support is its own module
@@ -133,7 +141,9 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
     records: dict[str, TensorRecord] = {}
     metadata: dict = {"index": index_meta} if index_meta else {}
     seen_files: list[str] = []
-    for shard in dict.fromkeys(shard_files):  # de-duplicated, order kept
+    # de-duplicated by absolute path, order kept. FIX: a shard given both through the index and by its own
+    # (relative) path used to be read twice and reported as "appears in two shards: X and X".
+    for shard in dict.fromkeys(Path(os.path.abspath(f)) for f in shard_files):
         recs, meta = read_safetensors(str(shard))
         seen_files.append(recs[0].file.path if recs else os.path.abspath(shard))
         if meta:
@@ -169,13 +179,17 @@ def _read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise FormatError(f"{index}: 'weight_map' must be an object mapping tensor names to shard file names")
-    root = index.parent.resolve()
+    # FIX: containment is checked on the lexical path (normpath, no symlink resolution). Resolving
+    # symlinks rejected the Hugging Face hub cache layout, where snapshots/<rev>/model-0000x.safetensors
+    # are symlinks to ../../blobs/<sha>. What the index names ('../x', '/abs', 'a/../../x') is still
+    # confined to the index's directory; symlinks placed there by the local filesystem are trusted.
+    root = Path(os.path.abspath(index.parent))
     shards: dict[str, Path] = {}
     mapping: dict[str, Path] = {}
     for name, rel in weight_map.items():
         if rel not in shards:
-            target = (root / rel).resolve()
-            if os.path.isabs(rel) or (target != root and root not in target.parents):
+            target = Path(os.path.normpath(os.path.join(root, rel)))
+            if os.path.isabs(rel) or root not in target.parents:
                 raise FormatError(f"{index}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint directory {root}")
             if not target.is_file():
                 raise FormatError(f"{index}: shard {rel!r} (holding tensor {name!r}) is missing from {root}")

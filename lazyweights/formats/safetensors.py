@@ -58,13 +58,20 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
     if not raw.lstrip(b" ").startswith(b"{"):
         raise FormatError(f"{where}: header does not start with '{{': not a safetensors file")
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except _DuplicateKey as e:
+        # FIX: json.loads silently kept the last of two entries with one name, so a hostile header could
+        # describe a tensor twice and have one description ignored. Refuse it, naming the tensor.
+        raise FormatError(f"{where}: tensor {e.args[0]!r} appears twice in the header") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # FIX (fuzz): ValueError too: an integer
+        # literal over 4300 digits (sys.int_max_str_digits) is a ValueError, not a JSONDecodeError
         raise FormatError(f"{where}: header is not valid JSON: {e}") from None
     if not isinstance(header, dict):
         raise FormatError(f"{where}: header JSON is a {type(header).__name__}, expected an object")
 
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:  # FIX (fuzz): `or {}` accepted a falsy non-object ([], "", 0) as empty metadata
+        metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise FormatError(f"{where}: __metadata__ must map strings to strings")
 
@@ -87,7 +94,9 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
         last = entries[-1][0]
         raise FormatError(f"{where}: tensor {last!r} ends at data byte {expected} but the file holds only {data_len} data bytes: truncated")
     if expected < data_len:
-        raise FormatError(f"{where}: {data_len - expected} trailing bytes after the last tensor belong to no tensor")
+        # (the message now names the last tensor too, as every other layout error does)
+        last = f" ({entries[-1][0]!r}, ending at data byte {expected})" if entries else ""
+        raise FormatError(f"{where}: {data_len - expected} trailing bytes after the last tensor{last} belong to no tensor")
 
     records = [
         TensorRecord(f, name, data_start + begin, end - begin, dtype, shape, extra={"format": "safetensors"})
@@ -96,11 +105,24 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
     return records, metadata
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicate_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def _parse_entry(where: str, name: str, info) -> tuple[DType, tuple[int, ...], tuple[int, int]]:
     if not isinstance(info, dict):
         raise FormatError(f"{where}: tensor {name!r}: header entry is a {type(info).__name__}, expected an object")
     code = info.get("dtype")
-    if code not in DTYPE_CODES:
+    if not isinstance(code, str) or code not in DTYPE_CODES:  # FIX (fuzz): a list/dict code was a TypeError
         raise FormatError(f"{where}: tensor {name!r}: unknown or unsupported dtype code {code!r} (known: {', '.join(DTYPE_CODES)})")
     dtype = DTYPE_CODES[code]
     shape = info.get("shape")

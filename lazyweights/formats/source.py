@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,11 @@ class SourceFile:
     file's tensors share one map and equal source nodes compare equal.
     """
 
-    _cache: dict[str, "SourceFile"] = {}
+    # FIX: a weak cache. A plain dict kept every file ever opened mapped for the life of the process (and
+    # the pages a read touched resident in its page tables, so they could not be dropped from the page
+    # cache). Records hold their SourceFile strongly and numpy views hold the mmap, so a file stays mapped
+    # exactly as long as something can still read it.
+    _cache: "weakref.WeakValueDictionary[str, SourceFile]" = weakref.WeakValueDictionary()
     _cache_lock = threading.Lock()
 
     def __init__(self, path: str):
@@ -139,6 +144,20 @@ class TensorRecord:
     extra: Any = field(default=None, compare=False)  # format-specific details (e.g. GGUF type id)
 
     def __post_init__(self):
+        # FIX (fuzz): refuse shapes numpy cannot hold even when they have no elements: numpy multiplies the
+        # non-zero dims by the item size and refuses past 2**63 (`[2**62, 0]` F32 was a ValueError at
+        # materialize, and `[2**31, 2**31, 0]` U8 one as soon as it was cast). The non-zero dims (in values,
+        # for quantized rows) may multiply to at most 2**60, so any cast or dequantization fits too.
+        span, last = 1, len(self.shape) - 1
+        for i, d in enumerate(self.shape):
+            if i == last and self.encoding is not None and d:
+                d = d // self.encoding.block_bytes * self.encoding.block_elements
+            span *= d or 1
+        if len(self.shape) > 32 or span > 2**60:
+            raise FormatError(
+                f"{self.file.path}: tensor {self.name!r}: shape {list(self.shape)} cannot be represented "
+                f"(more than 32 dimensions, or non-zero dims multiplying past 2**60 values)"
+            )
         expected = int(np.prod(self.shape, dtype=object)) * self.dtype.size_in_bytes if self.shape else self.dtype.size_in_bytes
         if expected != self.nbytes:
             raise FormatError(
