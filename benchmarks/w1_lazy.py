@@ -2,6 +2,10 @@
 """The W1 adapter written with lazyweights, run on one checkpoint in one mode (a subprocess of bench_w1.py).
 
   w1_lazy.py CKPT serve [--scheduler S]           materialize the adapted state dict, touch every output
+  w1_lazy.py CKPT serve-into                       allocate and touch the output buffers first (timed apart),
+                                                   then materialize into them (load_state_dict's path)
+  w1_lazy.py CKPT alloc-floor                      only allocate and first-touch the output bytes: the cost
+                                                   any in-memory result pays on this machine
   w1_lazy.py CKPT convert OUT [--budget B] ...    stream the adapted checkpoint to OUT
 Prints one JSON line: seconds, peak RssAnon growth (bytes), tensors, checksum.
 """
@@ -38,7 +42,7 @@ def w1_adapter(state_dict, huggingface_config, **unused_kwargs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpt")
-    ap.add_argument("mode", choices=["serve", "convert"])
+    ap.add_argument("mode", choices=["serve", "serve-into", "alloc-floor", "convert"])
     ap.add_argument("out", nargs="?")
     ap.add_argument("--budget", default=None)
     ap.add_argument("--scheduler", default="threads")
@@ -49,13 +53,25 @@ def main():
         weights = lw.load_weights(a.ckpt)
         adapted = w1_adapter(dict(weights.items()), huggingface_config=cfg)
         plan = lw.plan(adapted)
-        if a.mode == "serve":
+        if a.mode in ("serve-into", "alloc-floor"):
+            outs = {n: np.empty(node.shape, node.dtype.to_numpy()) for n, node in plan.outputs.items()}
+            for v in outs.values():
+                v.reshape(-1).view(np.uint8)[::4096] = 1  # first touch: the kernel backs every page now
+            t_alloc = time.perf_counter() - t
+            chk = 0
+            if a.mode == "serve-into":
+                t = time.perf_counter()
+                sd = plan.materialize(budget=a.budget, scheduler=a.scheduler, out=outs)
+                chk = sum(int(v.view(np.uint8).reshape(-1)[:: max(1, v.nbytes // 64)].sum()) for v in sd.values())
+        elif a.mode == "serve":
             sd = plan.materialize(budget=a.budget, scheduler=a.scheduler)
             chk = sum(int(v.view(np.uint8).reshape(-1)[:: max(1, v.nbytes // 64)].sum()) for v in sd.values())
         else:
             plan.save(a.out, budget=a.budget, scheduler=a.scheduler)
             chk = 0
     dt = time.perf_counter() - t
+    if a.mode == "alloc-floor":
+        dt = t_alloc
     print(json.dumps({"seconds": dt, "peak_anon_growth": pm.peak_anon - pm.base_anon, "tensors": len(adapted), "checksum": chk}))
 
 

@@ -23,6 +23,13 @@ import pytest
 from lazyweights.kernels import casts
 from lazyweights.kernels.casts import cast, cast_into, has_fast_path
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernels_loaded():
+    """These tests are about the compiled kernels: load them before the first cast (normally the first
+    casts of a process run through numpy while numba loads in the background)."""
+    casts.warm_up()
+
 REPO = Path(__file__).resolve().parents[1]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)

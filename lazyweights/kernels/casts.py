@@ -12,8 +12,12 @@ thread adds little for large arrays: the memory is already saturated.
 The kernels here are numba loops over contiguous *unsigned integer* views (bf16 and fp8 bits need no
 dtype support from numba), written without branches so LLVM vectorizes them. They are compiled with
 ``nogil=True`` so the threaded executor runs several at once, and with ``cache=True`` so the compile cost
-(0.1 to 0.5 s per kernel, about 5 s for all of them) is paid once per machine rather than once per process;
-with the cache warm, the first cast of a process costs about 0.4 s of numba start-up.
+(0.1 to 0.5 s per kernel, about 5 s for all of them) is paid once per machine rather than once per process.
+Even with the cache warm, numba costs about 1.5 s per process (importing it, then its CPU target loading
+the cached code): more than converting a 2 GB checkpoint. So the kernels live in `_cast_numba.py` and are
+loaded by a background thread started on the first cast (`warm_up`); until they are ready, casts run
+through numpy (the same bits, several times slower), so short jobs never wait for numba and long ones
+switch to the kernels after a second or so.
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
 buffer and converted from there, except that rows which are contiguous and nearly adjacent (a column slice
 dropping a few columns, broadcast rows) are read in place.
@@ -56,6 +60,7 @@ Example:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 import warnings
@@ -66,24 +71,11 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 
-__all__ = ["cast", "cast_into", "has_fast_path", "USE_NUMBA", "HAVE_NUMBA"]
+__all__ = ["cast", "cast_into", "has_fast_path", "warm_up", "USE_NUMBA", "HAVE_NUMBA", "ASYNC_WARMUP"]
 
-try:  # numba is a hard dependency, but a broken or absent install must cost speed, never correctness
-    if os.environ.get("LAZYWEIGHTS_NO_NUMBA", "").strip() not in ("", "0"):
-        raise ImportError("disabled by LAZYWEIGHTS_NO_NUMBA")
-    from llvmlite import ir as _ir
-    from numba import njit, types as _nbtypes
-    from numba.extending import intrinsic
-
-    HAVE_NUMBA = True
-except Exception:  # pragma: no cover - depends on the environment
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):  # the kernels below are then plain (never called) Python functions
-        return args[0] if args and callable(args[0]) else (lambda f: f)
-
-    def intrinsic(f):
-        return f
+# numba itself is imported by `_load_kernels`, on a background thread (see `warm_up`).
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None and \
+    os.environ.get("LAZYWEIGHTS_NO_NUMBA", "").strip() in ("", "0")
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.
@@ -108,238 +100,6 @@ _BYTE_FLOATS = tuple(
     if hasattr(ml_dtypes, name)
 )
 _UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
-
-
-# --------------------------------------------------------------------------------------------------------
-# Kernels. All arithmetic is on float32 bit patterns held in uint32. What keeps LLVM's vectorizer at full
-# width (each measured on 64K-element blocks in cache):
-# - every intermediate is wrapped in _U32(...): numba widens all integer arithmetic to 64 bits, and the
-#   truncations let LLVM narrow it back to 32-bit lanes (2x);
-# - format parameters are literal constants in each kernel (runtime parameters in the loop cost up to 3x;
-#   _k_f32_to_f16's NaN arguments are the measured exception);
-# - helpers are written as selects, never branches, and inlined at numba level (inline="always").
-
-_U32 = np.uint32
-
-
-@intrinsic
-def _as_f32(typingctx, bits):
-    """Reinterpret uint32 bits as float32 (no numba builtin does this for scalars)."""
-    sig = _nbtypes.float32(_nbtypes.uint32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _as_u32(typingctx, value):
-    """Reinterpret float32 as its uint32 bits."""
-    sig = _nbtypes.uint32(_nbtypes.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], _ir.IntType(32))
-
-    return sig, codegen
-
-
-@njit(inline="always", cache=True)
-def _widen_f16(h, quiet_bit):
-    """float16 bits -> float32 bits; exact. `quiet_bit` (0 or 0x400000) is ORed into NaNs."""
-    h = _U32(h)
-    m = _U32(h & _U32(0x3FF))
-    e = _U32(h & _U32(0x7C00))
-    normal = _U32(_U32(_U32(h & _U32(0x7FFF)) << _U32(13)) + _U32(112 << 23))
-    # m * 2**-24 is exact and a normal float32, so the FPU does the renormalization.
-    subnormal = _as_u32(np.float32(m) * np.float32(2.0**-24))
-    special = _U32(_U32(0x7F800000) | _U32(m << _U32(13)))
-    special = _U32(special | (_U32(quiet_bit) if m != _U32(0) else _U32(0)))
-    r = subnormal if e == _U32(0) else normal
-    r = special if e == _U32(0x7C00) else r
-    return _U32(r | _U32(_U32(h & _U32(0x8000)) << _U32(16)))
-
-
-@njit(inline="always", cache=True)
-def _narrow(x, mant_bits, bias, max_code, ovf_code, sign_shift, nan_base, nan_payload_mask, nan_zero_fix):
-    """float32 bits -> bits of a narrower IEEE-like format (float16, fp8), round-to-nearest-even.
-
-    Magnitude codes above `max_code` become `ovf_code`. A NaN becomes
-    ``nan_base | (payload >> (23 - mant_bits)) & nan_payload_mask``, then ``| nan_zero_fix`` if that is
-    still `nan_base` (how numpy keeps a float16 NaN from turning into infinity).
-    """
-    x = _U32(x)
-    a = _U32(x & _U32(0x7FFFFFFF))
-    shift = _U32(23 - mant_bits)
-    lsb = _U32(_U32(a >> shift) & _U32(1))
-    t = _U32(a - _U32((127 - bias) << 23))
-    t = _U32(t + _U32(_U32(_U32(1) << _U32(shift - _U32(1))) - _U32(1)))
-    normal = _U32(_U32(t + lsb) >> shift)
-    # Below the smallest normal, adding a "magic" power of two whose ulp is the target's subnormal step
-    # makes the FPU's own round-to-nearest-even round the subnormal (the classic float_to_half trick).
-    # Immune to FTZ/DAZ: the sum is a normal number, and inputs DAZ would zero round to zero anyway. It does
-    # rely on the default round-to-nearest mode, which nothing in a numpy process changes.
-    magic = _U32(((127 - bias) + shift + 1) << 23)
-    subnormal = _U32(_as_u32(_as_f32(a) + _as_f32(magic)) - magic)
-    r = normal if a >= _U32((128 - bias) << 23) else subnormal
-    r = _U32(ovf_code) if r > _U32(max_code) else r
-    nan = _U32(_U32(nan_base) | _U32(_U32(a >> shift) & _U32(nan_payload_mask)))
-    nan = _U32(nan | (_U32(nan_zero_fix) if nan == _U32(nan_base) else _U32(0)))
-    r = nan if a > _U32(0x7F800000) else r
-    sign_bit = _U32(_U32(1) << _U32(31 - sign_shift))
-    return _U32(r | _U32(_U32(x >> _U32(sign_shift)) & sign_bit))
-
-
-@njit(inline="always", cache=True)
-def _narrow_bf16(x):
-    """float32 bits -> bfloat16 bits, round-to-nearest-even, NaN -> ml_dtypes' canonical 0x7fc0 | sign."""
-    x = _U32(x)
-    r = _U32(_U32(_U32(x + _U32(0x7FFF)) + _U32(_U32(x >> _U32(16)) & _U32(1))) >> _U32(16))
-    nan = _U32(_U32(_U32(x >> _U32(16)) & _U32(0x8000)) | _U32(0x7FC0))
-    return nan if _U32(x & _U32(0x7FFFFFFF)) > _U32(0x7F800000) else r
-
-
-@njit(inline="always", cache=True)
-def _narrow_f16(x, nan_base, nan_mask, nan_fix):
-    return _narrow(x, 10, 15, 0x7BFF, 0x7C00, 16, nan_base, nan_mask, nan_fix)
-
-
-@njit(inline="always", cache=True)
-def _narrow_e4m3(x):
-    # No infinity: overflow (and inf) become NaN 0x7f, never saturate to 448.
-    return _narrow(x, 3, 7, 0x7E, 0x7F, 24, 0x7F, 0, 0)
-
-
-@njit(inline="always", cache=True)
-def _narrow_e5m2(x):
-    # Overflow becomes inf 0x7c; ml_dtypes' NaN is 0x7e.
-    return _narrow(x, 2, 15, 0x7B, 0x7C, 24, 0x7E, 0, 0)
-
-
-# Every kernel has the same shape: `rows` rows of `cols` elements, row r of the source starting at element
-# ``first + r * stride`` of the 1-D contiguous `src` (stride may be negative or larger than cols), written
-# densely into `out`. A contiguous array is one row. Rows are sliced rather than indexed: slices of a
-# contiguous array stay contiguous to numba, so the inner loop vectorizes (indexing ``src[base + c]`` runs
-# 9x slower).
-
-@njit(nogil=True, cache=True)
-def _k_bf16_to_f32(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _U32(_U32(s[c]) << _U32(16))
-
-
-@njit(nogil=True, cache=True)
-def _k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans):
-    # One loop per NaN mode with the quiet bit as a literal: as a runtime value it costs a third of the speed.
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        if quiet_nans:
-            for c in range(cols):
-                o[c] = _widen_f16(s[c], _U32(0x400000))
-        else:
-            for c in range(cols):
-                o[c] = _widen_f16(s[c], _U32(0))
-
-
-@njit(nogil=True, cache=True)
-def _k_f32_to_bf16(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_bf16(s[c])
-
-
-@njit(nogil=True, cache=True)
-def _k_f16_to_bf16(src, out, rows, cols, first, stride):
-    # Direct rather than _narrow_bf16(_widen_f16(h)): 35% faster. For a normal float16 the float32 bits are
-    # (a + (112 << 10)) << 13, and dropping 16 of them with round-to-nearest-even is dropping 3 here.
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            h = _U32(s[c])
-            a = _U32(h & _U32(0x7FFF))
-            biased = _U32(a + _U32(112 << 10))
-            normal = _U32(_U32(_U32(biased + _U32(3)) + _U32(_U32(biased >> _U32(3)) & _U32(1))) >> _U32(3))
-            subnormal = _narrow_bf16(_as_u32(np.float32(a) * np.float32(2.0**-24)))  # a < 0x400: exact
-            v = subnormal if a < _U32(0x400) else normal
-            v = _U32(0x7F80) if a == _U32(0x7C00) else v
-            v = _U32(0x7FC0) if a > _U32(0x7C00) else v  # ml_dtypes' canonical NaN
-            o[c] = _U32(v | _U32(h & _U32(0x8000)))
-
-
-@njit(nogil=True, cache=True)
-def _k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix):
-    # Unlike _k_f16_to_f32, runtime NaN arguments measure faster here than one loop per mode with literals.
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_f16(s[c], nan_base, nan_mask, nan_fix)
-
-
-@njit(nogil=True, cache=True)
-def _k_bf16_to_f16(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_f16(_U32(_U32(s[c]) << _U32(16)), 0x7E00, 0, 0)  # ml_dtypes' canonical NaN
-
-
-@njit(nogil=True, cache=True)
-def _k_f32_to_e4m3(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e4m3(s[c])
-
-
-@njit(nogil=True, cache=True)
-def _k_f32_to_e5m2(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e5m2(s[c])
-
-
-@njit(nogil=True, cache=True)
-def _k_bf16_to_e4m3(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e4m3(_U32(_U32(s[c]) << _U32(16)))
-
-
-@njit(nogil=True, cache=True)
-def _k_bf16_to_e5m2(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e5m2(_U32(_U32(s[c]) << _U32(16)))
-
-
-@njit(nogil=True, cache=True)
-def _k_f16_to_e4m3(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e4m3(_widen_f16(s[c], _U32(0)))
-
-
-@njit(nogil=True, cache=True)
-def _k_f16_to_e5m2(src, out, rows, cols, first, stride):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = _narrow_e5m2(_widen_f16(s[c], _U32(0)))
-
-
-@njit(nogil=True, cache=True)
-def _k_lut(src, out, rows, cols, first, stride, table):
-    for r in range(rows):
-        s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
-        for c in range(cols):
-            o[c] = table[s[c]]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -381,27 +141,27 @@ def _numpy_half_modes() -> tuple[tuple[int, int, int], bool]:
     return narrow_nan, widened == 0x7FC02000
 
 
-def _build_table() -> dict[tuple[np.dtype, np.dtype], _Kernel]:
+def _build_table(K) -> dict[tuple[np.dtype, np.dtype], _Kernel]:
     u8, u16, u32 = _UINT[1], _UINT[2], _UINT[4]
     f16_nan, f16_quiet = _numpy_half_modes()
     table = {
-        (_BF16, _F32): _Kernel(_k_bf16_to_f32, u16, u32, (), "f16bits"),
-        (_F16, _F32): _Kernel(_k_f16_to_f32, u16, u32, (f16_quiet,), "f16bits"),
-        (_F32, _BF16): _Kernel(_k_f32_to_bf16, u32, u16, (), "f32bits"),
-        (_F16, _BF16): _Kernel(_k_f16_to_bf16, u16, u16, (), "f16bits"),
-        (_F32, _F16): _Kernel(_k_f32_to_f16, u32, u16, f16_nan, "f32bits"),
-        (_BF16, _F16): _Kernel(_k_bf16_to_f16, u16, u16, (), "f16bits"),
-        (_F32, _E4M3): _Kernel(_k_f32_to_e4m3, u32, u8, (), "f32bits"),
-        (_F32, _E5M2): _Kernel(_k_f32_to_e5m2, u32, u8, (), "f32bits"),
-        (_BF16, _E4M3): _Kernel(_k_bf16_to_e4m3, u16, u8, (), "f16bits"),
-        (_BF16, _E5M2): _Kernel(_k_bf16_to_e5m2, u16, u8, (), "f16bits"),
-        (_F16, _E4M3): _Kernel(_k_f16_to_e4m3, u16, u8, (), "f16bits"),
-        (_F16, _E5M2): _Kernel(_k_f16_to_e5m2, u16, u8, (), "f16bits"),
+        (_BF16, _F32): _Kernel(K._k_bf16_to_f32, u16, u32, (), "f16bits"),
+        (_F16, _F32): _Kernel(K._k_f16_to_f32, u16, u32, (f16_quiet,), "f16bits"),
+        (_F32, _BF16): _Kernel(K._k_f32_to_bf16, u32, u16, (), "f32bits"),
+        (_F16, _BF16): _Kernel(K._k_f16_to_bf16, u16, u16, (), "f16bits"),
+        (_F32, _F16): _Kernel(K._k_f32_to_f16, u32, u16, f16_nan, "f32bits"),
+        (_BF16, _F16): _Kernel(K._k_bf16_to_f16, u16, u16, (), "f16bits"),
+        (_F32, _E4M3): _Kernel(K._k_f32_to_e4m3, u32, u8, (), "f32bits"),
+        (_F32, _E5M2): _Kernel(K._k_f32_to_e5m2, u32, u8, (), "f32bits"),
+        (_BF16, _E4M3): _Kernel(K._k_bf16_to_e4m3, u16, u8, (), "f16bits"),
+        (_BF16, _E5M2): _Kernel(K._k_bf16_to_e5m2, u16, u8, (), "f16bits"),
+        (_F16, _E4M3): _Kernel(K._k_f16_to_e4m3, u16, u8, (), "f16bits"),
+        (_F16, _E5M2): _Kernel(K._k_f16_to_e5m2, u16, u8, (), "f16bits"),
     }
     for src in _BYTE_FLOATS:
         for dst in (_F32, _F16, _BF16, _F64) + _BYTE_FLOATS:
             if dst != src and np.can_cast(src, dst, casting="unsafe"):  # e8m0 <-> fp8 has no cast
-                table[(src, dst)] = _Kernel(_k_lut, u8, _UINT[dst.itemsize], None, "")  # table made lazily
+                table[(src, dst)] = _Kernel(K._k_lut, u8, _UINT[dst.itemsize], None, "")  # table made lazily
     return table
 
 
@@ -452,15 +212,74 @@ def _verify(key, kernel: _Kernel) -> _Kernel | None:
     return None
 
 
-def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
-    """The verified kernel for a pair, or None. Builds tables and verifies on first use (thread-safe)."""
-    global _table
-    key = (src_dtype, dst_dtype)
-    if _table is None:
+# The six pairs a checkpoint conversion spends its time in: loaded and checked by the warm-up thread.
+_HOT = ((_BF16, _F16), (_BF16, _F32), (_F32, _F16), (_F16, _F32), (_F32, _BF16), (_F16, _BF16))
+
+#: Whether the first casts of a process run through numpy while numba loads in the background (True), or
+#: wait for numba (False; also LAZYWEIGHTS_SYNC_KERNELS=1). Either way the bits are the same.
+ASYNC_WARMUP: bool = os.environ.get("LAZYWEIGHTS_SYNC_KERNELS", "").strip() in ("", "0")
+
+_K = None  # the _cast_numba module, once loaded
+_ready = threading.Event()  # set when loading finished (successfully or not)
+_warm_thread: threading.Thread | None = None
+_load_error: BaseException | None = None
+
+
+def _load_kernels() -> None:
+    """Import numba and the kernels, build the pair table, load and check the hot pairs. Runs once."""
+    global _K, _table, _load_error
+    try:
+        from . import _cast_numba as K
+
+        table = _build_table(K)
+        with _lock:
+            _K, _table = K, table
+        for src, dst in _HOT:
+            _resolve((src, dst))
+    except Exception as e:  # numba missing or broken: numpy does every cast, correctly
+        _load_error = e
         with _lock:
             if _table is None:
-                _table = _build_table()
-    kernel = _table.get(key)
+                _table = {}
+    finally:
+        _ready.set()
+
+
+def warm_up(wait: bool = True) -> bool:
+    """Start loading the compiled kernels (once per process); with `wait`, block until they are ready.
+    Returns whether the compiled kernels are in use. Casts are bit-identical either way; this only moves
+    numba's start-up (about 1.5 s) off the critical path, or forces it onto it (tests, benchmarks).
+
+    Example:
+        >>> from lazyweights.kernels.casts import warm_up, USE_NUMBA
+        >>> warm_up() == (USE_NUMBA and HAVE_NUMBA)
+        True
+    """
+    global _warm_thread
+    if not (USE_NUMBA and HAVE_NUMBA):
+        return False
+    with _lock:
+        if _warm_thread is None:
+            _warm_thread = threading.Thread(target=_load_kernels, name="lazyweights-numba-warmup", daemon=True)
+            _warm_thread.start()
+    if wait:
+        _ready.wait()
+    return _ready.is_set() and _load_error is None
+
+
+def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
+    """The verified kernel for a pair, or None (numpy does the cast). Until the background warm-up has
+    loaded numba, None (unless ASYNC_WARMUP is off, then it waits)."""
+    if not _ready.is_set():
+        warm_up(wait=not ASYNC_WARMUP)
+        if not _ready.is_set():
+            return None
+    return _resolve((src_dtype, dst_dtype))
+
+
+def _resolve(key) -> _Kernel | None:
+    """Look a pair up in the table; on its first use check it against astype (thread-safe)."""
+    kernel = (_table or {}).get(key)
     if kernel is None or key in _disabled:
         return None
     if key in _verified:
@@ -470,7 +289,8 @@ def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
             return None
         if key in _verified:
             return _table[key]
-        if kernel.fn is _k_lut and kernel.args is None:
+        if kernel.fn is _K._k_lut and kernel.args is None:
+            src_dtype, dst_dtype = key
             codes = np.arange(256, dtype=np.uint8).view(src_dtype)
             with np.errstate(all="ignore"):
                 lut = np.ascontiguousarray(codes.astype(dst_dtype).view(kernel.dst_view))
@@ -514,13 +334,8 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
     src, dst = _as_dtype(src_dtype), _as_dtype(dst_dtype)
     if src == dst:
         return True
-    if not (USE_NUMBA and HAVE_NUMBA):
+    if not (USE_NUMBA and HAVE_NUMBA) or not warm_up(wait=True):
         return False
-    global _table
-    if _table is None:
-        with _lock:
-            if _table is None:
-                _table = _build_table()
     return (src, dst) in _table and (src, dst) not in _disabled
 
 
@@ -647,7 +462,8 @@ def cast_into(src: np.ndarray, out: np.ndarray) -> None:
     if src.dtype == dst_dtype:
         np.copyto(out, src)
         return
-    kernel = _kernel_for(src.dtype, dst_dtype) if USE_NUMBA and HAVE_NUMBA else None
+    # Tiny casts are not worth waking numba for (and must not wait for it).
+    kernel = _kernel_for(src.dtype, dst_dtype) if USE_NUMBA and HAVE_NUMBA and out.size >= 4096 else None
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         if not np.can_cast(src.dtype, dst_dtype, casting="unsafe"):
             raise DTypeError(f"cast_into: numpy has no cast from {src.dtype} to {dst_dtype}")
