@@ -320,7 +320,8 @@ def gemma_reference(request, gemma_path):
     strings), so its answer is kept in pytest's cache, keyed by the file's identity and gguf's version."""
     st = os.stat(gemma_path)
     key = [gemma_path, st.st_size, st.st_mtime_ns, getattr(gguf, "__version__", "?"), 1]
-    cached = request.config.cache.get("lazyweights/gemma3_gguf_reference", None)
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    cached = cache.get("lazyweights/gemma3_gguf_reference", None) if cache is not None else None
     if cached and cached.get("key") == key:
         return cached
     reader = GGUFReader(gemma_path)
@@ -330,7 +331,8 @@ def gemma_reference(request, gemma_path):
                      int(t.n_bytes), _sha(t.data)] for t in reader.tensors],
         "fields": reader_fields(reader),
     }
-    request.config.cache.set("lazyweights/gemma3_gguf_reference", ref)
+    if cache is not None:
+        cache.set("lazyweights/gemma3_gguf_reference", ref)
     return ref
 
 
