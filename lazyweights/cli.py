@@ -6,6 +6,7 @@
                         [--max-shard-size 5GB] [--scheduler sync|threads] [--no-progress]
     lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
     lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
+    lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
 
 ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding the seed's
 `convert_safetensor_state_dict` / `convert_gguf_state_dict`, or a registered architecture name; it is called
@@ -442,6 +443,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fold", action="store_true", help="one row per weight (no folded layer indices)")
     p.set_defaults(func=cmd_check, filter=None)
 
+    p = sub.add_parser("verify", parents=[common], help="hash every tensor; check a checkpoint against its manifest",
+                       description="Without --write: re-read PATH and check every tensor against the "
+                                   "lazyweights.verify.json beside it (exit 1 on any mismatch, naming it). With "
+                                   "--write: hash PATH as it is now and write that manifest.")
+    p.add_argument("path", metavar="PATH", help="a checkpoint: .safetensors / .gguf file, directory, or index.json")
+    p.add_argument("--write", action="store_true", help="write the manifest instead of checking it")
+    p.add_argument("--manifest", metavar="FILE", default=None, help="manifest to check against (default: beside PATH)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
+    p.set_defaults(func=cmd_verify)
+
     p = sub.add_parser("demo", parents=[common], help="the main job on an embedded default checkpoint",
                        description="Write a small Llama-shaped checkpoint, adapt it lazily (the seed adapter), "
                                    "print the plan, save the result and verify every byte against numpy.")
@@ -450,6 +463,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_size_arg, default="64MB", metavar="SIZE", help="working memory")
     p.set_defaults(func=cmd_demo)
     return parser
+
+
+def cmd_verify(args) -> int:
+    from .verify import verify, write_manifest
+
+    if args.write:
+        target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
+        with open(target, encoding="utf-8") as fh:
+            n = len(json.load(fh)["tensors"])
+        _out(f"wrote {target}: {n} tensors hashed")
+        return 0
+    report = verify(args.path, args.manifest, scheduler=args.scheduler, budget=args.budget)
+    _out(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1
 
 
 def cmd_demo(args) -> int:

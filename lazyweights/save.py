@@ -106,10 +106,12 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
         os.makedirs(staging)
     work_files = [os.path.join(staging, os.path.basename(f)) for f in files] if staging else files
     writers: list[StreamingFile] = []
+    committed: list[str] = []
     try:
         write_all(work_files, writers)
         for w in writers:
             w.commit()
+            committed.append(w.path)
         if len(files) > 1:
             _write_index(staging or directory, _index_doc(plan, files, shards))
         if staging:
@@ -120,6 +122,12 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
             w.abort()
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
+        else:  # FIX (hardening): shards already renamed into an existing directory must not stay there
+            for f in committed:  # without their index (e.g. the index write hit a full disk)
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
         raise
     return files + ([os.path.join(directory, INDEX_NAME)] if len(files) > 1 else [])
 

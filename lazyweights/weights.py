@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -44,6 +45,9 @@ class _Shared:
         self.names = list(checkpoint.records)
         self.allocated: dict[str, Weight] = {}
         self.materialized: dict[str, np.ndarray] = {}
+        # FIX (concurrency): allocate()/allocated_weights from several threads raced on the two dicts above
+        # ("dictionary changed size during iteration", KeyError for a name allocated meanwhile).
+        self.lock = threading.RLock()
 
 
 class Weights:
@@ -109,7 +113,8 @@ class Weights:
         record = self._shared.checkpoint.records.get(self._prefix)
         if record is None:
             raise missing_weight(self._prefix, self._shared.names)
-        return WeightData._wrap(ops.source(record), self._prefix, record.encoding)
+        node = getattr(record, "node", None)  # pickle checkpoints (allow_pickle): a const node over torch's map
+        return WeightData._wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
 
     def allocate(self, dtype: DType | None = None, shape: Iterable[int] | None = None,
                  quantization_encoding: QuantizationEncoding | None = None, device=DeviceRef.CPU()) -> Weight:
@@ -138,23 +143,25 @@ class Weights:
                 data = data.reshape(shape)
         weight = Weight(self._prefix, data.dtype, data.shape, device=device, quantization_encoding=encoding)
         weight.source = data
-        self._shared.allocated[self._prefix] = weight
-        self._shared.materialized.pop(self._prefix, None)
+        with self._shared.lock:
+            self._shared.allocated[self._prefix] = weight
+            self._shared.materialized.pop(self._prefix, None)
         return weight
 
     @property
     def allocated_weights(self) -> dict[str, np.ndarray]:
         """Every weight allocated through `allocate()` so far, materialized (one fused plan per device)."""
         shared = self._shared
-        pending = {n: w for n, w in shared.allocated.items() if n not in shared.materialized}
-        if pending:
-            from .plan import Plan
+        with shared.lock:
+            pending = {n: w for n, w in shared.allocated.items() if n not in shared.materialized}
+            if pending:
+                from .plan import Plan
 
-            # One fused plan per device: GPU allocations (DeviceRef.GPU(i)) come back as CuPy arrays.
-            for device in {w.device for w in pending.values()}:
-                group = {n: w.source for n, w in pending.items() if w.device == device}
-                shared.materialized.update(Plan(group).materialize(device=device if device.is_gpu else None))
-        return {n: shared.materialized[n] for n in shared.allocated}
+                # One fused plan per device: GPU allocations (DeviceRef.GPU(i)) come back as CuPy arrays.
+                for device in {w.device for w in pending.values()}:
+                    group = {n: w.source for n, w in pending.items() if w.device == device}
+                    shared.materialized.update(Plan(group).materialize(device=device if device.is_gpu else None))
+            return {n: shared.materialized[n] for n in shared.allocated}
 
     # --- checkpoint facts -------------------------------------------------------------------------------
     @property
@@ -190,9 +197,12 @@ class Weights:
         raise TypeError("iterate over Weights.items() (the seed protocol), not the Weights object")
 
 
-def load_weights(paths) -> Weights:
+def load_weights(paths, *, allow_pickle=None) -> Weights:
     """Open a checkpoint lazily: `.safetensors` file(s), a directory, a `model.safetensors.index.json`,
-    or `.gguf` file(s) (split GGUF too). Reads and validates headers only."""
+    or `.gguf` file(s) (split GGUF too). Reads and validates headers only.
+
+    Pickle checkpoints (`.bin`, `.pt`, `.pth`) are refused unless `allow_pickle="weights_only"`: then torch's
+    restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return Weights(_Shared(open_checkpoint(list(paths))))
+    return Weights(_Shared(open_checkpoint(list(paths), allow_pickle=allow_pickle)))

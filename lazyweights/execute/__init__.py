@@ -55,16 +55,28 @@ def run_tasks(tasks: Sequence[Task], run_one: Callable[[Task], int], scheduler="
     from ..schedule import default_workers
 
     cancelled = threading.Event()
+    # FIX (hardening): dask's get() raises as soon as one task fails, while other tasks may still be running.
+    # Their late writes then went to a file descriptor the caller had already closed (abort), or, if the
+    # number was reused meanwhile, into an unrelated file. Count running tasks; return only when none are.
+    idle = threading.Condition()
+    running = [0]
 
     def guarded(i: int) -> int:
-        if cancelled.is_set():
-            return 0
+        with idle:
+            if cancelled.is_set():
+                return 0
+            running[0] += 1
         task = tasks[i]
         try:
-            done = run_one(task)
-        except BaseException as e:
-            cancelled.set()
-            raise _name_error(e, task) from (None if isinstance(e, LazyWeightsError) else e)
+            try:
+                done = run_one(task)
+            except BaseException as e:
+                cancelled.set()
+                raise _name_error(e, task) from (None if isinstance(e, LazyWeightsError) else e)
+        finally:
+            with idle:
+                running[0] -= 1
+                idle.notify_all()
         if progress is not None:
             progress.advance(done)
         return done
@@ -82,7 +94,10 @@ def run_tasks(tasks: Sequence[Task], run_one: Callable[[Task], int], scheduler="
     try:
         dask.threaded.get(dsk, list(dsk), num_workers=workers or default_workers())
     finally:
-        cancelled.set()
+        with idle:
+            cancelled.set()
+            while running[0]:
+                idle.wait()
 
 
 def _name_error(e: BaseException, task: Task) -> BaseException:

@@ -1,0 +1,392 @@
+"""Faults during execution: sources that change under a running plan, kernels that fail mid-plan, writes
+that fail (a real, full tmpfs and a patched `os.pwrite`), and a real SIGINT in the middle of a save.
+
+What must hold every time: the process survives (in-process cases) or exits cleanly (subprocess cases:
+never SIGBUS/SIGSEGV), the error is a `LazyWeightsError` naming the tensor (and the file), nothing is left
+under the final output name, and no temporary is left beside it (on the tmpfs: the space is given back,
+so no temporary is even held open).
+
+tests/test_scheduler.py covers the basics (a failing `take` kernel during a safetensors save, a patched
+`pwrite` raising ENOSPC for safetensors, KeyboardInterrupt raised by a patched block, a source changed
+before materializing); this file adds the GGUF variants, sources changed *between blocks*, the real tmpfs
+and the real signal.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import lazyweights as lw
+import lazyweights.save as save_mod
+
+gguf = pytest.importorskip("gguf")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RNG = np.random.default_rng(5)
+
+
+def _leftovers(d) -> list[str]:
+    return sorted(os.listdir(d))
+
+
+@pytest.fixture(scope="module")
+def st_ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("st")
+    arrays = {f"layers.{i}.w": RNG.standard_normal((64, 48)).astype(np.float32) for i in range(4)}
+    save_file(arrays, str(d / "m.safetensors"))
+    return str(d / "m.safetensors"), arrays
+
+
+@pytest.fixture(scope="module")
+def gguf_ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gguf")
+    path = str(d / "m.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    arrays = {}
+    for i in range(3):
+        x = RNG.standard_normal((32, 64)).astype(np.float32)
+        arrays[f"blk.{i}.ffn_up.weight"] = x
+        w.add_tensor(f"blk.{i}.ffn_up.weight", x)
+        q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor(f"blk.{i}.q8.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        arrays[f"blk.{i}.q8.weight"] = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, arrays
+
+
+def _gguf_plan(path):
+    w = lw.load_weights(path)
+    out = {}
+    for name, acc in w.items():
+        d = acc.data()
+        out[name] = d.dequantize().astype(lw.DType.float16) if d.quantization_encoding else d.astype(lw.DType.float16)
+    return lw.plan(out)
+
+
+# --- a source truncated or replaced between blocks (subprocess: a SIGBUS would be a crash, not a hang) ---------------
+CHANGE_MID_PLAN = r"""
+import os, sys, numpy as np
+import lazyweights as lw, lazyweights.execute as ex, lazyweights.save as sm
+fmt, action, mode, d = sys.argv[1:5]
+src = os.path.join(d, "src." + fmt)
+if fmt == "safetensors":
+    from safetensors.numpy import save_file
+    save_file({f"t{i}": np.ones((256, 256), np.float32) for i in range(3)}, src)
+else:
+    import gguf
+    w = gguf.GGUFWriter(src, "llama")
+    for i in range(3):
+        w.add_tensor(f"t{i}", np.ones((256, 256), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+weights = lw.load_weights(src)
+plan = lw.plan({n: a.data().astype(lw.DType.float16) for n, a in weights.items()})
+n = [0]
+def change():
+    if mode == "truncate":
+        os.truncate(src, os.path.getsize(src) // 2)
+    else:
+        os.replace(src, src + ".old")
+        with open(src, "wb") as fh:
+            fh.write(open(src + ".old", "rb").read())
+def wrap(real):
+    def block(task):
+        n[0] += 1
+        if n[0] == 3:
+            change()
+        return real(task)
+    return block
+out_dir = os.path.join(d, "out"); os.makedirs(out_dir)
+try:
+    if action == "materialize":
+        ex._materialize_block = wrap(ex._materialize_block)
+        plan.materialize(scheduler="sync", block_bytes=16384)
+    else:
+        sm._save_block = wrap(sm._save_block)
+        plan.save(os.path.join(out_dir, "o." + fmt), scheduler="sync", block_bytes=16384)
+    print("NO ERROR")
+except lw.SourceChangedError as e:
+    print("OK", e)
+print("LEFT", sorted(os.listdir(out_dir)))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+@pytest.mark.parametrize("action", ["materialize", "save"])
+@pytest.mark.parametrize("mode", ["truncate", "replace"])
+def test_source_changed_between_blocks(tmp_path, fmt, action, mode):
+    script = tmp_path / "s.py"
+    script.write_text(CHANGE_MID_PLAN)
+    r = subprocess.run([sys.executable, str(script), fmt, action, mode, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -7 would be SIGBUS
+    assert r.stdout.startswith("OK "), r.stdout + r.stderr[-2000:]
+    assert f"src.{fmt}" in r.stdout and "while reading tensor 't" in r.stdout
+    assert ("size changed" in r.stdout) if mode == "truncate" else ("replaced" in r.stdout)
+    assert "LEFT []" in r.stdout, r.stdout
+
+
+# --- an exception inside a kernel mid-plan ---------------------------------------------------------------------
+def test_kernel_failure_mid_materialize_threads(st_ckpt, monkeypatch):
+    """A cast kernel raising on its 3rd block: ExecutionError naming the tensor; the process (and dask's pool)
+    keeps working: the same plan then materializes correctly."""
+    import lazyweights.kernels.casts as casts
+
+    path, arrays = st_ckpt
+    w = lw.load_weights(path)
+    plan = lw.plan({n: a.data().astype(lw.DType.float16) for n, a in w.items()})
+    real, calls = casts.cast_into, [0]
+
+    def failing(src, dst):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise MemoryError("injected")
+        return real(src, dst)
+
+    monkeypatch.setattr(casts, "cast_into", failing)
+    with pytest.raises(lw.ExecutionError) as ei:
+        plan.materialize(scheduler="threads", block_bytes=1024)
+    assert ei.value.tensor in arrays and repr(ei.value.tensor) in str(ei.value) and "injected" in str(ei.value)
+    monkeypatch.setattr(casts, "cast_into", real)
+    got = plan.materialize(scheduler="threads", block_bytes=1024)
+    for n, a in arrays.items():
+        np.testing.assert_array_equal(got[n], a.astype(np.float16))
+
+
+def test_kernel_failure_mid_gguf_save(gguf_ckpt, tmp_path, monkeypatch):
+    """A failing dequantize kernel during a GGUF save: names the tensor, no file and no temporary left."""
+    import lazyweights.quant as quant
+
+    path, _ = gguf_ckpt
+    plan = _gguf_plan(path)
+    real = quant.dequantize
+
+    def failing(encoding, blocks):
+        raise RuntimeError("dequantize blew up")
+
+    monkeypatch.setattr(quant, "dequantize", failing)
+    monkeypatch.setattr(quant, "dequantize_into", lambda *a, **k: failing(*a[:2]))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(lw.ExecutionError) as ei:
+        plan.save(out / "o.gguf", scheduler="threads", block_bytes=512)
+    assert ei.value.tensor and ei.value.tensor.endswith("q8.weight") and "blew up" in str(ei.value)
+    assert _leftovers(out) == []
+    monkeypatch.setattr(quant, "dequantize", real)
+
+
+def test_failing_block_waits_for_blocks_in_flight(tmp_path, monkeypatch):
+    """Regression: when one block failed, dask returned at once while other blocks were still running; they
+    then wrote to a closed descriptor, or, once the number was reused, into an unrelated file."""
+    plan = lw.plan({f"t{i}": lw.WeightData.from_numpy(np.ones((64, 64), np.float32), f"t{i}") for i in range(2)})
+    real = save_mod._save_block
+    finished = []
+
+    def block(task):
+        step, rows = task[0], task[1]
+        if step.outputs[0] == "t0" and rows.start == 0:
+            raise RuntimeError("first block fails")
+        time.sleep(0.2)
+        real(task)
+        finished.append(time.monotonic())
+        return 0
+
+    monkeypatch.setattr(save_mod, "_save_block", block)
+    with pytest.raises(lw.ExecutionError):
+        plan.save(tmp_path / "o.safetensors", scheduler="threads", workers=2, block_bytes=4096)
+    returned = time.monotonic()
+    # A file opened now may get the descriptor the failed save closed; nothing may write into it.
+    victim = tmp_path / "victim.bin"
+    with open(victim, "wb") as fh:
+        fh.write(b"x" * 16)
+        time.sleep(0.5)
+    assert victim.read_bytes() == b"x" * 16
+    assert all(t <= returned for t in finished)
+    assert _leftovers(tmp_path) == ["victim.bin"]
+
+
+# --- failing writes: a patched pwrite (GGUF) and a real, full tmpfs -----------------------------------------------
+def test_gguf_save_pwrite_enospc(gguf_ckpt, tmp_path, monkeypatch):
+    path, _ = gguf_ckpt
+    plan = _gguf_plan(path)
+    real, count = os.pwrite, [0]
+
+    def flaky(fd, data, offset):
+        count[0] += 1
+        if count[0] > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", flaky)
+    with pytest.raises(lw.WriteError) as ei:
+        plan.save(tmp_path / "o.gguf", scheduler="threads")
+    assert "o.gguf" in str(ei.value) and "No space left" in str(ei.value) and ei.value.tensor
+    assert _leftovers(tmp_path) == []
+
+
+def test_index_write_failure_removes_shards_from_existing_directory(st_ckpt, tmp_path, monkeypatch):
+    """Regression: shards already renamed into an existing directory stayed there, without their index."""
+    path, _ = st_ckpt
+    plan = lw.plan({n: a.data() for n, a in lw.load_weights(path).items()})
+    (tmp_path / "README").write_text("keep")
+
+    def no_space(directory, doc):
+        raise lw.WriteError(f"{directory}: index: No space left on device", path=directory)
+
+    monkeypatch.setattr(save_mod, "_write_index", no_space)
+    with pytest.raises(lw.WriteError):
+        plan.save(tmp_path, max_shard_size="20kB")
+    assert _leftovers(tmp_path) == ["README"]
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A real 1 MiB tmpfs (needs root and mount permission; skipped otherwise)."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    try:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot mount a tmpfs here: {e}")
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip() or r.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _free(mnt) -> int:
+    st = os.statvfs(mnt)
+    return st.f_bavail * st.f_frsize
+
+
+def _big_plan(tmp_path):
+    """~2 MiB of output (more than the tmpfs holds) from a small source."""
+    src = tmp_path / "src.safetensors"
+    save_file({f"w{i}": RNG.standard_normal((256, 256)).astype(np.float16) for i in range(4)}, str(src))
+    w = lw.load_weights(src)
+    return lw.plan({n: a.data().astype(lw.DType.float32) for n, a in w.items()})
+
+
+@pytest.mark.parametrize("case", ["safetensors", "safetensors-no-fallocate", "sharded-dir", "gguf"])
+def test_real_full_tmpfs(tiny_tmpfs, tmp_path, monkeypatch, case):
+    plan = _big_plan(tmp_path)
+    empty = _free(tiny_tmpfs)
+    if case == "safetensors-no-fallocate":  # a filesystem without fallocate: ENOSPC comes from pwrite itself
+        def no_fallocate(fd, offset, length):
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+        monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
+    target = {"gguf": tiny_tmpfs / "o.gguf", "sharded-dir": tiny_tmpfs / "out"}.get(case, tiny_tmpfs / "o.safetensors")
+    with pytest.raises(lw.WriteError) as ei:
+        plan.save(target, max_shard_size="600kB" if case == "sharded-dir" else None, scheduler="threads")
+    msg = str(ei.value)
+    assert str(tiny_tmpfs) in msg and ("No space left" in msg or "not enough disk space" in msg), msg
+    if case in ("safetensors-no-fallocate", "gguf"):
+        assert ei.value.tensor and repr(ei.value.tensor) in msg  # failed mid-write: names the tensor
+    assert _leftovers(tiny_tmpfs) == []
+    assert _free(tiny_tmpfs) == empty, "a temporary is still held open"
+    # The file system is usable again: a plan that fits is saved, complete.
+    small = lw.plan({"w": lw.WeightData.from_numpy(np.arange(1000, dtype=np.float32), "w")})
+    small.save(tiny_tmpfs / "small.safetensors")
+    assert lw.load_weights(tiny_tmpfs / "small.safetensors")["w"].data().to_numpy()[999] == 999
+
+
+# --- a real SIGINT in the middle of a ~200 MB save ---------------------------------------------------------------------
+SIGINT_SAVE = r"""
+import os, sys, time
+import numpy as np
+import lazyweights as lw, lazyweights.save as sm
+from safetensors.numpy import save_file
+src_dir, out, fmt, sched = sys.argv[1:5]
+src = os.path.join(src_dir, "src.safetensors")
+save_file({"a": np.ones((6400, 4096), np.float16), "b": np.full((6400, 4096), 2, np.float16)}, src)  # 100 MB
+import signal, threading
+# The signal is real (sent by the test to this process); the default handler raises KeyboardInterrupt in the
+# main thread. We also note it, so that blocks stalled below (to make sure it lands mid-save on any number of
+# cores) go on at full speed once it arrived.
+arrived = threading.Event()
+def on_sigint(signum, frame):
+    arrived.set()
+    signal.default_int_handler(signum, frame)
+signal.signal(signal.SIGINT, on_sigint)
+real = sm._save_block
+count = [0]
+lock = threading.Lock()
+def block(task):
+    with lock:
+        count[0] += 1
+        n = count[0]
+    if n == 4:
+        print("SAVING", flush=True)  # three blocks are written: we are mid-save
+    if n >= 4:
+        arrived.wait(5.0)
+    return real(task)
+sm._save_block = block
+if fmt == "cli":
+    adapter = os.path.join(src_dir, "adapter.py")
+    with open(adapter, "w") as fh:
+        fh.write("import lazyweights as lw\n"
+                 "def convert(sd, **kw):\n"
+                 "    return {k: v.data().astype(lw.DType.float32) for k, v in sd.items()}\n")
+    from lazyweights.cli import main
+    rc = main(["convert", adapter + ":convert", src, "-o", out, "--no-progress", "--max-shard-size", "64MB"])
+    print("EXIT", rc, flush=True)
+    sys.exit(rc)
+w = lw.load_weights(src)
+plan = lw.plan({n: a.data().astype(lw.DType.float32) for n, a in w.items()})  # 200 MB out
+try:
+    plan.save(out, format=fmt, scheduler=sched, block_bytes=1 << 20,
+              max_shard_size="64MB" if not out.endswith((".safetensors", ".gguf")) else None)
+    print("FINISHED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("fmt,sched,name", [
+    ("safetensors", "threads", "out_dir"),        # sharded: a staging directory
+    ("safetensors", "sync", "o.safetensors"),
+    ("gguf", "threads", "o.gguf"),
+    ("cli", "threads", "cli_out"),                # `lazyweights convert`: exit 130, 'interrupted'
+])
+def test_real_sigint_mid_save(tmp_path, fmt, sched, name):
+    src_dir, out_parent = tmp_path / "src", tmp_path / "out"
+    src_dir.mkdir()
+    out_parent.mkdir()
+    script = tmp_path / "s.py"
+    script.write_text(SIGINT_SAVE)
+    p = subprocess.Popen([sys.executable, str(script), str(src_dir), str(out_parent / name), fmt, sched],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = p.stdout.readline()
+        assert line.strip() == "SAVING", line + p.stderr.read()
+        assert p.poll() is None
+        partial = [f for f in os.listdir(out_parent)]
+        assert partial, "mid-save, the temporary output exists"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, (p.returncode, out, err[-3000:])
+    if fmt == "cli":
+        assert "EXIT 130" in out and "lazyweights: interrupted" in err, (out, err)
+    else:
+        assert "INTERRUPTED" in out and "FINISHED" not in out
+    assert "Traceback" not in err, err[-3000:]
+    assert _leftovers(out_parent) == [], "no output and no temporary after the interrupt"
