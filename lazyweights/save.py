@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from .errors import LazyWeightsError, WriteError
-from .execute import resolve_scheduler, run_tasks, task_bytes
+from .execute import prepare_kernels, resolve_scheduler, run_tasks, task_bytes
 from .execute.blocks import pull, write_rows
 from .formats.safetensors_writer import SafetensorsLayout, StreamingFile
 from .progress import Progress
@@ -156,6 +156,10 @@ def write_shards(plan, files, shards, meta, budget, sched, workers, progress, bl
     sub = _Subplan({n: plan.outputs[n] for n in plan.outputs if n in wanted})
     steps = compile_steps(sub, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
     tasks = [(step, rows, [where[n] for n in step.outputs]) for step in steps for rows in step.blocks]
+    if prepare_kernels(steps):
+        from .kernels import casts
+
+        casts.warm_up(wait=True)
     bar = Progress(sum(task_bytes(t) for t in tasks), "save") if progress else None
     run_tasks(tasks, _save_block, sched, workers, bar)
     if bar:
