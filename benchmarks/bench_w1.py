@@ -3,7 +3,8 @@
 
   python benchmarks/bench_w1.py CKPT [--reps 3] [--budget 268435456] [--modes serve,convert] [--scratch DIR]
 
-Each measurement runs in a fresh subprocess (so peak RssAnon growth is that run's own), page cache warm.
+Each measurement runs in a fresh subprocess (so peak RssAnon growth is that run's own), page cache warm,
+after a `sync` (so none pays for the previous one's writeback).
 Prints medians and the ratios the scheduler issue asks for, then verifies that lazyweights' output bytes
 equal the eager baseline's, tensor by tensor.
 """
@@ -20,13 +21,21 @@ def run(cmd):
     return r.stdout
 
 
+def settle():
+    """Flush dirty pages first, so no measurement pays for the writeback of the one before it."""
+    subprocess.run(["sync"], check=True)
+    time.sleep(1.0)
+
+
 def eager(ckpt, mode, out=None):
+    settle()
     text = run([sys.executable, os.path.join(BENCH, "baseline_eager.py"), ckpt, mode] + ([out] if out else []))
     m = re.search(r"([0-9.]+) s,.*peak RssAnon ([0-9.]+) GB", text)
     return float(m.group(1)), float(m.group(2)) * 1e9
 
 
 def lazy(ckpt, mode, out=None, budget=None):
+    settle()
     cmd = [sys.executable, os.path.join(HERE, "w1_lazy.py"), ckpt, mode] + ([out] if out else [])
     if budget:
         cmd += ["--budget", str(budget)]
@@ -36,6 +45,7 @@ def lazy(ckpt, mode, out=None, budget=None):
 
 def cp_sync(ckpt, out):
     shutil.rmtree(out, ignore_errors=True)
+    settle()
     t = time.perf_counter()
     subprocess.run(["cp", "-r", ckpt, out], check=True)
     subprocess.run(["sync"], check=True)
@@ -91,7 +101,6 @@ def main():
             for d in (e_out, l_out):
                 shutil.rmtree(d, ignore_errors=True)
             t, m = eager(ckpt, "convert", e_out); res["eager_convert"].append(t); mem["eager_convert"].append(m)
-            run(["sync"])
             t, m = lazy(ckpt, "convert", l_out, a.budget); res["lazy_convert"].append(t); mem["lazy_convert"].append(m)
             res["cp"].append(cp_sync(ckpt, c_out))
         print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in res.items() if v), flush=True)
