@@ -172,21 +172,23 @@ def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
     return {name: result[name] for name in plan.outputs}
 
 
-# Below this many bytes of casting, numpy finishes before numba (about 1 s to load per process) would be
-# ready, so casts start at once on numpy while numba loads in the background; above it, waiting for the
-# compiled kernels (30 GB/s instead of 3) pays for itself. Measured on the 2.2 GB W1 workload.
-NUMBA_WAIT_BYTES = 256 << 20
+# Below this many bytes of casting, numpy's casts (about 0.43 s/GB on two threads here) finish before
+# numba would have loaded and run (about 0.85 s to load per process, then 0.11 s/GB): they break even near
+# 2.7 GB (measured on the W1 workload, benchmarks/RESULTS.md). Smaller plans cast with numpy and never
+# load numba; bigger ones wait for the compiled kernels. Either way the bits are the same.
+NUMBA_WAIT_BYTES = 5 << 29  # 2.5 GiB
 
 
 def prepare_kernels(steps) -> bool:
-    """Start loading the compiled cast kernels; returns whether the plan is big enough to wait for them."""
+    """Whether this plan casts enough to be worth waiting for the compiled kernels; if so, start loading
+    them now (the caller waits after doing what it can meanwhile)."""
     from ..kernels import casts
 
     cast_bytes = sum(n.nbytes for s in steps for n in s.nodes if n.op == "cast")
-    if cast_bytes == 0:
+    if cast_bytes < NUMBA_WAIT_BYTES:
         return False
     casts.warm_up(wait=False)
-    return cast_bytes >= NUMBA_WAIT_BYTES
+    return True
 
 
 def _prefault(arrays) -> None:

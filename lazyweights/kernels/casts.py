@@ -15,9 +15,9 @@ dtype support from numba), written without branches so LLVM vectorizes them. The
 (0.1 to 0.5 s per kernel, about 5 s for all of them) is paid once per machine rather than once per process.
 Even with the cache warm, numba costs about 1.5 s per process (importing it, then its CPU target loading
 the cached code): more than converting a 2 GB checkpoint. So the kernels live in `_cast_numba.py` and are
-loaded by a background thread started on the first cast (`warm_up`); until they are ready, casts run
-through numpy (the same bits, several times slower), so short jobs never wait for numba and long ones
-switch to the kernels after a second or so.
+loaded only when worth it: an executor running a plan that casts more than about 2.5 GB waits for them
+(`warm_up`), and any process that has cast 4 GiB through numpy starts loading them in the background.
+Until then casts run through numpy: the same bits, several times slower, and no start-up cost.
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
 buffer and converted from there, except that rows which are contiguous and nearly adjacent (a column slice
 dropping a few columns, broadcast rows) are read in place.
@@ -267,12 +267,23 @@ def warm_up(wait: bool = True) -> bool:
     return _ready.is_set() and _load_error is None
 
 
-def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
-    """The verified kernel for a pair, or None (numpy does the cast). Until the background warm-up has
-    loaded numba, None (unless ASYNC_WARMUP is off, then it waits)."""
+# Bytes cast through numpy while numba was not loaded; past this, loading numba starts in the background.
+_numpy_bytes = 0
+NUMPY_BYTES_BEFORE_WARMUP = 4 << 30
+
+
+def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype, nbytes: int = 0) -> _Kernel | None:
+    """The verified kernel for a pair, or None (numpy does the cast). Numba is loaded when an executor
+    asks (`warm_up`, for big plans), when ASYNC_WARMUP is off, or in the background once a process has cast
+    NUMPY_BYTES_BEFORE_WARMUP through numpy: short jobs never pay numba's start-up."""
+    global _numpy_bytes
     if not _ready.is_set():
-        warm_up(wait=not ASYNC_WARMUP)
-        if not _ready.is_set():
+        if not ASYNC_WARMUP:
+            warm_up(wait=True)
+        else:
+            _numpy_bytes += nbytes
+            if _numpy_bytes >= NUMPY_BYTES_BEFORE_WARMUP:
+                warm_up(wait=False)
             return None
     return _resolve((src_dtype, dst_dtype))
 
@@ -463,7 +474,7 @@ def cast_into(src: np.ndarray, out: np.ndarray) -> None:
         np.copyto(out, src)
         return
     # Tiny casts are not worth waking numba for (and must not wait for it).
-    kernel = _kernel_for(src.dtype, dst_dtype) if USE_NUMBA and HAVE_NUMBA and out.size >= 4096 else None
+    kernel = _kernel_for(src.dtype, dst_dtype, out.nbytes) if USE_NUMBA and HAVE_NUMBA and out.size >= 4096 else None
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         if not np.can_cast(src.dtype, dst_dtype, casting="unsafe"):
             raise DTypeError(f"cast_into: numpy has no cast from {src.dtype} to {dst_dtype}")
