@@ -172,11 +172,12 @@ def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
     return {name: result[name] for name in plan.outputs}
 
 
-# Below this many bytes of casting, numpy's casts (about 0.43 s/GB on two threads here) finish before
-# numba would have loaded and run (about 0.85 s to load per process, then 0.11 s/GB): they break even near
-# 2.7 GB (measured on the W1 workload, benchmarks/RESULTS.md). Smaller plans cast with numpy and never
-# load numba; bigger ones wait for the compiled kernels. Either way the bits are the same.
-NUMBA_WAIT_BYTES = 5 << 29  # 2.5 GiB
+# Plans that cast at least this much wait for the compiled kernels (about 0.85 s to load per process, then
+# 30 GB/s); smaller ones cast with numpy (about 3 GB/s per thread) and never load numba. Waiting pays early
+# because loading overlaps the first touch of the fresh output memory (`_prefault`), which every in-memory
+# result pays anyway: on the 2.2 GB W1 workload, numba-with-prefault served in a median 1.55 s against
+# 2.54 s for numpy alone (benchmarks/RESULTS.md). Either way the bits are the same.
+NUMBA_WAIT_BYTES = 256 << 20
 
 
 def prepare_kernels(steps) -> bool:

@@ -15,7 +15,7 @@ dtype support from numba), written without branches so LLVM vectorizes them. The
 (0.1 to 0.5 s per kernel, about 5 s for all of them) is paid once per machine rather than once per process.
 Even with the cache warm, numba costs about 1.5 s per process (importing it, then its CPU target loading
 the cached code): more than converting a 2 GB checkpoint. So the kernels live in `_cast_numba.py` and are
-loaded only when worth it: an executor running a plan that casts more than about 2.5 GB waits for them
+loaded only when worth it: an executor running a plan that casts more than 256 MiB waits for them
 (`warm_up`), and any process that has cast 4 GiB through numpy starts loading them in the background.
 Until then casts run through numpy: the same bits, several times slower, and no start-up cost.
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
