@@ -18,13 +18,7 @@ import os
 import numpy as np
 
 from .errors import LazyWeightsError
-
-
-class _Outputs:
-    """The minimal plan interface the executors use: name -> node."""
-
-    def __init__(self, outputs):
-        self.outputs = outputs
+from .schedule import Outputs
 
 
 def _groups_by_file(plan) -> list[dict]:
@@ -39,7 +33,7 @@ def _groups_by_file(plan) -> list[dict]:
 def _materialize_part(outputs: dict, budget) -> dict[str, np.ndarray]:
     from .execute import materialize
 
-    result = materialize(_Outputs(outputs), budget=budget, scheduler="threads")
+    result = materialize(Outputs(outputs), budget=budget, scheduler="threads")
     return {k: np.array(v) for k, v in result.items()}  # own the memory: views of a worker's map cannot travel
 
 
@@ -61,7 +55,7 @@ def _write_shard(path: str, outputs: dict, names: list[str], meta: dict, budget)
 
     writers: list = []
     try:
-        write_shards(_Outputs(outputs), [path], [names], meta, budget, "threads", None, False, None, writers)
+        write_shards(Outputs(outputs), [path], [names], meta, budget, "threads", None, False, None, writers)
         for w in writers:
             w.commit()
     except BaseException:

@@ -35,7 +35,7 @@ from .execute import prepare_kernels, resolve_scheduler, run_tasks, task_bytes
 from .execute.blocks import pull, write_rows
 from .formats.safetensors_writer import SafetensorsLayout, StreamingFile
 from .progress import Progress
-from .schedule import compile_steps, parse_size
+from .schedule import Outputs, compile_steps, parse_size
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -153,7 +153,7 @@ def write_shards(plan, files, shards, meta, budget, sched, workers, progress, bl
         for name in layout.order:
             where[name] = (w, layout.offsets[name])
     wanted = {n for names in shards for n in names}
-    sub = _Subplan({n: plan.outputs[n] for n in plan.outputs if n in wanted})
+    sub = Outputs({n: plan.outputs[n] for n in plan.outputs if n in wanted})
     steps = compile_steps(sub, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
     tasks = [(step, rows, [where[n] for n in step.outputs]) for step in steps for rows in step.blocks]
     if prepare_kernels(steps):
@@ -164,11 +164,6 @@ def write_shards(plan, files, shards, meta, budget, sched, workers, progress, bl
     run_tasks(tasks, _save_block, sched, workers, bar)
     if bar:
         bar.close()
-
-
-class _Subplan:
-    def __init__(self, outputs):
-        self.outputs = outputs
 
 
 _scratch = threading.local()

@@ -75,6 +75,13 @@ class Step:
         return (first.file.path, first.offset, self.outputs[0])
 
 
+class Outputs:
+    """The one thing executors need of a plan: `outputs`, name -> node. For running part of a plan."""
+
+    def __init__(self, outputs: dict):
+        self.outputs = outputs
+
+
 def parse_size(value) -> int | None:
     """Bytes from an int or a string like '512MB', '1GB', '5GiB', '256k'. None stays None."""
     if value is None:

@@ -107,10 +107,7 @@ def hash_plan(plan, *, scheduler=None, budget=None, workers: int | None = None, 
     if not isinstance(sched, str):
         sched = "threads"  # a dask.distributed Client: hashes need every block of a tensor in one place
 
-    class _Outputs:
-        outputs = plan.outputs
-
-    steps = compile_steps(_Outputs, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
+    steps = compile_steps(plan, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
     digests: dict[int, str] = {}
 
     def hash_step(task) -> int:

@@ -700,11 +700,8 @@ def save_plan_gguf(plan, path, metadata: Mapping[str, Any] | None = None, budget
     if not isinstance(sched, str) or sched == "reference":
         sched = "threads" if not isinstance(sched, str) else "sync"
 
-    class _Outputs:
-        outputs = plan.outputs
-
     with GGUFStreamWriter(path, layout) as writer:
-        steps = compile_steps(_Outputs, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
+        steps = compile_steps(plan, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
         tasks = [(step, rows, [(writer, layout.slots[n].offset) for n in step.outputs])
                  for step in steps for rows in step.blocks]
         bar = None
