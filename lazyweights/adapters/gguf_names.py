@@ -408,3 +408,17 @@ def gguf_metadata_from_config(config, arch: str | None = None, name: str | None 
         if arch in ROPE_PERMUTED_ARCHS:
             md[f"{arch}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     return md
+
+
+def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=None,
+                            dequantize_to: DType | None = DType.bfloat16, **unused_kwargs) -> dict[str, WeightData]:
+    """The seed-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
+    to bfloat16 (pass `dequantize_to=None` to keep quantized blocks). `huggingface_config` is the GGUF
+    file's own config (`weights.config`) when none is given by the caller, as `lazyweights convert` does.
+
+    Example (the command line, on a GGUF file):
+        lazyweights convert lazyweights.adapters:convert_gguf_state_dict model.gguf -o model-hf/
+    """
+    if huggingface_config is None:
+        raise LazyWeightsError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
+    return gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)
