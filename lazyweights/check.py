@@ -34,7 +34,6 @@ Example:
 """
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from .dtype import DType
+from .names import split_numbers as _split_numbers, suggest_all
 from .errors import DTypeError, LazyWeightsError, LoadError, ShapeError
 from .quantization import QuantizationEncoding
 from .weight_data import WeightData
@@ -269,14 +269,6 @@ def _shape_hint(expected, actual, long: bool = False) -> str:
 
 
 # --- folding layer indices ----------------------------------------------------------------------------------
-_NUM = re.compile(r"^\d+$")
-
-
-def _split_numbers(name: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
-    parts = name.split(".")
-    template = tuple(None if _NUM.match(p) else p for p in parts)
-    nums = tuple(int(p) for p in parts if _NUM.match(p))
-    return template, nums
 
 
 def format_index_set(values: Iterable[int]) -> str:
@@ -598,48 +590,6 @@ def _compare(slot: Slot, key: str, v: WeightData, report: CheckReport, override:
         report.shape_mismatches.append(Mismatch(key, tuple(shape), v.shape))
         ok = False
     return Resolved(slot, key, v, dtype, tuple(shape), encoding) if ok else None
-
-
-def _candidates(name: str, candidates: Sequence[str], by_nums: dict) -> list[tuple[float, str]]:
-    """(score, candidate) pairs worth suggesting for `name`: a prefix/suffix fix scores 2 (the usual
-    'model.' mistake); otherwise difflib's ratio among candidates with the same layer numbers."""
-    fix = [c for c in candidates if c.endswith("." + name) or name.endswith("." + c)]
-    if fix:
-        return [(2.0 - len(c) * 1e-6, c) for c in fix]
-    same = by_nums.get(_split_numbers(name)[1], [])
-    close = difflib.get_close_matches(name, same, n=3, cutoff=0.6)
-    return [(difflib.SequenceMatcher(None, name, c).ratio(), c) for c in close]
-
-
-def suggest_all(names: Sequence[str], candidates: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """A did-you-mean for each of `names` among `candidates`, paired one to one (best pairs first), so
-    one typo'd key is not offered for every missing weight near it; layers.1.x never suggests layers.11.x."""
-    if not candidates:
-        return {}
-    by_nums: dict[tuple, list[str]] = {}
-    for c in candidates:
-        by_nums.setdefault(_split_numbers(c)[1], []).append(c)
-    pairs = []
-    for i, name in enumerate(names):
-        for score, c in _candidates(name, candidates, by_nums):
-            pairs.append((-score, i, name, c))
-    pairs.sort()
-    out: dict[str, tuple[str, ...]] = {}
-    taken: set[str] = set()
-    for _, _, name, c in pairs:
-        if name in out or c in taken:
-            continue
-        out[name] = (c,)
-        taken.add(c)
-    return out
-
-
-def suggest(name: str, candidates: Sequence[str], n: int = 2) -> list[str]:
-    """Close candidates for one name (see suggest_all), best first."""
-    by_nums: dict[tuple, list[str]] = {}
-    for c in candidates:
-        by_nums.setdefault(_split_numbers(c)[1], []).append(c)
-    return [c for _, c in sorted(_candidates(name, candidates, by_nums), reverse=True)][:n]
 
 
 # --- renames ------------------------------------------------------------------------------------------------------

@@ -21,7 +21,6 @@ Example:
 """
 from __future__ import annotations
 
-import difflib
 from typing import Iterable
 
 
@@ -82,7 +81,9 @@ class WriteError(ExecutionError, OSError):
 
 def did_you_mean(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """A ' Did you mean ...?' suffix naming the closest candidates, or '' when none are close."""
-    close = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
+    from .names import suggest  # layer-number aware: layers.1.w is never offered layers.11.w
+
+    close = suggest(name, list(candidates), n=n)
     if not close:
         return ""
     return " Did you mean " + " or ".join(repr(c) for c in close) + "?"

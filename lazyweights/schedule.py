@@ -197,18 +197,3 @@ def _needs_whole_inputs(root: Node, view_cache) -> bool:
         if n.op == "reshape" and (not n.shape or not n.srcs[0].shape):
             return True
     return False
-
-
-def summarize(steps: list[Step]) -> dict:
-    """Totals for explain(): bytes read (each source once), written, steps by kind, largest block."""
-    sources = {r for s in steps for r in s.sources}
-    return {
-        "steps": len(steps),
-        "fused": sum(s.kind == "fused" for s in steps),
-        "copy": sum(s.kind == "copy" for s in steps),
-        "view": sum(s.kind == "view" for s in steps),
-        "bytes_read": sum(r.nbytes for r in sources),
-        "bytes_written": sum(s.nbytes for s in steps),
-        "largest_block": max((s.block_bytes for s in steps), default=0),
-        "blocks": sum(len(s.blocks) for s in steps),
-    }

@@ -512,6 +512,3 @@ def launch(encoding, chain, src, out, stream=None) -> None:
         kernel((blocks,), (_THREADS,), (src, out, np.int64(n)))
 
 
-def device_dtype_after(chain) -> DType:
-    """The dtype a dequantize kernel stores: float32, or the chain's last target."""
-    return chain[-1][1] if chain else DType.float32
