@@ -8,18 +8,22 @@ GB/s counting bytes read + bytes written. Columns:
 - 1 thread: ``cast_into(src, out)`` into a preallocated, already-touched output;
 - 2 threads: the same, split in halves over a ThreadPoolExecutor (the kernels release the GIL).
 
-A same-dtype ``np.copyto`` of the same source is printed first as the memory-bandwidth floor.
+A same-dtype ``np.copyto`` of the same source is printed first as the memory-bandwidth floor, then what
+each compiled backend costs a fresh process before its first cast (import, load, first-use self-check).
+``--backend`` picks the kernels the throughput table uses: c (the default where built), numba, or numpy.
 ``--strided`` adds bf16 -> f16 from non-contiguous views of a 2-D source (copied in blocks, except the
 nearly adjacent rows of cols[:, :n-64], read in place), against ``np.copyto(out, view, casting="unsafe")`` (astype of a transpose would keep
 its Fortran order and so skip the transposition).
 
     python benchmarks/bench_casts.py [--size-mb 256] [--runs 5] [--pairs bf16:f16,f32:f16] [--strided]
+                                     [--backend c|numba|numpy]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,18 +97,49 @@ def bench_pair(s_dt: np.dtype, d_dt: np.dtype, nbytes: int, runs: int, rng: np.r
     return moved / t_astype / 1e9, moved / t_one / 1e9, moved / t_two / 1e9
 
 
+STARTUP = """
+import time; t = time.perf_counter()
+import numpy as np
+from lazyweights.kernels import casts
+casts.cast_into(np.ones(1 << 16, np.float32), np.empty(1 << 16, np.float16))
+assert casts.kernel_backend() == "{backend}", casts.kernel_backend()
+print(time.perf_counter() - t)
+"""
+
+
+def startup_seconds(backend: str, runs: int) -> float:
+    """Median seconds a fresh process takes to import the casts and finish its first compiled cast."""
+    env = dict(os.environ, LAZYWEIGHTS_CAST_KERNELS=backend, LAZYWEIGHTS_SYNC_KERNELS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    times = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", STARTUP.format(backend=backend)], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        times.append(float(out))
+    return statistics.median(times)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=256, help="source size in MB (default 256)")
     parser.add_argument("--runs", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--pairs", default=",".join(HOT), help=f"src:dst list from {sorted(NAMES)}")
     parser.add_argument("--strided", action="store_true", help="also time strided bf16->f16 sources")
+    parser.add_argument("--backend", choices=["c", "numba", "numpy"], default=None,
+                        help="kernels for the throughput table (default: what a plain process uses)")
     args = parser.parse_args(argv)
     nbytes = args.size_mb << 20
     rng = np.random.default_rng(0)
 
-    print(f"numba in use: {casts.USE_NUMBA}; source {args.size_mb} MB; median of {args.runs}; "
+    if args.backend == "numpy":
+        casts.USE_COMPILED = False
+    elif args.backend:
+        casts._use_backend(args.backend)
+    print(f"kernels in use: {casts.kernel_backend()}; source {args.size_mb} MB; median of {args.runs}; "
           "GB/s = (bytes read + bytes written) / s")
+    for backend, present in (("c", casts.HAVE_C), ("numba", casts.HAVE_NUMBA)):
+        if present:
+            print(f"fresh process, import to first {backend} cast done: {startup_seconds(backend, args.runs):.3f} s")
     # Other work on the machine skews the figures, the 2-thread column most: say how busy it was.
     print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"memcpy floor (np.copyto, same dtype): {memcpy_floor(nbytes, args.runs, rng):.1f} GB/s\n")

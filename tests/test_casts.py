@@ -1,6 +1,7 @@
 """lazyweights.kernels.casts: every fast path is bit-identical to numpy/ml_dtypes astype.
 
-Exhaustive over every bf16, f16 and 8-bit source pattern; for float32 sources about three million patterns
+Every test here runs once per compiled backend present (the C extension and numba; see the `backend`
+fixture), so both builds of the kernels meet the same contract. Exhaustive over every bf16, f16 and 8-bit source pattern; for float32 sources about three million patterns
 that cover every exponent, NaN payloads, the overflow threshold and subnormal boundary of each destination,
 and round-to-nearest-even ties. Results are compared as unsigned integers, so NaN bit patterns, -0.0 and
 signed infinities must match exactly.
@@ -24,11 +25,17 @@ from lazyweights.kernels import casts
 from lazyweights.kernels.casts import cast, cast_into, has_fast_path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _kernels_loaded():
-    """These tests are about the compiled kernels: load them before the first cast (normally the first
-    casts of a process run through numpy while numba loads in the background)."""
-    casts.warm_up()
+BACKENDS = [b for b, present in (("c", casts.HAVE_C), ("numba", casts.HAVE_NUMBA)) if present]
+
+
+@pytest.fixture(autouse=True, scope="module", params=BACKENDS or ["numpy"])
+def backend(request):
+    """Run the module once per compiled backend, with that backend's kernels loaded before the first cast
+    (numba's normally load in the background while the first casts of a process run through numpy)."""
+    if request.param != "numpy":
+        assert casts._use_backend(request.param) == request.param
+    yield request.param
+    casts._use_backend(BACKENDS[0]) if BACKENDS else None
 
 REPO = Path(__file__).resolve().parents[1]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -39,7 +46,7 @@ HALVES = [BF16, F16]
 FLOAT_FAST = [F32, F16, BF16, E4M3, E5M2]
 BYTE_FLOATS = list(casts._BYTE_FLOATS)
 
-needs_numba = pytest.mark.skipif(not casts.HAVE_NUMBA, reason="numba unavailable or disabled")
+needs_compiled = pytest.mark.skipif(not casts.HAVE_COMPILED, reason="no compiled kernels (C extension or numba)")
 
 
 def name(d) -> str:
@@ -128,7 +135,7 @@ def f32_src() -> np.ndarray:
 
 # --- exhaustive and large-sample bit-exactness of each kernel ------------------------------------------
 
-@needs_numba
+@needs_compiled
 @pytest.mark.parametrize("src_dtype,dst_dtype", [(s, d) for s in HALVES for d in FLOAT_FAST if s != d],
                          ids=lambda d: name(d))
 def test_every_16bit_pattern(src_dtype, dst_dtype):
@@ -136,14 +143,14 @@ def test_every_16bit_pattern(src_dtype, dst_dtype):
     assert_bits_equal(kernel_cast(src, dst_dtype), reference(src, dst_dtype), src)
 
 
-@needs_numba
+@needs_compiled
 @pytest.mark.parametrize("dst_dtype", [F16, BF16, E4M3, E5M2], ids=name)
 def test_float32_patterns(f32_src, dst_dtype):
     assert f32_src.size > 2_000_000
     assert_bits_equal(kernel_cast(f32_src, dst_dtype), reference(f32_src, dst_dtype), f32_src)
 
 
-@needs_numba
+@needs_compiled
 @pytest.mark.parametrize("src_dtype", BYTE_FLOATS, ids=name)
 def test_every_8bit_pattern(src_dtype):
     src = all_patterns(src_dtype)
@@ -158,7 +165,7 @@ def test_every_8bit_pattern(src_dtype):
         assert_bits_equal(kernel_cast(src, dst_dtype), reference(src, dst_dtype), src)
 
 
-@needs_numba
+@needs_compiled
 def test_fast_path_table():
     pairs = [(s, d) for s in [F32, F16, BF16] for d in FLOAT_FAST if s != d]
     pairs += [(s, d) for s in [E4M3, E5M2] for d in [F32, F16, BF16]]
@@ -174,7 +181,7 @@ def test_fast_path_table():
 def test_has_fast_path_accepts_dtype_enum():
     from lazyweights.dtype import DType
 
-    assert has_fast_path(DType.bfloat16, DType.float16) == casts.USE_NUMBA
+    assert has_fast_path(DType.bfloat16, DType.float16) == casts.USE_COMPILED
     assert cast(np.array([1.5], np.float32), DType.bfloat16).dtype == BF16
 
 
@@ -229,7 +236,7 @@ def test_strided_sources(pair, chunk_bytes, monkeypatch):
         assert_bits_equal(out, reference(view, dst_dtype), view)
 
 
-@needs_numba
+@needs_compiled
 def test_rows_are_read_in_place():
     # A column slice dropping a few columns: no scratch copy, no temporary of any size.
     src = random_values((1024, 1024), BF16)[:, 100:1000]
@@ -324,9 +331,10 @@ def test_fallback_pairs_match_astype(pair):
         assert_bits_equal(cast(view, dst_dtype), reference(view, dst_dtype), view)
 
 
-def test_no_numba_flag(monkeypatch, f32_src):
-    monkeypatch.setattr(casts, "USE_NUMBA", False)
+def test_no_compiled_flag(monkeypatch, f32_src):
+    monkeypatch.setattr(casts, "USE_COMPILED", False)
     assert not has_fast_path(BF16, F16) and has_fast_path(F16, F16)
+    assert casts.kernel_backend() == "numpy"
     for src in (all_patterns(BF16), all_patterns(F16), f32_src[:200_000], all_patterns(E4M3)):
         for dst in FLOAT_FAST:
             if dst != src.dtype:
@@ -335,25 +343,102 @@ def test_no_numba_flag(monkeypatch, f32_src):
     assert_bits_equal(cast(base.T, F16), reference(base.T, F16))
 
 
-def test_no_numba_env_var():
+def run_fresh(code: str, **env) -> str:
+    env = dict(os.environ, **env,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_numpy_only_env_var(backend):
+    if BACKENDS and backend != BACKENDS[0]:
+        pytest.skip("a fresh process: once is enough")
     code = (
-        "import numpy as np, ml_dtypes\n"
+        "import sys, numpy as np, ml_dtypes\n"
         "from lazyweights.kernels import casts\n"
-        "assert not casts.HAVE_NUMBA and not casts.USE_NUMBA\n"
+        "assert not casts.HAVE_COMPILED and not casts.USE_COMPILED\n"
         "assert not casts.has_fast_path(ml_dtypes.bfloat16, np.float16)\n"
         "x = np.arange(65536, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256).T\n"
         "with np.errstate(all='ignore'):\n"
         "    ref = x.astype(np.float16)\n"
         "assert np.array_equal(casts.cast(x, np.float16).view(np.uint16), ref.view(np.uint16))\n"
-        "print('ok')\n"
+        "print(casts.kernel_backend(), 'numba' in sys.modules)\n"
     )
-    env = dict(os.environ, LAZYWEIGHTS_NO_NUMBA="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+    assert run_fresh(code, LAZYWEIGHTS_CAST_KERNELS="numpy") == "numpy False"
+    # The older switch still turns numba off (C kernels, if built, stay on).
+    assert run_fresh("from lazyweights.kernels import casts; print(casts.HAVE_NUMBA)", LAZYWEIGHTS_NO_NUMBA="1") \
+        == "False"
+    with_bad = run_fresh("import warnings; warnings.simplefilter('error')\n"
+                         "try:\n    from lazyweights.kernels import casts\nexcept RuntimeWarning as e:\n    print(e)",
+                         LAZYWEIGHTS_CAST_KERNELS="fortran")
+    assert "LAZYWEIGHTS_CAST_KERNELS='fortran' is not one of auto, c, numba, numpy" in with_bad
 
 
-@needs_numba
+@pytest.mark.skipif(not casts.HAVE_C, reason="the C extension was not built")
+def test_c_kernels_serve_a_plan_without_numba(backend):
+    # The point of the C build: a fresh process casts at full speed without ever importing numba.
+    if backend != "c":
+        pytest.skip("a fresh process: once is enough")
+    code = (
+        "import sys, numpy as np, ml_dtypes, lazyweights as lw\n"
+        "x = (np.arange(1 << 22, dtype=np.float32) * np.float32(1e-3)).reshape(2048, 2048)\n"
+        "wd = lw.WeightData.from_numpy(x.astype(ml_dtypes.bfloat16), 'w').T.astype(lw.DType.float16)\n"
+        "got = lw.plan({'w': wd}).materialize()['w']\n"
+        "ref = x.astype(ml_dtypes.bfloat16).T.astype(np.float16)\n"
+        "assert np.array_equal(got.view(np.uint16), ref.view(np.uint16))\n"
+        "from lazyweights.kernels import casts\n"
+        "print(casts.kernel_backend(), 'numba' in sys.modules)\n"
+    )
+    assert run_fresh(code) == "c False"
+
+
+def test_c_extension_is_built_where_a_compiler_is(backend):
+    # setup.py marks the extension optional, so a failed build would pass silently and leave every
+    # process paying numba's start-up. Where a C compiler exists (CI, this machine), it must have built.
+    import shutil
+    import sysconfig
+
+    if os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "auto") not in ("", "auto", "c"):
+        pytest.skip("C kernels switched off by LAZYWEIGHTS_CAST_KERNELS")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(compiler):
+        pytest.skip(f"no C compiler ({compiler}) here")
+    assert casts.HAVE_C, "lazyweights/kernels/_ccasts.c was not built: reinstall with `pip install -e .`"
+
+
+@pytest.mark.skipif(not casts.HAVE_C, reason="the C extension was not built")
+def test_c_kernels_check_their_arguments():
+    # numba's kernels trust casts.py; the C ones check every range themselves: a bad call is a ValueError,
+    # never a read or write outside the buffers.
+    from lazyweights.kernels import _ccasts as C
+
+    src = np.arange(100, dtype=np.uint16)
+    out = np.zeros(100, np.uint16)
+    C._k_bf16_to_f16(src, out, 10, 10, 0, 10)
+    assert_bits_equal(out.view(F16), reference(src.view(BF16), F16))
+    C._k_bf16_to_f16(src, out, 10, 10, 90, -10)  # rows in reverse order
+    assert_bits_equal(out.view(F16), reference(src.view(BF16).reshape(10, 10)[::-1], F16).reshape(-1))
+    bad = [((11, 10, 0, 10), "output buffer is too small"), ((10, 10, 1, 10), "row lies outside"),
+           ((2, 10, 0, 100), "outside the source"), ((2, 10, 5, -10), "row lies outside"),
+           ((-1, 10, 0, 0), "must not be negative"), ((1, 101, 0, 0), "too small"),
+           ((1, 10, 95, 0), "row lies outside")]
+    for (rows, cols, first, stride), message in bad:
+        with pytest.raises(ValueError, match=message):
+            C._k_bf16_to_f16(src, out, rows, cols, first, stride)
+    with pytest.raises(ValueError, match="not aligned"):
+        C._k_bf16_to_f16(np.frombuffer(bytes(201), np.uint8)[1:].view(np.uint16), out, 1, 10, 0, 0)
+    with pytest.raises((BufferError, TypeError, ValueError)):
+        C._k_bf16_to_f16(src, bytes(200), 1, 10, 0, 0)  # a read-only output
+    with pytest.raises(ValueError, match="256 aligned entries"):
+        C._k_lut(np.zeros(4, np.uint8), np.zeros(4, np.uint16), 1, 4, 0, 0, np.zeros(255, np.uint16))
+    with pytest.raises(TypeError, match="takes src, out"):
+        C._k_bf16_to_f16(src, out, 1, 10)
+    with pytest.raises(ValueError, match="nan_base"):
+        C._k_f32_to_f16(np.zeros(4, np.uint32), np.zeros(4, np.uint16), 1, 4, 0, 0, -1, 0, 0)
+
+
+@needs_compiled
 def test_disagreeing_kernel_is_switched_off(monkeypatch):
     # Simulate an ml_dtypes/numpy whose behaviour the kernel does not reproduce: wire bf16->f32's kernel
     # (a plain shift) to the f16->f32 pair. The self-check must catch it and numpy must take over.
@@ -378,11 +463,11 @@ def test_two_threads_match():
     assert_bits_equal(out, reference(src, F16), src)
 
 
-@pytest.mark.parametrize("use_numba", [True, False], ids=["numba", "numpy"])
-def test_strided_cast_allocates_no_full_size_temporary(monkeypatch, use_numba):
-    if use_numba and not casts.HAVE_NUMBA:
-        pytest.skip("numba unavailable")
-    monkeypatch.setattr(casts, "USE_NUMBA", use_numba)
+@pytest.mark.parametrize("use_compiled", [True, False], ids=["compiled", "numpy"])
+def test_strided_cast_allocates_no_full_size_temporary(monkeypatch, use_compiled):
+    if use_compiled and not casts.HAVE_COMPILED:
+        pytest.skip("no compiled kernels")
+    monkeypatch.setattr(casts, "USE_COMPILED", use_compiled)
     src = random_values((2048, 2048), BF16).T  # 8 MB, transposed
     out = np.empty(src.shape, F16)
     cast_into(src[:8], out[:8])  # compile and self-check outside the measurement

@@ -172,19 +172,25 @@ def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
     return {name: result[name] for name in plan.outputs}
 
 
-# Plans that cast at least this much wait for the compiled kernels (about 0.85 s to load per process, then
-# 30 GB/s); smaller ones cast with numpy (about 3 GB/s per thread) and never load numba. Waiting pays early
-# because loading overlaps the first touch of the fresh output memory (`_prefault`), which every in-memory
-# result pays anyway: on the 2.2 GB W1 workload, numba-with-prefault served in a median 1.55 s against
-# 2.54 s for numpy alone (benchmarks/RESULTS.md). Either way the bits are the same.
+# With numba's kernels (the C extension not built), plans that cast at least this much wait for them
+# (about 0.85 s to load per process, then 30 GB/s); smaller ones cast with numpy (about 3 GB/s per thread)
+# and never load numba. Waiting pays early because loading overlaps the first touch of the fresh output
+# memory (`_prefault`), which every in-memory result pays anyway: on the 2.2 GB W1 workload,
+# numba-with-prefault served in a median 1.55 s against 2.54 s for numpy alone (benchmarks/RESULTS.md).
+# The C kernels load in a millisecond, so every plan uses them and nothing is pre-faulted: the worker
+# threads first-touch their own output blocks in parallel. Either way the bits are the same.
 NUMBA_WAIT_BYTES = 256 << 20
 
 
 def prepare_kernels(steps) -> bool:
-    """Whether this plan casts enough to be worth waiting for the compiled kernels; if so, start loading
-    them now (the caller waits after doing what it can meanwhile)."""
+    """Whether the caller should wait for the compiled kernels, doing what it can meanwhile (pre-faulting
+    outputs): True only when numba's kernels are still loading and this plan casts enough to be worth
+    waiting for them, in which case loading has started. The C kernels are loaded here, at once."""
     from ..kernels import casts
 
+    if casts.HAVE_C:
+        casts.warm_up(wait=True)
+        return False
     cast_bytes = sum(n.nbytes for s in steps for n in s.nodes if n.op == "cast")
     if cast_bytes < NUMBA_WAIT_BYTES:
         return False

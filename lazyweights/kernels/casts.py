@@ -9,15 +9,21 @@ The kernels here run the six hot pairs (bf16/f16/f32 among themselves) at 23-32 
 machine, against a 31-35 GB/s copy measured in the same runs (``benchmarks/bench_casts.py``), so a second
 thread adds little for large arrays: the memory is already saturated.
 
-The kernels here are numba loops over contiguous *unsigned integer* views (bf16 and fp8 bits need no
-dtype support from numba), written without branches so LLVM vectorizes them. They are compiled with
-``nogil=True`` so the threaded executor runs several at once, and with ``cache=True`` so the compile cost
-(0.1 to 0.5 s per kernel, about 5 s for all of them) is paid once per machine rather than once per process.
-Even with the cache warm, numba costs about 1.5 s per process (importing it, then its CPU target loading
-the cached code): more than converting a 2 GB checkpoint. So the kernels live in `_cast_numba.py` and are
-loaded only when worth it: an executor running a plan that casts more than 256 MiB waits for them
-(`warm_up`), and any process that has cast 4 GiB through numpy starts loading them in the background.
-Until then casts run through numpy: the same bits, several times slower, and no start-up cost.
+The kernels are branch-free loops over contiguous *unsigned integer* views (bf16 and fp8 bits need no
+dtype support), which the compiler vectorizes, and they release the GIL, so the threaded executor runs
+several at once. They come in two builds of the same algorithms (bit for bit):
+
+- ``_ccasts.c``, a C extension compiled when lazyweights is installed (with per-CPU clones for AVX-512
+  and AVX2): it loads in about a millisecond, so every process and every plan, however small, uses it;
+- ``_cast_numba.py``, numba, used when the extension was not built (no C compiler at install time).
+  numba costs about 0.85 s per process before its first kernel runs (importing numba, then its CPU
+  target loading the cached machine code; the first compile on a machine takes about 5 s), so it is
+  loaded only when worth it: an executor running a plan that casts more than 256 MiB waits for it
+  (`warm_up`, overlapped with pre-faulting the outputs), and any process that has cast 4 GiB through
+  numpy starts loading it in the background. Until then casts run through numpy.
+
+``LAZYWEIGHTS_CAST_KERNELS`` picks one: ``c``, ``numba``, ``numpy`` (no compiled kernels), or ``auto``
+(the default: C, else numba). `kernel_backend()` says which one casts are using.
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
 buffer and converted from there, except that rows which are contiguous and nearly adjacent (a column slice
 dropping a few columns, broadcast rows) are read in place.
@@ -42,8 +48,8 @@ Because the reference is whatever numpy/ml_dtypes are installed, each compiled p
 for float32 sources); a path that disagrees is switched off with a RuntimeWarning and numpy is used instead.
 One-byte sources (fp8, fp4) use a 256-entry table computed by ml_dtypes itself, exact by construction.
 
-Pairs without a kernel, and every pair when numba is missing or ``LAZYWEIGHTS_NO_NUMBA=1`` is set (or
-`USE_NUMBA` is set to False), go through ``np.copyto(out, src, casting="unsafe")``, which uses the same cast
+Pairs without a kernel, and every pair when no compiled kernels are available or allowed
+(``LAZYWEIGHTS_CAST_KERNELS=numpy``, or `USE_COMPILED` set to False), go through ``np.copyto(out, src, casting="unsafe")``, which uses the same cast
 loops as ``astype`` and buffers strided input internally, so it is exact and never allocates a full-size
 temporary either; it is simply slower.
 
@@ -71,15 +77,31 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 
-__all__ = ["cast", "cast_into", "has_fast_path", "warm_up", "USE_NUMBA", "HAVE_NUMBA", "ASYNC_WARMUP"]
+__all__ = ["cast", "cast_into", "has_fast_path", "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C",
+           "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
 
-# numba itself is imported by `_load_kernels`, on a background thread (see `warm_up`).
-HAVE_NUMBA = importlib.util.find_spec("numba") is not None and \
-    os.environ.get("LAZYWEIGHTS_NO_NUMBA", "").strip() in ("", "0")
+
+def _backend_choice() -> str:
+    choice = os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "").strip().lower() or "auto"
+    if choice not in ("auto", "c", "numba", "numpy"):
+        warnings.warn(f"lazyweights: LAZYWEIGHTS_CAST_KERNELS={choice!r} is not one of auto, c, numba, numpy; "
+                      "using auto", RuntimeWarning, stacklevel=2)
+        choice = "auto"
+    if os.environ.get("LAZYWEIGHTS_NO_NUMBA", "").strip() not in ("", "0") and choice in ("auto", "numba"):
+        choice = "c" if choice == "auto" else "numpy"  # the older switch, still honoured
+    return choice
+
+
+_CHOICE = _backend_choice()
+#: Whether the ahead-of-time compiled kernels (the ``_ccasts`` extension) were built and are allowed.
+HAVE_C = _CHOICE in ("auto", "c") and importlib.util.find_spec(f"{__package__}._ccasts") is not None
+#: Whether numba is installed and allowed (it is imported only when loaded; see `warm_up`).
+HAVE_NUMBA = _CHOICE in ("auto", "numba") and importlib.util.find_spec("numba") is not None
+HAVE_COMPILED = HAVE_C or HAVE_NUMBA
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.
-USE_NUMBA: bool = HAVE_NUMBA
+USE_COMPILED: bool = HAVE_COMPILED
 
 # Bytes of a strided source copied into a contiguous buffer at a time: large enough that the per-block
 # Python overhead (a few microseconds) is small, about L2-sized so the kernel reads the copy from cache.
@@ -219,24 +241,46 @@ _HOT = ((_BF16, _F16), (_BF16, _F32), (_F32, _F16), (_F16, _F32), (_F32, _BF16),
 #: wait for numba (False; also LAZYWEIGHTS_SYNC_KERNELS=1). Either way the bits are the same.
 ASYNC_WARMUP: bool = os.environ.get("LAZYWEIGHTS_SYNC_KERNELS", "").strip() in ("", "0")
 
-_K = None  # the _cast_numba module, once loaded
+_K = None  # the kernel module (_ccasts or _cast_numba), once loaded
+_backend = "numpy"  # which one it is
 _ready = threading.Event()  # set when loading finished (successfully or not)
 _warm_thread: threading.Thread | None = None
+_load_once = threading.Lock()  # serializes synchronous loads of the C kernels
 _load_error: BaseException | None = None
 
 
-def _load_kernels() -> None:
-    """Import numba and the kernels, build the pair table, load and check the hot pairs. Runs once."""
-    global _K, _table, _load_error
-    try:
+def _import_backend(name: str):
+    if name == "c":
+        from . import _ccasts as K
+    else:
         from . import _cast_numba as K
+    return K
 
-        table = _build_table(K)
+
+def _load_kernels(prefer: str | None = None) -> None:
+    """Import the kernel module (C if built, else numba; or `prefer`), build the pair table, load and
+    check the hot pairs. Runs once per process (tests may call it again through `_use_backend`)."""
+    global _K, _table, _load_error, _backend
+    order = [prefer] if prefer else (["c"] if HAVE_C else []) + (["numba"] if HAVE_NUMBA else [])
+    errors = []
+    try:
+        for name in order:
+            try:
+                K = _import_backend(name)
+            except Exception as e:  # a broken build or numba: try the next, numpy does the rest
+                errors.append(e)
+                continue
+            table = _build_table(K)
+            with _lock:
+                _K, _table, _backend = K, table, name
+            for src, dst in _HOT:
+                _resolve((src, dst))
+            return
+        _load_error = errors[-1] if errors else RuntimeError("no compiled cast kernels allowed")
         with _lock:
-            _K, _table = K, table
-        for src, dst in _HOT:
-            _resolve((src, dst))
-    except Exception as e:  # numba missing or broken: numpy does every cast, correctly
+            if _table is None:
+                _table = {}
+    except Exception as e:  # e.g. ml_dtypes refusing a check pattern: numpy does every cast, correctly
         _load_error = e
         with _lock:
             if _table is None:
@@ -245,19 +289,56 @@ def _load_kernels() -> None:
         _ready.set()
 
 
-def warm_up(wait: bool = True) -> bool:
-    """Start loading the compiled kernels (once per process); with `wait`, block until they are ready.
-    Returns whether the compiled kernels are in use. Casts are bit-identical either way; this only moves
-    numba's start-up (about 1.5 s) off the critical path, or forces it onto it (tests, benchmarks).
+def _use_backend(name: str) -> str:
+    """Forget the loaded kernels and load `name` ("c" or "numba") instead, for tests and benchmarks that
+    compare the two builds. Returns the backend in use afterwards ("numpy" if `name` could not load)."""
+    global _K, _table, _warm_thread, _load_error, _backend
+    with _lock:
+        _K, _table, _warm_thread, _load_error, _backend = None, None, None, None, "numpy"
+        _disabled.clear()
+        _verified.clear()
+        _ready.clear()
+    _load_kernels(name)
+    return kernel_backend()
+
+
+def kernel_backend() -> str:
+    """Which kernels casts use right now: "c" (ahead-of-time compiled), "numba", or "numpy" (none loaded
+    yet, none available, or `USE_COMPILED` is False). Loads the C kernels if they are available.
 
     Example:
-        >>> from lazyweights.kernels.casts import warm_up, USE_NUMBA
-        >>> warm_up() == (USE_NUMBA and HAVE_NUMBA)
+        >>> from lazyweights.kernels.casts import kernel_backend
+        >>> kernel_backend() in ("c", "numba", "numpy")
+        True
+    """
+    if HAVE_C and USE_COMPILED:
+        warm_up(wait=True)
+    if not (USE_COMPILED and _ready.is_set() and _load_error is None):
+        return "numpy"
+    return _backend
+
+
+def warm_up(wait: bool = True) -> bool:
+    """Start loading the compiled kernels (once per process); with `wait`, block until they are ready.
+    Returns whether the compiled kernels are in use. The C kernels load at once, on the calling thread
+    (about a millisecond, plus checking the hot pairs against astype); numba's load on a background thread,
+    which `wait` joins. Casts are bit-identical either way; this only moves numba's start-up (about 0.85 s)
+    off the critical path, or forces it onto it (tests, benchmarks).
+
+    Example:
+        >>> from lazyweights.kernels.casts import warm_up, USE_COMPILED, HAVE_COMPILED
+        >>> warm_up() == (USE_COMPILED and HAVE_COMPILED)
         True
     """
     global _warm_thread
-    if not (USE_NUMBA and HAVE_NUMBA):
+    if not (USE_COMPILED and HAVE_COMPILED):
         return False
+    if HAVE_C:
+        if not _ready.is_set():
+            with _load_once:
+                if not _ready.is_set():
+                    _load_kernels()
+        return _load_error is None
     with _lock:
         if _warm_thread is None:
             _warm_thread = threading.Thread(target=_load_kernels, name="lazyweights-numba-warmup", daemon=True)
@@ -278,7 +359,7 @@ def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype, nbytes: int = 0) -> _K
     NUMPY_BYTES_BEFORE_WARMUP through numpy: short jobs never pay numba's start-up."""
     global _numpy_bytes
     if not _ready.is_set():
-        if not ASYNC_WARMUP:
+        if HAVE_C or not ASYNC_WARMUP:
             warm_up(wait=True)
         else:
             _numpy_bytes += nbytes
@@ -330,14 +411,15 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
 
     True for a same-dtype copy and for every pair with a compiled kernel (all directions among bfloat16,
     float16 and float32; float32/bfloat16/float16 to float8_e4m3fn and float8_e5m2; any one-byte float format
-    to float32/float16/bfloat16/float64 or another one-byte float), while numba is in use. Other pairs still
+    to float32/float16/bfloat16/float64 or another one-byte float), while compiled kernels are in use. Other pairs still
     cast correctly, through numpy. Accepts numpy dtypes, anything ``np.dtype()`` accepts, or `DType`.
-    Never compiles anything; a kernel that later fails its first-use self-check turns this False.
+    Loads the compiled kernels if needed (waiting for numba's); a kernel that later fails its first-use
+    self-check turns this False.
 
     Example:
         >>> import numpy as np, ml_dtypes
-        >>> from lazyweights.kernels.casts import has_fast_path, USE_NUMBA
-        >>> has_fast_path(ml_dtypes.bfloat16, np.float16) == USE_NUMBA
+        >>> from lazyweights.kernels.casts import has_fast_path, USE_COMPILED, HAVE_COMPILED
+        >>> has_fast_path(ml_dtypes.bfloat16, np.float16) == (USE_COMPILED and HAVE_COMPILED)
         True
         >>> has_fast_path("float32", "float32"), has_fast_path(np.float64, np.float16)
         (True, False)
@@ -345,7 +427,7 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
     src, dst = _as_dtype(src_dtype), _as_dtype(dst_dtype)
     if src == dst:
         return True
-    if not (USE_NUMBA and HAVE_NUMBA) or not warm_up(wait=True):
+    if not (USE_COMPILED and HAVE_COMPILED) or not warm_up(wait=True):
         return False
     return (src, dst) in _table and (src, dst) not in _disabled
 
@@ -473,8 +555,9 @@ def cast_into(src: np.ndarray, out: np.ndarray) -> None:
     if src.dtype == dst_dtype:
         np.copyto(out, src)
         return
-    # Tiny casts are not worth waking numba for (and must not wait for it).
-    kernel = _kernel_for(src.dtype, dst_dtype, out.nbytes) if USE_NUMBA and HAVE_NUMBA and out.size >= 4096 else None
+    # Tiny casts are not worth a kernel call (nor waking numba for, nor waiting for it).
+    kernel = _kernel_for(src.dtype, dst_dtype, out.nbytes) if USE_COMPILED and HAVE_COMPILED and out.size >= 4096 \
+        else None
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         if not np.can_cast(src.dtype, dst_dtype, casting="unsafe"):
             raise DTypeError(f"cast_into: numpy has no cast from {src.dtype} to {dst_dtype}")
