@@ -393,6 +393,29 @@ def test_c_kernels_serve_a_plan_without_numba(backend):
     assert run_fresh(code) == "c False"
 
 
+@pytest.mark.skipif(not casts.HAVE_NUMBA, reason="numba unavailable")
+def test_numba_backend_loads_only_for_big_plans(backend):
+    # Without the C extension: a plan casting less than NUMBA_WAIT_BYTES never imports numba (numpy casts
+    # it), a bigger one waits for numba's kernels (pre-faulting its outputs meanwhile). Same bits either way.
+    if backend != BACKENDS[0]:
+        pytest.skip("a fresh process: once is enough")
+    code = (
+        "import sys, numpy as np, ml_dtypes, lazyweights as lw\n"
+        "import lazyweights.execute as ex\n"
+        "from lazyweights.kernels import casts\n"
+        "ex.NUMBA_WAIT_BYTES = 1 << 20\n"
+        "def run(n):\n"
+        "    x = (np.arange(n * 512, dtype=np.float32) * np.float32(3e-3)).reshape(n, 512)\n"
+        "    wd = lw.WeightData.from_numpy(x.astype(ml_dtypes.bfloat16), 'w').T.astype(lw.DType.float16)\n"
+        "    got = lw.plan({'w': wd}).materialize()['w']\n"
+        "    ref = x.astype(ml_dtypes.bfloat16).T.astype(np.float16)\n"
+        "    assert np.array_equal(got.view(np.uint16), ref.view(np.uint16))\n"
+        "    return casts.kernel_backend(), 'numba' in sys.modules\n"
+        "print(*run(256), *run(4096))\n"
+    )
+    assert run_fresh(code, LAZYWEIGHTS_CAST_KERNELS="numba") == "numpy False numba True"
+
+
 def test_c_extension_is_built_where_a_compiler_is(backend):
     # setup.py marks the extension optional, so a failed build would pass silently and leave every
     # process paying numba's start-up. Where a C compiler exists (CI, this machine), it must have built.
