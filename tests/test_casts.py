@@ -1,9 +1,10 @@
 """lazyweights.kernels.casts: every fast path is bit-identical to numpy/ml_dtypes astype.
 
 Every test here runs once per compiled backend present (the C extension and numba; see the `backend`
-fixture), so both builds of the kernels meet the same contract. Exhaustive over every bf16, f16 and 8-bit source pattern; for float32 sources about three million patterns
-that cover every exponent, NaN payloads, the overflow threshold and subnormal boundary of each destination,
-and round-to-nearest-even ties. Results are compared as unsigned integers, so NaN bit patterns, -0.0 and
+fixture), so both builds of the kernels meet the same contract. Exhaustive over every bf16, f16 and
+8-bit source pattern; for float32 sources about three million patterns that cover every exponent, NaN
+payloads, the overflow threshold and subnormal boundary of each destination, and round-to-nearest-even
+ties. Results are compared as unsigned integers, so NaN bit patterns, -0.0 and
 signed infinities must match exactly.
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ def backend(request):
     if request.param != "numpy":
         assert casts._use_backend(request.param) == request.param
     yield request.param
-    casts._use_backend(BACKENDS[0]) if BACKENDS else None
+    if BACKENDS:
+        casts._use_backend(BACKENDS[0])
 
 REPO = Path(__file__).resolve().parents[1]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -445,7 +447,10 @@ def test_c_kernels_check_their_arguments():
     bad = [((11, 10, 0, 10), "output buffer is too small"), ((10, 10, 1, 10), "row lies outside"),
            ((2, 10, 0, 100), "outside the source"), ((2, 10, 5, -10), "row lies outside"),
            ((-1, 10, 0, 0), "must not be negative"), ((1, 101, 0, 0), "too small"),
-           ((1, 10, 95, 0), "row lies outside")]
+           ((1, 10, 95, 0), "row lies outside"),
+           # products that would overflow 64 bits if multiplied before being bounded
+           ((1 << 40, 1 << 40, 0, 0), "too small"), ((2, 10, 0, 1 << 62), "outside the source"),
+           ((10, 10, 0, -(1 << 62)), "outside the source")]
     for (rows, cols, first, stride), message in bad:
         with pytest.raises(ValueError, match=message):
             C._k_bf16_to_f16(src, out, rows, cols, first, stride)

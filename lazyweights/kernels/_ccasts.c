@@ -199,15 +199,16 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
     else if (((uintptr_t)src.buf % (uintptr_t)in_size) || ((uintptr_t)out.buf % (uintptr_t)out_size))
         problem = "a buffer is not aligned to its element size";
     else if (rows > 0 && cols > 0) {
-        /* Bounded before multiplying, so nothing below can overflow. */
-        if (rows > n_out || cols > n_out || rows * cols > n_out)
+        /* Every product is bounded by a division first, so nothing below can overflow. */
+        Py_ssize_t step = stride < 0 ? -stride : stride;
+        if (rows > n_out / cols)
             problem = "the output buffer is too small";
-        else if (first < 0 || first > n_src || stride > n_src || stride < -n_src)
+        else if (first < 0 || first > n_src || step > n_src || (step && rows - 1 > n_src / step))
             problem = "first or stride lies outside the source buffer";
         else {
-            Py_ssize_t last = first + (rows - 1) * stride; /* start of the last row */
-            Py_ssize_t lo = first < last ? first : last, hi = (first > last ? first : last) + cols;
-            if (lo < 0 || hi > n_src)
+            Py_ssize_t last = first + (rows - 1) * stride; /* start of the last row; |.| <= 2 * n_src */
+            Py_ssize_t lo = first < last ? first : last, hi = (first > last ? first : last);
+            if (lo < 0 || hi > n_src - cols)
                 problem = "a row lies outside the source buffer";
         }
     }

@@ -49,9 +49,9 @@ for float32 sources); a path that disagrees is switched off with a RuntimeWarnin
 One-byte sources (fp8, fp4) use a 256-entry table computed by ml_dtypes itself, exact by construction.
 
 Pairs without a kernel, and every pair when no compiled kernels are available or allowed
-(``LAZYWEIGHTS_CAST_KERNELS=numpy``, or `USE_COMPILED` set to False), go through ``np.copyto(out, src, casting="unsafe")``, which uses the same cast
-loops as ``astype`` and buffers strided input internally, so it is exact and never allocates a full-size
-temporary either; it is simply slower.
+(``LAZYWEIGHTS_CAST_KERNELS=numpy``, or `USE_COMPILED` set to False), go through
+``np.copyto(out, src, casting="unsafe")``, which uses the same cast loops as ``astype`` and buffers strided
+input internally, so it is exact and never allocates a full-size temporary either; it is simply slower.
 
 Example:
     >>> import numpy as np, ml_dtypes
@@ -276,11 +276,8 @@ def _load_kernels(prefer: str | None = None) -> None:
             for src, dst in _HOT:
                 _resolve((src, dst))
             return
-        _load_error = errors[-1] if errors else RuntimeError("no compiled cast kernels allowed")
-        with _lock:
-            if _table is None:
-                _table = {}
-    except Exception as e:  # e.g. ml_dtypes refusing a check pattern: numpy does every cast, correctly
+        raise errors[-1] if errors else RuntimeError("no compiled cast kernels allowed")
+    except Exception as e:  # no backend loaded, or a check failed to run: numpy does every cast, correctly
         _load_error = e
         with _lock:
             if _table is None:
@@ -311,7 +308,7 @@ def kernel_backend() -> str:
         >>> kernel_backend() in ("c", "numba", "numpy")
         True
     """
-    if HAVE_C and USE_COMPILED:
+    if HAVE_C:
         warm_up(wait=True)
     if not (USE_COMPILED and _ready.is_set() and _load_error is None):
         return "numpy"
@@ -411,10 +408,10 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
 
     True for a same-dtype copy and for every pair with a compiled kernel (all directions among bfloat16,
     float16 and float32; float32/bfloat16/float16 to float8_e4m3fn and float8_e5m2; any one-byte float format
-    to float32/float16/bfloat16/float64 or another one-byte float), while compiled kernels are in use. Other pairs still
-    cast correctly, through numpy. Accepts numpy dtypes, anything ``np.dtype()`` accepts, or `DType`.
-    Loads the compiled kernels if needed (waiting for numba's); a kernel that later fails its first-use
-    self-check turns this False.
+    to float32/float16/bfloat16/float64 or another one-byte float), while compiled kernels are in use.
+    Other pairs still cast correctly, through numpy. Accepts numpy dtypes, anything ``np.dtype()`` accepts,
+    or `DType`. Loads the compiled kernels if needed (waiting for numba's); a kernel that later fails its
+    first-use self-check turns this False.
 
     Example:
         >>> import numpy as np, ml_dtypes
