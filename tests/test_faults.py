@@ -8,8 +8,9 @@ so no temporary is even held open).
 
 tests/test_scheduler.py covers the basics (a failing `take` kernel during a safetensors save, a patched
 `pwrite` raising ENOSPC for safetensors, KeyboardInterrupt raised by a patched block, a source changed
-before materializing); this file adds the GGUF variants, sources changed *between blocks*, the real tmpfs
-and the real signal.
+before materializing); this file adds the GGUF variants, sources changed *between blocks* and *inside* a
+block (the SIGBUS guard of the C casts, EFAULT from a write straight from the map), the real tmpfs and the
+real signal.
 """
 from __future__ import annotations
 
@@ -134,6 +135,124 @@ def test_source_changed_between_blocks(tmp_path, fmt, action, mode):
     assert f"src.{fmt}" in r.stdout and "while reading tensor 't" in r.stdout
     assert ("size changed" in r.stdout) if mode == "truncate" else ("replaced" in r.stdout)
     assert "LEFT []" in r.stdout, r.stdout
+
+
+# --- a source truncated *during* a block, after the check before it (the SIGBUS race) -------------------------------
+# The executors check a source before each block; a truncation after that check makes the block's next read of a
+# lost page raise SIGBUS. The compiled casts catch it (their guard, kernels/_ccasts.c), and a write() straight from
+# the map fails with EFAULT; both must become SourceChangedError naming the tensor and the file, with nothing left
+# under the output's name. The truncation happens between a block's view of the map and the read from it (the cast
+# kernel, the pwrite), where no check can see it. (numpy's own copies and numba's kernels have no guard: with them
+# this race still ends the process.)
+TRUNCATE_IN_BLOCK = r"""
+import os, sys, numpy as np
+import lazyweights as lw
+from lazyweights.formats.safetensors_writer import StreamingFile
+from lazyweights.kernels import casts
+action, op, d = sys.argv[1:4]
+src = os.path.join(d, "src.safetensors")
+from safetensors.numpy import save_file
+rng = np.random.default_rng(0)
+save_file({f"t{i}": rng.standard_normal((512, 512)).astype(np.float32) for i in range(3)}, src)
+weights = lw.load_weights(src)
+if op == "cast":
+    plan = lw.plan({n: a.data().astype(lw.DType.bfloat16) for n, a in weights.items()})
+else:
+    plan = lw.plan({n: a.data() for n, a in weights.items()})
+n = [0]
+def truncating(real):
+    def inner(*args, **kwargs):
+        if any(isinstance(a, np.ndarray) for a in args):
+            n[0] += 1
+            if n[0] == 3:
+                os.truncate(src, 1000)  # the block's source views exist: its checks are behind it
+        return real(*args, **kwargs)
+    return inner
+if op == "cast":
+    casts.cast_into = truncating(casts.cast_into)  # between the view of the map and the kernel reading it
+else:
+    StreamingFile.write = truncating(StreamingFile.write)  # between the view and the pwrite() from it
+out_dir = os.path.join(d, "out"); os.makedirs(out_dir)
+try:
+    if action == "materialize":
+        plan.materialize(scheduler="sync", block_bytes=65536)
+    else:
+        plan.save(os.path.join(out_dir, "o.safetensors"), scheduler="sync", block_bytes=65536)
+    print("NO ERROR")
+except lw.SourceChangedError as e:
+    print("OK", e, "| cause:", repr(e.__cause__))
+print("LEFT", sorted(os.listdir(out_dir)))
+"""
+
+
+@pytest.mark.parametrize("action,op", [("materialize", "cast"), ("save", "cast"), ("save", "copy")])
+def test_source_truncated_during_a_block(tmp_path, action, op):
+    from lazyweights.kernels import casts
+
+    if op == "cast" and casts.kernel_backend() != "c":
+        pytest.skip("only the compiled C casts guard against SIGBUS; this build casts with "
+                    + casts.kernel_backend())
+    script = tmp_path / "s.py"
+    script.write_text(TRUNCATE_IN_BLOCK)
+    r = subprocess.run([sys.executable, str(script), action, op, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -7 would be SIGBUS
+    assert r.stdout.startswith("OK "), r.stdout + r.stderr[-2000:]
+    assert "src.safetensors" in r.stdout and "while reading tensor 't" in r.stdout, r.stdout
+    assert "size changed" in r.stdout and "to 1000 bytes" in r.stdout, r.stdout
+    cause = r.stdout.split("| cause:")[1]  # it came from the read (or the write from the map), not a later check
+    assert "OSError(14, " in cause if op == "cast" else "WriteError(" in cause and "Bad address" in cause, r.stdout
+    assert "LEFT []" in r.stdout, r.stdout
+
+
+GUARD_SCRIPT = r"""
+import faulthandler, mmap, os, sys, numpy as np
+from lazyweights.kernels import _ccasts as K
+path, mode = sys.argv[1:3]
+rng = np.random.default_rng(1)
+rng.integers(0, 1 << 16, 1 << 20, dtype=np.uint16).tofile(path)
+fd = os.open(path, os.O_RDONLY)
+src = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), np.uint16)
+os.close(fd)
+out = np.empty(1 << 20, np.uint16)
+K._k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
+assert (out.view(np.float16) == src.view(np.uint16).astype(np.uint32).__lshift__(16).view(np.float32)
+        .astype(np.float16)).sum() > 0
+if mode == "faulthandler":
+    faulthandler.enable()  # replaces the kernels' handler; the next kernel call must put it back
+os.truncate(path, 4096)
+for attempt in range(2):
+    try:
+        K._k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
+        print("NO ERROR")
+    except OSError as e:
+        print("caught", e.errno, e)
+K._k_bf16_to_f16(src, out, 1, 1024, 0, 1024)  # the first page still exists: still works
+print("first page ok", flush=True)
+print(int(src[-1]))  # a lost page read by numpy, outside any kernel: the process must still die of SIGBUS
+print("NOT REACHED")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="no SIGBUS on this platform")
+@pytest.mark.parametrize("mode", ["plain", "faulthandler"])
+def test_c_kernels_turn_sigbus_into_oserror(tmp_path, mode):
+    """The guard catches SIGBUS inside a kernel, every time, even after faulthandler replaced its handler;
+    outside the kernels SIGBUS keeps its default action (and faulthandler still prints its traceback)."""
+    from lazyweights.kernels import casts
+
+    if not casts.HAVE_C:
+        pytest.skip("the C kernels were not built, or LAZYWEIGHTS_CAST_KERNELS turned them off")
+    script = tmp_path / "g.py"
+    script.write_text(GUARD_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "f.bin"), mode], capture_output=True,
+                       text=True, timeout=60)
+    lines = r.stdout.splitlines()
+    assert lines[:2] == [f"caught {errno.EFAULT} [Errno {errno.EFAULT}] a page of the source could not be read "
+                         "(SIGBUS): a memory-mapped file was truncated while it was being read"] * 2, r.stdout
+    assert lines[2:] == ["first page ok"], r.stdout + r.stderr
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr[-2000:])
+    assert ("Fatal Python error: Bus error" in r.stderr) == (mode == "faulthandler"), r.stderr
 
 
 # --- an exception inside a kernel mid-plan ---------------------------------------------------------------------
@@ -390,3 +509,29 @@ def test_real_sigint_mid_save(tmp_path, fmt, sched, name):
         assert "INTERRUPTED" in out and "FINISHED" not in out
     assert "Traceback" not in err, err[-3000:]
     assert _leftovers(out_parent) == [], "no output and no temporary after the interrupt"
+
+
+def test_source_fault_error_translation(tmp_path):
+    """EFAULT (bare, or as a WriteError's cause) becomes SourceChangedError naming the changed file; with every
+    source unchanged it still names the sources; any other error is left alone."""
+    from lazyweights.errors import WriteError
+    from lazyweights.execute import source_fault_error
+    from lazyweights.schedule import compile_steps
+
+    path = tmp_path / "a.safetensors"
+    save_file({"w": np.arange(64, dtype=np.float32)}, str(path))
+    weights = lw.load_weights(str(path))
+    step = compile_steps(lw.plan({"w": weights["w"].data().astype(lw.DType.float16)}))[0]
+    fault = OSError(errno.EFAULT, "Bad address")
+    assert source_fault_error(OSError(errno.ENOSPC, "full"), step) is None
+    assert source_fault_error(ValueError("x"), step) is None
+    unchanged = source_fault_error(fault, step)
+    assert isinstance(unchanged, lw.SourceChangedError)
+    assert str(path) in str(unchanged) and "'w'" in str(unchanged) and "could not be read" in str(unchanged)
+    os.truncate(path, 100)
+    wrapped = WriteError("out.safetensors: write failed (tensor 'w'): Bad address", path="out.safetensors", tensor="w")
+    wrapped.__cause__ = fault
+    for e in (fault, wrapped):
+        changed = source_fault_error(e, step)
+        assert isinstance(changed, lw.SourceChangedError)
+        assert str(path) in str(changed) and "while reading tensor 'w'" in str(changed) and "to 100 bytes" in str(changed)

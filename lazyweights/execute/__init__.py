@@ -22,13 +22,14 @@ Example:
 """
 from __future__ import annotations
 
+import errno
 import threading
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..device import DeviceRef
-from ..errors import DTypeError, ExecutionError, LazyWeightsError, ShapeError
+from ..errors import DTypeError, ExecutionError, LazyWeightsError, ShapeError, SourceChangedError
 from ..progress import Progress
 from .blocks import full_view, write_rows
 
@@ -72,7 +73,8 @@ def run_tasks(tasks: Sequence[Task], run_one: Callable[[Task], int], scheduler="
                 done = run_one(task)
             except BaseException as e:
                 cancelled.set()
-                raise _name_error(e, task) from (None if isinstance(e, LazyWeightsError) else e)
+                named = _name_error(e, task)
+                raise named from (None if named is e else e)
         finally:
             with idle:
                 running[0] -= 1
@@ -103,12 +105,42 @@ def run_tasks(tasks: Sequence[Task], run_one: Callable[[Task], int], scheduler="
 def _name_error(e: BaseException, task: Task) -> BaseException:
     step, rows = task[0], task[1]
     name = step.outputs[0]
+    changed = source_fault_error(e, step)
+    if changed is not None:
+        return changed
     if isinstance(e, LazyWeightsError):
         return e
     if isinstance(e, (KeyboardInterrupt, SystemExit)):
         return e
     span = f"rows {rows.start}..{rows.stop}" if isinstance(rows, range) else "rows"
     return ExecutionError(f"computing tensor {name!r} ({span}) failed: {type(e).__name__}: {e}", tensor=name)
+
+
+def source_fault_error(e: BaseException, step) -> SourceChangedError | None:
+    """The SourceChangedError to raise instead of `e` if `e` is a read of a memory-mapped source page that
+    no longer exists, else None.
+
+    Why: the executors check each source's size and identity before a block, but a file can still be
+    truncated while the block reads it. The compiled casts then raise OSError(EFAULT) (their SIGBUS guard,
+    `kernels/_ccasts.c`), and so does the kernel for a write() straight from such a page (a save's copy
+    steps; it arrives wrapped in the output's WriteError). Either way the output is innocent: name the
+    source that changed, as the check before the block would have.
+    """
+    faults = [x for x in (e, e.__cause__) if isinstance(x, OSError) and x.errno == errno.EFAULT]
+    if not faults:
+        return None
+    cause = faults[0]
+    for r in step.sources:
+        try:
+            r.file.check_unchanged(r.name)
+        except SourceChangedError as changed:
+            return changed
+    sources = ", ".join(sorted({r.file.path for r in step.sources})) or "no file"
+    return SourceChangedError(
+        f"computing tensor {step.outputs[0]!r}: a page of a memory-mapped source ({sources}) could not be "
+        f"read ({cause.strerror}); the file may have been truncated and restored meanwhile. "
+        "Reload it with load_weights()."
+    )
 
 
 def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
@@ -218,7 +250,9 @@ def _materialize_block(task: Task) -> int:
     step, rows, primary, extra = task
     node = step.node
     for r in step.sources:
-        r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check identity before touching pages
+        # A truncated map would SIGBUS: check identity before touching pages. (A truncation after this check
+        # reaches the C casts as EFAULT, which _name_error reports as SourceChangedError; numpy would die.)
+        r.file.check_unchanged(r.name)
     cache: dict = {}
     if not node.shape:
         tmp = np.empty((), node.dtype.to_numpy())

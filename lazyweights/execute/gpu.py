@@ -712,7 +712,8 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             backend.synchronize([s.stream for s in slots])  # no copy may still be reading one
             failed = getattr(e, "_lw_task", None)
             if failed is not None and not isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise _name_error(e, failed) from (None if isinstance(e, LazyWeightsError) else e)
+                named = _name_error(e, failed)
+                raise named from (None if named is e else e)
             raise
         finally:
             pool.shutdown(wait=True)

@@ -17,7 +17,9 @@
  * converting `rows` rows of `cols` elements, row r of the 1-D contiguous buffer `src` starting at element
  * ``first + r * stride`` (stride may be negative or larger than cols), densely into the 1-D contiguous
  * buffer `out`. Unlike numba's unchecked indexing, every index range is checked against the buffers first
- * (ValueError, never a stray read or write). The GIL is released while converting.
+ * (ValueError, never a stray read or write). The GIL is released while converting. A source page that
+ * cannot be read (a memory-mapped file truncated mid-read) raises OSError(EFAULT) instead of killing the
+ * process with SIGBUS (the guard below).
  *
  * Arithmetic is on float32 bit patterns held in uint32_t; helpers are branch-free selects so the compiler
  * vectorizes the loops. The two float operations (the subnormal tricks) need IEEE single precision with
@@ -25,8 +27,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <setjmp.h>
+#include <signal.h>
+#define LW_GUARD 1
+#endif
 
 /* On x86-64 GCC, build each loop for AVX-512 (x86-64-v4) and AVX2 as well as the baseline (SSE2) and pick
  * at load time: a wheel built here must run on any x86-64, and on the development machine (AMD EPYC with
@@ -151,6 +159,83 @@ DEFINE_LOOP(loop_lut_u32, uint8_t, uint32_t, ((const uint32_t *)extra->table)[v]
 DEFINE_LOOP(loop_lut_u64, uint8_t, uint64_t, ((const uint64_t *)extra->table)[v])
 
 /* ---------------------------------------------------------------------------------------------------
+ * The SIGBUS guard.
+ *
+ * Why: sources are memory maps. The executor checks a file's size and identity before each block, but a
+ * file truncated after that check (`cp` over a checkpoint being loaded) turns the next read of a page past
+ * the new end into SIGBUS, and SIGBUS kills the process. Every kernel call runs under a per-thread guard
+ * instead: the handler jumps back out of the loop, and the call raises OSError(EFAULT), the error the
+ * kernel itself gives a read() or write() over such a page, which the executor turns into
+ * SourceChangedError naming the tensor and the file. The output block is then partly written; the
+ * executor discards the whole result.
+ *
+ * A SIGBUS anywhere else is none of our business, and gets what it would have got without this module:
+ * the handler we displaced runs (faulthandler prints its traceback), then the default action ends the
+ * process. The handler is (re)installed before each kernel call, while holding the GIL, because
+ * faulthandler.enable() (pytest does it) may have replaced it since the last call.
+ */
+#ifdef LW_GUARD
+static _Thread_local sigjmp_buf *volatile guard_jump = NULL;
+static struct sigaction displaced;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context) {
+    sigjmp_buf *jump = guard_jump;
+    if (jump != NULL) {
+        guard_jump = NULL;
+        siglongjmp(*jump, 1); /* restores the signal mask saved by sigsetjmp(.., 1): SIGBUS unblocked */
+    }
+    /* Not inside a kernel. The default action first, so that whatever happens next ends the process (a
+     * displaced handler that returns, or re-installs us, cannot loop), then the displaced handler. Returning
+     * re-runs the faulting access, which now meets the default action. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    if (displaced.sa_flags & SA_SIGINFO) {
+        if (displaced.sa_sigaction != NULL)
+            displaced.sa_sigaction(sig, info, context);
+    } else if (displaced.sa_handler != SIG_DFL && displaced.sa_handler != SIG_IGN) {
+        displaced.sa_handler(sig);
+    }
+}
+
+/* Install on_sigbus unless it is the current handler. Called with the GIL held. */
+static int ensure_guard_handler(void) {
+    struct sigaction current, mine;
+    if (sigaction(SIGBUS, NULL, &current) != 0)
+        return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus)
+        return 0;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = on_sigbus;
+    mine.sa_flags = SA_SIGINFO;
+    sigemptyset(&mine.sa_mask);
+    displaced = current;
+    return sigaction(SIGBUS, &mine, NULL);
+}
+
+/* Run one loop under the guard: 0 when it finished, -1 when a read raised SIGBUS. */
+static int run_guarded(LoopFn loop, const void *src, void *out, Py_ssize_t rows, Py_ssize_t cols,
+                       Py_ssize_t first, Py_ssize_t stride, const Extra *extra) {
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1) != 0)
+        return -1; /* guard_jump was cleared by the handler */
+    guard_jump = &jump;
+    loop(src, out, rows, cols, first, stride, extra);
+    guard_jump = NULL;
+    return 0;
+}
+#else
+static int ensure_guard_handler(void) { return 0; }
+static int run_guarded(LoopFn loop, const void *src, void *out, Py_ssize_t rows, Py_ssize_t cols,
+                       Py_ssize_t first, Py_ssize_t stride, const Extra *extra) {
+    loop(src, out, rows, cols, first, stride, extra);
+    return 0;
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------------
  * The Python side: argument checking shared by every kernel. */
 
 static int get_index(PyObject *obj, const char *what, Py_ssize_t *value) {
@@ -220,13 +305,30 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
         PyBuffer_Release(&out);
         return NULL;
     }
+    int faulted = 0;
     if (rows > 0 && cols > 0) {
+        if (ensure_guard_handler() != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            PyBuffer_Release(&src);
+            PyBuffer_Release(&out);
+            return NULL;
+        }
         Py_BEGIN_ALLOW_THREADS
-        loop(src.buf, out.buf, rows, cols, first, stride, extra);
+        faulted = run_guarded(loop, src.buf, out.buf, rows, cols, first, stride, extra);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
+    if (faulted) {
+        PyObject *err = Py_BuildValue("(is)", EFAULT,
+                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
+                                      "was truncated while it was being read");
+        if (err != NULL) {
+            PyErr_SetObject(PyExc_OSError, err);
+            Py_DECREF(err);
+        }
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

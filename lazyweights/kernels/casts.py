@@ -14,7 +14,9 @@ dtype support), which the compiler vectorizes, and they release the GIL, so the 
 several at once. They come in two builds of the same algorithms (bit for bit):
 
 - ``_ccasts.c``, a C extension compiled when lazyweights is installed (with per-CPU clones for AVX-512
-  and AVX2): it loads in about a millisecond, so every process and every plan, however small, uses it;
+  and AVX2): it loads in about a millisecond, so every process and every plan, however small, uses it.
+  Its reads are guarded: a source page lost under a memory map (a file truncated mid-read) raises
+  OSError(EFAULT) instead of SIGBUS, which the executors report as SourceChangedError;
 - ``_cast_numba.py``, numba, used when the extension was not built (no C compiler at install time).
   numba costs about 0.85 s per process before its first kernel runs (importing numba, then its CPU
   target loading the cached machine code; the first compile on a machine takes about 5 s), so it is
