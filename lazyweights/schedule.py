@@ -3,7 +3,8 @@
 Each distinct output node becomes one `Step` (outputs that are the same node, like tied embeddings, share
 it and are computed once). A step's chain is rewritten so casts sit above layout ops, then split into
 blocks of rows along axis 0; each block is one task that reads its source rows once and writes its output
-rows once (see `execute/blocks.py`). Block size comes from the budget: at most `workers` blocks are in
+rows once (see `execute/blocks.py`). Where one row is too big for a block (a stacked MoE expert), the step
+is computed over the output with its two leading axes merged (`merge_leading_axes`), as often as needed. Block size comes from the budget: at most `workers` blocks are in
 flight, each needing about `work_per_row * rows` bytes, and that product must fit the budget.
 
 Steps are ordered by (source file, offset) so reads sweep each file forward.
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from .errors import BudgetError, LazyWeightsError
 from .execute.blocks import full_view, row_alignment
 from .graph.node import Node, toposort
-from .graph.rewrites import sink_casts
+from .graph.rewrites import merge_leading_axes, sink_casts
 
 DEFAULT_BUDGET = 512 << 20
 DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3
@@ -109,38 +110,70 @@ def default_workers() -> int:
 
 
 def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: int | None = None,
-                  materialize: bool = True) -> list[Step]:
+                  materialize: bool = True, merge_rows: bool = True) -> list[Step]:
     """Fuse each distinct output into one step and cut it into budget-sized row blocks.
 
     Raises BudgetError (before any work) if one block of some step cannot fit in the budget.
     `materialize=False` (saving) turns zero-copy views into copy steps, since bytes must move anyway.
+    `merge_rows`: where one row of axis 0 is too big for a block, compute the step over the output with
+    its leading axes merged (`Step.node` then has that shape; see `_merge_big_rows`).
     """
     budget = parse_size(budget) or DEFAULT_BUDGET
     workers = workers or default_workers()
     target = block_bytes or DEFAULT_BLOCK_BYTES
+    # Each of `workers` blocks in flight may use work_per_row * rows bytes.
+    per_worker = max(1, budget // workers)
     by_node: dict[Node, Step] = {}
     view_cache: dict = {}
     for name, node in plan.outputs.items():
         if node in by_node:
             by_node[node].outputs.append(name)
             continue
-        root = sink_casts(node)
-        nodes = toposort([root])
-        view = full_view(root, view_cache)
-        if view is not None:
-            kind = "view" if (view.flags.c_contiguous and materialize) else "copy"
-        else:
-            kind = "fused"
-        step = Step([name], root, kind, nodes)
-        step.whole = _needs_whole_inputs(root, view_cache)
-        step.work_per_row = _work_per_row(step, view_cache)
+        step = _build_step([name], sink_casts(node), view_cache, materialize)
+        if merge_rows:
+            step = _merge_big_rows(step, per_worker, target, view_cache, materialize)
         by_node[node] = step
     steps = sorted(by_node.values(), key=Step.order_key)
-    # Each of `workers` blocks in flight may use work_per_row * rows bytes.
-    per_worker = max(1, budget // workers)
     for step in steps:
         _cut_blocks(step, per_worker, target, budget)
     return steps
+
+
+def _build_step(outputs: list[str], root: Node, view_cache: dict, materialize: bool) -> Step:
+    view = full_view(root, view_cache)
+    if view is not None:
+        kind = "view" if (view.flags.c_contiguous and materialize) else "copy"
+    else:
+        kind = "fused"
+    step = Step(outputs, root, kind, toposort([root]))
+    step.whole = _needs_whole_inputs(root, view_cache)
+    step.work_per_row = _work_per_row(step, view_cache)
+    return step
+
+
+# A step whose smallest block would exceed a worker's share of the budget, or this many times the target
+# block size, has its two leading axes merged (see `merge_leading_axes`), as often as that is possible.
+BIG_ROW_FACTOR = 4
+
+
+def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, materialize: bool) -> Step:
+    """`step` computed over ``reshape(node, (d0 * d1,) + rest)`` when its rows are too big for good
+    blocks (a stacked MoE expert is one 235 MB row). `step.node` then has the merged shape: the executors
+    fill the output's memory viewed in that shape, which holds the same bytes in the same order."""
+    while step.kind != "view" and not step.whole and step.node.ndim >= 3 and step.node.nbytes:
+        node = step.node
+        align = row_alignment(node)
+        out_row = node.nbytes // node.shape[0]
+        if step.work_per_row * align <= per_worker and out_row * align <= BIG_ROW_FACTOR * target:
+            break
+        merged = merge_leading_axes(node)
+        if merged is None:
+            break
+        candidate = _build_step(step.outputs, merged, view_cache, materialize)
+        if candidate.whole:
+            break
+        step = candidate
+    return step
 
 
 def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:

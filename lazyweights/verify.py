@@ -112,7 +112,7 @@ def hash_plan(plan, *, scheduler=None, budget=None, workers: int | None = None, 
 
     def hash_step(task) -> int:
         step = task[0]
-        hasher = _Hasher(step.node)
+        hasher = _Hasher(plan.outputs[step.outputs[0]])  # (not step.node: its leading axes may be merged)
         for rows in step.blocks:
             _save_block((step, rows, [(hasher, 0)]))
         if hasher.pos != step.node.nbytes:

@@ -181,14 +181,17 @@ def materialize(plan, device=None, budget=None, scheduler=None, progress=False,
                 result[name] = view
             continue
         for name in dsts:
-            _check_destination(name, step.node, out[name])
+            _check_destination(name, plan.outputs[name], out[name])
         if dsts:
             primary = out[dsts[0]].reshape(step.node.shape)
         else:
             primary = np.empty(step.node.shape, step.node.dtype.to_numpy())
             fresh.append(primary)
+        # (step.node may have the output's leading axes merged: the same bytes, so a reshape is a view)
+        shape = plan.outputs[step.outputs[0]].shape
+        shaped = primary if primary.shape == shape else primary.reshape(shape)
         for name in step.outputs:
-            result[name] = out[name] if name in out else primary
+            result[name] = out[name] if name in out else shaped
         extra = [out[n].reshape(step.node.shape) for n in dsts[1:]]
         for rows in step.blocks:
             tasks.append((step, rows, primary, extra))

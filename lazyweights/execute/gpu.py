@@ -638,8 +638,9 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     # compile_steps fuses, orders by (file, offset) and shares tied outputs. Its blocks and budget check
     # are the CPU executor's (output + intermediates per row, per worker); this executor's working memory is
     # staging (pinned + device copies of the SOURCE rows), so blocks are re-cut and the budget checked below,
-    # still before any work. Hence an unlimited budget here.
-    steps = compile_steps(plan, budget=1 << 62, workers=1, materialize=False)
+    # still before any work. Hence an unlimited budget here, and no merged rows (its blocks are re-cut by
+    # source rows of the output node as the plan has it).
+    steps = compile_steps(plan, budget=1 << 62, workers=1, materialize=False, merge_rows=False)
     gsteps: list[_GpuStep] = []
     for step in steps:
         host, program = split_chain(step.node)

@@ -70,3 +70,114 @@ def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:
 
         return binary(arg, srcs[0], srcs[1])
     return Node(op, srcs, arg, n.dtype, n.shape)
+
+
+def merge_leading_axes(root: Node) -> Node | None:
+    """An equivalent of ``reshape(root, (d0 * d1,) + rest)`` built so that its rows come from its inputs'
+    rows, or None where some op in the chain does not allow that.
+
+    Why: blocks are cut along axis 0, and a block holds at least one row. For a stacked MoE tensor
+    (``stack([concat([w1_e, w3_e]) for e])``, [8, 28672, 4096] bf16 in Mixtral 8x7B) one row is one expert,
+    235 MB, so a step needed about 700 MB of working memory and a budget below that was a BudgetError.
+    Merging the two leading axes pushes the reshape down to the sources (a stack becomes a concat of its
+    parts' rows, a concat along axis 1 an interleave of row slices), so rows are [rest] sized again. The
+    result has the same bytes in the same C order: only the shape seen by the executor changes.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.graph import ops
+        >>> parts = [ops.const(np.full((2, 3), e, np.float32)) for e in range(4)]
+        >>> stacked = ops.concat([ops.reshape(p, (1, 2, 3)) for p in parts], 0)  # stack: [4, 2, 3]
+        >>> merged = merge_leading_axes(ops.cast(stacked, "float16"))
+        >>> merged.shape, merged.op, merged.srcs[0].op
+        ((8, 3), 'cast', 'concat')
+    """
+    if root.ndim < 3:
+        return None
+    merged = _merge(root, {})
+    assert merged is None or (merged.shape == _merged_shape(root) and merged.dtype is root.dtype), (merged, root)
+    return merged
+
+
+def _merged_shape(n: Node) -> tuple[int, ...]:
+    return (n.shape[0] * n.shape[1],) + n.shape[2:]
+
+
+def _merge(n: Node, memo: dict) -> Node | None:
+    if n in memo:
+        return memo[n]
+    memo[n] = result = _merge_one(n, memo)
+    return result
+
+
+def _merge_one(n: Node, memo: dict) -> Node | None:
+    from ..execute.blocks import full_view  # (execute imports graph; a module-level import would cycle)
+
+    if n.ndim < 3:
+        return None
+    target = _merged_shape(n)
+    if full_view(n) is not None:
+        m = ops.reshape(n, target)
+        return m if full_view(m) is not None else None  # a strided view that cannot merge stays whole
+    op, src = n.op, (n.srcs[0] if n.srcs else None)
+    if op == "reshape":
+        if src.shape == target:  # e.g. stack's [1, R, C] over an [R, C] part
+            return src
+        if src.ndim >= 3 and _merged_shape(src) == target:
+            return _merge(src, memo)
+        return None
+    if op == "cast":
+        m = _merge(src, memo)
+        return None if m is None else ops.cast(m, n.dtype)
+    if op == "bitcast":
+        m = _merge(src, memo) if src.ndim == n.ndim else None
+        return None if m is None else ops.bitcast(m, n.dtype)
+    if op in ("dequantize", "quantize"):
+        m = _merge(src, memo)
+        if m is None:
+            return None
+        return ops.dequantize(m, *n.arg) if op == "dequantize" else ops.quantize(m, n.arg)
+    if op == "permute":
+        axes = n.arg
+        if axes[:2] != (0, 1):
+            return None
+        m = _merge(src, memo)
+        return None if m is None else ops.permute(m, (0,) + tuple(a - 1 for a in axes[2:]))
+    if op == "slice":
+        (a, b, step), (a1, b1, step1) = n.arg[0], n.arg[1]
+        d1 = src.shape[1]
+        if step != 1 or (a1, b1, step1) != (0, d1, 1):
+            return None
+        m = _merge(src, memo)
+        return None if m is None else ops.slice_(m, ((a * d1, b * d1, 1),) + tuple(n.arg[2:]))
+    if op == "take":
+        axis, idx = n.arg
+        if axis < 2:
+            return None
+        m = _merge(src, memo)
+        return None if m is None else ops.take(m, idx.array, axis - 1)
+    if op == "binary":
+        if any(s.shape != n.shape for s in n.srcs):
+            return None  # broadcasting along the merged axes
+        a, b = (_merge(s, memo) for s in n.srcs)
+        if a is None or b is None:
+            return None
+        from .elementwise import binary
+
+        return binary(n.arg, a, b)
+    if op == "concat":
+        parts = [_merge(s, memo) for s in n.srcs]
+        if any(p is None for p in parts):
+            return None
+        if n.arg == 0:
+            return ops.concat(parts, 0)
+        if n.arg >= 2:
+            return ops.concat(parts, n.arg - 1)
+        # Along axis 1: for each leading index e, every part's rows for e, in order.
+        pieces = []
+        for e in range(n.shape[0]):
+            for s, p in zip(n.srcs, parts):
+                r = s.shape[1]
+                pieces.append(ops.slice_(p, ((e * r, (e + 1) * r, 1),) + tuple((0, d, 1) for d in p.shape[1:])))
+        return ops.concat(pieces, 0)
+    return None
