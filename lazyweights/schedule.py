@@ -4,8 +4,9 @@ Each distinct output node becomes one `Step` (outputs that are the same node, li
 it and are computed once). A step's chain is rewritten so casts sit above layout ops, then split into
 blocks of rows along axis 0; each block is one task that reads its source rows once and writes its output
 rows once (see `execute/blocks.py`). Where one row is too big for a block (a stacked MoE expert), the step
-is computed over the output with its two leading axes merged (`merge_leading_axes`), as often as needed. Block size comes from the budget: at most `workers` blocks are in
-flight, each needing about `work_per_row * rows` bytes, and that product must fit the budget.
+is computed over the output with its two leading axes merged (`merge_leading_axes`), as often as needed.
+Block size comes from the budget: at most `workers` blocks are in flight, each needing about
+`work_per_row * rows` bytes, and that product must fit the budget.
 
 Steps are ordered by (source file, offset) so reads sweep each file forward.
 
@@ -166,7 +167,7 @@ def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, 
         out_row = node.nbytes // node.shape[0]
         if step.work_per_row * align <= per_worker and out_row * align <= BIG_ROW_FACTOR * target:
             break
-        merged = merge_leading_axes(node)
+        merged = merge_leading_axes(node, view_cache)
         if merged is None:
             break
         candidate = _build_step(step.outputs, merged, view_cache, materialize)

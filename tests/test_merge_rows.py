@@ -18,6 +18,7 @@ import lazyweights as lw
 from lazyweights.execute import materialize
 from lazyweights.execute.reference import materialize_reference
 from lazyweights.graph import ops
+from lazyweights.graph.elementwise import binary
 from lazyweights.graph.rewrites import merge_leading_axes
 from lazyweights.schedule import Outputs, compile_steps
 from lazyweights.verify import hash_plan
@@ -159,7 +160,7 @@ CASES = {
     "permute keeping 0, 1": lambda: ops.permute(_computed((3, 4, 5, 6)), (0, 1, 3, 2)),
     "slice along axis 0": lambda: ops.slice_(_computed((5, 4, 3)), ((1, 4, 1), (0, 4, 1), (0, 3, 2))),
     "take along axis 2": lambda: ops.take(_computed((3, 4, 6)), [5, 0, 2], 2),
-    "binary, same shapes": lambda: __import__("lazyweights.graph.elementwise", fromlist=["binary"]).binary(
+    "binary, same shapes": lambda: binary(
         "add", _computed((3, 4, 5)), _computed((3, 4, 5))),
     "bitcast": lambda: ops.bitcast(_computed((3, 4, 6)), "uint8"),
 }
@@ -183,7 +184,7 @@ NOT_MERGEABLE = {
     "permute moving axis 0": lambda: ops.permute(_computed((3, 4, 5)), (1, 0, 2)),
     "take along axis 1": lambda: ops.take(_computed((3, 4, 5)), [1, 0], 1),
     "slice along axis 1": lambda: ops.slice_(_computed((3, 4, 5)), ((0, 3, 1), (1, 3, 1), (0, 5, 1))),
-    "broadcast binary": lambda: __import__("lazyweights.graph.elementwise", fromlist=["binary"]).binary(
+    "broadcast binary": lambda: binary(
         "mul", _computed((3, 4, 5)), _computed((1, 4, 5))),
 }
 

@@ -72,9 +72,9 @@ def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:
     return Node(op, srcs, arg, n.dtype, n.shape)
 
 
-def merge_leading_axes(root: Node) -> Node | None:
+def merge_leading_axes(root: Node, view_cache: dict | None = None) -> Node | None:
     """An equivalent of ``reshape(root, (d0 * d1,) + rest)`` built so that its rows come from its inputs'
-    rows, or None where some op in the chain does not allow that.
+    rows, or None where some op in the chain does not allow that. `view_cache` is `full_view`'s.
 
     Why: blocks are cut along axis 0, and a block holds at least one row. For a stacked MoE tensor
     (``stack([concat([w1_e, w3_e]) for e])``, [8, 28672, 4096] bf16 in Mixtral 8x7B) one row is one expert,
@@ -92,9 +92,7 @@ def merge_leading_axes(root: Node) -> Node | None:
         >>> merged.shape, merged.op, merged.srcs[0].op
         ((8, 3), 'cast', 'concat')
     """
-    if root.ndim < 3:
-        return None
-    merged = _merge(root, {})
+    merged = _merge(root, {}, {} if view_cache is None else view_cache)
     assert merged is None or (merged.shape == _merged_shape(root) and merged.dtype is root.dtype), (merged, root)
     return merged
 
@@ -103,37 +101,36 @@ def _merged_shape(n: Node) -> tuple[int, ...]:
     return (n.shape[0] * n.shape[1],) + n.shape[2:]
 
 
-def _merge(n: Node, memo: dict) -> Node | None:
-    if n in memo:
-        return memo[n]
-    memo[n] = result = _merge_one(n, memo)
-    return result
+def _merge(n: Node, memo: dict, views: dict) -> Node | None:
+    if n not in memo:
+        memo[n] = _merge_one(n, memo, views)
+    return memo[n]
 
 
-def _merge_one(n: Node, memo: dict) -> Node | None:
+def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
     from ..execute.blocks import full_view  # (execute imports graph; a module-level import would cycle)
 
     if n.ndim < 3:
         return None
     target = _merged_shape(n)
-    if full_view(n) is not None:
+    if full_view(n, views) is not None:
         m = ops.reshape(n, target)
-        return m if full_view(m) is not None else None  # a strided view that cannot merge stays whole
+        return m if full_view(m, views) is not None else None  # a strided view that cannot merge stays whole
     op, src = n.op, (n.srcs[0] if n.srcs else None)
     if op == "reshape":
         if src.shape == target:  # e.g. stack's [1, R, C] over an [R, C] part
             return src
         if src.ndim >= 3 and _merged_shape(src) == target:
-            return _merge(src, memo)
+            return _merge(src, memo, views)
         return None
     if op == "cast":
-        m = _merge(src, memo)
+        m = _merge(src, memo, views)
         return None if m is None else ops.cast(m, n.dtype)
     if op == "bitcast":
-        m = _merge(src, memo) if src.ndim == n.ndim else None
+        m = _merge(src, memo, views) if src.ndim == n.ndim else None
         return None if m is None else ops.bitcast(m, n.dtype)
     if op in ("dequantize", "quantize"):
-        m = _merge(src, memo)
+        m = _merge(src, memo, views)
         if m is None:
             return None
         return ops.dequantize(m, *n.arg) if op == "dequantize" else ops.quantize(m, n.arg)
@@ -141,32 +138,32 @@ def _merge_one(n: Node, memo: dict) -> Node | None:
         axes = n.arg
         if axes[:2] != (0, 1):
             return None
-        m = _merge(src, memo)
+        m = _merge(src, memo, views)
         return None if m is None else ops.permute(m, (0,) + tuple(a - 1 for a in axes[2:]))
     if op == "slice":
         (a, b, step), (a1, b1, step1) = n.arg[0], n.arg[1]
         d1 = src.shape[1]
         if step != 1 or (a1, b1, step1) != (0, d1, 1):
             return None
-        m = _merge(src, memo)
+        m = _merge(src, memo, views)
         return None if m is None else ops.slice_(m, ((a * d1, b * d1, 1),) + tuple(n.arg[2:]))
     if op == "take":
         axis, idx = n.arg
         if axis < 2:
             return None
-        m = _merge(src, memo)
+        m = _merge(src, memo, views)
         return None if m is None else ops.take(m, idx.array, axis - 1)
     if op == "binary":
         if any(s.shape != n.shape for s in n.srcs):
             return None  # broadcasting along the merged axes
-        a, b = (_merge(s, memo) for s in n.srcs)
+        a, b = (_merge(s, memo, views) for s in n.srcs)
         if a is None or b is None:
             return None
         from .elementwise import binary
 
         return binary(n.arg, a, b)
     if op == "concat":
-        parts = [_merge(s, memo) for s in n.srcs]
+        parts = [_merge(s, memo, views) for s in n.srcs]
         if any(p is None for p in parts):
             return None
         if n.arg == 0:
