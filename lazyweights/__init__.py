@@ -14,9 +14,9 @@ Example:
     >>> lw.plan(adapted).materialize()["norm.weight"].dtype.name
     'bfloat16'
 """
-from .device import DeviceRef
-from .dtype import DType
-from .errors import (
+from .core.device import DeviceRef
+from .core.dtype import DType
+from .core.errors import (
     BudgetError,
     DTypeError,
     ExecutionError,
@@ -28,19 +28,19 @@ from .errors import (
     SourceChangedError,
     WriteError,
 )
-from .formats import WeightsFormat, weights_format
-from .config import GGUFConfig, HFConfig, load_hf_config
+from .formats.checkpoint import WeightsFormat, weights_format
+from .formats.config import GGUFConfig, HFConfig, load_hf_config
 from .formats.gguf_writer import save_gguf
-from .module import LayerList, Module
-from .check import CheckReport, check, check_unique_renames
-from .torch_interop import load_into_torch  # imports torch only when called
-from .registry import SupportedArchitecture
-from . import registry
-from .plan import Plan, plan
-from .quantization import QuantizationEncoding
-from .weight import Weight
-from .weight_data import WeightData, concat, from_numpy, split, stack
-from .weights import Weights, load_weights
+from .interop.module import LayerList, Module
+from .interop.check import CheckReport, check, check_unique_renames
+from .interop.torch_load import load_into_torch  # imports torch only when called
+from .adapters.registry import SupportedArchitecture
+from .adapters import registry
+from .api.plan import Plan, plan
+from .core.quantization import QuantizationEncoding
+from .api.weight import Weight
+from .api.weight_data import WeightData, concat, from_numpy, split, stack
+from .api.weights import Weights, load_weights
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
-"""`python -m lazyweights ...`: the command line (see `lazyweights.cli`)."""
+"""`python -m lazyweights ...`: the command line (see `lazyweights.tools.cli`)."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -181,7 +181,7 @@ def test_fast_path_table():
 
 
 def test_has_fast_path_accepts_dtype_enum():
-    from lazyweights.dtype import DType
+    from lazyweights.core.dtype import DType
 
     assert has_fast_path(DType.bfloat16, DType.float16) == casts.USE_COMPILED
     assert cast(np.array([1.5], np.float32), DType.bfloat16).dtype == BF16
@@ -301,7 +301,7 @@ def test_non_contiguous_output_still_exact():
 
 
 def test_bad_outputs():
-    from lazyweights.errors import LazyWeightsError
+    from lazyweights.core.errors import LazyWeightsError
 
     src = np.zeros((2, 3), F32)
     with pytest.raises(ValueError) as e:
@@ -403,7 +403,7 @@ def test_numba_backend_loads_only_for_big_plans(backend):
         pytest.skip("a fresh process: once is enough")
     code = (
         "import sys, numpy as np, ml_dtypes, lazyweights as lw\n"
-        "import lazyweights.execute as ex\n"
+        "import lazyweights.run.driver as ex\n"
         "from lazyweights.kernels import casts\n"
         "ex.NUMBA_WAIT_BYTES = 1 << 20\n"
         "def run(n):\n"

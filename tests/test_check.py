@@ -12,8 +12,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from lazyweights import DType, QuantizationEncoding, Weight, WeightData, load_weights
-from lazyweights.check import check, fold_names, fold_rows, format_index_set
-from lazyweights.module import LayerList, Module
+from lazyweights.interop.check import check, fold_names, fold_rows, format_index_set
+from lazyweights.interop.module import LayerList, Module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_LAYERS, H = 8, 4
@@ -200,7 +200,7 @@ def test_check_a_torch_module():
 ADAPTERS = textwrap.dedent('''
     import numpy as np
     from lazyweights import DType, Weight
-    from lazyweights.module import Module
+    from lazyweights.interop.module import Module
 
     class Net(Module):
         def __init__(self):
@@ -216,7 +216,7 @@ ADAPTERS = textwrap.dedent('''
 
 
 def test_command_line_check(tmp_path, capsys):
-    cli = pytest.importorskip("lazyweights.cli")
+    cli = pytest.importorskip("lazyweights.tools.cli")
     (tmp_path / "adapters.py").write_text(ADAPTERS)
     ckpt = str(tmp_path / "m.safetensors")
     save_file({"model.weight": np.ones((2, 3), np.float32)}, ckpt)

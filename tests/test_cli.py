@@ -189,11 +189,11 @@ def test_diff_values_with_tolerances(tmp_path):
 
 # --- check ---------------------------------------------------------------------------------------------------
 def test_check(ckpt, tmp_path):
-    pytest.importorskip("lazyweights.check")
+    pytest.importorskip("lazyweights.interop.check")
     mod = tmp_path / "tiny_module.py"
     mod.write_text(textwrap.dedent("""
         from lazyweights import DType, Weight
-        from lazyweights.module import LayerList, Module
+        from lazyweights.interop.module import LayerList, Module
 
         class Layer(Module):
             def __init__(self, cfg):

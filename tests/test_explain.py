@@ -14,7 +14,7 @@ import pytest
 
 import lazyweights as lw
 from lazyweights import DType, LazyWeightsError, QuantizationEncoding, WeightData
-from lazyweights.explain import estimate_peak_memory, explain, format_bytes, name_pattern
+from lazyweights.render.explain import estimate_peak_memory, explain, format_bytes, name_pattern
 from lazyweights.graph import ops
 
 
@@ -289,28 +289,28 @@ def test_steps_section_from_a_scheduler(tiny, monkeypatch):
     def compile_steps(plan):
         return [Step([name], node.toposort(), "fused") for name, node in plan.outputs.items()]
 
-    fake = types.ModuleType("lazyweights.schedule")
-    fake.compile_steps = compile_steps
-    monkeypatch.setitem(sys.modules, "lazyweights.schedule", fake)
+    import lazyweights.render.explain as explain_module
+
+    monkeypatch.setattr(explain_module, "compile_steps", compile_steps)
     text = explain(p)
     assert "\nsteps: 8 (8 fused)\n" in text
     assert "  fused   x2 layers.{0,1}.attention.q_proj.weight: source -> reshape -> take -> reshape -> cast" in text
     assert "  fused      norm.weight: source -> cast" in text
     assert explain(p, steps=False) == GOLDEN_GROUPED
 
-    del fake.compile_steps  # a scheduler module without compile_steps: no section
+    monkeypatch.setattr(explain_module, "compile_steps", None)  # no compiler: no section
     assert "steps:" not in explain(p)
 
     def broken(plan):
         raise RuntimeError("boom")
 
-    fake.compile_steps = broken
+    monkeypatch.setattr(explain_module, "compile_steps", broken)
     assert "steps: unavailable: the scheduler failed: RuntimeError: boom" in explain(p)
 
 
 def test_steps_section_with_the_real_scheduler(tiny):
-    pytest.importorskip("lazyweights.schedule")
-    from lazyweights import schedule
+    pytest.importorskip("lazyweights.compiler.steps")
+    from lazyweights.compiler import steps as schedule
 
     if not hasattr(schedule, "compile_steps"):
         pytest.skip("scheduler without compile_steps")
@@ -335,15 +335,15 @@ def test_name_pattern_and_bytes():
 
 def test_doctests():
     import lazyweights.adapters.w1
-    import lazyweights.explain
+    import lazyweights.render.explain
 
-    for mod in (lazyweights.explain, lazyweights.adapters.w1):
+    for mod in (lazyweights.render.explain, lazyweights.adapters.w1):
         res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert res.failed == 0, mod.__name__
 
 
 def test_gather_indices_written_as_slices():
-    from lazyweights.explain import index_text
+    from lazyweights.render.explain import index_text
 
     rope = np.concatenate([np.arange(0, 64, 2), np.arange(1, 64, 2)])
     assert index_text(rope, 64) == "[0:64:2,1:64:2]"

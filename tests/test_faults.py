@@ -26,7 +26,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-import lazyweights.save as save_mod
+import lazyweights.formats.save as save_mod
 
 gguf = pytest.importorskip("gguf")
 
@@ -78,7 +78,7 @@ def _gguf_plan(path):
 # --- a source truncated or replaced between blocks (subprocess: a SIGBUS would be a crash, not a hang) ---------------
 CHANGE_MID_PLAN = r"""
 import os, sys, numpy as np
-import lazyweights as lw, lazyweights.execute as ex, lazyweights.save as sm
+import lazyweights as lw, lazyweights.run.driver as ex, lazyweights.formats.save as sm
 fmt, action, mode, d = sys.argv[1:5]
 src = os.path.join(d, "src." + fmt)
 if fmt == "safetensors":
@@ -427,7 +427,7 @@ def test_real_full_tmpfs(tiny_tmpfs, tmp_path, monkeypatch, case):
 SIGINT_SAVE = r"""
 import os, sys, time
 import numpy as np
-import lazyweights as lw, lazyweights.save as sm
+import lazyweights as lw, lazyweights.formats.save as sm
 from safetensors.numpy import save_file
 src_dir, out, fmt, sched = sys.argv[1:5]
 src = os.path.join(src_dir, "src.safetensors")
@@ -460,7 +460,7 @@ if fmt == "cli":
         fh.write("import lazyweights as lw\n"
                  "def convert(sd, **kw):\n"
                  "    return {k: v.data().astype(lw.DType.float32) for k, v in sd.items()}\n")
-    from lazyweights.cli import main
+    from lazyweights.tools.cli import main
     rc = main(["convert", adapter + ":convert", src, "-o", out, "--no-progress", "--max-shard-size", "64MB"])
     print("EXIT", rc, flush=True)
     sys.exit(rc)
@@ -514,9 +514,9 @@ def test_real_sigint_mid_save(tmp_path, fmt, sched, name):
 def test_source_fault_error_translation(tmp_path):
     """EFAULT (bare, or as a WriteError's cause) becomes SourceChangedError naming the changed file; with every
     source unchanged it still names the sources; any other error is left alone."""
-    from lazyweights.errors import WriteError
-    from lazyweights.execute import source_fault_error
-    from lazyweights.schedule import compile_steps
+    from lazyweights.core.errors import WriteError
+    from lazyweights.run.driver import source_fault_error
+    from lazyweights.compiler.steps import compile_steps
 
     path = tmp_path / "a.safetensors"
     save_file({"w": np.arange(64, dtype=np.float32)}, str(path))

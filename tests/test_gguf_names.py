@@ -24,7 +24,7 @@ from lazyweights.adapters import (  # noqa: E402
     rope_permutation,
     rope_unpermute,
 )
-from lazyweights.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
+from lazyweights.formats.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
 from lazyweights.formats.gguf_writer import save_gguf  # noqa: E402
 from lazyweights.formats.source import TensorRecord  # noqa: E402
 

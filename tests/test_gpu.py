@@ -25,13 +25,14 @@ import pytest
 from safetensors.numpy import save_file
 
 import lazyweights as lw
+from lazyweights.core.units import parse_size
 from lazyweights import DType, LazyWeightsError
-from lazyweights.errors import BudgetError, DTypeError, ShapeError
-from lazyweights.execute import gpu as G
-from lazyweights.execute.gpu import DeviceProgram, NumpyDevice, materialize_gpu, split_chain
+from lazyweights.core.errors import BudgetError, DTypeError, ShapeError
+from lazyweights.run import gpu as G
+from lazyweights.run.gpu import DeviceProgram, NumpyDevice, materialize_gpu, split_chain
 from lazyweights.kernels import cuda_casts as CC
 from lazyweights.kernels import cuda_dequant as CD
-from lazyweights.quantization import QuantizationEncoding as Q
+from lazyweights.core.quantization import QuantizationEncoding as Q
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(20240607)
@@ -473,7 +474,7 @@ def test_pipeline_matches_cpu_executor(ckpt, config):
     assert_same_as_cpu(plan, got)
     assert got["tied_a"] is got["tied_b"], "tied outputs are one array, computed once"
     assert backend.held == 0, "every staging buffer is released"
-    assert backend.peak_staging <= lw.schedule.parse_size(kw.get("budget", "512MB"))
+    assert backend.peak_staging <= parse_size(kw.get("budget", "512MB"))
 
 
 def test_fake_device_catches_a_missing_wait(ckpt, monkeypatch):
@@ -501,7 +502,7 @@ def test_blocks_overlap_and_rotate(ckpt):
     assert "dequantize[Q4_K] + cast[f32->bf16]" in kernels and "cast[bf16->f16]" in kernels
     assert not any("f64" in k for k in kernels), "host-only casts never reach the device"
     # Each step's host rows cross the bus exactly once (tied outputs are one step: embed_tokens once).
-    from lazyweights.schedule import compile_steps
+    from lazyweights.compiler.steps import compile_steps
 
     steps = compile_steps(plan, materialize=False)
     assert len(steps) == len(set(plan.outputs.values())) < len(plan.outputs)
@@ -608,7 +609,7 @@ def test_public_api_dispatches_to_the_gpu_executor(ckpt, monkeypatch):
 def test_errors_name_the_tensor_and_free_everything(ckpt, monkeypatch):
     d, cfg = ckpt
     plan = lw.plan(w1_like(d, cfg))
-    import lazyweights.execute.gpu as gmod
+    import lazyweights.run.gpu as gmod
 
     real = gmod.write_rows
 
@@ -619,7 +620,7 @@ def test_errors_name_the_tensor_and_free_everything(ckpt, monkeypatch):
 
     monkeypatch.setattr(gmod, "write_rows", boom)
     backend = NumpyDevice()
-    with pytest.raises(lw.errors.ExecutionError, match=r"'(f16\.|bitcast\.cast).*disk on fire"):
+    with pytest.raises(lw.ExecutionError, match=r"'(f16\.|bitcast\.cast).*disk on fire"):
         materialize_gpu(plan, backend=backend, block_bytes=128)
     assert backend.held == 0
 
@@ -639,7 +640,7 @@ def test_to_torch_views_bits_as_real_dtypes():
 
 
 def test_no_cupy_at_import_and_a_clear_error_without_it():
-    code = ("import sys, lazyweights, lazyweights.execute.gpu, lazyweights.kernels.cuda_casts, "
+    code = ("import sys, lazyweights, lazyweights.run.gpu, lazyweights.kernels.cuda_casts, "
             "lazyweights.kernels.cuda_dequant; print('cupy' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"

@@ -15,13 +15,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import lazyweights as lw
-from lazyweights.execute import materialize
-from lazyweights.execute.reference import materialize_reference
+from lazyweights.run.driver import materialize
+from lazyweights.run.reference import materialize_reference
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import binary
 from lazyweights.graph.rewrites import merge_leading_axes
-from lazyweights.schedule import Outputs, compile_steps
-from lazyweights.verify import hash_plan
+from lazyweights.compiler.steps import Outputs, compile_steps
+from lazyweights.tools.verify import hash_plan
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(7)

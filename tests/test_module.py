@@ -9,8 +9,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from lazyweights import DType, QuantizationEncoding, Weight, WeightData, load_weights
-from lazyweights.errors import LazyWeightsError, LoadError, SourceChangedError
-from lazyweights.module import LayerList, Module
+from lazyweights.core.errors import LazyWeightsError, LoadError, SourceChangedError
+from lazyweights.interop.module import LayerList, Module
 
 H, F = 8, 12
 
@@ -260,7 +260,7 @@ def test_buffers_are_aligned_and_numpy_values_accepted():
 
 
 def test_one_plan_fills_the_module_buffers(monkeypatch):
-    from lazyweights.plan import Plan
+    from lazyweights.api.plan import Plan
 
     calls = []
     real = Plan.materialize
@@ -489,7 +489,7 @@ def test_gptq_loads_unlabelled_int32_as_bytes():
 
 # --- renames -------------------------------------------------------------------------------------------------
 def test_rename_collisions_are_detected_from_the_renames():
-    from lazyweights.check import check_unique_renames
+    from lazyweights.interop.check import check_unique_renames
 
     names = ["model.layers.0.w", "layers.0.w", "model.norm.weight"]
     pairs = [(n, n.replace("model.", "")) for n in names]

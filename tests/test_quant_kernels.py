@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from lazyweights.errors import DTypeError, LazyWeightsError, ShapeError  # noqa: E402
+from lazyweights.core.errors import DTypeError, LazyWeightsError, ShapeError  # noqa: E402
 from lazyweights.quant import (  # noqa: E402
     dequantize,
     dequantize_into,
@@ -28,7 +28,7 @@ from lazyweights.quant import (  # noqa: E402
     supported_quantize,
 )
 from lazyweights.quant._bits import floats_to_halves, halves_to_floats  # noqa: E402
-from lazyweights.quantization import QuantizationEncoding as Q  # noqa: E402
+from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
 

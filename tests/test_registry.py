@@ -8,8 +8,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from lazyweights import DType, WeightData, WeightsFormat
-from lazyweights.errors import FormatError, LazyWeightsError
-from lazyweights.registry import (NoAdapterError, SupportedArchitecture, UnknownArchitectureError, adapt,
+from lazyweights.core.errors import FormatError, LazyWeightsError
+from lazyweights.adapters.registry import (NoAdapterError, SupportedArchitecture, UnknownArchitectureError, adapt,
                                   architectures, get, register, unregister)
 
 

@@ -13,8 +13,9 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-from lazyweights.execute import materialize
-from lazyweights.schedule import compile_steps, parse_size
+from lazyweights.run.driver import materialize
+from lazyweights.compiler.steps import compile_steps
+from lazyweights.core.units import parse_size
 
 BF16 = ml_dtypes.bfloat16
 RNG = np.random.default_rng(1234)
@@ -309,7 +310,7 @@ def _leftovers(directory):
 def test_exception_in_a_kernel_stops_and_names_the_tensor(ckpt, tmp_path, monkeypatch):
     d, _, cfg = ckpt
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
-    import lazyweights.execute.blocks as blocks
+    import lazyweights.run.blocks as blocks
 
     real = blocks._PULL["take"]
     calls = []
@@ -350,7 +351,7 @@ def test_failing_write_removes_partial_output(ckpt, tmp_path, monkeypatch):
 def test_keyboard_interrupt_leaves_nothing(ckpt, tmp_path, monkeypatch):
     d, _, cfg = ckpt
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
-    import lazyweights.save as save_mod
+    import lazyweights.formats.save as save_mod
 
     real = save_mod._save_block
     n = [0]

@@ -270,7 +270,7 @@ def test_gguf_metadata_strings_are_never_evaluated(tmp_path, marker):
 
 
 def test_cli_inspect_prints_metadata_verbatim(tmp_path, marker, capsys):
-    from lazyweights.cli import main
+    from lazyweights.tools.cli import main
 
     code = CODE.format(m=marker)
     path = tmp_path / "m.safetensors"

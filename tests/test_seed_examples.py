@@ -153,7 +153,7 @@ def test_seed_print_module_raw_state_dict(capsys):
     LayerList = getattr(lazyweights, "LayerList", None)
     if Module is None or LayerList is None:
         try:
-            from lazyweights.module import LayerList, Module
+            from lazyweights.interop.module import LayerList, Module
         except ImportError:
             pytest.skip("lazyweights.Module / LayerList not available in this build")
     Weight = lazyweights.Weight

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lazyweights import DType, WeightData, load_weights  # noqa: E402
-from lazyweights.errors import LoadError  # noqa: E402
-from lazyweights.torch_interop import IncompatibleKeys, TorchLoadError, load_into_torch  # noqa: E402
+from lazyweights.core.errors import LoadError  # noqa: E402
+from lazyweights.interop.torch_load import IncompatibleKeys, TorchLoadError, load_into_torch  # noqa: E402
 
 
 def _ptrs(module):
@@ -246,7 +246,7 @@ def test_quantized_and_invalid_values_are_reported():
 
 
 def test_torch_module_in_check_report():
-    from lazyweights.check import check
+    from lazyweights.interop.check import check
 
     report = check({"embed.weight": np.zeros((10, 4), np.float32)}, TiedLM())
     assert report.ok and report.matched == ["embed.weight", "lm_head.weight"]

@@ -1,4 +1,4 @@
-"""`lazyweights.verify`: stable per-tensor hashes (block-wise, through the scheduler), manifests beside
+"""`lazyweights.tools.verify`: stable per-tensor hashes (block-wise, through the scheduler), manifests beside
 saved checkpoints, and `lazyweights verify PATH [--write]`."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-from lazyweights.verify import (MANIFEST_NAME, VerifyError, hash_array, hash_plan, manifest_path,
+from lazyweights.tools.verify import (MANIFEST_NAME, VerifyError, hash_array, hash_plan, manifest_path,
                                 save_and_manifest, verify, write_manifest)
 
 RNG = np.random.default_rng(3)
@@ -214,7 +214,7 @@ def test_kernel_failure_while_hashing_names_the_tensor(src, monkeypatch):
 
 
 def test_cli_verify(src, tmp_path, capsys):
-    from lazyweights.cli import main
+    from lazyweights.tools.cli import main
 
     w, _ = src
     out = tmp_path / "ck"

@@ -15,7 +15,7 @@ import pytest
 
 import lazyweights as lw
 from lazyweights import DType, LazyWeightsError, WeightData
-from lazyweights.explain import build_view
+from lazyweights.render.explain import build_view
 
 import sys  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_svg_and_png(tiny, tmp_path):
 
 
 def test_svg_without_graphviz_gives_an_install_hint(tiny, tmp_path, monkeypatch):
-    import lazyweights.visualize as vis
+    import lazyweights.render.visualize as vis
 
     monkeypatch.setattr(vis.shutil, "which", lambda name: None)
     for suffix in ("svg", "png"):
@@ -208,6 +208,6 @@ def test_shared_node_drawn_once(tmp_path):
 
 
 def test_doctests():
-    import lazyweights.visualize
+    import lazyweights.render.visualize
 
-    assert doctest.testmod(lazyweights.visualize).failed == 0
+    assert doctest.testmod(lazyweights.render.visualize).failed == 0

@@ -34,7 +34,7 @@ Example:
     >>> import numpy as np
     >>> from lazyweights import WeightData
     >>> from lazyweights.adapters import gguf_to_hf, hf_to_gguf
-    >>> from lazyweights.config import GGUFConfig
+    >>> from lazyweights.formats.config import GGUFConfig
     >>> cfg = GGUFConfig({"general.architecture": "llama", "llama.attention.head_count": 2,
     ...                   "llama.attention.head_count_kv": 1, "llama.embedding_length": 8})
     >>> q = WeightData.from_numpy(np.arange(64, dtype=np.float32).reshape(8, 8), "q")
@@ -52,10 +52,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import LazyWeightsError, ShapeError
+from ..core.dtype import DType
+from ..core.errors import LazyWeightsError, ShapeError
 from ..graph import ops
-from ..weight_data import WeightData
+from ..api.weight_data import WeightData
 
 # --- name tables ------------------------------------------------------------------------------------------
 _LAYER_COMMON: dict[str, str] = {
@@ -252,7 +252,7 @@ def _add_scalar(wd: WeightData, value: float) -> WeightData:
 
 
 def _as_wd(value, name: str) -> WeightData:
-    from ..plan import as_weight_data
+    from ..api.plan import as_weight_data
 
     return as_weight_data(value, name)
 

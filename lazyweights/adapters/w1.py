@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import LazyWeightsError
+from ..core.dtype import DType
+from ..core.errors import LazyWeightsError
 
 UNUSED_SUFFIXES = (".k_scale", ".v_scale")
 

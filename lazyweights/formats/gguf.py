@@ -50,9 +50,9 @@ from collections.abc import Sequence
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..dtype import DType
-from ..errors import FormatError, LazyWeightsError
-from ..quantization import QuantizationEncoding
+from ..core.dtype import DType
+from ..core.errors import FormatError, LazyWeightsError
+from ..core.quantization import QuantizationEncoding
 from .source import SourceFile, TensorRecord
 
 GGUF_MAGIC = b"GGUF"
@@ -525,7 +525,7 @@ def read_gguf_checkpoint(files: list[str]):
     Returns a `Checkpoint` with the tensors of all parts in split order, the metadata of the first part
     (without the `split.*` keys), and the part files in order.
     """
-    from . import Checkpoint, WeightsFormat
+    from .checkpoint import Checkpoint, WeightsFormat
 
     if not files:
         raise LazyWeightsError("no GGUF files given")

@@ -49,18 +49,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..dtype import DType
-from ..errors import DTypeError, LazyWeightsError, ShapeError, WriteError
-from ..quantization import QuantizationEncoding
-from .gguf import (
-    _SCALAR,
-    DEFAULT_ALIGNMENT,
-    DTYPE_GGML,
-    ENCODING_GGML,
-    GGUF_MAGIC,
-    SPLIT_KEYS,
-    GGUFArray,
-)
+from ..core.dtype import DType
+from ..core.errors import DTypeError, LazyWeightsError, ShapeError, WriteError
+from ..core.quantization import QuantizationEncoding
+from .gguf import _SCALAR, DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SPLIT_KEYS, GGUFArray
 
 GGUF_WRITE_VERSION = 3
 GGML_MAX_DIMS = 4  # llama.cpp refuses tensors with more dimensions
@@ -264,8 +256,8 @@ def _tensor_meta(name: str, value) -> TensorMeta:
     """dtype, numpy shape and encoding of a WeightData, Weights accessor, Node, TensorRecord, TensorMeta,
     array, or (dtype, shape[, encoding])."""
     from ..graph.node import Node
-    from ..weight_data import WeightData
-    from ..weights import Weights
+    from ..api.weight_data import WeightData
+    from ..api.weights import Weights
     from .source import TensorRecord
 
     if isinstance(value, TensorMeta):
@@ -640,19 +632,19 @@ def _fsync_dir(d: str) -> None:
 # --- conveniences ----------------------------------------------------------------------------------------------
 def _as_weight_data(name: str, value):
     from ..graph.node import Node
-    from ..weight_data import WeightData
+    from ..api.weight_data import WeightData
 
     if isinstance(value, WeightData):
         return value
     if isinstance(value, Node):
         return WeightData._wrap(value, name, _node_encoding(value))
-    from ..plan import as_weight_data
+    from ..api.plan import as_weight_data
 
     return as_weight_data(value, name)
 
 
 def _materialize_one(name: str, value) -> np.ndarray:
-    from ..plan import plan
+    from ..api.plan import plan
 
     return plan({name: value}).materialize()[name]
 
@@ -690,9 +682,9 @@ def save_plan_gguf(plan, path, metadata: Mapping[str, Any] | None = None, budget
     every tensor's row blocks computed by the fused scheduler (in parallel, under `budget`) and written at
     their offsets; atomic. A dask.distributed Client runs the blocks on local threads (the file is local).
     Returns `[path]`."""
-    from ..execute import resolve_scheduler, run_tasks, task_bytes
-    from ..save import _save_block
-    from ..schedule import compile_steps
+    from ..run.driver import resolve_scheduler, run_tasks, task_bytes
+    from .save import _save_block
+    from ..compiler.steps import compile_steps
 
     tensors = getattr(plan, "tensors", None) or plan.outputs
     layout = GGUFLayout.plan(tensors, metadata, alignment)
@@ -706,7 +698,7 @@ def save_plan_gguf(plan, path, metadata: Mapping[str, Any] | None = None, budget
                  for step in steps for rows in step.blocks]
         bar = None
         if progress:
-            from ..progress import Progress
+            from ..run.progress import Progress
 
             bar = Progress(sum(task_bytes(t) for t in tasks), "save")
         try:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import struct
 
-from ..dtype import DType
-from ..errors import FormatError
+from ..core.dtype import DType
+from ..core.errors import FormatError
 from .source import SourceFile, TensorRecord
 
 # The safetensors package refuses headers over 100 MB; so do we, before reading them.

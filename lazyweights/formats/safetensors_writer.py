@@ -28,8 +28,8 @@ import secrets
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import DTypeError, WriteError
+from ..core.dtype import DType
+from ..core.errors import DTypeError, WriteError
 from .safetensors import CODE_OF_DTYPE
 
 # safetensors' Dtype enum order (it sorts tensors by this, descending, then by name).

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import FormatError, SourceChangedError
-from ..quantization import QuantizationEncoding
+from ..core.dtype import DType
+from ..core.errors import FormatError, SourceChangedError
+from ..core.quantization import QuantizationEncoding
 
 
 class SourceFile:

@@ -37,8 +37,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import DTypeError, FormatError, LazyWeightsError
+from ..core.dtype import DType
+from ..core.errors import DTypeError, FormatError, LazyWeightsError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 INDEX_SUFFIX = ".bin.index.json"
@@ -76,7 +76,7 @@ def is_pickle_checkpoint(paths: Iterable[Path]) -> bool:
 
 
 def _expand(paths: list[Path]) -> list[Path]:
-    from . import _read_index
+    from .checkpoint import _read_index
 
     out: list[Path] = []
     for p in paths:
@@ -192,7 +192,7 @@ def _load_one(torch, path: Path):
 def read_torch_checkpoint(paths: list[Path]):
     """Load pickle checkpoint files with torch's restricted unpickler into a `Checkpoint` of const records."""
     from ..graph import ops
-    from . import Checkpoint, WeightsFormat
+    from .checkpoint import Checkpoint, WeightsFormat
 
     try:
         import torch

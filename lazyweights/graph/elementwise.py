@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, ShapeError
 from . import ops
 from .node import Node
 

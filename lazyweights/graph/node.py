@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtype import DType
+from ..core.dtype import DType
 
 
 class Const:

@@ -30,7 +30,7 @@ Example:
     >>> ops.reshape(x, (5, 5))
     Traceback (most recent call last):
     ...
-    lazyweights.errors.ShapeError: reshape: cannot reshape float32[4, 6] (24 elements) to [5, 5] (25 elements)
+    lazyweights.core.errors.ShapeError: reshape: cannot reshape float32[4, 6] (24 elements) to [5, 5] (25 elements)
 """
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import DTypeError, ShapeError
-from ..quantization import QuantizationEncoding
+from ..core.dtype import DType
+from ..core.errors import DTypeError, ShapeError
+from ..core.quantization import QuantizationEncoding
 from .node import Const, IndexArray, Node
 
 # FIX: cast-of-cast folding used to apply whenever the first cast was value-exact (e.g. bf16 -> f32 -> X

@@ -108,7 +108,7 @@ def _merge(n: Node, memo: dict, views: dict) -> Node | None:
 
 
 def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
-    from ..execute.blocks import full_view  # (execute imports graph; a module-level import would cycle)
+    from ..run.blocks import full_view  # (execute imports graph; a module-level import would cycle)
 
     if n.ndim < 3:
         return None

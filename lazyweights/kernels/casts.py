@@ -77,7 +77,7 @@ from typing import Any, Iterator, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, ShapeError
 
 __all__ = ["cast", "cast_into", "has_fast_path", "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C",
            "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]

@@ -46,7 +46,7 @@ import functools
 
 import numpy as np
 
-from ..dtype import DType
+from ..core.dtype import DType
 
 __all__ = [
     "DEVICE_CASTS",

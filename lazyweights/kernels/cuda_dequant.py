@@ -31,7 +31,7 @@ CuPy is imported only by `dequant_kernel` / `launch`.
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import quantize, dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> from lazyweights.kernels.cuda_dequant import reference_dequantize
     >>> packed = quantize(Q.Q4_0, np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64))
     >>> bool((reference_dequantize(Q.Q4_0, packed) == dequantize(Q.Q4_0, packed)).all())
@@ -43,8 +43,8 @@ import functools
 
 import numpy as np
 
-from ..dtype import DType
-from ..quantization import QuantizationEncoding as Q
+from ..core.dtype import DType
+from ..core.quantization import QuantizationEncoding as Q
 from .cuda_casts import NVRTC_OPTIONS, U, _widen_f16, cuda_chain_expr, cuda_preamble, reference_chain
 
 __all__ = ["DEVICE_DEQUANT", "reference_dequantize", "reference_values", "dequant_kernel", "launch",

@@ -13,7 +13,7 @@ different row ranges run in parallel) that reproduce gguf-py's `gguf.quants` res
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import quantize, dequantize, supported_quantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     >>> y = dequantize(Q.Q8_0, quantize(Q.Q8_0, x))
     >>> bool(np.abs(x - y).max() < 0.02), sorted(e.name for e in supported_quantize())

@@ -33,7 +33,7 @@ types (ggml's need an importance matrix search).
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> block = np.zeros((1, 18), np.uint8)
     >>> block[0, :2] = [0x00, 0x3C]   # d = 1.0
     >>> block[0, 2] = 0xF0            # value 0: code 0 -> -127, value 16: code 15 -> 113
@@ -46,7 +46,7 @@ import numpy as np
 from gguf import quants as _gq
 from numba import njit
 
-from ..quantization import QuantizationEncoding as Q
+from ..core.quantization import QuantizationEncoding as Q
 from ._bits import as_kernel_src, load_half, half_to_float
 from .registry import register
 

@@ -29,7 +29,7 @@ bit. gguf-py has no Q8_K dequantizer; ours follows ggml's `dequantize_row_q8_K`.
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> block = np.zeros((1, 144), np.uint8)
     >>> block[0, 0:2] = [0x00, 0x3C]      # d = 1.0
     >>> block[0, 4:8] = 1                 # scale 1 for chunks 0..3 (mins stay 0)
@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..quantization import QuantizationEncoding as Q
+from ..core.quantization import QuantizationEncoding as Q
 from ._bits import bits_to_f32, flat_runner, load_half
 from .registry import register
 

@@ -20,7 +20,7 @@ NaN inputs give unspecified codes (as in gguf-py, where the float->uint8 cast of
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import quantize, dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> x = np.arange(32, dtype=np.float32).reshape(1, 32) - 16
     >>> dequantize(Q.Q5_0, quantize(Q.Q5_0, x))[0, :4]
     array([-16., -15., -14., -13.], dtype=float32)
@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..quantization import QuantizationEncoding as Q
+from ..core.quantization import QuantizationEncoding as Q
 from ._bits import flat_runner, load_half, store_half
 from .registry import register
 

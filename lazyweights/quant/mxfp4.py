@@ -13,7 +13,7 @@ in float32, whose rounding near powers of two is numpy's SIMD log2 and not repro
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> block = np.zeros((1, 17), np.uint8)
     >>> block[0, 0] = 127          # e8m0 2^(127-127) = 1, halved: 0.5
     >>> block[0, 1] = 0x72         # value 0 = code 2 -> 1.0, value 16 = code 7 -> 6.0
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..quantization import QuantizationEncoding as Q
+from ..core.quantization import QuantizationEncoding as Q
 from ._bits import as_kernel_src, bits_to_f32
 from .registry import register
 

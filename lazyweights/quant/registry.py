@@ -12,7 +12,7 @@ Conventions (the same as the seed system's and gguf-py's byte view of a quantize
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import quantize, dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
     >>> packed = quantize(Q.Q8_0, x)
     >>> packed.shape, packed.dtype.name
@@ -26,8 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
-from ..quantization import QuantizationEncoding
+from ..core.errors import DTypeError, ShapeError
+from ..core.quantization import QuantizationEncoding
 
 # A dequantizer writes float32 [rows, n] from uint8 [rows, row_bytes]; a quantizer the reverse. Both get
 # validated, C-contiguous 2-D arrays and return nothing.
@@ -55,7 +55,7 @@ def register(
     Example:
         >>> import numpy as np
         >>> from lazyweights.quant.registry import register, _DEQUANTIZE
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> old = _DEQUANTIZE.get(Q.Q8_0)
         >>> @register(Q.Q8_0)
         ... def fake(src, out):
@@ -87,7 +87,7 @@ def supported_dequantize() -> set[QuantizationEncoding]:
 
     Example:
         >>> from lazyweights.quant import supported_dequantize
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> Q.Q4_K in supported_dequantize()
         True
     """
@@ -99,7 +99,7 @@ def supported_quantize() -> set[QuantizationEncoding]:
 
     Example:
         >>> from lazyweights.quant import supported_quantize
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize()
         (True, False)
     """
@@ -144,7 +144,7 @@ def dequantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
     Example:
         >>> import numpy as np
         >>> from lazyweights.quant import dequantize_into
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> blocks = np.zeros((1, 34), np.uint8); blocks[0, :2] = [0x00, 0x3C]  # d = 1.0 (fp16)
         >>> blocks[0, 2:] = np.arange(32, dtype=np.int8).view(np.uint8)
         >>> out = np.empty((1, 32), np.float32)
@@ -181,7 +181,7 @@ def dequantize(encoding, src: np.ndarray) -> np.ndarray:
     Example:
         >>> import numpy as np
         >>> from lazyweights.quant import dequantize
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> dequantize(Q.Q4_0, np.zeros((3, 18 * 2), np.uint8)).shape
         (3, 64)
     """
@@ -209,7 +209,7 @@ def quantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
     Example:
         >>> import numpy as np
         >>> from lazyweights.quant import quantize_into
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> out = np.empty((1, 18), np.uint8)
         >>> quantize_into(Q.Q4_0, np.full((1, 32), -8.0, np.float32), out)
         >>> out[0, :4].tolist()  # d = +1.0 as fp16, then codes 0 (= -8 after the +8 offset)
@@ -243,7 +243,7 @@ def quantize(encoding, src: np.ndarray) -> np.ndarray:
     Example:
         >>> import numpy as np
         >>> from lazyweights.quant import quantize
-        >>> from lazyweights.quantization import QuantizationEncoding as Q
+        >>> from lazyweights.core.quantization import QuantizationEncoding as Q
         >>> quantize(Q.Q5_0, np.ones((4, 64), np.float32)).shape
         (4, 44)
     """

@@ -15,7 +15,7 @@ Quantization follows gguf-py (`d` = the block's absmax, codes = np_roundf(x / d)
 Example:
     >>> import numpy as np
     >>> from lazyweights.quant import quantize, dequantize
-    >>> from lazyweights.quantization import QuantizationEncoding as Q
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
     >>> x = np.tile(np.array([-2.0, 0.0, 2.0, 0.5], np.float32), 64).reshape(1, 256)
     >>> for enc in (Q.TQ1_0, Q.TQ2_0):
     ...     print(enc.name, dequantize(enc, quantize(enc, x))[0, :4])
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..quantization import QuantizationEncoding as Q
+from ..core.quantization import QuantizationEncoding as Q
 from ._bits import flat_runner, load_half, store_half
 from .legacy import np_roundf
 from .registry import register

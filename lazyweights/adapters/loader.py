@@ -1,0 +1,226 @@
+"""Find and run a weight adapter named on the command line.
+
+An ADAPTER is one of
+    package.module:function      imported (the current directory is searched too)
+    path/to/file.py:function     executed from the file (its directory is put on sys.path for its imports)
+    package.module or file.py    the seed's function name for the checkpoint's format:
+                                 `convert_safetensor_state_dict` or `convert_gguf_state_dict`
+    ArchitectureName             an architecture registered with `lazyweights.adapters.registry`
+
+Adapters are called as the seed's pipeline calls them, `fn(dict(weights.items()), **kwargs)`, with
+`huggingface_config=` from the `config.json` beside the checkpoint (or, for GGUF, from the file's metadata)
+and `weights_format=`. A function without `**kwargs` gets only the keywords it names.
+
+Example:
+    >>> fn = load_object("os.path:basename")
+    >>> fn("/a/b.txt")
+    'b.txt'
+    >>> call_adapter(lambda sd, huggingface_config=None: sorted(sd), {"b": 1, "a": 2}, huggingface_config=None,
+    ...              weights_format="safetensors")
+    ['a', 'b']
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import re
+import sys
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping
+
+from ..core.errors import LazyWeightsError
+
+DEFAULT_FUNCTIONS = {
+    "safetensors": "convert_safetensor_state_dict",
+    "gguf": "convert_gguf_state_dict",
+}
+
+
+def _looks_like_file(mod: str) -> bool:
+    return mod.endswith(".py") or "/" in mod or os.sep in mod
+
+
+def _import_file(path: str):
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise LazyWeightsError(f"no such file: {path}")
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    name = f"_lazyweights_user_{stem}_{abs(hash(path)) % 10**8}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # so the file can import its neighbours, as when run as a script
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LazyWeightsError(f"cannot load {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise LazyWeightsError(f"{path}:{e.lineno}: syntax error: {e.msg}") from e
+    except ImportError as e:
+        sys.modules.pop(name, None)
+        raise LazyWeightsError(f"{path}: {type(e).__name__}: {e}") from e
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _import_module(mod: str):
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # a console script does not search the current directory by itself
+    try:
+        return importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and (mod == e.name or mod.startswith(e.name + ".")):
+            raise LazyWeightsError(f"cannot import {mod!r}: no module named {e.name!r} "
+                                   "(give 'package.module:function' or 'path/to/file.py:function')") from e
+        raise LazyWeightsError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
+    except ImportError as e:
+        raise LazyWeightsError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
+    except SyntaxError as e:
+        raise LazyWeightsError(f"importing {mod!r} failed: {e.filename}:{e.lineno}: syntax error: {e.msg}") from e
+
+
+def load_module(mod: str):
+    """A module from a dotted name or a .py path."""
+    return _import_file(mod) if _looks_like_file(mod) else _import_module(mod)
+
+
+def _split(spec: str) -> tuple[str, str | None]:
+    # Split on the last ':' that is not a Windows drive letter ('C:\\x.py:fn').
+    if ":" in spec:
+        mod, _, attr = spec.rpartition(":")
+        if mod and attr and not (len(mod) == 1 and mod.isalpha()):
+            return mod, attr
+    return spec, None
+
+
+def _getattr_path(module, attr: str, spec: str):
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None)))
+            hint = f" (it has: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
+            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}{hint}") from None
+    return obj
+
+
+def load_object(spec: str, what: str = "object"):
+    """'module:name' or 'file.py:name' (dotted names allowed after the colon) -> the object."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise LazyWeightsError(f"empty {what} name")
+    mod, attr = _split(spec)
+    if attr is None:
+        raise LazyWeightsError(f"{what} {spec!r}: expected 'module:name' or 'path/to/file.py:name'")
+    return _getattr_path(load_module(mod), attr, spec)
+
+
+def load_adapter(spec, fmt=None) -> Callable:
+    """The adapter function named by `spec` (see the module docstring) for checkpoint format `fmt`."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise LazyWeightsError("no adapter given")
+    fmt_value = getattr(fmt, "value", fmt)
+    mod, attr = _split(spec)
+    if attr is None:
+        # A registered architecture name?
+        if not _looks_like_file(mod) and re.fullmatch(r"[A-Za-z_]\w*", mod):
+            try:
+                from . import registry
+
+                arch = registry.architectures().get(mod)
+            except ImportError:
+                arch = None
+            if arch is not None:
+                if fmt is None:
+                    raise LazyWeightsError(f"architecture {mod!r}: the checkpoint format is unknown")
+                return arch.adapter_for(fmt)
+        module = load_module(mod)
+        wanted = DEFAULT_FUNCTIONS.get(fmt_value) if fmt_value else None
+        names = [wanted] if wanted else list(DEFAULT_FUNCTIONS.values())
+        for name in names:
+            fn = getattr(module, name, None)
+            if callable(fn):
+                return fn
+        raise LazyWeightsError(
+            f"adapter {spec!r}: no function named {' or '.join(repr(n) for n in names)} in it; "
+            f"name one as '{spec}:function'")
+    fn = _getattr_path(load_module(mod), attr, spec)
+    if not callable(fn):
+        raise LazyWeightsError(f"adapter {spec!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+# --- calling an adapter the seed's way ---------------------------------------------------------------------
+def load_config(weights, paths=None, hf_config: str | None = None):
+    """The `huggingface_config` for a checkpoint: `hf_config` (a config.json path) if given, else the
+    config.json beside the checkpoint, else (GGUF) one built from the file's metadata; None if none."""
+    try:
+        from ..formats.config import config_from_metadata, load_hf_config
+    except ImportError:  # pragma: no cover - config.py ships with the package; kept for partial installs
+        config_from_metadata = load_hf_config = None
+    if hf_config:
+        if load_hf_config is not None:
+            return load_hf_config(hf_config)
+        return _simple_config(hf_config)
+    files = list(getattr(weights, "files", []) or [])
+    fmt = getattr(weights, "format", None)
+    if config_from_metadata is not None:
+        names = [n for n, _ in weights.items()] if hasattr(weights, "items") else None
+        return config_from_metadata(fmt, getattr(weights, "metadata", {}) or {}, files, names)
+    for f in files[:1]:
+        candidate = os.path.join(os.path.dirname(os.path.abspath(f)), "config.json")
+        if os.path.isfile(candidate):
+            return _simple_config(candidate)
+    return None
+
+
+def _simple_config(path: str):
+    path = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    if not isinstance(doc, dict):
+        raise LazyWeightsError(f"{path}: config.json holds a {type(doc).__name__}, expected an object")
+    return SimpleNamespace(**doc)
+
+
+def call_adapter(fn: Callable, state_dict: Mapping[str, Any], **kwargs):
+    """`fn(state_dict, **kwargs)`, passing only the keywords `fn` accepts unless it takes `**kwargs`."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn(state_dict, **kwargs)
+    params = sig.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return fn(state_dict, **kwargs)
+    accepted = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                       inspect.Parameter.KEYWORD_ONLY)}
+    return fn(state_dict, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
+    """Open the checkpoint at `paths` lazily, run the adapter on it, return (adapted state dict, weights)."""
+    from ..api.weights import load_weights
+
+    weights = load_weights(paths)
+    fn = load_adapter(spec, weights.format)
+    kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}
+    kwargs.update(extra_kwargs)
+    adapted = call_adapter(fn, dict(weights.items()), **kwargs)
+    if not isinstance(adapted, Mapping):
+        raise LazyWeightsError(
+            f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "
+            f"{type(adapted).__name__}, expected a dict of name -> WeightData")
+    return dict(adapted), weights

@@ -1,0 +1,84 @@
+"""DLPack export for materialized host arrays.
+
+numpy exports standard dtypes itself. It refuses bfloat16 and fp8 (they are ml_dtypes' extension types),
+so for those we let numpy export the same bytes as an unsigned integer array of the same width and then
+relabel the exported tensor's dtype with DLPack's type code (kDLBfloat = 4, and the float8 codes of
+DLPack 1.1). numpy's capsule keeps owning the memory and its lifetime, so consumers that understand
+those codes (torch for bf16) share the memory without a copy; numpy's own `from_dlpack` still cannot
+import them (it raises BufferError/RuntimeError), which is numpy's limit.
+
+FIX (whole-module rewrite, same `export_dlpack` API): the previous version built the DLManagedTensor and
+the PyCapsule itself with ctypes. Its capsule destructor took the capsule as a ctypes `py_object`, which
+re-referenced and re-freed an object being deallocated: every unconsumed export, and every failed
+`np.from_dlpack(bf16_weight_data)`, crashed the interpreter (segfault). A Python-level destructor also
+cannot run safely while the consumer has an exception pending (it must PyErr_Fetch/Restore). Relabelling
+numpy's own capsule needs no destructor of ours at all.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.api.dlpack import export_dlpack
+    >>> np.from_dlpack(type("A", (), {"__dlpack__": lambda s, **k: export_dlpack(np.arange(3.0), **k),
+    ...                               "__dlpack_device__": lambda s: (1, 0)})()).tolist()
+    [0.0, 1.0, 2.0]
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..core.dtype import DType
+
+# DLPack type codes for the dtypes numpy cannot export.
+_DL_CODES = {
+    DType.bfloat16: 4,
+    DType.float8_e4m3fn: 10,
+    DType.float8_e4m3fnuz: 11,
+    DType.float8_e5m2: 12,
+    DType.float8_e5m2fnuz: 13,
+    DType.float8_e8m0fnu: 14,
+}
+_KDL_UINT = 1
+
+# Private function objects (`pythonapi[name]` makes a new one), so our argtypes never leak into other
+# users of ctypes.pythonapi.
+_PyCapsule_IsValid = ctypes.pythonapi["PyCapsule_IsValid"]
+_PyCapsule_IsValid.restype = ctypes.c_int
+_PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_PyCapsule_GetPointer = ctypes.pythonapi["PyCapsule_GetPointer"]
+_PyCapsule_GetPointer.restype = ctypes.c_void_p
+_PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+# Byte offsets (64-bit): DLManagedTensor starts with its DLTensor; DLManagedTensorVersioned (DLPack >= 1.0)
+# has version (8), manager_ctx (8), deleter (8), flags (8) before it. In DLTensor, `dtype` follows
+# data (8), device (8) and ndim (4): code (uint8), bits (uint8), lanes (uint16).
+_TENSOR_OFFSET = {b"dltensor": 0, b"dltensor_versioned": 32}
+_DTYPE_OFFSET = 20
+
+
+def export_dlpack(arr: np.ndarray, *args, **kwargs):
+    """A DLPack capsule for a host array; bf16/fp8 included (see the module docstring).
+
+    Keyword arguments (`max_version`, `dl_device`, `copy`, `stream`) are the consumer's, passed on to
+    numpy's exporter.
+    """
+    dtype = DType.from_numpy(arr.dtype)
+    if dtype not in _DL_CODES:
+        return arr.__dlpack__(*args, **kwargs)
+    if ctypes.sizeof(ctypes.c_void_p) != 8:  # pragma: no cover - the offsets above are for 64-bit builds
+        raise BufferError("bf16/fp8 DLPack export needs a 64-bit Python")
+    bits = 8 * arr.dtype.itemsize
+    carrier = np.ascontiguousarray(arr).view(np.dtype(f"uint{bits}"))
+    capsule = carrier.__dlpack__(*args, **kwargs)
+    for name, offset in _TENSOR_OFFSET.items():
+        if _PyCapsule_IsValid(capsule, name):
+            tensor = _PyCapsule_GetPointer(capsule, name) + offset
+            break
+    else:  # pragma: no cover - numpy always names its capsules one of the two
+        raise BufferError("unexpected DLPack capsule from numpy")
+    code = ctypes.c_uint8.from_address(tensor + _DTYPE_OFFSET)
+    width = ctypes.c_uint8.from_address(tensor + _DTYPE_OFFSET + 1)
+    if code.value != _KDL_UINT or width.value != bits:  # pragma: no cover - layout guard
+        raise BufferError(f"unexpected DLPack dtype (code {code.value}, bits {width.value}) from numpy")
+    code.value = _DL_CODES[dtype]
+    return capsule

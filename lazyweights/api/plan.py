@@ -1,0 +1,123 @@
+"""`Plan`: a whole adapted state dict as one graph, ready to be printed, checked, materialized or saved.
+
+`plan(state_dict)` takes what an adapter returns (`dict[str, WeightData]`) and builds nothing new: it
+collects the output nodes. Equal nodes are one node, so a tensor used twice (tied embeddings) is read
+once. Execution lives in `lazyweights.run.driver`; a plan can be inspected without running anything.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights import WeightData, DType, plan
+    >>> w = WeightData.from_numpy(np.arange(4, dtype=np.float32), "w")
+    >>> p = plan({"a": w.astype(DType.float16), "b": w})
+    >>> sorted(p.outputs), p.materialize()["a"].dtype.name
+    (['a', 'b'], 'float16')
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..core.errors import LazyWeightsError
+from ..graph.node import Node, toposort
+from .weight_data import WeightData
+
+
+class Plan:
+    """The outputs of an adapter, by name, as graph nodes."""
+
+    def __init__(self, state_dict: Mapping[str, object]):
+        if not isinstance(state_dict, Mapping):
+            raise LazyWeightsError(f"plan() needs a dict of name -> WeightData, got {type(state_dict).__name__}")
+        self.tensors: dict[str, WeightData] = {}
+        for name, value in state_dict.items():
+            if not isinstance(name, str):
+                raise LazyWeightsError(f"state dict keys must be strings, got {name!r}")
+            self.tensors[name] = as_weight_data(value, name)
+
+    @property
+    def outputs(self) -> dict[str, Node]:
+        """Output name -> node."""
+        return {k: v.node for k, v in self.tensors.items()}
+
+    def nodes(self) -> list[Node]:
+        """Every node the outputs need, dependencies first, each once."""
+        return toposort(self.outputs.values())
+
+    def materialize(self, device=None, budget=None, scheduler=None, progress: bool = False,
+                    out: Mapping[str, np.ndarray] | None = None, *, workers: int | None = None,
+                    block_bytes: int | None = None) -> dict[str, np.ndarray]:
+        """Compute every output: name -> array (C-contiguous; untouched sources are zero-copy map views).
+
+        `scheduler`: "sync", "threads" (default) or a dask.distributed Client. `budget`: bytes in
+        flight (int, or a string like "512MB"). `out`: caller-provided destination arrays to fill.
+        `workers` (threads) and `block_bytes` (output bytes per block) tune the executor.
+        """
+        from ..run.driver import materialize
+
+        return materialize(self, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out,
+                           workers=workers, block_bytes=block_bytes)
+
+    def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
+             progress: bool = False, metadata: dict | None = None, *, workers: int | None = None,
+             block_bytes: int | None = None) -> list[str]:
+        """Stream the outputs to `path` (see `lazyweights.formats.save`): `.safetensors` file, a directory
+        (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files."""
+        from ..formats.save import save
+
+        return save(self, path, format=format, max_shard_size=max_shard_size, budget=budget,
+                    scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
+                    block_bytes=block_bytes)
+
+    def steps(self, budget=None):
+        """The fused, ordered steps the scheduler will run (see `lazyweights.compiler.steps`)."""
+        from ..compiler.steps import compile_steps
+
+        return compile_steps(self, budget=budget)
+
+    # --- seeing the plan (lazyweights/explain.py, lazyweights/visualize.py) ---------------------------------
+    def explain(self, filter: str | None = None, group_layers: bool = True) -> str:
+        """Readable text: one line per node (`%3:f16[2048,2048] = cast[f16] %2`), sources with file and
+        offset, output names, fused steps and a byte/memory summary. `filter` is a glob on output names."""
+        from ..render.explain import explain
+
+        return explain(self, filter=filter, group_layers=group_layers)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def to_networkx(self):
+        """A networkx DiGraph of the plan with op, dtype, shape, bytes, source file and output names."""
+        from ..render.visualize import to_networkx
+
+        return to_networkx(self)
+
+    def visualize(self, path, group_layers: bool = True) -> str:
+        """Draw the plan to `path`: .dot, .svg/.png (graphviz), .mmd (Mermaid) or a self-contained .html."""
+        from ..render.visualize import visualize
+
+        return visualize(self, path, group_layers=group_layers)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"<Plan: {len(self.tensors)} outputs, {len(self.nodes())} nodes>"
+
+
+def plan(state_dict: Mapping[str, object]) -> Plan:
+    """Build the plan for an adapted state dict (`dict[str, WeightData]`). Reads nothing."""
+    return Plan(state_dict)
+
+
+def as_weight_data(value, name: str) -> WeightData:
+    """Accept WeightData, a Weights accessor (its `.data()`), or an array (wrapped with from_numpy)."""
+    if isinstance(value, WeightData):
+        return value
+    if hasattr(value, "data") and callable(getattr(value, "data")) and hasattr(value, "exists"):
+        return value.data()
+    if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
+        return WeightData(value, name)
+    raise LazyWeightsError(
+        f"state dict value for {name!r} is a {type(value).__name__}; expected WeightData (or an array)"
+    )

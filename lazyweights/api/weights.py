@@ -1,0 +1,208 @@
+"""`load_weights` and the seed's `Weights` protocol: hierarchical, lazy access to a checkpoint.
+
+`load_weights(paths)` reads headers only. `weights.model.layers[0].mlp.weight` builds the name
+`model.layers.0.mlp.weight`; `.data()` returns a lazy `WeightData`; `.items()` walks the names under a
+prefix on dot boundaries (`layers[1]` never matches `layers.10`).
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from safetensors.numpy import save_file
+    >>> from lazyweights import load_weights, DType
+    >>> d = tempfile.mkdtemp()
+    >>> save_file({"model.layers.0.w": np.ones((2, 2), np.float32),
+    ...            "model.layers.10.w": np.zeros((2,), np.float32)}, os.path.join(d, "m.safetensors"))
+    >>> weights = load_weights([os.path.join(d, "m.safetensors")])
+    >>> [name for name, _ in weights.model.layers[1].items()]
+    []
+    >>> [name for name, _ in weights.model.layers[0].items()]
+    ['w']
+    >>> weights.model.layers[0].w.data().astype(DType.float16).shape
+    (2, 2)
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..core.device import DeviceRef
+from ..core.dtype import DType
+from ..core.errors import DTypeError, LazyWeightsError, ShapeError, missing_weight
+from ..formats.checkpoint import Checkpoint, WeightsFormat, open_checkpoint
+from ..graph import ops
+from ..core.quantization import QuantizationEncoding
+from .weight import Weight
+from .weight_data import WeightData
+
+
+class _Shared:
+    """State every accessor of one loaded checkpoint shares: the records and the allocations."""
+
+    def __init__(self, checkpoint: Checkpoint):
+        self.checkpoint = checkpoint
+        self.names = list(checkpoint.records)
+        self.allocated: dict[str, Weight] = {}
+        self.materialized: dict[str, np.ndarray] = {}
+        # FIX (concurrency): allocate()/allocated_weights from several threads raced on the two dicts above
+        # ("dictionary changed size during iteration", KeyError for a name allocated meanwhile).
+        self.lock = threading.RLock()
+
+
+class Weights:
+    """Hierarchical access to a checkpoint's tensors (the seed's `Weights` protocol, lazy)."""
+
+    __slots__ = ("_shared", "_prefix")
+
+    def __init__(self, shared: _Shared, prefix: str = ""):
+        object.__setattr__(self, "_shared", shared)
+        object.__setattr__(self, "_prefix", prefix)
+
+    # --- naming ---------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The current weight name or prefix, e.g. 'model.layers.0' for `weights.model.layers[0]`."""
+        return self._prefix
+
+    def _child(self, part: str) -> "Weights":
+        return Weights(self._shared, f"{self._prefix}.{part}" if self._prefix else part)
+
+    def __getattr__(self, attr: str) -> "Weights":
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)  # keep copy/pickle/numpy protocol probes from becoming names
+        return self._child(attr)
+
+    def __getitem__(self, key) -> "Weights":
+        if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            return self._child(str(int(key)))
+        if isinstance(key, str):
+            return self._child(key)
+        raise TypeError(f"Weights index must be an int or str, not {type(key).__name__}")
+
+    def __setattr__(self, key, value):
+        raise AttributeError("Weights is read-only; build a new state dict instead")
+
+    def __repr__(self) -> str:
+        return f"Weights({self._prefix!r})"
+
+    # --- the protocol -----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """True if a tensor with exactly this name exists."""
+        return self._prefix in self._shared.checkpoint.records
+
+    def items(self) -> Iterator[tuple[str, "Weights"]]:
+        """(name relative to this prefix, accessor) for every tensor under it, in file order."""
+        prefix = self._prefix
+        if not prefix:
+            for name in self._shared.names:
+                yield name, Weights(self._shared, name)
+            return
+        dotted = prefix + "."
+        cut = len(dotted)
+        for name in self._shared.names:
+            if name.startswith(dotted):
+                yield name[cut:], Weights(self._shared, name)
+
+    def keys(self) -> Iterator[str]:
+        for name, _ in self.items():
+            yield name
+
+    def data(self) -> WeightData:
+        """The lazy tensor at this name. KeyError (MissingWeightError) with a did-you-mean if absent."""
+        record = self._shared.checkpoint.records.get(self._prefix)
+        if record is None:
+            raise missing_weight(self._prefix, self._shared.names)
+        node = getattr(record, "node", None)  # pickle checkpoints (allow_pickle): a const node over torch's map
+        return WeightData._wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
+
+    def allocate(self, dtype: DType | None = None, shape: Iterable[int] | None = None,
+                 quantization_encoding: QuantizationEncoding | None = None, device=DeviceRef.CPU()) -> Weight:
+        """A `Weight` for this tensor. A different dtype becomes a lazy cast, a different shape a lazy
+        reshape (same element count, else ShapeError). Remembered in `allocated_weights`."""
+        data = self.data()
+        encoding = QuantizationEncoding.parse(quantization_encoding)
+        if encoding is not None and data.quantization_encoding not in (None, encoding):
+            raise DTypeError(
+                f"allocate {self._prefix!r}: the checkpoint stores {data.quantization_encoding.name} blocks, "
+                f"not {encoding.name}"
+            )
+        encoding = encoding or data.quantization_encoding
+        if dtype is not None:
+            dtype = DType.parse(dtype)
+            if dtype is not data.dtype:
+                data = data.astype(dtype)
+        if shape is not None:
+            shape = tuple(int(d) for d in shape)
+            if shape != data.shape:
+                if int(np.prod(shape, dtype=object)) != data.size:
+                    raise ShapeError(
+                        f"allocate {self._prefix!r}: shape {list(shape)} has {int(np.prod(shape, dtype=object))} "
+                        f"elements but the checkpoint's {list(data.shape)} has {data.size}"
+                    )
+                data = data.reshape(shape)
+        weight = Weight(self._prefix, data.dtype, data.shape, device=device, quantization_encoding=encoding)
+        weight.source = data
+        with self._shared.lock:
+            self._shared.allocated[self._prefix] = weight
+            self._shared.materialized.pop(self._prefix, None)
+        return weight
+
+    @property
+    def allocated_weights(self) -> dict[str, np.ndarray]:
+        """Every weight allocated through `allocate()` so far, materialized (one fused plan per device)."""
+        shared = self._shared
+        with shared.lock:
+            pending = {n: w for n, w in shared.allocated.items() if n not in shared.materialized}
+            if pending:
+                from .plan import Plan
+
+                # One fused plan per device: GPU allocations (DeviceRef.GPU(i)) come back as CuPy arrays.
+                for device in {w.device for w in pending.values()}:
+                    group = {n: w.source for n, w in pending.items() if w.device == device}
+                    shared.materialized.update(Plan(group).materialize(device=device if device.is_gpu else None))
+            return {n: shared.materialized[n] for n in shared.allocated}
+
+    # --- checkpoint facts -------------------------------------------------------------------------------
+    @property
+    def format(self) -> WeightsFormat:
+        return self._shared.checkpoint.format
+
+    @property
+    def metadata(self) -> dict:
+        """File metadata (safetensors `__metadata__`, GGUF key/values)."""
+        return self._shared.checkpoint.metadata
+
+    @property
+    def config(self):
+        """A Hugging Face-style config: `GGUFConfig` from GGUF metadata (`cfg.num_attention_heads`, ...),
+        or for safetensors the `config.json` beside the files (`HFConfig`); None if there is none."""
+        from ..formats.config import config_from_metadata
+
+        return config_from_metadata(self.format, self.metadata, self.files, self._shared.names)
+
+    @property
+    def records(self) -> dict:
+        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name."""
+        return self._shared.checkpoint.records
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._shared.checkpoint.files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._shared.checkpoint.records
+
+    def __iter__(self):
+        raise TypeError("iterate over Weights.items() (the seed protocol), not the Weights object")
+
+
+def load_weights(paths, *, allow_pickle=None) -> Weights:
+    """Open a checkpoint lazily: `.safetensors` file(s), a directory, a `model.safetensors.index.json`,
+    or `.gguf` file(s) (split GGUF too). Reads and validates headers only.
+
+    Pickle checkpoints (`.bin`, `.pt`, `.pth`) are refused unless `allow_pickle="weights_only"`: then torch's
+    restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    return Weights(_Shared(open_checkpoint(list(paths), allow_pickle=allow_pickle)))

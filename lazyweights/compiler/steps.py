@@ -1,0 +1,210 @@
+"""The plan compiler: a whole state dict -> fused, ordered, memory-budgeted steps. Pure: it reads no bytes.
+
+Each distinct output node becomes one `Step` (outputs that are the same node, like tied embeddings, share
+it and are computed once). A step's chain is rewritten so casts sit above layout ops, then split into
+blocks of rows along axis 0; each block is one task that reads its source rows once and writes its output
+rows once (see `execute/blocks.py`). Where one row is too big for a block (a stacked MoE expert), the step
+is computed over the output with its two leading axes merged (`merge_leading_axes`), as often as needed.
+Block size comes from the budget: at most `workers` blocks are in flight, each needing about
+`work_per_row * rows` bytes, and that product must fit the budget.
+
+Steps are ordered by (source file, offset) so reads sweep each file forward.
+
+    view   the output IS a zero-copy view of the memory map (nothing to compute when materializing)
+    copy   a strided view of the map, copied block by block (e.g. a transpose with no cast)
+    fused  a chain with value ops (cast, dequantize, gather), computed block by block
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights import WeightData, DType, plan
+    >>> from lazyweights.compiler.steps import compile_steps
+    >>> w = WeightData.from_numpy(np.ones((64, 32), np.float32), "w")
+    >>> [(s.kind, s.outputs) for s in compile_steps(plan({"a": w.T.astype(DType.float16), "b": w}))]
+    [('fused', ['a']), ('view', ['b'])]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.errors import BudgetError, LazyWeightsError
+from ..core.units import available_cpus, parse_size
+from ..run.blocks import full_view, row_alignment
+from ..graph.node import Node, toposort
+from ..graph.rewrites import merge_leading_axes, sink_casts
+
+DEFAULT_BUDGET = 512 << 20
+DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3
+
+
+@dataclass
+class Step:
+    """One output node's fused pass, split into row blocks."""
+
+    outputs: list[str]
+    node: Node
+    kind: str
+    nodes: list[Node]
+    blocks: list[range] = field(default_factory=list)
+    work_per_row: int = 0
+    whole: bool = False  # the chain needs whole inputs (so it runs as one block)
+
+    @property
+    def nbytes(self) -> int:
+        return self.node.nbytes
+
+    @property
+    def sources(self) -> list:
+        return [n.arg for n in self.nodes if n.op == "source"]
+
+    @property
+    def read_bytes(self) -> int:
+        return sum(r.nbytes for r in {r for r in self.sources})
+
+    @property
+    def block_bytes(self) -> int:
+        """Working bytes of this step's largest block."""
+        if not self.blocks:
+            return 0
+        return max(len(b) for b in self.blocks) * self.work_per_row
+
+    def order_key(self):
+        srcs = self.sources
+        if not srcs:
+            return ("", 0, self.outputs[0])
+        first = min(srcs, key=lambda r: (r.file.path, r.offset))
+        return (first.file.path, first.offset, self.outputs[0])
+
+
+class Outputs:
+    """The one thing executors need of a plan: `outputs`, name -> node. For running part of a plan."""
+
+    def __init__(self, outputs: dict):
+        self.outputs = outputs
+
+
+def default_workers() -> int:
+    return available_cpus()
+
+
+def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: int | None = None,
+                  materialize: bool = True, merge_rows: bool = True) -> list[Step]:
+    """Fuse each distinct output into one step and cut it into budget-sized row blocks.
+
+    Raises BudgetError (before any work) if one block of some step cannot fit in the budget.
+    `materialize=False` (saving) turns zero-copy views into copy steps, since bytes must move anyway.
+    `merge_rows`: where one row of axis 0 is too big for a block, compute the step over the output with
+    its leading axes merged (`Step.node` then has that shape; see `_merge_big_rows`).
+    """
+    budget = parse_size(budget) or DEFAULT_BUDGET
+    workers = workers or default_workers()
+    target = block_bytes or DEFAULT_BLOCK_BYTES
+    # Each of `workers` blocks in flight may use work_per_row * rows bytes.
+    per_worker = max(1, budget // workers)
+    by_node: dict[Node, Step] = {}
+    view_cache: dict = {}
+    for name, node in plan.outputs.items():
+        if node in by_node:
+            by_node[node].outputs.append(name)
+            continue
+        step = _build_step([name], sink_casts(node), view_cache, materialize)
+        if merge_rows:
+            step = _merge_big_rows(step, per_worker, target, view_cache, materialize)
+        by_node[node] = step
+    steps = sorted(by_node.values(), key=Step.order_key)
+    for step in steps:
+        _cut_blocks(step, per_worker, target, budget)
+    return steps
+
+
+def _build_step(outputs: list[str], root: Node, view_cache: dict, materialize: bool) -> Step:
+    view = full_view(root, view_cache)
+    if view is not None:
+        kind = "view" if (view.flags.c_contiguous and materialize) else "copy"
+    else:
+        kind = "fused"
+    step = Step(outputs, root, kind, toposort([root]))
+    step.whole = _needs_whole_inputs(root, view_cache)
+    step.work_per_row = _work_per_row(step, view_cache)
+    return step
+
+
+# A step whose smallest block would exceed a worker's share of the budget, or this many times the target
+# block size, has its two leading axes merged (see `merge_leading_axes`), as often as that is possible.
+BIG_ROW_FACTOR = 4
+
+
+def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, materialize: bool) -> Step:
+    """`step` computed over ``reshape(node, (d0 * d1,) + rest)`` when its rows are too big for good
+    blocks (a stacked MoE expert is one 235 MB row). `step.node` then has the merged shape: the executors
+    fill the output's memory viewed in that shape, which holds the same bytes in the same order."""
+    while step.kind != "view" and not step.whole and step.node.ndim >= 3 and step.node.nbytes:
+        node = step.node
+        align = row_alignment(node)
+        out_row = node.nbytes // node.shape[0]
+        if step.work_per_row * align <= per_worker and out_row * align <= BIG_ROW_FACTOR * target:
+            break
+        merged = merge_leading_axes(node, view_cache)
+        if merged is None:
+            break
+        candidate = _build_step(step.outputs, merged, view_cache, materialize)
+        if candidate.whole:
+            break
+        step = candidate
+    return step
+
+
+def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:
+    node = step.node
+    nrows = node.shape[0] if node.shape else 1
+    if step.kind == "view" or nrows == 0:
+        step.blocks = [range(0, nrows)] if nrows else []
+        return
+    if node.nbytes == 0:  # FIX (fuzz): an empty [2**60, 0] tensor was cut into 2**38 blocks of nothing (a hang)
+        step.blocks = [range(0, nrows)]
+        return
+    if step.whole or not node.shape:
+        step.blocks = [range(0, nrows)]
+        need = step.work_per_row * nrows
+        if need > budget:
+            raise BudgetError(
+                f"tensor {step.outputs[0]!r} ({node.dtype.name}{list(node.shape)}) must be computed whole and "
+                f"needs {need} bytes of working memory, more than the budget of {budget} bytes"
+            )
+        return
+    align = row_alignment(node)
+    out_row = max(1, node.nbytes // nrows)
+    min_need = step.work_per_row * align
+    if min_need > budget:
+        raise BudgetError(
+            f"tensor {step.outputs[0]!r} ({node.dtype.name}{list(node.shape)}): its smallest block ({align} row(s)) "
+            f"needs {min_need} bytes of working memory, more than the budget of {budget} bytes"
+        )
+    rows = max(1, min(target // out_row, per_worker // max(1, step.work_per_row)))
+    rows = max(align, rows // align * align)
+    step.blocks = [range(r, min(r + rows, nrows)) for r in range(0, nrows, rows)]
+
+
+def _work_per_row(step: Step, view_cache) -> int:
+    """Bytes a block needs per output row: the output row plus every computed intermediate's rows."""
+    node = step.node
+    nrows = node.shape[0] if node.shape else 1
+    total = 0
+    for n in step.nodes:
+        if n.op in ("source", "const") or full_view(n, view_cache) is not None and n is not node:
+            continue
+        total += n.nbytes
+    if step.kind != "fused":
+        total = node.nbytes  # a copy block holds its output rows once
+    return max(1, -(-total // max(1, nrows)))
+
+
+def _needs_whole_inputs(root: Node, view_cache) -> bool:
+    for n in toposort([root]):
+        if n.op == "permute" and n.arg[0] != 0 and full_view(n, view_cache) is None:
+            return True
+        if n.op in ("dequantize", "quantize") and n.ndim < 2:
+            return True
+        if n.op == "reshape" and (not n.shape or not n.srcs[0].shape):
+            return True
+    return False

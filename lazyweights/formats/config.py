@@ -1,0 +1,224 @@
+"""Model configs readable like a Hugging Face config: from GGUF metadata, or a checkpoint's config.json.
+
+Adapters written in the seed style read `huggingface_config.num_attention_heads` and friends. A GGUF file
+carries the same facts under llama.cpp's keys (`{arch}.attention.head_count`, ...); `GGUFConfig` exposes
+them under the Hugging Face names, so one adapter serves both formats:
+
+    ====================== =====================================================
+    HF attribute            GGUF key (`{arch}` = general.architecture)
+    ====================== =====================================================
+    hidden_size             {arch}.embedding_length
+    intermediate_size       {arch}.feed_forward_length
+    num_hidden_layers       {arch}.block_count
+    num_attention_heads     {arch}.attention.head_count
+    num_key_value_heads     {arch}.attention.head_count_kv (default: head_count)
+    head_dim                {arch}.attention.key_length (default: hidden_size // heads)
+    rms_norm_eps            {arch}.attention.layer_norm_rms_epsilon
+    rope_theta              {arch}.rope.freq_base
+    max_position_embeddings {arch}.context_length
+    vocab_size              {arch}.vocab_size, else len(tokenizer.ggml.tokens)
+    sliding_window          {arch}.attention.sliding_window
+    model_type/architectures from the architecture (gemma3 -> gemma3_text / Gemma3ForCausalLM)
+    ====================== =====================================================
+
+An attribute the file does not provide raises AttributeError listing the ones it does.
+
+Example:
+    >>> from lazyweights.formats.config import GGUFConfig
+    >>> cfg = GGUFConfig({"general.architecture": "llama", "llama.attention.head_count": 32,
+    ...                   "llama.embedding_length": 4096})
+    >>> cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.model_type
+    (32, 32, 128, 'llama')
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+from ..core.errors import FormatError
+
+# GGUF architecture -> (HF model_type, HF architectures)
+_HF_ARCH: dict[str, tuple[str, list[str]]] = {
+    "llama": ("llama", ["LlamaForCausalLM"]),
+    "mistral3": ("mistral", ["MistralForCausalLM"]),
+    "qwen2": ("qwen2", ["Qwen2ForCausalLM"]),
+    "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
+    "gemma": ("gemma", ["GemmaForCausalLM"]),
+    "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
+    "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"]),
+    "phi3": ("phi3", ["Phi3ForCausalLM"]),
+}
+
+# HF attribute -> GGUF key suffix after "{arch}."
+_ARCH_KEYS: dict[str, str] = {
+    "max_position_embeddings": "context_length",
+    "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count",
+    "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "layer_norm_eps": "attention.layer_norm_epsilon",
+    "rope_theta": "rope.freq_base",
+    "head_dim": "attention.key_length",
+    "value_head_dim": "attention.value_length",
+    "vocab_size": "vocab_size",
+    "sliding_window": "attention.sliding_window",
+    "rope_dimension_count": "rope.dimension_count",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "num_local_experts": "expert_count",
+    "num_experts_per_tok": "expert_used_count",
+    "moe_intermediate_size": "expert_feed_forward_length",
+}
+
+_TOKEN_KEYS: dict[str, str] = {
+    "bos_token_id": "tokenizer.ggml.bos_token_id",
+    "eos_token_id": "tokenizer.ggml.eos_token_id",
+    "pad_token_id": "tokenizer.ggml.padding_token_id",
+    "unk_token_id": "tokenizer.ggml.unknown_token_id",
+}
+
+
+class _AttrConfig:
+    """Attribute access over a dict of values; missing attributes list what exists."""
+
+    _kind = "config"
+
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError(
+            f"{self._kind} has no attribute {name!r}; it has: {', '.join(sorted(values))}"
+        )
+
+    def __setattr__(self, name, value):
+        self._values[name] = value
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._values
+
+    def __dir__(self) -> Iterable[str]:
+        return list(super().__dir__()) + list(self._values)
+
+    def get(self, name: str, default=None):
+        """Like `getattr(cfg, name, default)` (transformers configs are read this way too)."""
+        return self._values.get(name, default)
+
+    def to_dict(self) -> dict:
+        return {k: (v.to_dict() if isinstance(v, _AttrConfig) else v) for k, v in self._values.items()}
+
+    def __eq__(self, other):
+        return isinstance(other, _AttrConfig) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{k}={v!r}" for k, v in self._values.items() if not isinstance(v, _AttrConfig))
+        return f"{type(self).__name__}({body})"
+
+
+class GGUFConfig(_AttrConfig):
+    """A GGUF file's hyperparameters under Hugging Face names (see the module docstring's table).
+
+    `architecture` is the GGUF architecture (`general.architecture`); `metadata` the raw key/values.
+    `tie_word_embeddings` is known when `tensor_names` is given (no `output.weight` means tied).
+    """
+
+    _kind = "GGUFConfig"
+
+    def __init__(self, metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None):
+        arch = metadata.get("general.architecture")
+        values: dict[str, Any] = {}
+        if isinstance(arch, str):
+            values["architecture"] = arch
+            model_type, architectures = _HF_ARCH.get(arch, (arch, []))
+            values["model_type"] = model_type
+            values["architectures"] = list(architectures)
+            for attr, suffix in _ARCH_KEYS.items():
+                key = f"{arch}.{suffix}"
+                if key in metadata:
+                    v = metadata[key]
+                    values[attr] = v.tolist() if hasattr(v, "tolist") and not isinstance(v, (int, float)) else v
+            heads = values.get("num_attention_heads")
+            if "num_key_value_heads" not in values and heads is not None:
+                values["num_key_value_heads"] = heads
+            if "head_dim" not in values and isinstance(heads, int) and heads and "hidden_size" in values:
+                values["head_dim"] = values["hidden_size"] // heads
+            scaling = _rope_scaling(metadata, arch)
+            if scaling is not None:
+                values["rope_scaling"] = scaling
+        if "vocab_size" not in values and "tokenizer.ggml.tokens" in metadata:
+            values["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
+        for attr, key in _TOKEN_KEYS.items():
+            if key in metadata:
+                values[attr] = metadata[key]
+        if "general.name" in metadata:
+            values["name"] = metadata["general.name"]
+        if tensor_names is not None:
+            names = set(tensor_names)
+            values["tie_word_embeddings"] = "output.weight" not in names and "token_embd.weight" in names
+        super().__init__(values)
+        object.__setattr__(self, "metadata", metadata)
+
+
+def _rope_scaling(metadata: Mapping[str, Any], arch: str) -> dict | None:
+    kind = metadata.get(f"{arch}.rope.scaling.type")
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
+    if kind in (None, "none") and factor is None:
+        return None
+    out: dict[str, Any] = {"rope_type": kind or "linear"}
+    if factor is not None:
+        out["factor"] = factor
+    orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
+    if orig is not None:
+        out["original_max_position_embeddings"] = orig
+    return out
+
+
+class HFConfig(_AttrConfig):
+    """A `config.json` as attributes (nested objects, e.g. `text_config`, become HFConfigs too)."""
+
+    _kind = "HFConfig"
+
+    def __init__(self, values: Mapping[str, Any]):
+        super().__init__({k: (HFConfig(v) if isinstance(v, dict) else v) for k, v in values.items()})
+
+
+def load_hf_config(path) -> HFConfig:
+    """Read a Hugging Face `config.json` (given the file or its directory) into an `HFConfig`.
+
+    FormatError if it is missing or not a JSON object.
+    """
+    path = os.fspath(path)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise FormatError(f"{file}: no such file (a Hugging Face checkpoint keeps its config.json here)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{file}: not a valid config.json: {e}") from None
+    if not isinstance(doc, dict):
+        raise FormatError(f"{file}: config.json holds a {type(doc).__name__}, expected an object")
+    return HFConfig(doc)
+
+
+def config_from_metadata(fmt, metadata: Mapping[str, Any], files: Iterable[str] | None = None,
+                         tensor_names: Iterable[str] | None = None):
+    """The config of a loaded checkpoint: a `GGUFConfig` for GGUF; for safetensors, the `config.json`
+    beside the first file as an `HFConfig`, or None when there is none."""
+    value = getattr(fmt, "value", fmt)
+    if value == "gguf":
+        return GGUFConfig(metadata, tensor_names)
+    files = list(files or [])
+    if files:
+        candidate = os.path.join(os.path.dirname(os.path.abspath(files[0])), "config.json")
+        if os.path.isfile(candidate):
+            return load_hf_config(candidate)
+    return None

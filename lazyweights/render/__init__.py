@@ -1,0 +1,2 @@
+"""Seeing a plan: text (`explain`) and pictures (`visualize`), from graph nodes and compiled steps.
+"""

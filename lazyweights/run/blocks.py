@@ -1,0 +1,324 @@
+"""Fused block evaluation: compute rows [r0, r1) of a node's output, pulling only the rows it needs.
+
+This is how one tensor's whole chain runs as a single pass. A block of output rows asks its input for
+exactly the rows it depends on, down to the memory map; layout ops over sources are zero-copy strided
+views (`full_view`), and the value op on top (cast, dequantize) writes straight into the destination
+block. Temporaries are block-sized, never tensor-sized, so working memory is bounded by the block size.
+
+`rows` is either a `range` (contiguous rows, step 1) or a 1-D int64 array (gathered rows, from a `take`
+along axis 0). Every op accepts any row range; block boundaries are chosen (`row_alignment`) so that the
+rows a block pulls from its inputs line up with theirs and nothing is read twice.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.graph import ops
+    >>> from lazyweights.run.blocks import pull
+    >>> x = ops.const(np.arange(12, dtype=np.float32).reshape(4, 3))
+    >>> pull(ops.cast(ops.permute(x, (1, 0)), "float16"), range(1, 3)).tolist()
+    [[1.0, 4.0, 7.0, 10.0], [2.0, 5.0, 8.0, 11.0]]
+"""
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import numpy as np
+
+from ..graph.node import Node
+
+Rows = Union[range, np.ndarray]
+
+
+def _nrows(node: Node) -> int:
+    return node.shape[0] if node.shape else 1
+
+
+def _row_size(node: Node) -> int:
+    """Elements per row of axis 0 (the whole tensor for 0-d)."""
+    return math.prod(node.shape[1:]) if node.shape else 1
+
+
+# --- zero-copy views -----------------------------------------------------------------------------------
+def full_view(node: Node, cache: dict | None = None) -> np.ndarray | None:
+    """The whole node as a zero-copy numpy view of its source, or None if it needs computation."""
+    if cache is not None and node in cache:
+        return cache[node]
+    v = _full_view(node, cache)
+    if cache is not None:
+        cache[node] = v
+    return v
+
+
+def _full_view(node: Node, cache) -> np.ndarray | None:
+    op = node.op
+    if op == "source":
+        return node.arg.array()
+    if op == "const":
+        return node.arg.array
+    if op in ("reshape", "permute", "slice", "bitcast"):
+        v = full_view(node.srcs[0], cache)
+        if v is None:
+            return None
+        if op == "reshape":
+            try:
+                return np.reshape(v, node.shape, copy=False)
+            except ValueError:
+                return None  # numpy would have to copy: not a view
+        if op == "permute":
+            return v.transpose(node.arg)
+        if op == "slice":
+            return v[tuple(slice(a, b, c) for a, b, c in node.arg)]
+        if v.dtype.itemsize == node.dtype.size_in_bytes:
+            return v.view(node.dtype.to_numpy())
+        if v.ndim and v.strides[-1] == v.dtype.itemsize and v.flags.c_contiguous:
+            return v.view(node.dtype.to_numpy())
+        return None
+    return None
+
+
+def _select(v: np.ndarray, rows: Rows) -> np.ndarray:
+    if v.ndim == 0:
+        return v
+    if isinstance(rows, range):
+        return v[rows.start:rows.stop]
+    return v[rows]
+
+
+# --- pulling rows ----------------------------------------------------------------------------------------
+def pull(node: Node, rows: Rows, cache: dict | None = None) -> np.ndarray:
+    """Rows `rows` of `node`'s value (axis 0; for 0-d nodes, the whole value)."""
+    v = full_view(node, cache)
+    if v is not None:
+        return _select(v, rows)
+    return _PULL[node.op](node, rows, cache)
+
+
+def _pull_cast(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..kernels.casts import cast
+
+    return cast(pull(node.srcs[0], rows, cache), node.dtype.to_numpy())
+
+
+def _pull_bitcast(node: Node, rows: Rows, cache) -> np.ndarray:
+    src = node.srcs[0]
+    a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
+    if node.ndim == 1 and a != b:
+        # The only axis is both the row axis and the reinterpreted one: output rows are byte ranges of
+        # the input, so pull the input elements covering those bytes and cut.
+        if not isinstance(rows, range):
+            lo, hi = int(rows.min()), int(rows.max()) + 1
+            return _pull_bitcast(node, range(lo, hi), cache)[rows - lo]
+        b0, b1 = rows.start * b, rows.stop * b
+        i0, i1 = b0 // a, -(-b1 // a)
+        raw = np.ascontiguousarray(pull(src, range(i0, i1), cache)).view(np.uint8)
+        return raw[b0 - i0 * a:b1 - i0 * a].view(node.dtype.to_numpy())
+    x = pull(src, rows, cache)
+    x = np.ascontiguousarray(x).reshape(x.shape)  # (ascontiguousarray makes 0-d 1-d)
+    if x.ndim == 0:
+        return x.reshape(1).view(node.dtype.to_numpy()).reshape(())
+    return x.view(node.dtype.to_numpy())
+
+
+def _pull_reshape(node: Node, rows: Rows, cache) -> np.ndarray:
+    src = node.srcs[0]
+    r_out, r_in = _row_size(node), _row_size(src)
+    out_tail = node.shape[1:]
+    if not node.shape or not src.shape:
+        return np.ascontiguousarray(pull(src, range(0, _nrows(src)), cache)).reshape(node.shape)
+    if isinstance(rows, range):
+        f0, f1 = rows.start * r_out, rows.stop * r_out
+        if r_in == 0:
+            return np.empty((len(rows),) + out_tail, node.dtype.to_numpy())
+        i0, i1 = f0 // r_in, -(-f1 // r_in)
+        block = np.ascontiguousarray(pull(src, range(i0, i1), cache)).reshape(-1)
+        start = f0 - i0 * r_in
+        return block[start:start + (f1 - f0)].reshape((len(rows),) + out_tail)
+    # Gathered rows: whole input rows per output row, or whole output rows per input row.
+    if r_in and r_out % r_in == 0:
+        k = r_out // r_in
+        in_rows = (rows[:, None] * k + np.arange(k)[None, :]).reshape(-1)
+        return np.ascontiguousarray(pull(src, in_rows, cache)).reshape((len(rows),) + out_tail)
+    if r_out and r_in % r_out == 0:
+        k = r_in // r_out
+        block = np.ascontiguousarray(pull(src, rows // k, cache)).reshape(len(rows), k, r_out)
+        return block[np.arange(len(rows)), rows % k].reshape((len(rows),) + out_tail)
+    lo, hi = int(rows.min()), int(rows.max()) + 1
+    return _pull_reshape(node, range(lo, hi), cache)[rows - lo]
+
+
+def _pull_permute(node: Node, rows: Rows, cache) -> np.ndarray:
+    axes = node.arg
+    src = node.srcs[0]
+    if axes[0] == 0:
+        return pull(src, rows, cache).transpose(axes)
+    # Output rows come from a non-leading input axis: take all input rows, select along that axis.
+    whole = pull(src, range(0, _nrows(src)), cache)
+    picked = whole.transpose(axes)
+    return _select(picked, rows)
+
+
+def _pull_slice(node: Node, rows: Rows, cache) -> np.ndarray:
+    src = node.srcs[0]
+    (a, _, step), rest = node.arg[0], node.arg[1:]
+    if isinstance(rows, range):
+        if step == 1:
+            block = pull(src, range(a + rows.start, a + rows.stop), cache)
+        elif len(rows) == 0:
+            block = pull(src, range(a, a), cache)
+        else:
+            first, last = a + rows.start * step, a + (rows.stop - 1) * step
+            block = pull(src, range(first, last + 1), cache)[::step]
+    else:
+        block = pull(src, a + rows * step, cache)
+    return block[(slice(None),) + tuple(slice(x, y, z) for x, y, z in rest)]
+
+
+def _pull_take(node: Node, rows: Rows, cache) -> np.ndarray:
+    axis, idx = node.arg
+    src = node.srcs[0]
+    if axis == 0:
+        picked = idx.array[rows.start:rows.stop] if isinstance(rows, range) else idx.array[rows]
+        return pull(src, picked, cache)
+    return np.take(pull(src, rows, cache), idx.array, axis=axis)
+
+
+def _pull_concat(node: Node, rows: Rows, cache) -> np.ndarray:
+    axis = node.arg
+    if axis != 0:
+        return np.concatenate([pull(s, rows, cache) for s in node.srcs], axis=axis)
+    parts, start = [], 0
+    want = np.arange(rows.start, rows.stop) if isinstance(rows, range) else rows
+    for s in node.srcs:
+        n = s.shape[0]
+        mask = (want >= start) & (want < start + n)
+        if mask.any():
+            local = want[mask] - start
+            if isinstance(rows, range):
+                local = range(int(local[0]), int(local[-1]) + 1)
+            parts.append(pull(s, local, cache))
+        start += n
+    if not parts:
+        return np.empty((0,) + node.shape[1:], node.dtype.to_numpy())
+    if isinstance(rows, range):
+        return np.concatenate(parts, axis=0)
+    # Gathered rows may interleave pieces: each piece gave its rows in request order; put them back.
+    positions, base, start = np.empty(len(want), np.int64), 0, 0
+    for s in node.srcs:
+        mask = (want >= start) & (want < start + s.shape[0])
+        count = int(mask.sum())
+        positions[mask] = base + np.arange(count)
+        base += count
+        start += s.shape[0]
+    return np.concatenate(parts, axis=0)[positions]
+
+
+def _quant_row_pull(node: Node, rows: Rows, cache, row_op) -> np.ndarray:
+    """Dequantize/quantize work on whole rows of blocks; 1-D tensors are one row of blocks."""
+    src = node.srcs[0]
+    if node.ndim >= 2:
+        block = np.ascontiguousarray(pull(src, rows, cache))
+        return row_op(block.reshape(-1, block.shape[-1])).reshape((len(rows),) + node.shape[1:])
+    whole = np.ascontiguousarray(pull(src, range(0, _nrows(src)), cache))
+    return _select(row_op(whole.reshape(1, -1)).reshape(node.shape), rows)
+
+
+def _pull_dequantize(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..kernels.casts import cast
+    from ..quant import dequantize
+
+    encoding, dtype = node.arg
+
+    def op(block):
+        values = dequantize(encoding, block)
+        return values if values.dtype == dtype.to_numpy() else cast(values, dtype.to_numpy())
+
+    return _quant_row_pull(node, rows, cache, op)
+
+
+def _pull_quantize(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..kernels.casts import cast
+    from ..quant import quantize
+
+    def op(block):
+        if block.dtype != np.float32:
+            block = cast(block, np.dtype(np.float32))
+        return quantize(node.arg, np.ascontiguousarray(block))
+
+    return _quant_row_pull(node, rows, cache, op)
+
+
+def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.elementwise import numpy_binary
+
+    def operand(src):
+        # A broadcast operand (leading dim 1 where the output has more) gives its single row to every row.
+        if node.shape and src.shape and src.shape[0] == 1 and node.shape[0] != 1:
+            return pull(src, range(0, 1), cache)
+        return pull(src, rows, cache)
+
+    a, b = (operand(s) for s in node.srcs)
+    return numpy_binary(node, a, b)
+
+
+_PULL = {
+    "binary": _pull_binary,
+    "cast": _pull_cast,
+    "bitcast": _pull_bitcast,
+    "reshape": _pull_reshape,
+    "permute": _pull_permute,
+    "slice": _pull_slice,
+    "take": _pull_take,
+    "concat": _pull_concat,
+    "dequantize": _pull_dequantize,
+    "quantize": _pull_quantize,
+}
+
+
+def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = None) -> None:
+    """Compute rows `rows` of `node` straight into `dst` (shape `(len(rows),) + node.shape[1:]`).
+
+    The value op on top writes into `dst` itself, so a source -> layout -> cast chain costs one read of
+    each source byte and one write of each output byte.
+    """
+    from ..kernels.casts import cast_into
+
+    if node.op == "cast":
+        cast_into(pull(node.srcs[0], rows, cache), dst)
+        return
+    if node.op == "dequantize" and node.ndim >= 2 and node.dtype.to_numpy() == np.float32:
+        from ..quant import dequantize_into
+
+        block = np.ascontiguousarray(pull(node.srcs[0], rows, cache))
+        dequantize_into(node.arg[0], block.reshape(-1, block.shape[-1]), dst.reshape(-1, dst.shape[-1]))
+        return
+    np.copyto(dst, pull(node, rows, cache).reshape(dst.shape), casting="no")
+
+
+# --- block boundaries ------------------------------------------------------------------------------------
+def row_alignment(node: Node) -> int:
+    """The row multiple at which `node`'s blocks line up with every input's rows (so no row is read twice)."""
+    op = node.op
+    if op in ("source", "const") or not node.shape:
+        return 1
+    src = node.srcs[0] if node.srcs else None
+    if op == "reshape" and src.shape:
+        g_src = row_alignment(src)
+        r_out, r_in = _row_size(node), _row_size(src)
+        if r_out == 0 or r_in == 0:
+            return 1
+        unit = r_in * g_src
+        return unit // math.gcd(r_out, unit)
+    if op == "slice":
+        a, _, step = node.arg[0]
+        g = row_alignment(src)
+        return g if (step == 1 and a % g == 0) else 1
+    if op == "binary":
+        return math.lcm(*[row_alignment(s) for s in node.srcs])
+    if op == "bitcast" and node.ndim == 1 and node.dtype.size_in_bytes != src.dtype.size_in_bytes:
+        a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
+        return a // math.gcd(a, b)  # output rows whose bytes start on an input element boundary
+    if op in ("cast", "bitcast", "take", "dequantize", "quantize") or (op == "permute" and node.arg[0] == 0):
+        return row_alignment(src) if (op != "take" or node.arg[0] != 0) else 1
+    if op == "concat":
+        return math.lcm(*[row_alignment(s) for s in node.srcs]) if node.arg != 0 else 1
+    return 1

@@ -1,0 +1,171 @@
+"""The reference executor: evaluates nodes one op at a time with numpy, on one thread.
+
+It is the specification every other executor is tested against, so each rule is the plainest numpy that
+does the job. `numpy_impl[op](node, *inputs)` computes one node from its inputs' arrays; a source is a
+zero-copy view of its memory map, and layout ops stay views where numpy allows.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.graph import ops
+    >>> from lazyweights.run.reference import evaluate
+    >>> x = ops.const(np.arange(6, dtype=np.float32).reshape(2, 3))
+    >>> evaluate([ops.cast(ops.permute(x, (1, 0)), "float16")])[0].tolist()
+    [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..core.errors import ExecutionError, LazyWeightsError
+from ..graph.node import Node, toposort
+
+
+def _source(node: Node) -> np.ndarray:
+    return node.arg.array()
+
+
+def _const(node: Node) -> np.ndarray:
+    return node.arg.array
+
+
+def _cast(node: Node, x: np.ndarray) -> np.ndarray:
+    return _astype(x, node.dtype.to_numpy())
+
+
+def _astype(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    from ..kernels.casts import cast  # bit-identical to numpy/ml_dtypes astype, and fast
+
+    return cast(x, dtype)
+
+
+def _bitcast(node: Node, x: np.ndarray) -> np.ndarray:
+    if x.ndim == 0:
+        return x.reshape(1).view(node.dtype.to_numpy()).reshape(())
+    if x.dtype.itemsize != node.dtype.size_in_bytes and not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x)  # numpy can only change the item size over a contiguous last axis
+    return x.view(node.dtype.to_numpy())
+
+
+def _reshape(node: Node, x: np.ndarray) -> np.ndarray:
+    return x.reshape(node.shape)
+
+
+def _permute(node: Node, x: np.ndarray) -> np.ndarray:
+    return x.transpose(node.arg)
+
+
+def _slice(node: Node, x: np.ndarray) -> np.ndarray:
+    return x[tuple(slice(a, b, c) for a, b, c in node.arg)]
+
+
+def _take(node: Node, x: np.ndarray) -> np.ndarray:
+    axis, idx = node.arg
+    return np.take(x, idx.array, axis=axis)
+
+
+def _concat(node: Node, *xs: np.ndarray) -> np.ndarray:
+    return np.concatenate(xs, axis=node.arg)
+
+
+def _dequantize(node: Node, x: np.ndarray) -> np.ndarray:
+    from ..quant import dequantize
+
+    encoding, dtype = node.arg
+    rows = np.ascontiguousarray(x).reshape(-1, x.shape[-1])
+    values = dequantize(encoding, rows).reshape(node.shape)
+    return values if dtype.to_numpy() == values.dtype else _astype(values, dtype.to_numpy())
+
+
+def _quantize(node: Node, x: np.ndarray) -> np.ndarray:
+    from ..quant import quantize
+
+    rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    if rows.dtype != np.float32:
+        rows = _astype(rows, np.dtype(np.float32))
+    return quantize(node.arg, np.ascontiguousarray(rows)).reshape(node.shape)
+
+
+def _binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    from ..graph.elementwise import numpy_binary
+
+    return numpy_binary(node, a, b)
+
+
+numpy_impl: dict[str, Callable[..., np.ndarray]] = {
+    "binary": _binary,
+    "source": _source,
+    "const": _const,
+    "cast": _cast,
+    "bitcast": _bitcast,
+    "reshape": _reshape,
+    "permute": _permute,
+    "slice": _slice,
+    "take": _take,
+    "concat": _concat,
+    "dequantize": _dequantize,
+    "quantize": _quantize,
+}
+
+
+def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> list[np.ndarray]:
+    """Compute `roots` (and everything they need), freeing each intermediate after its last use.
+
+    `names` maps nodes to output names for error messages. Errors that are not already a
+    LazyWeightsError become an ExecutionError naming the output being computed.
+    """
+    roots = list(roots)
+    order = toposort(roots)
+    remaining = {}
+    for n in order:
+        for s in n.srcs:
+            remaining[s] = remaining.get(s, 0) + 1
+    for r in roots:
+        remaining[r] = remaining.get(r, 0) + 1  # keep roots alive until returned
+    values: dict[Node, np.ndarray] = {}
+    consumers = _first_output_names(order, roots, names or {})
+    for n in order:
+        try:
+            values[n] = numpy_impl[n.op](n, *(values[s] for s in n.srcs))
+        except LazyWeightsError:
+            raise
+        except Exception as e:  # a bug or resource failure inside a kernel: name the tensor
+            who = consumers.get(n, "?")
+            raise ExecutionError(f"computing {n.op} for tensor {who!r} failed: {type(e).__name__}: {e}", tensor=who) from e
+        for s in n.srcs:
+            remaining[s] -= 1
+            if remaining[s] == 0:
+                del values[s]
+    return [values[r] for r in roots]
+
+
+def _first_output_names(order: list[Node], roots: list[Node], names: dict[Node, str]) -> dict[Node, str]:
+    """For each node, the name of one output that depends on it (for error messages)."""
+    owner: dict[Node, str] = {}
+    for r in roots:
+        stack = [r]
+        label = names.get(r, "?")
+        while stack:
+            n = stack.pop()
+            if n in owner:
+                continue
+            owner[n] = label
+            stack.extend(n.srcs)
+    return owner
+
+
+def materialize_reference(plan, out=None) -> dict[str, np.ndarray]:
+    """Materialize a whole plan with `evaluate` (C-contiguous results; `out` arrays are filled)."""
+    outputs = plan.outputs
+    names = {node: name for name, node in outputs.items()}
+    result, by_node = {}, {}
+    for (name, node), arr in zip(outputs.items(), evaluate(outputs.values(), names)):
+        if out is not None and name in out:
+            np.copyto(out[name], arr.reshape(out[name].shape))
+            result[name] = out[name]
+            continue
+        if node not in by_node:  # identical outputs (tied weights) share one array
+            by_node[node] = np.ascontiguousarray(arr).reshape(node.shape)  # (ascontiguousarray makes 0-d 1-d)
+        result[name] = by_node[node]
+    return result

@@ -1,0 +1,2 @@
+"""Tools over the API: the command line, the demo, checkpoint verification.
+"""

@@ -1,0 +1,512 @@
+"""The `lazyweights` command line (also `python -m lazyweights`).
+
+    lazyweights inspect PATH... [--json] [--filter GLOB]
+    lazyweights plan ADAPTER PATH... [--filter GLOB] [--visualize FILE] [--no-group]
+    lazyweights convert ADAPTER PATH... -o OUT [--format safetensors|gguf] [--budget 1GB]
+                        [--max-shard-size 5GB] [--scheduler sync|threads] [--no-progress]
+    lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
+    lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
+    lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
+
+ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding the seed's
+`convert_safetensor_state_dict` / `convert_gguf_state_dict`, or a registered architecture name; it is called
+as `fn(dict(weights.items()), huggingface_config=..., weights_format=...)` (see `adapter_loader.py`).
+
+Exit status: 0 success (for `diff`: no differences; for `check`: no problems), 1 failure or differences,
+2 bad usage. Errors are one line on stderr (`lazyweights: error: ...`); `--debug` shows the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import sys
+from typing import Sequence
+
+from ..core import units
+from ..core.errors import LazyWeightsError
+from ..core.units import format_bytes
+
+PROG = "lazyweights"
+
+
+# --- argument types ----------------------------------------------------------------------------------------
+def parse_size(text) -> int:
+    """The library's size parser (`core.units.parse_size`) as an argparse type: ValueError on bad input."""
+    try:
+        value = units.parse_size(text)
+    except LazyWeightsError as e:
+        raise ValueError(str(e)) from None
+    if value is None:
+        raise ValueError(f"invalid size {text!r}")
+    return value
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _tolerance(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v >= 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return v
+
+
+# --- helpers -----------------------------------------------------------------------------------------------
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+def _shape(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _table(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _elements(rec) -> int:
+    """Values a stored tensor holds (quantized: the values its blocks decode to)."""
+    n = 1
+    for d in rec.shape:
+        n *= d
+    enc = getattr(rec, "encoding", None)
+    if enc is not None and rec.shape:
+        try:
+            return n // rec.shape[-1] * enc.elements_per_row_bytes(rec.shape[-1])
+        except Exception:
+            return n
+    return n
+
+
+def _filter_names(names, pattern):
+    return [n for n in names if pattern is None or fnmatch.fnmatchcase(n, pattern)]
+
+
+def _json_scalar_metadata(meta) -> dict:
+    out = {}
+    for k, v in (meta or {}).items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            out[str(k)] = v
+    return out
+
+
+# --- inspect -----------------------------------------------------------------------------------------------
+def cmd_inspect(args) -> int:
+    from ..formats.checkpoint import open_checkpoint
+
+    ck = open_checkpoint(args.paths)
+    names = _filter_names(list(ck.records), args.filter)
+    if args.filter and not names:
+        raise LazyWeightsError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
+    totals: dict[str, list[int]] = {}
+    tensors = []
+    for name in names:
+        r = ck.records[name]
+        enc = getattr(r, "encoding", None)
+        key = enc.name if enc is not None else r.dtype.name
+        t = totals.setdefault(key, [0, 0, 0])
+        t[0] += 1
+        t[1] += r.nbytes
+        t[2] += _elements(r)
+        tensors.append({
+            "name": name, "dtype": r.dtype.name, "shape": list(r.shape),
+            "quantization": enc.name if enc is not None else None, "nbytes": r.nbytes,
+            "elements": _elements(r), "file": os.path.basename(r.file.path), "offset": r.offset,
+        })
+    all_bytes = sum(t[1] for t in totals.values())
+    all_elems = sum(t[2] for t in totals.values())
+    if args.json:
+        doc = {
+            "format": ck.format.value,
+            "files": [os.path.abspath(f) for f in ck.files],
+            "metadata": _json_scalar_metadata(ck.metadata),
+            "tensors": tensors,
+            "totals": {
+                "by_dtype": {k: {"tensors": v[0], "nbytes": v[1], "elements": v[2]} for k, v in sorted(totals.items())},
+                "tensors": len(tensors), "nbytes": all_bytes, "elements": all_elems,
+            },
+        }
+        _out(json.dumps(doc, indent=2))
+        return 0
+    files = ", ".join(os.path.basename(f) for f in ck.files[:3]) + (f", ... ({len(ck.files)} files)" if len(ck.files) > 3 else "")
+    _out(f"{ck.format.value} checkpoint: {files}: {len(ck.records)} tensors"
+         + (f", {len(names)} matching {args.filter!r}" if args.filter else ""))
+    rows = [["name", "dtype", "shape", "quant", "size"]]
+    for t in tensors:
+        rows.append([t["name"], t["dtype"], _shape(t["shape"]), t["quantization"] or "-", format_bytes(t["nbytes"])])
+    for line in _table(rows, right=(4,)):
+        _out("  " + line)
+    _out("")
+    _out("totals:")
+    trows = [["dtype", "tensors", "size", "bytes", "elements"]]
+    for k, v in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        trows.append([k, str(v[0]), format_bytes(v[1]), f"{v[1]:,}", f"{v[2]:,}"])
+    trows.append(["all", str(len(tensors)), format_bytes(all_bytes), f"{all_bytes:,}", f"{all_elems:,}"])
+    for line in _table(trows, right=(1, 2, 3, 4)):
+        _out("  " + line)
+    return 0
+
+
+# --- plan / convert / check share: open, adapt, plan ------------------------------------------------------------
+def _adapted_plan(args):
+    from ..adapters.loader import run_adapter
+    from ..api.plan import Plan
+
+    adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None))
+    p = Plan(adapted)
+    pattern = getattr(args, "filter", None)
+    if pattern:
+        from ..render.explain import filter_outputs
+
+        kept = filter_outputs(p.outputs, pattern)
+        p = Plan({k: p.tensors[k] for k in kept})
+    return p, weights
+
+
+def cmd_plan(args) -> int:
+    p, _ = _adapted_plan(args)
+    _out(p.explain(group_layers=not args.no_group).rstrip("\n"))
+    if args.visualize:
+        path = p.visualize(args.visualize, group_layers=not args.no_group)
+        _err(f"{PROG}: wrote {path}")
+    return 0
+
+
+def cmd_convert(args) -> int:
+    p, _ = _adapted_plan(args)
+    if not hasattr(p, "save"):
+        raise LazyWeightsError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
+    files = p.save(args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
+                   scheduler=args.scheduler, progress=not args.no_progress)
+    files = list(files or [])
+    total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
+    for f in files:
+        _out(f"  {f}")
+    return 0
+
+
+def _instantiate_module(obj, hf_config):
+    """A module from 'MOD:CLASS_OR_FACTORY': classes and factories are called (with huggingface_config
+    when they take it); anything else (a Module, a dict of Weights, a torch module) is used as is."""
+    import inspect
+
+    if isinstance(obj, type) or inspect.isfunction(obj) or inspect.ismethod(obj):
+        try:
+            params = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "huggingface_config" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return obj(huggingface_config=hf_config)
+        if "config" in params and hf_config is not None:
+            return obj(config=hf_config)
+        return obj()
+    return obj
+
+
+def cmd_check(args) -> int:
+    from ..adapters.loader import load_config, load_object
+
+    try:
+        from ..interop.check import check
+    except ImportError:
+        raise LazyWeightsError("this build of lazyweights has no lazyweights.interop.check") from None
+    p, weights = _adapted_plan(args)
+    module_obj = load_object(args.module, what="module")
+    module = _instantiate_module(module_obj, load_config(weights, args.paths, args.hf_config))
+    adapted = dict(p.tensors)
+    if args.keys and not args.json:
+        for name in sorted(adapted):
+            _out(name)
+    report = check(adapted, module, checkpoint=weights)
+    if args.json and hasattr(report, "to_dict"):
+        _out(json.dumps(report.to_dict(), indent=2))
+    elif hasattr(report, "table"):
+        _out(report.table(fold=not args.no_fold).rstrip("\n"))
+    else:
+        _out(str(report).rstrip("\n"))
+    ok = getattr(report, "ok", True)
+    return 0 if ok else 1
+
+
+# --- diff ------------------------------------------------------------------------------------------------------
+def _desc(rec) -> str:
+    enc = getattr(rec, "encoding", None)
+    return f"{rec.dtype.short}{_shape(rec.shape)}" + (f" {enc.name}" if enc is not None else "")
+
+
+def _values(weights, name):
+    """The tensor as a flat numpy array of values (quantized blocks decoded), lazily where possible."""
+    wd = weights[name].data()
+    if wd.quantization_encoding is not None:
+        wd = wd.dequantize()
+    return wd
+
+
+def _compare(a, b, rtol: float, atol: float, chunk: int = 1 << 21) -> dict:
+    """Compare two same-shape arrays in chunks as float64: mismatches, max abs and max rel error."""
+    import numpy as np
+
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    n = fa.size
+    mism = 0
+    max_abs = 0.0
+    max_rel = 0.0
+    same_bits = a.dtype == b.dtype
+    for i in range(0, n, chunk):
+        xa, xb = fa[i:i + chunk], fb[i:i + chunk]
+        if same_bits and np.array_equal(xa.view(np.uint8), xb.view(np.uint8)):
+            continue
+        if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+            da, db = xa.astype(np.int64 if a.dtype.kind != "u" else np.uint64), xb.astype(np.int64 if b.dtype.kind != "u" else np.uint64)
+            da, db = da.astype(np.float64), db.astype(np.float64)
+        else:
+            da, db = xa.astype(np.float64), xb.astype(np.float64)
+        both_nan = np.isnan(da) & np.isnan(db)
+        equal = (da == db) | both_nan
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(equal, 0.0, np.abs(da - db))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        close = diff <= atol + rtol * np.abs(db)
+        mism += int(np.count_nonzero(~close))
+        if diff.size:
+            max_abs = max(max_abs, float(diff.max()))
+            nz = np.abs(db) > 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.where(nz, diff / np.where(nz, np.abs(db), 1.0), np.where(diff > 0, np.inf, 0.0))
+            max_rel = max(max_rel, float(rel.max()))
+    return {"elements": n, "mismatched": mism, "max_abs": max_abs, "max_rel": max_rel}
+
+
+def cmd_diff(args) -> int:
+    from ..api.weights import load_weights
+
+    wa, wb = load_weights([args.a]), load_weights([args.b])
+    ra, rb = wa.records, wb.records
+    na, nb = _filter_names(list(ra), args.filter), _filter_names(list(rb), args.filter)
+    sa, sb = set(na), set(nb)
+    removed = [n for n in na if n not in sb]
+    added = [n for n in nb if n not in sa]
+    common = [n for n in na if n in sb]
+    changed = [n for n in common if (ra[n].dtype, ra[n].shape, getattr(ra[n], "encoding", None))
+               != (rb[n].dtype, rb[n].shape, getattr(rb[n], "encoding", None))]
+    _out(f"--- {args.a} ({len(na)} tensors)")
+    _out(f"+++ {args.b} ({len(nb)} tensors)")
+    for n in removed:
+        _out(f"- {n}  {_desc(ra[n])}")
+    for n in added:
+        _out(f"+ {n}  {_desc(rb[n])}")
+    for n in changed:
+        _out(f"~ {n}  {_desc(ra[n])} -> {_desc(rb[n])}")
+    differing = 0
+    compared = 0
+    skipped = []
+    if args.values:
+        for n in common:
+            va, vb = _values(wa, n), _values(wb, n)
+            if va.shape != vb.shape:
+                skipped.append(n)
+                continue
+            compared += 1
+            res = _compare(va.to_numpy(), vb.to_numpy(), args.rtol, args.atol)
+            if res["mismatched"]:
+                differing += 1
+                _out(f"~ {n}  values: max abs err {res['max_abs']:.3g}, max rel err {res['max_rel']:.3g}, "
+                     f"{res['mismatched']:,} of {res['elements']:,} elements beyond rtol={args.rtol:g} atol={args.atol:g}")
+            elif n in changed:
+                _out(f"= {n}  values equal within rtol={args.rtol:g} atol={args.atol:g} "
+                     f"(max abs err {res['max_abs']:.3g}, max rel err {res['max_rel']:.3g})")
+        for n in skipped:
+            _out(f"? {n}  values not compared: shapes differ")
+    parts = [f"{len(added)} added", f"{len(removed)} removed", f"{len(changed)} changed dtype/shape"]
+    if args.values:
+        same = compared - differing
+        parts += [f"{differing} differ in values", f"{same} equal in values"]
+    else:
+        parts.append(f"{len(common) - len(changed)} same dtype and shape (values not compared; add --values)")
+    _out("summary: " + ", ".join(parts))
+    different = bool(added or removed or changed or differing)
+    if args.values and changed and not differing and not (added or removed) and not skipped:
+        # dtype changed but every value is equal within tolerance: still a difference in the files
+        different = True
+    return 1 if different else 0
+
+
+# --- the parser ----------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's own format, without the usage dump)
+        self.exit(2, f"{self.prog.split()[0]}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback on errors")
+    parser = _Parser(prog=PROG, description="Lazy weight adapters: inspect checkpoints, print and draw adapter "
+                                            "plans, convert, diff and check.", parents=[common])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("inspect", parents=[common], help="list a checkpoint's tensors (reads headers only)",
+                       description="List names, dtypes, shapes, quantization and sizes, with totals per dtype.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=".safetensors / .gguf files, a directory, or an index.json")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
+    p.set_defaults(func=cmd_inspect)
+
+    def adapter_args(p):
+        p.add_argument("adapter", metavar="ADAPTER",
+                       help="'package.module:function', 'path/file.py:function', or an architecture name")
+        p.add_argument("paths", nargs="+", metavar="PATH", help="the checkpoint: files, a directory or an index.json")
+        p.add_argument("--hf-config", metavar="FILE", default=None,
+                       help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
+
+    p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
+                       description="Run ADAPTER on the checkpoint lazily and print the plan.")
+    adapter_args(p)
+    p.add_argument("--filter", metavar="GLOB", help="only outputs whose names match this glob")
+    p.add_argument("--visualize", metavar="FILE", help="also draw it: .html, .dot, .svg, .png or .mmd")
+    p.add_argument("--no-group", action="store_true", help="print every layer (no grouping of repeated layers)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("convert", parents=[common], help="run an adapter and write the converted checkpoint",
+                       description="Stream the adapted checkpoint to OUT under a memory budget.")
+    adapter_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="a .safetensors file, a directory (shards + index), or a .gguf file")
+    p.add_argument("--format", choices=("safetensors", "gguf"), default=None,
+                   help="output format (default: from OUT's suffix, else safetensors)")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
+    p.add_argument("--max-shard-size", type=_size_arg, default=None, metavar="SIZE", help="e.g. 5GB")
+    p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--filter", metavar="GLOB", help="only convert outputs whose names match this glob")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("diff", parents=[common], help="compare two checkpoints",
+                       description="Tensors added, removed, or changed in dtype or shape; with --values, "
+                                   "compare the data too. Exit 1 if they differ.")
+    p.add_argument("a", metavar="A", help="first checkpoint (file or directory)")
+    p.add_argument("b", metavar="B", help="second checkpoint (file or directory)")
+    p.add_argument("--values", action="store_true", help="compare values (as float64; quantized data decoded)")
+    p.add_argument("--rtol", type=_tolerance, default=0.0, metavar="R", help="relative tolerance (default 0)")
+    p.add_argument("--atol", type=_tolerance, default=0.0, metavar="A", help="absolute tolerance (default 0)")
+    p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("check", parents=[common], help="check an adapter's output against a module",
+                       description="Compare the adapted names, dtypes and shapes with a module's weights "
+                                   "(reads no tensor bytes). Exit 1 if there are problems.")
+    adapter_args(p)
+    p.add_argument("--module", required=True, metavar="MOD:CLASS_OR_FACTORY",
+                   help="a Module (or class/factory making one), a dict of Weights, or a torch module")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--keys", action="store_true", help="print the adapted names first")
+    p.add_argument("--no-fold", action="store_true", help="one row per weight (no folded layer indices)")
+    p.set_defaults(func=cmd_check, filter=None)
+
+    p = sub.add_parser("verify", parents=[common], help="hash every tensor; check a checkpoint against its manifest",
+                       description="Without --write: re-read PATH and check every tensor against the "
+                                   "lazyweights.verify.json beside it (exit 1 on any mismatch, naming it). With "
+                                   "--write: hash PATH as it is now and write that manifest.")
+    p.add_argument("path", metavar="PATH", help="a checkpoint: .safetensors / .gguf file, directory, or index.json")
+    p.add_argument("--write", action="store_true", help="write the manifest instead of checking it")
+    p.add_argument("--manifest", metavar="FILE", default=None, help="manifest to check against (default: beside PATH)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("demo", parents=[common], help="the main job on an embedded default checkpoint",
+                       description="Write a small Llama-shaped checkpoint, adapt it lazily (the seed adapter), "
+                                   "print the plan, save the result and verify every byte against numpy.")
+    p.add_argument("--workdir", default=None, help="where to write the checkpoint and the output (default: a temp dir)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers in the demo checkpoint")
+    p.add_argument("--budget", type=_size_arg, default="64MB", metavar="SIZE", help="working memory")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def cmd_verify(args) -> int:
+    from .verify import verify, write_manifest
+
+    if args.write:
+        target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
+        with open(target, encoding="utf-8") as fh:
+            n = len(json.load(fh)["tensors"])
+        _out(f"wrote {target}: {n} tensors hashed")
+        return 0
+    report = verify(args.path, args.manifest, scheduler=args.scheduler, budget=args.budget)
+    _out(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.workdir, layers=args.layers, budget=args.budget)
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and not isinstance(e, LazyWeightsError) and e.strerror:
+        where = e.filename if e.filename is not None else ""
+        return f"{where}: {e.strerror}" if where else e.strerror
+    if isinstance(e, KeyError) and not isinstance(e, LazyWeightsError) and e.args:
+        return str(e.args[0])
+    text = str(e) or type(e).__name__
+    if not isinstance(e, (LazyWeightsError, OSError, KeyError, ValueError)):
+        text = f"{type(e).__name__}: {text} (run with --debug for the traceback)"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _err(f"{PROG}: interrupted")
+        return 130
+    except BrokenPipeError:
+        # e.g. `lazyweights plan ... | head`: stop quietly
+        try:  # the standard recipe: point stdout at /dev/null so the exit-time flush cannot fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+    except Exception as e:  # noqa: BLE001 - the command line never shows a traceback unless --debug
+        if debug:
+            raise
+        _err(f"{PROG}: error: {_message(e)}")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
