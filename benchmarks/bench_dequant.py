@@ -33,7 +33,7 @@ import gguf  # noqa: E402
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
 from lazyweights.quant import dequantize, dequantize_into  # noqa: E402
-from lazyweights.quantization import QuantizationEncoding as Q  # noqa: E402
+from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
 
 CHUNK_ELEMENTS = 1 << 20  # ~4 MB of float32 output per task in the threaded run (1 MB tasks measured slower: pool overhead)
 

@@ -102,8 +102,8 @@ def naive(plan) -> dict:
     """Tensor by tensor: host rows (source dtype) -> cupy.asarray -> cast with CuPy ops."""
     import cupy
 
-    from lazyweights.execute.blocks import pull
-    from lazyweights.execute.gpu import split_chain
+    from lazyweights.run.blocks import pull
+    from lazyweights.compiler.gpu import split_chain
     from lazyweights.graph.rewrites import sink_casts
 
     out = {}
@@ -230,7 +230,7 @@ def main():
 
     import cupy
 
-    from lazyweights.execute.gpu import materialize_gpu
+    from lazyweights.run.gpu import materialize_gpu
 
     ckpt = os.path.abspath(a.ckpt)
     files = sorted(Path(ckpt).glob("*.safetensors"))

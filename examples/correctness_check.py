@@ -27,9 +27,9 @@ import ml_dtypes
 import numpy as np
 
 from lazyweights import DType, Weight, WeightData, Weights, load_weights, plan
-from lazyweights.check import check
-from lazyweights.errors import LoadError
-from lazyweights.module import LayerList, Module
+from lazyweights.interop.check import check
+from lazyweights.core.errors import LoadError
+from lazyweights.interop.module import LayerList, Module
 
 HIDDEN, FFN, VOCAB, LAYERS = 16, 32, 48, 3
 

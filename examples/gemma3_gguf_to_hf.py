@@ -164,7 +164,7 @@ def main() -> int:
     weights = load_weights([path])
     cfg = weights.config if hasattr(weights, "config") else None
     if cfg is None:
-        from lazyweights.config import GGUFConfig
+        from lazyweights.formats.config import GGUFConfig
 
         cfg = GGUFConfig(weights.metadata, [n for n, _ in weights.items()])
     print(f"{os.path.basename(path)}: {sum(1 for _ in weights.items())} tensors; {cfg!r}")

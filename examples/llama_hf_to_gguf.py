@@ -125,7 +125,7 @@ def main() -> int:
         gw = load_weights([out])
         gcfg = getattr(gw, "config", None)
         if gcfg is None:
-            from lazyweights.config import GGUFConfig
+            from lazyweights.formats.config import GGUFConfig
 
             gcfg = GGUFConfig(gw.metadata, [n for n, _ in gw.items()])
         back = gguf_to_hf(dict(gw.items()), gcfg, dequantize_to=DType.bfloat16)

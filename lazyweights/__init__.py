@@ -28,9 +28,10 @@ from .core.errors import (
     SourceChangedError,
     WriteError,
 )
-from .formats.checkpoint import WeightsFormat, weights_format
+from .formats.checkpoint import WeightsFormat
+from .formats.open import weights_format
 from .formats.config import GGUFConfig, HFConfig, load_hf_config
-from .formats.gguf_writer import save_gguf
+from .api.gguf import save_gguf
 from .interop.module import LayerList, Module
 from .interop.check import CheckReport, check, check_unique_renames
 from .interop.torch_load import load_into_torch  # imports torch only when called
@@ -42,7 +43,7 @@ from .api.weight import Weight
 from .api.weight_data import WeightData, concat, from_numpy, split, stack
 from .api.weights import Weights, load_weights
 
-__version__ = "0.1.0"
+from .core.version import __version__
 
 __all__ = [
     "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",

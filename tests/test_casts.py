@@ -440,9 +440,9 @@ def test_c_kernels_check_their_arguments():
 
     src = np.arange(100, dtype=np.uint16)
     out = np.zeros(100, np.uint16)
-    C._k_bf16_to_f16(src, out, 10, 10, 0, 10)
+    C.k_bf16_to_f16(src, out, 10, 10, 0, 10)
     assert_bits_equal(out.view(F16), reference(src.view(BF16), F16))
-    C._k_bf16_to_f16(src, out, 10, 10, 90, -10)  # rows in reverse order
+    C.k_bf16_to_f16(src, out, 10, 10, 90, -10)  # rows in reverse order
     assert_bits_equal(out.view(F16), reference(src.view(BF16).reshape(10, 10)[::-1], F16).reshape(-1))
     bad = [((11, 10, 0, 10), "output buffer is too small"), ((10, 10, 1, 10), "row lies outside"),
            ((2, 10, 0, 100), "outside the source"), ((2, 10, 5, -10), "row lies outside"),
@@ -453,17 +453,17 @@ def test_c_kernels_check_their_arguments():
            ((10, 10, 0, -(1 << 62)), "outside the source")]
     for (rows, cols, first, stride), message in bad:
         with pytest.raises(ValueError, match=message):
-            C._k_bf16_to_f16(src, out, rows, cols, first, stride)
+            C.k_bf16_to_f16(src, out, rows, cols, first, stride)
     with pytest.raises(ValueError, match="not aligned"):
-        C._k_bf16_to_f16(np.frombuffer(bytes(201), np.uint8)[1:].view(np.uint16), out, 1, 10, 0, 0)
+        C.k_bf16_to_f16(np.frombuffer(bytes(201), np.uint8)[1:].view(np.uint16), out, 1, 10, 0, 0)
     with pytest.raises((BufferError, TypeError, ValueError)):
-        C._k_bf16_to_f16(src, bytes(200), 1, 10, 0, 0)  # a read-only output
+        C.k_bf16_to_f16(src, bytes(200), 1, 10, 0, 0)  # a read-only output
     with pytest.raises(ValueError, match="256 aligned entries"):
-        C._k_lut(np.zeros(4, np.uint8), np.zeros(4, np.uint16), 1, 4, 0, 0, np.zeros(255, np.uint16))
+        C.k_lut(np.zeros(4, np.uint8), np.zeros(4, np.uint16), 1, 4, 0, 0, np.zeros(255, np.uint16))
     with pytest.raises(TypeError, match="takes src, out"):
-        C._k_bf16_to_f16(src, out, 1, 10)
+        C.k_bf16_to_f16(src, out, 1, 10)
     with pytest.raises(ValueError, match="nan_base"):
-        C._k_f32_to_f16(np.zeros(4, np.uint32), np.zeros(4, np.uint16), 1, 4, 0, 0, -1, 0, 0)
+        C.k_f32_to_f16(np.zeros(4, np.uint32), np.zeros(4, np.uint16), 1, 4, 0, 0, -1, 0, 0)
 
 
 @needs_compiled

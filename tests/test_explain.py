@@ -236,7 +236,7 @@ def test_quantized_source_and_dequantize(tmp_path):
     raw = str(tmp_path / "q.bin")
     np.zeros(2 * 34, np.uint8).tofile(raw)
     rec = TensorRecord(SourceFile.open(raw), "blk.0.w", 0, 68, DType.uint8, (2, 34), QuantizationEncoding.Q8_0)
-    wd = WeightData._wrap(ops.source(rec), "blk.0.w", QuantizationEncoding.Q8_0)
+    wd = WeightData.wrap(ops.source(rec), "blk.0.w", QuantizationEncoding.Q8_0)
     text = explain(lw.plan({"w": wd.dequantize(DType.float16)}), steps=False)
     assert "%0:u8[2,34] = source[Q8_0] q.bin@0x0 'blk.0.w'" in text
     assert "%1:f16[2,32] = dequantize[Q8_0->f16] %0" in text

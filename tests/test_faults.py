@@ -26,7 +26,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-import lazyweights.formats.save as save_mod
+import lazyweights.run.sinks as save_mod
 
 gguf = pytest.importorskip("gguf")
 
@@ -78,7 +78,7 @@ def _gguf_plan(path):
 # --- a source truncated or replaced between blocks (subprocess: a SIGBUS would be a crash, not a hang) ---------------
 CHANGE_MID_PLAN = r"""
 import os, sys, numpy as np
-import lazyweights as lw, lazyweights.run.driver as ex, lazyweights.formats.save as sm
+import lazyweights as lw, lazyweights.run.sinks as sinks
 fmt, action, mode, d = sys.argv[1:5]
 src = os.path.join(d, "src." + fmt)
 if fmt == "safetensors":
@@ -101,19 +101,19 @@ def change():
         with open(src, "wb") as fh:
             fh.write(open(src + ".old", "rb").read())
 def wrap(real):
-    def block(task):
+    def block(*args):
         n[0] += 1
         if n[0] == 3:
             change()
-        return real(task)
+        return real(*args)
     return block
 out_dir = os.path.join(d, "out"); os.makedirs(out_dir)
 try:
     if action == "materialize":
-        ex._materialize_block = wrap(ex._materialize_block)
+        sinks.MemorySink.run_block = wrap(sinks.MemorySink.run_block)
         plan.materialize(scheduler="sync", block_bytes=16384)
     else:
-        sm._save_block = wrap(sm._save_block)
+        sinks.write_block = wrap(sinks.write_block)
         plan.save(os.path.join(out_dir, "o." + fmt), scheduler="sync", block_bytes=16384)
     print("NO ERROR")
 except lw.SourceChangedError as e:
@@ -147,7 +147,7 @@ def test_source_changed_between_blocks(tmp_path, fmt, action, mode):
 TRUNCATE_IN_BLOCK = r"""
 import os, sys, numpy as np
 import lazyweights as lw
-from lazyweights.formats.safetensors_writer import StreamingFile
+from lazyweights.formats.atomic import AtomicFile as StreamingFile
 from lazyweights.kernels import casts
 action, op, d = sys.argv[1:4]
 src = os.path.join(d, "src.safetensors")
@@ -215,7 +215,7 @@ fd = os.open(path, os.O_RDONLY)
 src = np.frombuffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), np.uint16)
 os.close(fd)
 out = np.empty(1 << 20, np.uint16)
-K._k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
+K.k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
 assert (out.view(np.float16) == src.view(np.uint16).astype(np.uint32).__lshift__(16).view(np.float32)
         .astype(np.float16)).sum() > 0
 if mode == "faulthandler":
@@ -223,11 +223,11 @@ if mode == "faulthandler":
 os.truncate(path, 4096)
 for attempt in range(2):
     try:
-        K._k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
+        K.k_bf16_to_f16(src, out, 1024, 1024, 0, 1024)
         print("NO ERROR")
     except OSError as e:
         print("caught", e.errno, e)
-K._k_bf16_to_f16(src, out, 1, 1024, 0, 1024)  # the first page still exists: still works
+K.k_bf16_to_f16(src, out, 1, 1024, 0, 1024)  # the first page still exists: still works
 print("first page ok", flush=True)
 print(int(src[-1]))  # a lost page read by numpy, outside any kernel: the process must still die of SIGBUS
 print("NOT REACHED")
@@ -308,7 +308,7 @@ def test_failing_block_waits_for_blocks_in_flight(tmp_path, monkeypatch):
     """Regression: when one block failed, dask returned at once while other blocks were still running; they
     then wrote to a closed descriptor, or, once the number was reused, into an unrelated file."""
     plan = lw.plan({f"t{i}": lw.WeightData.from_numpy(np.ones((64, 64), np.float32), f"t{i}") for i in range(2)})
-    real = save_mod._save_block
+    real = save_mod.write_block
     finished = []
 
     def block(task):
@@ -320,7 +320,7 @@ def test_failing_block_waits_for_blocks_in_flight(tmp_path, monkeypatch):
         finished.append(time.monotonic())
         return 0
 
-    monkeypatch.setattr(save_mod, "_save_block", block)
+    monkeypatch.setattr(save_mod, "write_block", block)
     with pytest.raises(lw.ExecutionError):
         plan.save(tmp_path / "o.safetensors", scheduler="threads", workers=2, block_bytes=4096)
     returned = time.monotonic()
@@ -362,7 +362,9 @@ def test_index_write_failure_removes_shards_from_existing_directory(st_ckpt, tmp
     def no_space(directory, doc):
         raise lw.WriteError(f"{directory}: index: No space left on device", path=directory)
 
-    monkeypatch.setattr(save_mod, "_write_index", no_space)
+    import lazyweights.formats.save as formats_save
+
+    monkeypatch.setattr(formats_save, "_write_index", no_space)
     with pytest.raises(lw.WriteError):
         plan.save(tmp_path, max_shard_size="20kB")
     assert _leftovers(tmp_path) == ["README"]
@@ -427,7 +429,7 @@ def test_real_full_tmpfs(tiny_tmpfs, tmp_path, monkeypatch, case):
 SIGINT_SAVE = r"""
 import os, sys, time
 import numpy as np
-import lazyweights as lw, lazyweights.formats.save as sm
+import lazyweights as lw, lazyweights.run.sinks as sinks
 from safetensors.numpy import save_file
 src_dir, out, fmt, sched = sys.argv[1:5]
 src = os.path.join(src_dir, "src.safetensors")
@@ -441,7 +443,7 @@ def on_sigint(signum, frame):
     arrived.set()
     signal.default_int_handler(signum, frame)
 signal.signal(signal.SIGINT, on_sigint)
-real = sm._save_block
+real = sinks.write_block
 count = [0]
 lock = threading.Lock()
 def block(task):
@@ -453,7 +455,7 @@ def block(task):
     if n >= 4:
         arrived.wait(5.0)
     return real(task)
-sm._save_block = block
+sinks.write_block = block
 if fmt == "cli":
     adapter = os.path.join(src_dir, "adapter.py")
     with open(adapter, "w") as fh:

@@ -25,7 +25,7 @@ from lazyweights.adapters import (  # noqa: E402
     rope_unpermute,
 )
 from lazyweights.formats.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
-from lazyweights.formats.gguf_writer import save_gguf  # noqa: E402
+from lazyweights.api.gguf import save_gguf  # noqa: E402
 from lazyweights.formats.source import TensorRecord  # noqa: E402
 
 RNG = np.random.default_rng(2)

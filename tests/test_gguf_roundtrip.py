@@ -83,7 +83,7 @@ def test_quantized_export_matches_gguf_py(llama, tmp_path, qtype):
         if wd.quantization_encoding is not enc:
             continue
         src = wd.node.srcs[0]  # the float32 input of the quantize node
-        values = lw.plan({"v": lw.WeightData._wrap(src, name)}).materialize()["v"]
+        values = lw.plan({"v": lw.WeightData.wrap(src, name)}).materialize()["v"]
         want_bytes = gguf_quantize(values, GGMLQuantizationType[qtype])
         t = reader[name]
         assert t.tensor_type == GGMLQuantizationType[qtype]

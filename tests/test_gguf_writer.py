@@ -24,9 +24,8 @@ from lazyweights.formats.gguf_writer import (  # noqa: E402
     GGUFStreamWriter,
     GGUFValue,
     TensorMeta,
-    save_gguf,
-    write_gguf,
 )
+from lazyweights.api.gguf import save_gguf, write_gguf  # noqa: E402
 
 RNG = np.random.default_rng(1)
 

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import lazyweights as lw
-from lazyweights.run.driver import materialize
+from lazyweights.run.materialize import materialize
 from lazyweights.run.reference import materialize_reference
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import binary

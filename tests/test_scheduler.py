@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-from lazyweights.run.driver import materialize
+from lazyweights.run.materialize import materialize
 from lazyweights.compiler.steps import compile_steps
 from lazyweights.core.units import parse_size
 
@@ -312,20 +312,20 @@ def test_exception_in_a_kernel_stops_and_names_the_tensor(ckpt, tmp_path, monkey
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
     import lazyweights.run.blocks as blocks
 
-    real = blocks._PULL["take"]
+    real = blocks.PULL["take"]
     calls = []
 
     def boom(node, rows, cache):
         calls.append(1)
         raise MemoryError("injected")
 
-    monkeypatch.setitem(blocks._PULL, "take", boom)
+    monkeypatch.setitem(blocks.PULL, "take", boom)
     with pytest.raises(lw.ExecutionError) as e:
         plan.save(tmp_path / "out", scheduler="threads", block_bytes=64)
     assert "layers.0.attention" in str(e.value) and "injected" in str(e.value)
     assert e.value.tensor.startswith("layers.0.attention")
     assert _leftovers(tmp_path) == [], "no partial output, no temporaries"
-    monkeypatch.setitem(blocks._PULL, "take", real)
+    monkeypatch.setitem(blocks.PULL, "take", real)
 
 
 def test_failing_write_removes_partial_output(ckpt, tmp_path, monkeypatch):
@@ -351,9 +351,9 @@ def test_failing_write_removes_partial_output(ckpt, tmp_path, monkeypatch):
 def test_keyboard_interrupt_leaves_nothing(ckpt, tmp_path, monkeypatch):
     d, _, cfg = ckpt
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
-    import lazyweights.formats.save as save_mod
+    import lazyweights.run.sinks as save_mod
 
-    real = save_mod._save_block
+    real = save_mod.write_block
     n = [0]
 
     def interrupted(task):
@@ -362,7 +362,7 @@ def test_keyboard_interrupt_leaves_nothing(ckpt, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(task)
 
-    monkeypatch.setattr(save_mod, "_save_block", interrupted)
+    monkeypatch.setattr(save_mod, "write_block", interrupted)
     with pytest.raises(KeyboardInterrupt):
         plan.save(tmp_path / "dir_out", scheduler="sync", max_shard_size="8kB")
     assert _leftovers(tmp_path) == []

@@ -337,7 +337,7 @@ def test_package_has_no_eval_exec_or_unpickling():
                 hits.append(f"{rel}:{node.lineno}: calls {name}")
             if kind == "import" and name in _FORBIDDEN_IMPORTS:
                 hits.append(f"{rel}:{node.lineno}: imports {name}")
-            if kind == "import" and name == "subprocess" and rel != "visualize.py":
+            if kind == "import" and name == "subprocess" and rel != os.path.join("render", "visualize.py"):
                 hits.append(f"{rel}:{node.lineno}: imports subprocess")
     assert hits == [], "\n".join(hits)
 
@@ -362,7 +362,7 @@ def test_adapter_code_runs_only_from_the_adapter_loader():
     other module imports code from paths."""
     for rel, text in _package_sources():
         if re.search(r"exec_module|spec_from_file_location|runpy\.", text):
-            assert rel in ("adapter_loader.py",), rel
+            assert rel in (os.path.join("adapters", "loader.py"),), rel
 
 
 def test_safetensors_header_json_is_parsed_not_evaluated(tmp_path, marker):

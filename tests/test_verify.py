@@ -180,11 +180,11 @@ def test_write_manifest_from_a_checkpoint_on_disk(src, tmp_path):
 
 def test_save_and_manifest_detects_a_bad_write(src, tmp_path, monkeypatch):
     """The manifest comes from the plan, not the written bytes: a writer that corrupts one block is caught."""
-    import lazyweights.formats.safetensors_writer as sw
+    import lazyweights.formats.atomic as sw
 
     w, _ = src
     p = _plan(w)
-    real = sw.StreamingFile.write
+    real = sw.AtomicFile.write
 
     def corrupting(self, offset, data, tensor=None):
         if tensor == "norm":
@@ -192,7 +192,7 @@ def test_save_and_manifest_detects_a_bad_write(src, tmp_path, monkeypatch):
             data[0] ^= 1
         return real(self, offset, data, tensor)
 
-    monkeypatch.setattr(sw.StreamingFile, "write", corrupting)
+    monkeypatch.setattr(sw.AtomicFile, "write", corrupting)
     with pytest.raises(VerifyError) as ei:
         save_and_manifest(p, tmp_path / "o.safetensors")
     assert ei.value.report.mismatched == ["norm"] and "norm" in str(ei.value)

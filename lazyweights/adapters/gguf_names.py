@@ -248,7 +248,7 @@ def _add_scalar(wd: WeightData, value: float) -> WeightData:
     if wd.quantization_encoding is not None or not wd.dtype.is_float:
         raise LazyWeightsError(f"cannot add {value} to {wd.name!r} ({wd.dtype.name}); dequantize it first")
     const = ops.const(np.full((1,) * wd.ndim, value, dtype=wd.dtype.to_numpy()))
-    return WeightData._wrap(binary("add", wd.node, const), wd.name, None)
+    return WeightData.wrap(binary("add", wd.node, const), wd.name, None)
 
 
 def _as_wd(value, name: str) -> WeightData:
@@ -367,7 +367,7 @@ def _rope_heads(hf_name: str, heads: tuple[int, int] | None) -> int:
 
 
 def _renamed(wd: WeightData, name: str) -> WeightData:
-    return WeightData._wrap(wd.node, name, wd.quantization_encoding)
+    return WeightData.wrap(wd.node, name, wd.quantization_encoding)
 
 
 # --- export metadata --------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import LazyWeightsError, did_you_mean
-from ..formats.checkpoint import WeightsFormat, weights_format
+from ..formats.checkpoint import WeightsFormat
+from ..formats.open import weights_format
 
 __all__ = ["SupportedArchitecture", "UnknownArchitectureError", "NoAdapterError", "register", "unregister", "get",
            "architectures", "adapt", "architecture_from_config"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..core.errors import LazyWeightsError
 from ..graph.node import Node, toposort
-from .weight_data import WeightData
+from .weight_data import WeightData, as_weight_data
 
 
 class Plan:
@@ -53,9 +53,9 @@ class Plan:
         flight (int, or a string like "512MB"). `out`: caller-provided destination arrays to fill.
         `workers` (threads) and `block_bytes` (output bytes per block) tune the executor.
         """
-        from ..run.driver import materialize
+        from ..run.materialize import materialize  # (run, compiler, render load on first use: light import)
 
-        return materialize(self, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out,
+        return materialize(self.outputs, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out,
                            workers=workers, block_bytes=block_bytes)
 
     def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
@@ -63,9 +63,11 @@ class Plan:
              block_bytes: int | None = None) -> list[str]:
         """Stream the outputs to `path` (see `lazyweights.formats.save`): `.safetensors` file, a directory
         (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files."""
+        from ..formats.gguf_writer import TensorMeta
         from ..formats.save import save
 
-        return save(self, path, format=format, max_shard_size=max_shard_size, budget=budget,
+        meta = {n: TensorMeta(w.dtype, w.shape, w.quantization_encoding) for n, w in self.tensors.items()}
+        return save(self.outputs, path, format=format, tensor_meta=meta, max_shard_size=max_shard_size, budget=budget,
                     scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
                     block_bytes=block_bytes)
 
@@ -108,16 +110,3 @@ class Plan:
 def plan(state_dict: Mapping[str, object]) -> Plan:
     """Build the plan for an adapted state dict (`dict[str, WeightData]`). Reads nothing."""
     return Plan(state_dict)
-
-
-def as_weight_data(value, name: str) -> WeightData:
-    """Accept WeightData, a Weights accessor (its `.data()`), or an array (wrapped with from_numpy)."""
-    if isinstance(value, WeightData):
-        return value
-    if hasattr(value, "data") and callable(getattr(value, "data")) and hasattr(value, "exists"):
-        return value.data()
-    if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
-        return WeightData(value, name)
-    raise LazyWeightsError(
-        f"state dict value for {name!r} is a {type(value).__name__}; expected WeightData (or an array)"
-    )

@@ -24,10 +24,11 @@ from typing import Sequence
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, LazyWeightsError, ShapeError
 from ..graph import ops
 from ..graph.node import Node
 from ..core.quantization import QuantizationEncoding
+from .dlpack import export_dlpack
 
 
 class WeightData:
@@ -65,7 +66,7 @@ class WeightData:
         self.quantization_encoding = QuantizationEncoding.parse(quantization_encoding)
 
     @classmethod
-    def _wrap(cls, node: Node, name: str, encoding: QuantizationEncoding | None = None) -> "WeightData":
+    def wrap(cls, node: Node, name: str, encoding: QuantizationEncoding | None = None) -> "WeightData":
         obj = cls.__new__(cls)
         obj.node, obj.name, obj.quantization_encoding = node, name, encoding
         return obj
@@ -73,7 +74,7 @@ class WeightData:
     @classmethod
     def from_numpy(cls, arr, name: str) -> "WeightData":
         """Wrap an in-memory array (held by reference: do not mutate it afterwards)."""
-        return cls._wrap(ops.const(_to_host_array(arr)), name)
+        return cls.wrap(ops.const(_to_host_array(arr)), name)
 
     # --- metadata -----------------------------------------------------------------------------------
     @property
@@ -106,7 +107,7 @@ class WeightData:
         return f"WeightData({self.name!r}, {self.dtype.name}{list(self.shape)}{q}, op={self.node.op})"
 
     def _derive(self, node: Node, keep_encoding: bool = True) -> "WeightData":
-        return WeightData._wrap(node, self.name, self.quantization_encoding if keep_encoding else None)
+        return WeightData.wrap(node, self.name, self.quantization_encoding if keep_encoding else None)
 
     def _check_not_quantized(self, what: str) -> None:
         if self.quantization_encoding is not None:
@@ -145,7 +146,7 @@ class WeightData:
         """Values -> packed `encoding` blocks (uint8, last axis in bytes), e.g. for writing GGUF."""
         self._check_not_quantized("quantize")
         encoding = QuantizationEncoding.parse(encoding)
-        return WeightData._wrap(ops.quantize(self.node, encoding), self.name, encoding)
+        return WeightData.wrap(ops.quantize(self.node, encoding), self.name, encoding)
 
     # --- arithmetic (for scale-based dequantization: weight * scale) ----------------------------------
     def _binary(self, kind: str, other, reflected: bool = False) -> "WeightData":
@@ -233,11 +234,10 @@ class WeightData:
     # --- materialization ----------------------------------------------------------------------------
     def to_numpy(self) -> np.ndarray:
         """Materialize: a numpy array (bf16/fp8 as ml_dtypes arrays; a source with no ops is a zero-copy view)."""
-        from .plan import Plan
+        from ..run.materialize import materialize  # (loads the run layer on first use)
 
-        arr = Plan({self.name: self}).materialize()[self.name]
-        # FIX: guarantee the declared shape. np.ascontiguousarray (used by the executors) turns a 0-d
-        # result into shape (1,), so a scalar such as a k_scale came back as [x] instead of x.
+        arr = materialize({self.name: self.node})[self.name]
+        # The declared shape, always: a 0-d result (a k_scale) is a scalar, never [x] (tests/test_ops.py).
         return arr if arr.shape == self.shape else arr.reshape(self.shape)
 
     @property
@@ -250,8 +250,6 @@ class WeightData:
         return arr if dtype is None else arr.astype(dtype)
 
     def __dlpack__(self, *args, **kwargs):
-        from .dlpack import export_dlpack
-
         return export_dlpack(self.to_numpy(), *args, **kwargs)
 
     def __dlpack_device__(self):
@@ -266,7 +264,7 @@ def concat(xs: Sequence[WeightData], axis: int = 0, name: str | None = None) -> 
         raise ShapeError("concat: nothing to concatenate")
     _check_same_encoding(xs, "concat")
     node = ops.concat([x.node for x in xs], axis)
-    return WeightData._wrap(node, name or xs[0].name, xs[0].quantization_encoding)
+    return WeightData.wrap(node, name or xs[0].name, xs[0].quantization_encoding)
 
 
 def stack(xs: Sequence[WeightData], axis: int = 0, name: str | None = None) -> WeightData:
@@ -284,7 +282,7 @@ def stack(xs: Sequence[WeightData], axis: int = 0, name: str | None = None) -> W
     axis %= nd
     expanded = [ops.reshape(x.node, shape[:axis] + (1,) + shape[axis:]) for x in xs]
     _check_same_encoding(xs, "stack")
-    return WeightData._wrap(ops.concat(expanded, axis), name or xs[0].name, xs[0].quantization_encoding)
+    return WeightData.wrap(ops.concat(expanded, axis), name or xs[0].name, xs[0].quantization_encoding)
 
 
 def split(x: WeightData, sizes: Sequence[int] | int, axis: int = 0) -> list[WeightData]:
@@ -444,3 +442,16 @@ def _index(node: Node, key, name: str) -> Node:
         p = out_shape_plan.index(("keep", array_axis))
         out = ops.permute(out, (p,) + tuple(i for i in range(len(new_shape)) if i != p))
     return out
+
+
+def as_weight_data(value, name: str) -> WeightData:
+    """Accept WeightData, a Weights accessor (its `.data()`), or an array (wrapped with from_numpy)."""
+    if isinstance(value, WeightData):
+        return value
+    if hasattr(value, "data") and callable(getattr(value, "data")) and hasattr(value, "exists"):
+        return value.data()
+    if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
+        return WeightData(value, name)
+    raise LazyWeightsError(
+        f"state dict value for {name!r} is a {type(value).__name__}; expected WeightData (or an array)"
+    )

@@ -30,7 +30,8 @@ import numpy as np
 from ..core.device import DeviceRef
 from ..core.dtype import DType
 from ..core.errors import DTypeError, LazyWeightsError, ShapeError, missing_weight
-from ..formats.checkpoint import Checkpoint, WeightsFormat, open_checkpoint
+from ..formats.checkpoint import Checkpoint, WeightsFormat
+from ..formats.open import open_checkpoint
 from ..graph import ops
 from ..core.quantization import QuantizationEncoding
 from .weight import Weight
@@ -114,7 +115,7 @@ class Weights:
         if record is None:
             raise missing_weight(self._prefix, self._shared.names)
         node = getattr(record, "node", None)  # pickle checkpoints (allow_pickle): a const node over torch's map
-        return WeightData._wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
+        return WeightData.wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
 
     def allocate(self, dtype: DType | None = None, shape: Iterable[int] | None = None,
                  quantization_encoding: QuantizationEncoding | None = None, device=DeviceRef.CPU()) -> Weight:

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from ..core.errors import BudgetError, LazyWeightsError
 from ..core.units import available_cpus, parse_size
-from ..run.blocks import full_view, row_alignment
+from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
+from ..graph.opcodes import Op, OpTable
 from ..graph.rewrites import merge_leading_axes, sink_casts
 
 DEFAULT_BUDGET = 512 << 20
@@ -83,6 +84,12 @@ class Outputs:
         self.outputs = outputs
 
 
+def outputs_of(plan_or_outputs) -> dict[str, Node]:
+    """name -> node from a `Plan` (anything with `.outputs`) or from such a mapping itself."""
+    outputs = getattr(plan_or_outputs, "outputs", plan_or_outputs)
+    return outputs if isinstance(outputs, dict) else dict(outputs)
+
+
 def default_workers() -> int:
     return available_cpus()
 
@@ -118,9 +125,9 @@ def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: in
 
 
 def _build_step(outputs: list[str], root: Node, view_cache: dict, materialize: bool) -> Step:
-    view = full_view(root, view_cache)
+    view = strided_layout(root, view_cache)
     if view is not None:
-        kind = "view" if (view.flags.c_contiguous and materialize) else "copy"
+        kind = "view" if (view.c_contiguous and materialize) else "copy"
     else:
         kind = "fused"
     step = Step(outputs, root, kind, toposort([root]))
@@ -191,7 +198,7 @@ def _work_per_row(step: Step, view_cache) -> int:
     nrows = node.shape[0] if node.shape else 1
     total = 0
     for n in step.nodes:
-        if n.op in ("source", "const") or full_view(n, view_cache) is not None and n is not node:
+        if n.op in ("source", "const") or strided_layout(n, view_cache) is not None and n is not node:
             continue
         total += n.nbytes
     if step.kind != "fused":
@@ -199,12 +206,15 @@ def _work_per_row(step: Step, view_cache) -> int:
     return max(1, -(-total // max(1, nrows)))
 
 
+# Whether a block of the op needs its inputs whole, not just the rows under the block.
+WHOLE_INPUT = OpTable("whole input")
+WHOLE_INPUT.register(Op.PERMUTE)(
+    lambda n, views: n.arg[0] != 0 and strided_layout(n, views) is None)  # output rows from a later input axis
+WHOLE_INPUT.register(Op.DEQUANTIZE, Op.QUANTIZE)(lambda n, views: n.ndim < 2)  # 1-D: one row of blocks
+WHOLE_INPUT.register(Op.RESHAPE)(lambda n, views: not n.shape or not n.srcs[0].shape)
+WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE, Op.CONCAT, Op.BINARY)(
+    lambda n, views: False)
+
+
 def _needs_whole_inputs(root: Node, view_cache) -> bool:
-    for n in toposort([root]):
-        if n.op == "permute" and n.arg[0] != 0 and full_view(n, view_cache) is None:
-            return True
-        if n.op in ("dequantize", "quantize") and n.ndim < 2:
-            return True
-        if n.op == "reshape" and (not n.shape or not n.srcs[0].shape):
-            return True
-    return False
+    return any(WHOLE_INPUT[n.op](n, view_cache) for n in toposort([root]))

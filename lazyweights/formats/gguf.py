@@ -66,7 +66,7 @@ _MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset (empty name, 0 dims)
 
 # Scalar value types: struct format (little-endian) and numpy dtype for arrays.
-_SCALAR: dict[GGUFValueType, tuple[str, str]] = {
+SCALAR_FORMATS: dict[GGUFValueType, tuple[str, str]] = {
     GGUFValueType.UINT8: ("<B", "<u1"),
     GGUFValueType.INT8: ("<b", "<i1"),
     GGUFValueType.UINT16: ("<H", "<u2"),
@@ -79,7 +79,7 @@ _SCALAR: dict[GGUFValueType, tuple[str, str]] = {
     GGUFValueType.INT64: ("<q", "<i8"),
     GGUFValueType.FLOAT64: ("<d", "<f8"),
 }
-_SCALAR_SIZE = {t: struct.calcsize(f) for t, (f, _) in _SCALAR.items()}
+_SCALAR_SIZE = {t: struct.calcsize(f) for t, (f, _) in SCALAR_FORMATS.items()}
 _MIN_ELEMENT_SIZE = {**_SCALAR_SIZE, GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}
 
 # Unquantized ggml types and their element dtypes.
@@ -143,15 +143,15 @@ class GGUFArray(Sequence):
 
     def numpy(self) -> np.ndarray:
         """Numeric arrays as a read-only numpy view (BOOL as numpy bool). TypeError for strings/arrays."""
-        if self.type not in _SCALAR:
+        if self.type not in SCALAR_FORMATS:
             raise TypeError(f"GGUFArray of {self.type.name} has no numpy form; use tolist()")
         self._file.check_unchanged()
-        arr = self._file.view(self._offset, self._nbytes).view(np.dtype(_SCALAR[self.type][1]))
+        arr = self._file.view(self._offset, self._nbytes).view(np.dtype(SCALAR_FORMATS[self.type][1]))
         return arr != 0 if self.type is GGUFValueType.BOOL else arr
 
     def tolist(self) -> list:
         if self._cache is None:
-            if self.type in _SCALAR:
+            if self.type in SCALAR_FORMATS:
                 self._cache = self.numpy().tolist()
             else:
                 self._file.check_unchanged()
@@ -160,7 +160,7 @@ class GGUFArray(Sequence):
         return self._cache
 
     def __getitem__(self, index):
-        if self._cache is None and self.type in _SCALAR and isinstance(index, (int, np.integer)):
+        if self._cache is None and self.type in SCALAR_FORMATS and isinstance(index, (int, np.integer)):
             return self.numpy()[index].item()
         return self.tolist()[index]
 
@@ -210,9 +210,9 @@ def _decode_elements(buf: memoryview, type_: GGUFValueType, count: int) -> list:
         sub, n = unpack("<IQ", buf, pos)
         pos += 12
         sub = GGUFValueType(sub)
-        if sub in _SCALAR:
+        if sub in SCALAR_FORMATS:
             size = _SCALAR_SIZE[sub] * n
-            arr = np.frombuffer(buf[pos:pos + size], dtype=_SCALAR[sub][1])
+            arr = np.frombuffer(buf[pos:pos + size], dtype=SCALAR_FORMATS[sub][1])
             out.append((arr != 0).tolist() if sub is GGUFValueType.BOOL else arr.tolist())
             pos += size
         else:
@@ -224,7 +224,7 @@ def _decode_elements(buf: memoryview, type_: GGUFValueType, count: int) -> list:
 
 def _skip_elements(buf: memoryview, pos: int, type_: GGUFValueType, count: int) -> int:
     """End position of `count` validated elements starting at `pos` (used only on validated bytes)."""
-    if type_ in _SCALAR:
+    if type_ in SCALAR_FORMATS:
         return pos + _SCALAR_SIZE[type_] * count
     unpack = struct.unpack_from
     for _ in range(count):
@@ -321,8 +321,8 @@ def _value_type(cur: _Cursor, raw: int, what: str) -> GGUFValueType:
 
 
 def _read_value(cur: _Cursor, type_: GGUFValueType, what: str):
-    if type_ in _SCALAR:
-        fmt, _ = _SCALAR[type_]
+    if type_ in SCALAR_FORMATS:
+        fmt, _ = SCALAR_FORMATS[type_]
         (v,) = cur.unpack(fmt, _SCALAR_SIZE[type_], what)
         return bool(v) if type_ is GGUFValueType.BOOL else v
     if type_ is GGUFValueType.STRING:
@@ -343,7 +343,7 @@ def _read_array(cur: _Cursor, what: str, depth: int) -> GGUFArray:
             f"{cur.pos} but only {cur.left()} bytes remain in the file: corrupt or truncated header"
         )
     start = cur.pos
-    if sub in _SCALAR:
+    if sub in SCALAR_FORMATS:
         cur.pos += count * min_size  # bounded above
     elif sub is GGUFValueType.STRING:
         buf, pos, size = cur.buf, cur.pos, cur.size

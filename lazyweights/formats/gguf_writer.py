@@ -11,8 +11,8 @@ Three layers, so a scheduler can drive the writing:
   `commit()` checks every tensor was written completely, fsyncs, renames atomically to `path` and fsyncs
   the directory; `abort()` removes the temporary file. As a context manager it commits on success and
   aborts on an exception, so a failed conversion never leaves a half-written file under the final name.
-- `write_gguf(path, tensors, metadata, produce)` and `save_gguf(path, state_dict, metadata)` run the two
-  for an adapted state dict, materializing one tensor at a time (never the whole model in memory).
+- `formats/save.save_gguf_outputs` drives them from the block scheduler (`Plan.save(..., format="gguf")`);
+  `api/gguf.py` has the tensor-at-a-time `write_gguf`/`save_gguf` for adapted state dicts.
 
 Tensors are written in numpy order and converted back to GGUF's `ne` (reversed) here: an unquantized
 `float32[11008, 4096]` is `ne=[4096, 11008]`; a quantized `uint8[rows, row_bytes]` with encoding Q4_K is
@@ -25,12 +25,11 @@ numpy scalars by their dtype, lists and numpy arrays -> ARRAY of the inferred el
 
 Example:
     >>> import numpy as np, tempfile, os
-    >>> from lazyweights import WeightData
-    >>> from lazyweights.formats.gguf_writer import save_gguf
     >>> from lazyweights.formats.gguf import read_gguf
     >>> path = os.path.join(tempfile.mkdtemp(), "out.gguf")
-    >>> _ = save_gguf(path, {"w": WeightData.from_numpy(np.ones((2, 3), np.float32), "w")},
-    ...               {"general.architecture": "llama"})
+    >>> w = np.ones((2, 3), np.float32)
+    >>> with GGUFStreamWriter(path, GGUFLayout.plan({"w": w}, {"general.architecture": "llama"})) as out:
+    ...     out.write_tensor("w", w)
     >>> records, meta = read_gguf(path)
     >>> [(r.name, r.shape, r.extra["ne"]) for r in records], meta["general.architecture"]
     ([('w', (2, 3), (3, 2))], 'llama')
@@ -39,10 +38,8 @@ from __future__ import annotations
 
 import bisect
 import os
-import secrets
 import struct
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -52,7 +49,10 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from ..core.dtype import DType
 from ..core.errors import DTypeError, LazyWeightsError, ShapeError, WriteError
 from ..core.quantization import QuantizationEncoding
-from .gguf import _SCALAR, DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SPLIT_KEYS, GGUFArray
+from ..graph.node import Node
+from .source import TensorRecord
+from .atomic import AtomicFile
+from .gguf import SCALAR_FORMATS, DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SPLIT_KEYS, GGUFArray
 
 GGUF_WRITE_VERSION = 3
 GGML_MAX_DIMS = 4  # llama.cpp refuses tensors with more dimensions
@@ -172,7 +172,7 @@ def _infer_element_type(items, what: str) -> GGUFValueType:
 def _pack_scalar(v, t: GGUFValueType, what: str) -> bytes:
     if t is GGUFValueType.STRING:
         return _pack_string(v, what)
-    fmt = _SCALAR[t][0]
+    fmt = SCALAR_FORMATS[t][0]
     try:
         if t is GGUFValueType.BOOL:
             return struct.pack(fmt, 1 if bool(v) else 0)
@@ -190,11 +190,11 @@ def _pack_array(items, sub: GGUFValueType | None, what: str) -> bytes:
         return struct.pack("<IQ", items.type, len(items)) + bytes(items.raw())
     if sub is None:
         sub = _infer_element_type(items, what)
-    if sub in _SCALAR and isinstance(items, np.ndarray) and items.dtype.kind in "biuf":
+    if sub in SCALAR_FORMATS and isinstance(items, np.ndarray) and items.dtype.kind in "biuf":
         arr = items.reshape(-1)
         if sub is GGUFValueType.BOOL:
             arr = arr != 0
-        body = np.ascontiguousarray(arr.astype(_SCALAR[sub][1], copy=False)).tobytes()
+        body = np.ascontiguousarray(arr.astype(SCALAR_FORMATS[sub][1], copy=False)).tobytes()
         return struct.pack("<IQ", sub, arr.size) + body
     items = items.tolist() if isinstance(items, (np.ndarray, GGUFArray)) else list(items)
     parts = [struct.pack("<IQ", sub, len(items))]
@@ -206,8 +206,8 @@ def _pack_array(items, sub: GGUFValueType | None, what: str) -> bytes:
         if sub is not GGUFValueType.BOOL and sub in _INT_TYPES and any(isinstance(v, float) for v in items):
             raise DTypeError(f"GGUF metadata {what}: float values in a {sub.name} array")
         try:
-            parts.append(np.asarray(items, dtype=_SCALAR[sub][1] if sub is not GGUFValueType.BOOL else np.bool_)
-                         .astype(_SCALAR[sub][1]).tobytes())
+            parts.append(np.asarray(items, dtype=SCALAR_FORMATS[sub][1] if sub is not GGUFValueType.BOOL else np.bool_)
+                         .astype(SCALAR_FORMATS[sub][1]).tobytes())
         except (OverflowError, ValueError, TypeError) as e:
             raise DTypeError(f"GGUF metadata {what}: values cannot be stored as {sub.name} ({e})") from None
     return b"".join(parts)
@@ -244,7 +244,7 @@ def _fits(value, t: GGUFValueType) -> bool:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             return False
         try:
-            struct.pack(_SCALAR[t][0], int(value))
+            struct.pack(SCALAR_FORMATS[t][0], int(value))
             return True
         except struct.error:
             return False
@@ -253,22 +253,16 @@ def _fits(value, t: GGUFValueType) -> bool:
 
 # --- the layout -------------------------------------------------------------------------------------------------
 def _tensor_meta(name: str, value) -> TensorMeta:
-    """dtype, numpy shape and encoding of a WeightData, Weights accessor, Node, TensorRecord, TensorMeta,
-    array, or (dtype, shape[, encoding])."""
-    from ..graph.node import Node
-    from ..api.weight_data import WeightData
-    from ..api.weights import Weights
-    from .source import TensorRecord
-
+    """dtype, numpy shape and encoding of a TensorMeta, Node, TensorRecord, array, (dtype, shape[, encoding]),
+    or anything with `dtype`, `shape` and `quantization_encoding` (a WeightData; a Weights accessor's `.data()`)."""
     if isinstance(value, TensorMeta):
         return TensorMeta(DType.parse(value.dtype), tuple(value.shape), QuantizationEncoding.parse(value.encoding))
-    if isinstance(value, WeightData):
-        return TensorMeta(value.dtype, tuple(value.shape), value.quantization_encoding)
-    if isinstance(value, Weights):
-        wd = value.data()
-        return TensorMeta(wd.dtype, tuple(wd.shape), wd.quantization_encoding)
+    if callable(getattr(value, "data", None)) and hasattr(value, "exists"):  # a Weights accessor
+        value = value.data()
+    if hasattr(value, "quantization_encoding"):  # a WeightData
+        return TensorMeta(DType.parse(value.dtype), tuple(value.shape), value.quantization_encoding)
     if isinstance(value, Node):
-        return TensorMeta(value.dtype, tuple(value.shape), _node_encoding(value))
+        return TensorMeta(value.dtype, tuple(value.shape), node_encoding(value))
     if isinstance(value, TensorRecord):
         return TensorMeta(value.dtype, tuple(value.shape), value.encoding)
     if isinstance(value, np.ndarray):
@@ -279,7 +273,7 @@ def _tensor_meta(name: str, value) -> TensorMeta:
     raise LazyWeightsError(f"GGUF layout: tensor {name!r}: cannot tell dtype/shape of a {type(value).__name__}")
 
 
-def _node_encoding(node) -> QuantizationEncoding | None:
+def node_encoding(node) -> QuantizationEncoding | None:
     """The quantization encoding a bare Node carries (through layout ops that keep whole block rows)."""
     while True:
         if node.op == "quantize":
@@ -403,20 +397,6 @@ class GGUFLayout:
 
 
 # --- the writer -----------------------------------------------------------------------------------------------
-def _cleanup(fd_box: list, tmp: str) -> None:
-    fd = fd_box[0]
-    if fd is not None:
-        fd_box[0] = None
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
-
-
 def _as_bytes(name: str, slot: GGUFTensorSlot, data) -> memoryview:
     if isinstance(data, np.ndarray):
         want = slot.dtype.to_numpy()
@@ -441,50 +421,20 @@ class GGUFStreamWriter:
     """
 
     def __init__(self, path, layout: GGUFLayout, fsync: bool = True):
-        self.path = os.path.abspath(os.fspath(path))
         self.layout = layout
-        self._fsync = fsync
         self._lock = threading.Lock()
         self._written: dict[str, list[list[int]]] = {name: [] for name in layout.slots}
-        self._state = "open"
         self._starts = None
-        d, base = os.path.split(self.path)
-        self.tmp_path = os.path.join(d, f"{base}.tmp-{secrets.token_hex(6)}")
+        self.file = AtomicFile(path, layout.total_size, fsync=fsync)  # the planned size from the start
+        self.path, self.tmp_path = self.file.path, self.file.tmp_path
         try:
-            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as e:
-            raise WriteError(f"{self.path}: cannot create the temporary file {self.tmp_path}: {e.strerror}",
-                             path=self.path) from e
-        self._fd_box = [fd]
-        self._finalizer = weakref.finalize(self, _cleanup, self._fd_box, self.tmp_path)
-        try:
-            os.ftruncate(fd, layout.total_size)
-            self._pwrite(memoryview(layout.header), 0, None)
+            self.file.write(0, layout.header)
         except BaseException:
             self.abort()
             raise
 
-    # --- writing --------------------------------------------------------------------------------------------
-    @property
-    def _fd(self) -> int:
-        fd = self._fd_box[0]
-        if fd is None or self._state != "open":
-            raise WriteError(f"{self.path}: the GGUF writer is {self._state}", path=self.path)
-        return fd
-
     def _pwrite(self, mv: memoryview, offset: int, tensor: str | None) -> None:
-        fd = self._fd
-        try:
-            while len(mv):
-                n = os.pwrite(fd, mv, offset)
-                if n <= 0:
-                    raise OSError(0, "pwrite wrote nothing")
-                mv = mv[n:]
-                offset += n
-        except OSError as e:
-            about = f" tensor {tensor!r}" if tensor else " the header"
-            raise WriteError(f"{self.path}: writing{about} failed: {e.strerror or e}", path=self.path,
-                             tensor=tensor) from e
+        self.file.write(offset, mv, tensor=tensor)
 
     def _slot(self, name: str) -> GGUFTensorSlot:
         slot = self.layout.slots.get(name)
@@ -554,9 +504,8 @@ class GGUFStreamWriter:
     # --- finishing --------------------------------------------------------------------------------------------
     def commit(self) -> str:
         """Check completeness, fsync, rename to the final path, fsync the directory. Returns the path."""
-        if self._state == "committed":
+        if self.file.state == "committed":
             return self.path
-        fd = self._fd
         missing = self.missing()
         if missing:
             self.abort()
@@ -564,27 +513,11 @@ class GGUFStreamWriter:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise WriteError(f"{self.path}: not committed: tensors not completely written: {shown}{more}",
                              path=self.path, tensor=next(iter(missing)))
-        try:
-            if self._fsync:
-                os.fsync(fd)
-            os.close(fd)
-            self._fd_box[0] = None
-            os.replace(self.tmp_path, self.path)
-        except OSError as e:
-            self.abort()
-            raise WriteError(f"{self.path}: finishing the GGUF file failed: {e.strerror or e}", path=self.path) from e
-        self._state = "committed"
-        self._finalizer.detach()
-        if self._fsync:
-            _fsync_dir(os.path.dirname(self.path))
-        return self.path
+        return self.file.commit()
 
     def abort(self) -> None:
         """Discard the temporary file (idempotent; does nothing after a commit)."""
-        if self._state == "committed":
-            return
-        self._state = "aborted"
-        self._finalizer()
+        self.file.abort()
 
     def __enter__(self) -> "GGUFStreamWriter":
         return self
@@ -592,7 +525,7 @@ class GGUFStreamWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
-        elif self._state == "open":
+        elif self.file.state == "open":
             self.commit()
 
 
@@ -614,96 +547,3 @@ def _add_interval(spans: list[list[int]], a: int, b: int) -> None:
         else:
             merged.append(s)
     spans[:] = merged
-
-
-def _fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; the rename itself is still atomic
-    finally:
-        os.close(fd)
-
-
-# --- conveniences ----------------------------------------------------------------------------------------------
-def _as_weight_data(name: str, value):
-    from ..graph.node import Node
-    from ..api.weight_data import WeightData
-
-    if isinstance(value, WeightData):
-        return value
-    if isinstance(value, Node):
-        return WeightData._wrap(value, name, _node_encoding(value))
-    from ..api.plan import as_weight_data
-
-    return as_weight_data(value, name)
-
-
-def _materialize_one(name: str, value) -> np.ndarray:
-    from ..api.plan import plan
-
-    return plan({name: value}).materialize()[name]
-
-
-def write_gguf(path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
-               produce: Callable[[str, Any], Any] | None = None, alignment: int | None = None,
-               fsync: bool = True) -> str:
-    """Write `tensors` (name -> WeightData or Node) to `path` as GGUF, one tensor at a time, in order.
-
-    `produce(name, weight_data)` returns the tensor's array (or bytes); by default each tensor is
-    materialized alone with `lazyweights.plan({name: wd}).materialize()`, written, and released, so peak
-    memory is about one tensor. The file appears under `path` only when complete.
-    """
-    wds = {name: _as_weight_data(name, v) for name, v in tensors.items()}
-    layout = GGUFLayout.plan(wds, metadata, alignment)
-    produce = produce or _materialize_one
-    with GGUFStreamWriter(path, layout, fsync=fsync) as w:
-        for name, wd in wds.items():
-            data = produce(name, wd)
-            w.write_tensor(name, data)
-            del data
-    return w.path
-
-
-def save_gguf(path, state_dict: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
-              alignment: int | None = None) -> str:
-    """Eager convenience: stream `state_dict` (name -> WeightData) to a GGUF file with `metadata`."""
-    return write_gguf(path, state_dict, metadata, alignment=alignment)
-
-
-def save_plan_gguf(plan, path, metadata: Mapping[str, Any] | None = None, budget=None, scheduler=None,
-                   progress: bool = False, workers: int | None = None, block_bytes: int | None = None,
-                   alignment: int | None = None) -> list[str]:
-    """`Plan.save(path, format="gguf")`: the header from the plan's shapes, dtypes and encodings, then
-    every tensor's row blocks computed by the fused scheduler (in parallel, under `budget`) and written at
-    their offsets; atomic. A dask.distributed Client runs the blocks on local threads (the file is local).
-    Returns `[path]`."""
-    from ..run.driver import resolve_scheduler, run_tasks, task_bytes
-    from .save import _save_block
-    from ..compiler.steps import compile_steps
-
-    tensors = getattr(plan, "tensors", None) or plan.outputs
-    layout = GGUFLayout.plan(tensors, metadata, alignment)
-    sched = resolve_scheduler(scheduler)
-    if not isinstance(sched, str) or sched == "reference":
-        sched = "threads" if not isinstance(sched, str) else "sync"
-
-    with GGUFStreamWriter(path, layout) as writer:
-        steps = compile_steps(plan, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
-        tasks = [(step, rows, [(writer, layout.slots[n].offset) for n in step.outputs])
-                 for step in steps for rows in step.blocks]
-        bar = None
-        if progress:
-            from ..run.progress import Progress
-
-            bar = Progress(sum(task_bytes(t) for t in tasks), "save")
-        try:
-            run_tasks(tasks, _save_block, sched, workers, bar)
-        finally:
-            if bar:
-                bar.close()
-    return [writer.path]

@@ -27,26 +27,26 @@ import json
 import os
 import shutil
 import threading
+from typing import Mapping
 
-import numpy as np
-
-from ..core.errors import LazyWeightsError, WriteError
-from ..run.driver import prepare_kernels, resolve_scheduler, run_tasks, task_bytes
-from ..run.blocks import pull, write_rows
-from .safetensors_writer import SafetensorsLayout, StreamingFile
-from ..run.progress import Progress
-from ..compiler.steps import Outputs, compile_steps
+from ..compiler.steps import outputs_of
+from ..core.errors import LazyWeightsError
 from ..core.units import parse_size
+from ..graph.node import Node
+from ..run.driver import execute, resolve_scheduler
+from ..run.sinks import WriterSink
+from .atomic import AtomicFile, fsync_dir, write_file_atomically
+from .safetensors_writer import SafetensorsLayout
 
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def shard_names(plan, max_shard_size: int | None) -> list[list[str]]:
+def shard_names(outputs: Mapping[str, Node], max_shard_size: int | None) -> list[list[str]]:
     """Output names per shard, in the plan's order, each shard at most `max_shard_size` bytes (a tensor
     larger than that gets a shard of its own, as Hugging Face's sharding does)."""
     shards: list[list[str]] = [[]]
     size = 0
-    for name, node in plan.outputs.items():
+    for name, node in outputs.items():
         n = node.nbytes
         if max_shard_size and shards[-1] and size + n > max_shard_size:
             shards.append([])
@@ -56,21 +56,24 @@ def shard_names(plan, max_shard_size: int | None) -> list[list[str]]:
     return shards
 
 
-def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
+def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
          progress: bool = False, metadata: dict | None = None, workers: int | None = None,
-         block_bytes: int | None = None) -> list[str]:
-    """Write `plan`'s outputs to `path`; returns the files written (final names)."""
+         block_bytes: int | None = None, tensor_meta: Mapping | None = None) -> list[str]:
+    """Write `plan`'s outputs (a Plan, or name -> node) to `path`; returns the files written (final names).
+
+    `tensor_meta` (GGUF only): name -> what `GGUFLayout.plan` accepts, where a node alone does not say
+    the tensor's quantization encoding."""
     path = os.fspath(path)
+    outputs = outputs_of(plan)
     fmt = (format or "safetensors").lower()
     if fmt == "gguf" or path.endswith(".gguf"):
-        from .gguf_writer import save_plan_gguf
-
-        return save_plan_gguf(plan, path, metadata=metadata, budget=budget, scheduler=scheduler,
-                              progress=progress, workers=workers)
+        return save_gguf_outputs(outputs, path, metadata=metadata, budget=budget, scheduler=scheduler,
+                                 progress=progress, workers=workers, block_bytes=block_bytes,
+                                 tensor_meta=tensor_meta)
     if fmt != "safetensors":
         raise LazyWeightsError(f"unknown output format {format!r}; use 'safetensors' or 'gguf'")
     max_shard = parse_size(max_shard_size)
-    shards = shard_names(plan, max_shard)
+    shards = shard_names(outputs, max_shard)
     if path.endswith(".safetensors"):
         if len(shards) > 1:
             raise LazyWeightsError(
@@ -92,11 +95,10 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
 
     def write_all(work_files: list[str], writers: list) -> None:
         if isinstance(sched, str):
-            write_shards(plan, work_files, shards, meta, budget, sched, workers, progress, block_bytes, writers)
+            write_shards(outputs, work_files, shards, writers, metadata=meta, budget=budget, scheduler=sched,
+                         workers=workers, progress=progress, block_bytes=block_bytes)
         else:
-            from ..run.distributed import write_shards_distributed
-
-            write_shards_distributed(plan, sched, work_files, shards, meta, budget)
+            write_shards_distributed(outputs, sched, work_files, shards, metadata=meta, budget=budget)
 
     # A new directory is staged under a temporary sibling name and renamed whole at the end, so a reader
     # never sees some shards without the rest; into an existing directory each file is renamed in turn,
@@ -106,7 +108,7 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
         staging = f"{directory}.tmp-{os.getpid()}-{threading.get_ident() % 10000:04d}"
         os.makedirs(staging)
     work_files = [os.path.join(staging, os.path.basename(f)) for f in files] if staging else files
-    writers: list[StreamingFile] = []
+    writers: list[AtomicFile] = []
     committed: list[str] = []
     try:
         write_all(work_files, writers)
@@ -114,17 +116,17 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
             w.commit()
             committed.append(w.path)
         if len(files) > 1:
-            _write_index(staging or directory, _index_doc(plan, files, shards))
+            _write_index(staging or directory, _index_doc(outputs, files, shards))
         if staging:
             os.rename(staging, directory)
-            _fsync_dir(os.path.dirname(directory))
+            fsync_dir(os.path.dirname(directory))
     except BaseException:
         for w in writers:
             w.abort()
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
-        else:  # FIX (hardening): shards already renamed into an existing directory must not stay there
-            for f in committed:  # without their index (e.g. the index write hit a full disk)
+        else:  # shards already renamed into an existing directory must not stay there without their
+            for f in committed:  # index (e.g. the index write hit a full disk): tests/test_faults.py
                 try:
                     os.unlink(f)
                 except OSError:
@@ -133,86 +135,88 @@ def save(plan, path, format: str = "safetensors", max_shard_size=None, budget=No
     return files + ([os.path.join(directory, INDEX_NAME)] if len(files) > 1 else [])
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_shards(plan, files, shards, meta, budget, sched, workers, progress, block_bytes,
-                 writers: list) -> None:
-    """Compute and write every tensor of `shards` into temporaries (appended to `writers`)."""
-    layouts = [SafetensorsLayout({n: (plan.outputs[n].dtype, plan.outputs[n].shape) for n in names}, meta)
+def write_shards(outputs: Mapping[str, Node], files: list[str], shards: list[list[str]], writers: list, *,
+                 metadata: dict, budget=None, scheduler="threads", workers: int | None = None,
+                 progress: bool = False, block_bytes: int | None = None) -> None:
+    """Compute and write every tensor of `shards` into temporaries (appended to `writers`, for the
+    caller to commit or abort)."""
+    layouts = [SafetensorsLayout({n: (outputs[n].dtype, outputs[n].shape) for n in names}, metadata)
                for names in shards]
-    where: dict[str, tuple[StreamingFile, int]] = {}
+    where: dict[str, list] = {}
     for f, layout in zip(files, layouts):
-        w = StreamingFile(f, layout.file_size)
+        w = AtomicFile(f, layout.file_size)
         writers.append(w)
         w.write(0, layout.header_bytes)
         for name in layout.order:
-            where[name] = (w, layout.offsets[name])
+            where[name] = [(w, layout.offsets[name])]
     wanted = {n for names in shards for n in names}
-    sub = Outputs({n: plan.outputs[n] for n in plan.outputs if n in wanted})
-    steps = compile_steps(sub, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
-    tasks = [(step, rows, [where[n] for n in step.outputs]) for step in steps for rows in step.blocks]
-    if prepare_kernels(steps):
-        from ..kernels import casts
-
-        casts.warm_up(wait=True)
-    bar = Progress(sum(task_bytes(t) for t in tasks), "save") if progress else None
-    run_tasks(tasks, _save_block, sched, workers, bar)
-    if bar:
-        bar.close()
+    sub = {n: node for n, node in outputs.items() if n in wanted}
+    execute(sub, WriterSink(where), scheduler=scheduler, budget=budget, workers=workers, block_bytes=block_bytes,
+            progress=progress)
 
 
-_scratch = threading.local()
+def _write_shard(path: str, outputs: dict, names: list[str], meta: dict, budget) -> str:
+    """On a dask worker: write one whole shard file and commit it (see `write_shards_distributed`)."""
+    writers: list = []
+    try:
+        write_shards(outputs, [path], [names], writers, metadata=meta, budget=budget)
+        for w in writers:
+            w.commit()
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
+    return path
 
 
-def _scratch_block(nbytes: int) -> np.ndarray:
-    """A per-thread reusable byte buffer, so blocks do not allocate (and fault in) fresh memory."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1), np.uint8)
-        _scratch.buf = buf
-    return buf[:nbytes]
+def write_shards_distributed(outputs: Mapping[str, Node], client, files: list[str], shards: list[list[str]], *,
+                             metadata: dict, budget=None) -> None:
+    """One dask.distributed task per shard; every shard file is committed (renamed from its temporary) by
+    its worker, which re-opens the sources itself. Workers must see the client's paths."""
+    futures = []
+    for path, names in zip(files, shards):
+        part = {n: outputs[n] for n in names}
+        futures.append(client.submit(_write_shard, path, part, names, metadata, budget, pure=False))
+    try:
+        written = client.gather(futures)
+    except Exception:
+        for path in files:  # a shard that did finish is removed too: the save failed as a whole
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        raise
+    missing = [p for p in written if not os.path.exists(p)]
+    if missing:
+        raise LazyWeightsError(f"workers reported shards the client cannot see: {missing} (no shared file system?)")
 
 
-def _save_block(task) -> int:
-    step, rows, targets = task
-    node = step.node
-    for r in step.sources:
-        r.file.check_unchanged(r.name)
-    row_bytes = node.nbytes // node.shape[0] if node.shape else node.nbytes
-    start = rows.start * row_bytes if node.shape else 0
-    block_shape = (len(rows),) + node.shape[1:] if node.shape else ()
-    data = None
-    if step.kind == "copy":
-        view = pull(node, rows, {})
-        if view.flags.c_contiguous:
-            data = view  # straight from the memory map to the file: no copy in between
-    if data is None:
-        nbytes = row_bytes * len(rows) if node.shape else node.nbytes
-        data = _scratch_block(nbytes).view(node.dtype.to_numpy()).reshape(block_shape)
-        write_rows(node, rows, data, {})
-    for writer, offset in targets:
-        writer.write(offset + start, data, tensor=step.outputs[0])
-    return data.nbytes
+def save_gguf_outputs(outputs: Mapping[str, Node], path, *, metadata: Mapping | None = None, budget=None,
+                      scheduler=None, progress: bool = False, workers: int | None = None,
+                      block_bytes: int | None = None, alignment: int | None = None,
+                      tensor_meta: Mapping | None = None) -> list[str]:
+    """`Plan.save(path, format="gguf")`: the header from the planned shapes, dtypes and encodings, then
+    every tensor's row blocks computed by the fused scheduler (in parallel, under `budget`) and written at
+    their offsets; atomic. A dask.distributed Client runs the blocks on local threads (the file is local).
+    Returns `[path]`."""
+    from .gguf_writer import GGUFLayout, GGUFStreamWriter  # (gguf-py loads only for GGUF saves)
+
+    layout = GGUFLayout.plan(dict(tensor_meta) if tensor_meta is not None else outputs, metadata, alignment)
+    sched = resolve_scheduler(scheduler)
+    if not isinstance(sched, str) or sched == "reference":
+        sched = "threads" if not isinstance(sched, str) else "sync"
+    with GGUFStreamWriter(path, layout) as writer:
+        where = {n: [(writer, layout.slots[n].offset)] for n in outputs}
+        execute(outputs, WriterSink(where), scheduler=sched, budget=budget, workers=workers,
+                block_bytes=block_bytes, progress=progress)
+    return [writer.path]
 
 
-def _index_doc(plan, files, shards) -> dict:
-    total = sum(plan.outputs[n].nbytes for names in shards for n in names)
+def _index_doc(outputs, files, shards) -> dict:
+    total = sum(outputs[n].nbytes for names in shards for n in names)
     weight_map = {n: os.path.basename(f) for f, names in zip(files, shards) for n in names}
     return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
 
 
 def _write_index(directory: str, doc: dict) -> None:
-    data = (json.dumps(doc, indent=2) + "\n").encode()
-    w = StreamingFile(os.path.join(directory, INDEX_NAME), len(data))
-    try:
-        w.write(0, data)
-        w.commit()
-    except BaseException:
-        w.abort()
-        raise
+    write_file_atomically(os.path.join(directory, INDEX_NAME), (json.dumps(doc, indent=2) + "\n").encode())

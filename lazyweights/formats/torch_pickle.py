@@ -76,7 +76,7 @@ def is_pickle_checkpoint(paths: Iterable[Path]) -> bool:
 
 
 def _expand(paths: list[Path]) -> list[Path]:
-    from .checkpoint import _read_index
+    from .checkpoint import read_index
 
     out: list[Path] = []
     for p in paths:
@@ -91,7 +91,7 @@ def _expand(paths: list[Path]) -> list[Path]:
                 out.extend(found)
                 continue
         if p.name.lower().endswith(INDEX_SUFFIX):
-            shards, _, _ = _read_index(p)  # shard names confined to the index's directory
+            shards, _, _ = read_index(p)  # shard names confined to the index's directory
             out.extend(shards)
         else:
             out.append(p)

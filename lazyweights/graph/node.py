@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..core.dtype import DType
+from .opcodes import Op
 
 
 class Const:
@@ -81,7 +82,8 @@ class Node:
 
     __slots__ = ("op", "srcs", "arg", "dtype", "shape", "_hash")
 
-    def __init__(self, op: str, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
+    def __init__(self, op: Op, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
+        op = Op(op)
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "srcs", tuple(srcs))
         object.__setattr__(self, "arg", arg)

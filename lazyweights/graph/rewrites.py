@@ -19,11 +19,12 @@ Example:
 """
 from __future__ import annotations
 
+from .elementwise import binary
+from .layout import strided_layout
+from .opcodes import GroupOp, Op, OpTable
 from .node import Node, toposort
 from . import ops
 
-_LAYOUT = ("reshape", "permute", "slice", "take")
-_ELEMENTWISE = ("cast",)
 
 
 def sink_casts(root: Node) -> Node:
@@ -32,7 +33,7 @@ def sink_casts(root: Node) -> Node:
     for n in toposort([root]):
         srcs = tuple(done[s] for s in n.srcs)
         new = n if srcs == n.srcs else _rebuild(n, srcs)
-        if new.op in _LAYOUT and new.srcs[0].op in _ELEMENTWISE:
+        if new.op in GroupOp.Layout and new.srcs[0].op is Op.CAST:
             inner = new.srcs[0]
             new = ops.cast(_rebuild(new, (inner.srcs[0],)), inner.dtype)
         elif new.op == "concat" and all(s.op == "cast" for s in new.srcs):
@@ -43,38 +44,28 @@ def sink_casts(root: Node) -> Node:
     return done[root]
 
 
+# Each op rebuilt over new inputs through its validating constructor (so rewrites keep every build-time check).
+REBUILD = OpTable("rebuild", skip=GroupOp.Leaf)
+REBUILD.register(Op.RESHAPE)(lambda n, srcs: ops.reshape(srcs[0], n.arg))
+REBUILD.register(Op.PERMUTE)(lambda n, srcs: ops.permute(srcs[0], n.arg))
+REBUILD.register(Op.SLICE)(lambda n, srcs: ops.slice_(srcs[0], n.arg))
+REBUILD.register(Op.TAKE)(lambda n, srcs: ops.take(srcs[0], n.arg[1].array, n.arg[0]))
+REBUILD.register(Op.CAST)(lambda n, srcs: ops.cast(srcs[0], n.arg))
+REBUILD.register(Op.BITCAST)(lambda n, srcs: ops.bitcast(srcs[0], n.arg))
+REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
+REBUILD.register(Op.DEQUANTIZE)(lambda n, srcs: ops.dequantize(srcs[0], *n.arg))
+REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], n.arg))
+REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
+
+
 def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:
     """The same op with new inputs (of the same dtype/shape role), through the validating constructors."""
-    op, arg = n.op, n.arg
-    if op == "reshape":
-        return ops.reshape(srcs[0], arg)
-    if op == "permute":
-        return ops.permute(srcs[0], arg)
-    if op == "slice":
-        return ops.slice_(srcs[0], arg)
-    if op == "take":
-        axis, idx = arg
-        return ops.take(srcs[0], idx.array, axis)
-    if op == "cast":
-        return ops.cast(srcs[0], arg)
-    if op == "bitcast":
-        return ops.bitcast(srcs[0], arg)
-    if op == "concat":
-        return ops.concat(list(srcs), arg)
-    if op == "dequantize":
-        return ops.dequantize(srcs[0], *arg)
-    if op == "quantize":
-        return ops.quantize(srcs[0], arg)
-    if op == "binary":
-        from .elementwise import binary
-
-        return binary(arg, srcs[0], srcs[1])
-    return Node(op, srcs, arg, n.dtype, n.shape)
+    return REBUILD[n.op](n, srcs)
 
 
 def merge_leading_axes(root: Node, view_cache: dict | None = None) -> Node | None:
     """An equivalent of ``reshape(root, (d0 * d1,) + rest)`` built so that its rows come from its inputs'
-    rows, or None where some op in the chain does not allow that. `view_cache` is `full_view`'s.
+    rows, or None where some op in the chain does not allow that. `view_cache` is `strided_layout`'s.
 
     Why: blocks are cut along axis 0, and a block holds at least one row. For a stacked MoE tensor
     (``stack([concat([w1_e, w3_e]) for e])``, [8, 28672, 4096] bf16 in Mixtral 8x7B) one row is one expert,
@@ -108,14 +99,12 @@ def _merge(n: Node, memo: dict, views: dict) -> Node | None:
 
 
 def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
-    from ..run.blocks import full_view  # (execute imports graph; a module-level import would cycle)
-
     if n.ndim < 3:
         return None
     target = _merged_shape(n)
-    if full_view(n, views) is not None:
+    if strided_layout(n, views) is not None:
         m = ops.reshape(n, target)
-        return m if full_view(m, views) is not None else None  # a strided view that cannot merge stays whole
+        return m if strided_layout(m, views) is not None else None  # a strided view that cannot merge stays whole
     op, src = n.op, (n.srcs[0] if n.srcs else None)
     if op == "reshape":
         if src.shape == target:  # e.g. stack's [1, R, C] over an [R, C] part
@@ -159,8 +148,6 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
         a, b = (_merge(s, memo, views) for s in n.srcs)
         if a is None or b is None:
             return None
-        from .elementwise import binary
-
         return binary(n.arg, a, b)
     if op == "concat":
         parts = [_merge(s, memo, views) for s in n.srcs]

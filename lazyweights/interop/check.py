@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..core.dtype import DType
+from ..core.torch_dtypes import import_torch, torch_dtype_table
 from ..core.names import split_numbers as _split_numbers, suggest_all
 from ..core.errors import DTypeError, LazyWeightsError, LoadError, ShapeError
 from ..core.quantization import QuantizationEncoding
@@ -412,8 +413,6 @@ def slots_of(module) -> list[Slot]:
         return module._lw_slots()
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(module, torch.nn.Module):
-        from .torch_load import torch_slots
-
         return torch_slots(module)
     if isinstance(module, Mapping):
         return slots_from_weights(module.items())
@@ -689,3 +688,33 @@ def load_error_message(report: CheckReport, strict: bool, what: str) -> str:
     if strict and (report.missing or report.unexpected):
         tail.append("Pass strict=False to tolerate missing and unexpected weights.")
     return "\n".join([head] + ["  " + line for line in lines] + tail)
+
+
+# --- PyTorch modules ----------------------------------------------------------------------------------------------
+def _storage_key(t) -> tuple:
+    """Two state-dict entries are one tensor (tied) when they are the same object or the same memory view."""
+    try:
+        if t.device.type == "meta" or t.numel() == 0:  # no memory to compare: only the same object is tied
+            return ("id", id(t))
+        ptr = t.untyped_storage().data_ptr()
+        return ("mem", t.device.type, t.device.index, ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+                t.dtype)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return ("id", id(t))
+
+
+def torch_slots(torch_module) -> list[Slot]:
+    """One slot per distinct tensor of `torch_module.state_dict(keep_vars=True)` (tied names grouped)."""
+    torch = import_torch()
+    table = torch_dtype_table(torch)
+    slots: dict[tuple, Slot] = {}
+    for name, t in torch_module.state_dict(keep_vars=True).items():
+        if not isinstance(t, torch.Tensor):
+            continue  # extra state (get_extra_state): not a tensor to load
+        key = _storage_key(t)
+        slot = slots.get(key)
+        if slot is not None:
+            slot.names = slot.names + (name,)
+            continue
+        slots[key] = Slot((name,), table.get(t.dtype, str(t.dtype)), tuple(int(d) for d in t.shape), None, t)
+    return list(slots.values())

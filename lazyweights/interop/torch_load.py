@@ -35,7 +35,8 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from .check import Slot, fold_rows, validate
+from ..core.torch_dtypes import dtype_to_torch, import_torch, torch_dtype_table, torch_dtype_to_dtype
+from .check import Slot, fold_rows, torch_slots, validate
 from ..core.dtype import DType
 from ..core.errors import LazyWeightsError, LoadError
 
@@ -52,80 +53,13 @@ class IncompatibleKeys(NamedTuple):
     unexpected_keys: list
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - exercised only without torch
-        raise LazyWeightsError("PyTorch interop needs torch: pip install 'lazyweights[torch]'") from None
-    return torch
-
-
-def _dtype_table(torch) -> dict:
-    table = {
-        torch.bool: DType.bool, torch.int8: DType.int8, torch.int16: DType.int16, torch.int32: DType.int32,
-        torch.int64: DType.int64, torch.uint8: DType.uint8, torch.float16: DType.float16,
-        torch.bfloat16: DType.bfloat16, torch.float32: DType.float32, torch.float64: DType.float64,
-    }
-    for tname, d in (("uint16", DType.uint16), ("uint32", DType.uint32), ("uint64", DType.uint64),
-                     ("float8_e4m3fn", DType.float8_e4m3fn), ("float8_e4m3fnuz", DType.float8_e4m3fnuz),
-                     ("float8_e5m2", DType.float8_e5m2), ("float8_e5m2fnuz", DType.float8_e5m2fnuz),
-                     ("float8_e8m0fnu", DType.float8_e8m0fnu)):
-        t = getattr(torch, tname, None)
-        if t is not None:
-            table[t] = d
-    return table
-
-
-def torch_dtype_to_dtype(torch_dtype) -> DType | None:
-    """The DType of a torch dtype, or None when lazyweights has none (complex, packed fp4, ...)."""
-    return _dtype_table(_torch()).get(torch_dtype)
-
-
-def dtype_to_torch(dtype: DType):
-    """The torch dtype of a DType (LazyWeightsError if torch has none)."""
-    torch = _torch()
-    for t, d in _dtype_table(torch).items():
-        if d is dtype:
-            return t
-    raise LazyWeightsError(f"torch {torch.__version__} has no dtype for {dtype.name}")
-
-
-def _storage_key(t) -> tuple:
-    """Two state-dict entries are one tensor (tied) when they are the same object or the same memory view."""
-    try:
-        if t.device.type == "meta" or t.numel() == 0:  # no memory to compare: only the same object is tied
-            return ("id", id(t))
-        ptr = t.untyped_storage().data_ptr()
-        return ("mem", t.device.type, t.device.index, ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-                t.dtype)
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return ("id", id(t))
-
-
-def torch_slots(torch_module) -> list[Slot]:
-    """One slot per distinct tensor of `torch_module.state_dict(keep_vars=True)` (tied names grouped)."""
-    torch = _torch()
-    table = _dtype_table(torch)
-    slots: dict[tuple, Slot] = {}
-    for name, t in torch_module.state_dict(keep_vars=True).items():
-        if not isinstance(t, torch.Tensor):
-            continue  # extra state (get_extra_state): not a tensor to load
-        key = _storage_key(t)
-        slot = slots.get(key)
-        if slot is not None:
-            slot.names = slot.names + (name,)
-            continue
-        slots[key] = Slot((name,), table.get(t.dtype, str(t.dtype)), tuple(int(d) for d in t.shape), None, t)
-    return list(slots.values())
-
-
 def _numpy_view(t) -> np.ndarray | None:
     """A numpy array sharing `t`'s memory (bf16/fp8 through an integer view), or None if impossible."""
-    torch = _torch()
+    torch = import_torch()
     if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
         return None
     t = t.detach()
-    d = _dtype_table(torch).get(t.dtype)
+    d = torch_dtype_table(torch).get(t.dtype)
     if d is None:
         return None
     try:
@@ -138,7 +72,7 @@ def _numpy_view(t) -> np.ndarray | None:
 
 
 def _to_torch(arr: np.ndarray, torch_dtype):
-    torch = _torch()
+    torch = import_torch()
     d = DType.from_numpy(arr.dtype)
     if d is DType.bfloat16 or d.is_float8:
         ints = {1: np.uint8, 2: np.int16}[d.size_in_bytes]
@@ -176,7 +110,7 @@ def _torch_order(torch_module, report) -> tuple[list[str], list[str]]:
 
 def _error_message(report, strict: bool, what: str, cast: bool, missing: list, unexpected: list) -> str:
     """torch's wording, plus lazyweights' extra checks and hints."""
-    torch = _torch()
+    torch = import_torch()
     msgs = []
     if strict and missing:
         msgs.append("Missing key(s) in state_dict: " + ", ".join(f'"{n}"' for n in missing) + ". ")
@@ -185,7 +119,7 @@ def _error_message(report, strict: bool, what: str, cast: bool, missing: list, u
     for m in report.shape_mismatches:
         msgs.append(f"size mismatch for {m.name}: copying a param with shape {_size(m.actual)} from checkpoint, "
                     f"the shape in current model is {_size(m.expected)}.")
-    table = {v: k for k, v in _dtype_table(torch).items()}
+    table = {v: k for k, v in torch_dtype_table(torch).items()}
     for m in report.dtype_mismatches:
         exp = table.get(m.expected, m.expected)
         act = table.get(m.actual, m.actual)
@@ -212,7 +146,7 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
 
     See the module docstring. `cast=True` converts values to each parameter's dtype inside the plan
     (fused, no extra copy) instead of reporting a dtype mismatch. Returns (missing_keys, unexpected_keys)."""
-    torch = _torch()
+    torch = import_torch()
     if not isinstance(torch_module, torch.nn.Module):
         raise LazyWeightsError(f"load_into_torch needs a torch.nn.Module, got {type(torch_module).__name__}")
     slots = torch_slots(torch_module)

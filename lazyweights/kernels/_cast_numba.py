@@ -22,7 +22,7 @@ from numba.extending import intrinsic  # noqa: E402
 # - every intermediate is wrapped in _U32(...): numba widens all integer arithmetic to 64 bits, and the
 #   truncations let LLVM narrow it back to 32-bit lanes (2x);
 # - format parameters are literal constants in each kernel (runtime parameters in the loop cost up to 3x;
-#   _k_f32_to_f16's NaN arguments are the measured exception);
+#   k_f32_to_f16's NaN arguments are the measured exception);
 # - helpers are written as selects, never branches, and inlined at numba level (inline="always").
 
 _U32 = np.uint32
@@ -129,7 +129,7 @@ def _narrow_e5m2(x):
 # 9x slower).
 
 @njit(nogil=True, cache=True)
-def _k_bf16_to_f32(src, out, rows, cols, first, stride):
+def k_bf16_to_f32(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -137,7 +137,7 @@ def _k_bf16_to_f32(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans):
+def k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans):
     # One loop per NaN mode with the quiet bit as a literal: as a runtime value it costs a third of the speed.
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
@@ -150,7 +150,7 @@ def _k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans):
 
 
 @njit(nogil=True, cache=True)
-def _k_f32_to_bf16(src, out, rows, cols, first, stride):
+def k_f32_to_bf16(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -158,7 +158,7 @@ def _k_f32_to_bf16(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f16_to_bf16(src, out, rows, cols, first, stride):
+def k_f16_to_bf16(src, out, rows, cols, first, stride):
     # Direct rather than _narrow_bf16(_widen_f16(h)): 35% faster. For a normal float16 the float32 bits are
     # (a + (112 << 10)) << 13, and dropping 16 of them with round-to-nearest-even is dropping 3 here.
     for r in range(rows):
@@ -176,8 +176,8 @@ def _k_f16_to_bf16(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix):
-    # Unlike _k_f16_to_f32, runtime NaN arguments measure faster here than one loop per mode with literals.
+def k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix):
+    # Unlike k_f16_to_f32, runtime NaN arguments measure faster here than one loop per mode with literals.
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -185,7 +185,7 @@ def _k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_f
 
 
 @njit(nogil=True, cache=True)
-def _k_bf16_to_f16(src, out, rows, cols, first, stride):
+def k_bf16_to_f16(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -193,7 +193,7 @@ def _k_bf16_to_f16(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f32_to_e4m3(src, out, rows, cols, first, stride):
+def k_f32_to_e4m3(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -201,7 +201,7 @@ def _k_f32_to_e4m3(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f32_to_e5m2(src, out, rows, cols, first, stride):
+def k_f32_to_e5m2(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -209,7 +209,7 @@ def _k_f32_to_e5m2(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_bf16_to_e4m3(src, out, rows, cols, first, stride):
+def k_bf16_to_e4m3(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -217,7 +217,7 @@ def _k_bf16_to_e4m3(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_bf16_to_e5m2(src, out, rows, cols, first, stride):
+def k_bf16_to_e5m2(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -225,7 +225,7 @@ def _k_bf16_to_e5m2(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f16_to_e4m3(src, out, rows, cols, first, stride):
+def k_f16_to_e4m3(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -233,7 +233,7 @@ def _k_f16_to_e4m3(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_f16_to_e5m2(src, out, rows, cols, first, stride):
+def k_f16_to_e5m2(src, out, rows, cols, first, stride):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):
@@ -241,7 +241,7 @@ def _k_f16_to_e5m2(src, out, rows, cols, first, stride):
 
 
 @njit(nogil=True, cache=True)
-def _k_lut(src, out, rows, cols, first, stride, table):
+def k_lut(src, out, rows, cols, first, stride, table):
     for r in range(rows):
         s, o = src[first + r * stride:first + r * stride + cols], out[r * cols:(r + 1) * cols]
         for c in range(cols):

@@ -100,7 +100,7 @@ static inline uint32_t narrow_bf16(uint32_t x) {
 /* float8_e5m2 overflows to inf 0x7c; ml_dtypes' NaN is 0x7e. */
 #define NARROW_E5M2(x) narrow((x), 2u, 15u, 0x7Bu, 0x7Cu, 24u, 0x7Eu, 0u, 0u)
 
-/* float16 bits -> bfloat16 bits directly (35% faster than via float32; see _k_f16_to_bf16). */
+/* float16 bits -> bfloat16 bits directly (35% faster than via float32; see k_f16_to_bf16). */
 static inline uint32_t f16_to_bf16(uint32_t h) {
     uint32_t a = h & 0x7FFFu;
     uint32_t biased = a + (112u << 10);
@@ -339,51 +339,51 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
         return run_loop(#PYNAME, LOOP, IN_SIZE, OUT_SIZE, args, nargs, NULL);                         \
     }
 
-SIMPLE_KERNEL(_k_bf16_to_f32, loop_bf16_to_f32, 2, 4)
-SIMPLE_KERNEL(_k_f32_to_bf16, loop_f32_to_bf16, 4, 2)
-SIMPLE_KERNEL(_k_f16_to_bf16, loop_f16_to_bf16, 2, 2)
-SIMPLE_KERNEL(_k_bf16_to_f16, loop_bf16_to_f16, 2, 2)
-SIMPLE_KERNEL(_k_f32_to_e4m3, loop_f32_to_e4m3, 4, 1)
-SIMPLE_KERNEL(_k_f32_to_e5m2, loop_f32_to_e5m2, 4, 1)
-SIMPLE_KERNEL(_k_bf16_to_e4m3, loop_bf16_to_e4m3, 2, 1)
-SIMPLE_KERNEL(_k_bf16_to_e5m2, loop_bf16_to_e5m2, 2, 1)
-SIMPLE_KERNEL(_k_f16_to_e4m3, loop_f16_to_e4m3, 2, 1)
-SIMPLE_KERNEL(_k_f16_to_e5m2, loop_f16_to_e5m2, 2, 1)
+SIMPLE_KERNEL(k_bf16_to_f32, loop_bf16_to_f32, 2, 4)
+SIMPLE_KERNEL(k_f32_to_bf16, loop_f32_to_bf16, 4, 2)
+SIMPLE_KERNEL(k_f16_to_bf16, loop_f16_to_bf16, 2, 2)
+SIMPLE_KERNEL(k_bf16_to_f16, loop_bf16_to_f16, 2, 2)
+SIMPLE_KERNEL(k_f32_to_e4m3, loop_f32_to_e4m3, 4, 1)
+SIMPLE_KERNEL(k_f32_to_e5m2, loop_f32_to_e5m2, 4, 1)
+SIMPLE_KERNEL(k_bf16_to_e4m3, loop_bf16_to_e4m3, 2, 1)
+SIMPLE_KERNEL(k_bf16_to_e5m2, loop_bf16_to_e5m2, 2, 1)
+SIMPLE_KERNEL(k_f16_to_e4m3, loop_f16_to_e4m3, 2, 1)
+SIMPLE_KERNEL(k_f16_to_e5m2, loop_f16_to_e5m2, 2, 1)
 
-/* _k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans) */
-static PyObject *_k_f16_to_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans) */
+static PyObject *k_f16_to_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "_k_f16_to_f32() takes src, out, rows, cols, first, stride, quiet_nans");
+        PyErr_SetString(PyExc_TypeError, "k_f16_to_f32() takes src, out, rows, cols, first, stride, quiet_nans");
         return NULL;
     }
     int quiet = PyObject_IsTrue(args[6]);
     if (quiet < 0)
         return NULL;
-    return run_loop("_k_f16_to_f32", quiet ? loop_f16_to_f32_quiet : loop_f16_to_f32_keep, 2, 4, args, 6, NULL);
+    return run_loop("k_f16_to_f32", quiet ? loop_f16_to_f32_quiet : loop_f16_to_f32_keep, 2, 4, args, 6, NULL);
 }
 
-/* _k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix) */
-static PyObject *_k_f32_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix) */
+static PyObject *k_f32_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     Extra extra = {0, 0, 0, NULL};
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
-                        "_k_f32_to_f16() takes src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix");
+                        "k_f32_to_f16() takes src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix");
         return NULL;
     }
     if (get_u32(args[6], "nan_base", &extra.nan_base) || get_u32(args[7], "nan_mask", &extra.nan_mask) ||
         get_u32(args[8], "nan_fix", &extra.nan_fix))
         return NULL;
-    return run_loop("_k_f32_to_f16", loop_f32_to_f16, 4, 2, args, 6, &extra);
+    return run_loop("k_f32_to_f16", loop_f32_to_f16, 4, 2, args, 6, &extra);
 }
 
-/* _k_lut(src, out, rows, cols, first, stride, table): one-byte codes through a 256-entry table whose
+/* k_lut(src, out, rows, cols, first, stride, table): one-byte codes through a 256-entry table whose
  * entries (1, 2, 4 or 8 bytes) are the output elements. */
-static PyObject *_k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "_k_lut() takes src, out, rows, cols, first, stride, table");
+        PyErr_SetString(PyExc_TypeError, "k_lut() takes src, out, rows, cols, first, stride, table");
         return NULL;
     }
     Py_buffer table;
@@ -398,11 +398,11 @@ static PyObject *_k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *result;
     if (loop == NULL) {
-        PyErr_Format(PyExc_ValueError, "_k_lut: the table must be 256 aligned entries of 1, 2, 4 or 8 bytes "
+        PyErr_Format(PyExc_ValueError, "k_lut: the table must be 256 aligned entries of 1, 2, 4 or 8 bytes "
                      "(got %zd bytes)", table.len);
         result = NULL;
     } else {
-        result = run_loop("_k_lut", loop, 1, width, args, 6, &extra);
+        result = run_loop("k_lut", loop, 1, width, args, 6, &extra);
     }
     PyBuffer_Release(&table);
     return result;
@@ -411,19 +411,19 @@ static PyObject *_k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 #define METHOD(NAME, DOC) {#NAME, (PyCFunction)(void (*)(void))NAME, METH_FASTCALL, DOC}
 
 static PyMethodDef methods[] = {
-    METHOD(_k_bf16_to_f32, "bfloat16 bits -> float32 bits (a shift; payloads kept)."),
-    METHOD(_k_f16_to_f32, "float16 bits -> float32 bits; quiet_nans ORs the quiet bit into NaNs."),
-    METHOD(_k_f32_to_bf16, "float32 bits -> bfloat16 bits (RNE, ml_dtypes' canonical NaN)."),
-    METHOD(_k_f16_to_bf16, "float16 bits -> bfloat16 bits (RNE, ml_dtypes' canonical NaN)."),
-    METHOD(_k_f32_to_f16, "float32 bits -> float16 bits (RNE; NaN handling as numpy's build does it)."),
-    METHOD(_k_bf16_to_f16, "bfloat16 bits -> float16 bits (RNE, ml_dtypes' canonical NaN)."),
-    METHOD(_k_f32_to_e4m3, "float32 bits -> float8_e4m3fn bits."),
-    METHOD(_k_f32_to_e5m2, "float32 bits -> float8_e5m2 bits."),
-    METHOD(_k_bf16_to_e4m3, "bfloat16 bits -> float8_e4m3fn bits."),
-    METHOD(_k_bf16_to_e5m2, "bfloat16 bits -> float8_e5m2 bits."),
-    METHOD(_k_f16_to_e4m3, "float16 bits -> float8_e4m3fn bits."),
-    METHOD(_k_f16_to_e5m2, "float16 bits -> float8_e5m2 bits."),
-    METHOD(_k_lut, "one-byte codes -> table entries."),
+    METHOD(k_bf16_to_f32, "bfloat16 bits -> float32 bits (a shift; payloads kept)."),
+    METHOD(k_f16_to_f32, "float16 bits -> float32 bits; quiet_nans ORs the quiet bit into NaNs."),
+    METHOD(k_f32_to_bf16, "float32 bits -> bfloat16 bits (RNE, ml_dtypes' canonical NaN)."),
+    METHOD(k_f16_to_bf16, "float16 bits -> bfloat16 bits (RNE, ml_dtypes' canonical NaN)."),
+    METHOD(k_f32_to_f16, "float32 bits -> float16 bits (RNE; NaN handling as numpy's build does it)."),
+    METHOD(k_bf16_to_f16, "bfloat16 bits -> float16 bits (RNE, ml_dtypes' canonical NaN)."),
+    METHOD(k_f32_to_e4m3, "float32 bits -> float8_e4m3fn bits."),
+    METHOD(k_f32_to_e5m2, "float32 bits -> float8_e5m2 bits."),
+    METHOD(k_bf16_to_e4m3, "bfloat16 bits -> float8_e4m3fn bits."),
+    METHOD(k_bf16_to_e5m2, "bfloat16 bits -> float8_e5m2 bits."),
+    METHOD(k_f16_to_e4m3, "float16 bits -> float8_e4m3fn bits."),
+    METHOD(k_f16_to_e5m2, "float16 bits -> float8_e5m2 bits."),
+    METHOD(k_lut, "one-byte codes -> table entries."),
     {NULL, NULL, 0, NULL},
 };
 

@@ -155,7 +155,7 @@ _disabled: dict[tuple[np.dtype, np.dtype], str] = {}  # pair -> why its kernel w
 _verified: set[tuple[np.dtype, np.dtype]] = set()
 
 
-def _numpy_half_modes() -> tuple[tuple[int, int, int], bool]:
+def numpy_half_modes() -> tuple[tuple[int, int, int], bool]:
     """How this numpy build treats NaNs in float32 <-> float16: software (payload kept, never quieted,
     the default) or hardware F16C (quieted). Returns (_narrow's NaN arguments, whether widening quiets)."""
     with np.errstate(all="ignore"):
@@ -167,25 +167,25 @@ def _numpy_half_modes() -> tuple[tuple[int, int, int], bool]:
 
 def _build_table(K) -> dict[tuple[np.dtype, np.dtype], _Kernel]:
     u8, u16, u32 = _UINT[1], _UINT[2], _UINT[4]
-    f16_nan, f16_quiet = _numpy_half_modes()
+    f16_nan, f16_quiet = numpy_half_modes()
     table = {
-        (_BF16, _F32): _Kernel(K._k_bf16_to_f32, u16, u32, (), "f16bits"),
-        (_F16, _F32): _Kernel(K._k_f16_to_f32, u16, u32, (f16_quiet,), "f16bits"),
-        (_F32, _BF16): _Kernel(K._k_f32_to_bf16, u32, u16, (), "f32bits"),
-        (_F16, _BF16): _Kernel(K._k_f16_to_bf16, u16, u16, (), "f16bits"),
-        (_F32, _F16): _Kernel(K._k_f32_to_f16, u32, u16, f16_nan, "f32bits"),
-        (_BF16, _F16): _Kernel(K._k_bf16_to_f16, u16, u16, (), "f16bits"),
-        (_F32, _E4M3): _Kernel(K._k_f32_to_e4m3, u32, u8, (), "f32bits"),
-        (_F32, _E5M2): _Kernel(K._k_f32_to_e5m2, u32, u8, (), "f32bits"),
-        (_BF16, _E4M3): _Kernel(K._k_bf16_to_e4m3, u16, u8, (), "f16bits"),
-        (_BF16, _E5M2): _Kernel(K._k_bf16_to_e5m2, u16, u8, (), "f16bits"),
-        (_F16, _E4M3): _Kernel(K._k_f16_to_e4m3, u16, u8, (), "f16bits"),
-        (_F16, _E5M2): _Kernel(K._k_f16_to_e5m2, u16, u8, (), "f16bits"),
+        (_BF16, _F32): _Kernel(K.k_bf16_to_f32, u16, u32, (), "f16bits"),
+        (_F16, _F32): _Kernel(K.k_f16_to_f32, u16, u32, (f16_quiet,), "f16bits"),
+        (_F32, _BF16): _Kernel(K.k_f32_to_bf16, u32, u16, (), "f32bits"),
+        (_F16, _BF16): _Kernel(K.k_f16_to_bf16, u16, u16, (), "f16bits"),
+        (_F32, _F16): _Kernel(K.k_f32_to_f16, u32, u16, f16_nan, "f32bits"),
+        (_BF16, _F16): _Kernel(K.k_bf16_to_f16, u16, u16, (), "f16bits"),
+        (_F32, _E4M3): _Kernel(K.k_f32_to_e4m3, u32, u8, (), "f32bits"),
+        (_F32, _E5M2): _Kernel(K.k_f32_to_e5m2, u32, u8, (), "f32bits"),
+        (_BF16, _E4M3): _Kernel(K.k_bf16_to_e4m3, u16, u8, (), "f16bits"),
+        (_BF16, _E5M2): _Kernel(K.k_bf16_to_e5m2, u16, u8, (), "f16bits"),
+        (_F16, _E4M3): _Kernel(K.k_f16_to_e4m3, u16, u8, (), "f16bits"),
+        (_F16, _E5M2): _Kernel(K.k_f16_to_e5m2, u16, u8, (), "f16bits"),
     }
     for src in _BYTE_FLOATS:
         for dst in (_F32, _F16, _BF16, _F64) + _BYTE_FLOATS:
             if dst != src and np.can_cast(src, dst, casting="unsafe"):  # e8m0 <-> fp8 has no cast
-                table[(src, dst)] = _Kernel(K._k_lut, u8, _UINT[dst.itemsize], None, "")  # table made lazily
+                table[(src, dst)] = _Kernel(K.k_lut, u8, _UINT[dst.itemsize], None, "")  # table made lazily
     return table
 
 
@@ -380,7 +380,7 @@ def _resolve(key) -> _Kernel | None:
             return None
         if key in _verified:
             return _table[key]
-        if kernel.fn is _K._k_lut and kernel.args is None:
+        if kernel.fn is _K.k_lut and kernel.args is None:
             src_dtype, dst_dtype = key
             codes = np.arange(256, dtype=np.uint8).view(src_dtype)
             with np.errstate(all="ignore"):

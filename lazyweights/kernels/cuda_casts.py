@@ -93,9 +93,9 @@ def half_modes() -> tuple[tuple[int, int, int], int]:
     """This numpy build's float32 <-> float16 NaN handling, as the integer constants the kernels use:
     ((nan_base, nan_payload_mask, nan_zero_fix) for narrowing, quiet_bit for widening). Probed from numpy,
     exactly as `kernels/casts.py` does, so CPU and GPU agree on the machine that runs both."""
-    from .casts import _numpy_half_modes
+    from .casts import numpy_half_modes
 
-    narrow, quiet = _numpy_half_modes()
+    narrow, quiet = numpy_half_modes()
     return tuple(int(v) for v in narrow), (0x400000 if quiet else 0)
 
 
@@ -150,7 +150,7 @@ __device__ __forceinline__ unsigned int lw_widen_finite(unsigned int a, unsigned
 """
 
 
-def _widen_f16(h, quiet_bit: int):
+def widen_f16(h, quiet_bit: int):
     """float16 bits -> float32 bits, exact; a NaN keeps its payload, ORed with `quiet_bit`."""
     a = h & U(0x7FFF)
     m = h & U(0x3FF)
@@ -343,17 +343,17 @@ def _pairs():
 
     table = {
         (bf16, f32): (lambda x: x << U(16), "({x} << 16u)"),
-        (f16, f32): (lambda x: _widen_f16(x, quiet()), "lw_widen_f16({x}, LW_F16_QUIET)"),
+        (f16, f32): (lambda x: widen_f16(x, quiet()), "lw_widen_f16({x}, LW_F16_QUIET)"),
         (f32, bf16): (_narrow_bf16, "lw_narrow_bf16({x})"),
-        (f16, bf16): (lambda x: _narrow_bf16(_widen_f16(x, 0)), "lw_narrow_bf16(lw_widen_f16({x}, 0u))"),
+        (f16, bf16): (lambda x: _narrow_bf16(widen_f16(x, 0)), "lw_narrow_bf16(lw_widen_f16({x}, 0u))"),
         (f32, f16): (_narrow_f16_numpy, "lw_narrow_f16_numpy({x})"),
         (bf16, f16): (lambda x: _narrow_f16_ml(x << U(16)), "lw_narrow_f16_ml({x} << 16u)"),
         (f32, e4): (_narrow_e4m3, "lw_narrow_e4m3({x})"),
         (f32, e5): (_narrow_e5m2, "lw_narrow_e5m2({x})"),
         (bf16, e4): (lambda x: _narrow_e4m3(x << U(16)), "lw_narrow_e4m3({x} << 16u)"),
         (bf16, e5): (lambda x: _narrow_e5m2(x << U(16)), "lw_narrow_e5m2({x} << 16u)"),
-        (f16, e4): (lambda x: _narrow_e4m3(_widen_f16(x, 0)), "lw_narrow_e4m3(lw_widen_f16({x}, 0u))"),
-        (f16, e5): (lambda x: _narrow_e5m2(_widen_f16(x, 0)), "lw_narrow_e5m2(lw_widen_f16({x}, 0u))"),
+        (f16, e4): (lambda x: _narrow_e4m3(widen_f16(x, 0)), "lw_narrow_e4m3(lw_widen_f16({x}, 0u))"),
+        (f16, e5): (lambda x: _narrow_e5m2(widen_f16(x, 0)), "lw_narrow_e5m2(lw_widen_f16({x}, 0u))"),
         (e4, f32): (_widen_e4m3, "lw_widen_e4m3({x})"),
         (e5, f32): (_widen_e5m2, "lw_widen_e5m2({x})"),
         (e4, f16): (lambda x: _narrow_f16_ml(_widen_e4m3(x)), "lw_narrow_f16_ml(lw_widen_e4m3({x}))"),

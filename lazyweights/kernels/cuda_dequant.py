@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core.dtype import DType
 from ..core.quantization import QuantizationEncoding as Q
-from .cuda_casts import NVRTC_OPTIONS, U, _widen_f16, cuda_chain_expr, cuda_preamble, reference_chain
+from .cuda_casts import NVRTC_OPTIONS, U, widen_f16, cuda_chain_expr, cuda_preamble, reference_chain
 
 __all__ = ["DEVICE_DEQUANT", "reference_dequantize", "reference_values", "dequant_kernel", "launch",
            "kernel_source", "module_source"]
@@ -66,7 +66,7 @@ def _b(src, idx):
 def _half(src, s):
     """The little-endian fp16 at byte offset s, as float32 (exact; NaN payload kept, never quieted)."""
     h = _b(src, s) | (_b(src, s + 1) << U(8))
-    return _widen_f16(h, 0).view(F32)
+    return widen_f16(h, 0).view(F32)
 
 
 def _f(x):

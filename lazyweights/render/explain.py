@@ -46,6 +46,7 @@ from typing import Mapping
 from ..core.errors import LazyWeightsError
 from ..core.units import format_bytes
 from ..compiler.steps import Outputs, compile_steps
+from ..graph.opcodes import Op, OpTable
 from ..graph.node import Node, toposort
 
 __all__ = ["explain", "build_view", "View", "ViewNode", "ViewGroup", "name_pattern", "format_bytes",
@@ -65,31 +66,65 @@ def _range_text(start: int, stop: int, step: int, dim: int) -> str:
     return s if step == 1 else f"{s}:{step}"
 
 
+# The text of each op's argument in a plan listing (`%3:f16[4,4] = cast[f16] %2`); '' prints no brackets.
+EXPLAIN = OpTable("explain text")
+
+
 def op_arg(node: Node) -> str:
     """The bracketed argument of a node's op, without brackets ('' when there is none)."""
-    op, arg = node.op, node.arg
-    if op in ("cast", "bitcast"):
-        return arg.short
-    if op == "permute":
-        return ",".join(str(a) for a in arg)
-    if op == "slice":
-        dims = node.srcs[0].shape
-        return ",".join(_range_text(a, b, c, d) for (a, b, c), d in zip(arg, dims))
-    if op == "take":
-        axis, idx = arg
-        return f"axis={axis} {index_text(idx.array, node.srcs[0].shape[axis])}"
-    if op == "concat":
-        return f"axis={arg}"
-    if op == "dequantize":
-        enc, dt = arg
-        return f"{enc.name}->{dt.short}"
-    if op == "quantize":
-        return arg.name
-    if op == "source":
-        return arg.encoding.name if getattr(arg, "encoding", None) is not None else ""
-    if op == "binary":
-        return arg  # mul, add, sub, div
-    return ""  # const, reshape (the result type shows the shape)
+    return EXPLAIN[node.op](node)
+
+
+@EXPLAIN.register(Op.CAST, Op.BITCAST)
+def _arg_dtype(node: Node) -> str:
+    return node.arg.short
+
+
+@EXPLAIN.register(Op.PERMUTE)
+def _arg_permute(node: Node) -> str:
+    return ",".join(str(a) for a in node.arg)
+
+
+@EXPLAIN.register(Op.SLICE)
+def _arg_slice(node: Node) -> str:
+    return ",".join(_range_text(a, b, c, d) for (a, b, c), d in zip(node.arg, node.srcs[0].shape))
+
+
+@EXPLAIN.register(Op.TAKE)
+def _arg_take(node: Node) -> str:
+    axis, idx = node.arg
+    return f"axis={axis} {index_text(idx.array, node.srcs[0].shape[axis])}"
+
+
+@EXPLAIN.register(Op.CONCAT)
+def _arg_concat(node: Node) -> str:
+    return f"axis={node.arg}"
+
+
+@EXPLAIN.register(Op.DEQUANTIZE)
+def _arg_dequantize(node: Node) -> str:
+    enc, dt = node.arg
+    return f"{enc.name}->{dt.short}"
+
+
+@EXPLAIN.register(Op.QUANTIZE)
+def _arg_quantize(node: Node) -> str:
+    return node.arg.name
+
+
+@EXPLAIN.register(Op.SOURCE)
+def _arg_source(node: Node) -> str:
+    return node.arg.encoding.name if getattr(node.arg, "encoding", None) is not None else ""
+
+
+@EXPLAIN.register(Op.BINARY)
+def _arg_binary(node: Node) -> str:
+    return node.arg  # mul, add, sub, div
+
+
+@EXPLAIN.register(Op.CONST, Op.RESHAPE)
+def _arg_none(node: Node) -> str:
+    return ""  # the result type shows the shape
 
 
 def index_text(idx, dim: int | None = None, limit: int = 48) -> str:

@@ -24,56 +24,26 @@ from typing import Union
 
 import numpy as np
 
+from ..graph.layout import nrows, row_size, view_of
 from ..graph.node import Node
+from ..graph.opcodes import GroupOp, Op, OpTable
 
 Rows = Union[range, np.ndarray]
 
-
-def _nrows(node: Node) -> int:
-    return node.shape[0] if node.shape else 1
-
-
-def _row_size(node: Node) -> int:
-    """Elements per row of axis 0 (the whole tensor for 0-d)."""
-    return math.prod(node.shape[1:]) if node.shape else 1
+# The fused CPU kernel of each op: rows of its value from rows of its inputs. Leaves are always views.
+PULL = OpTable("CPU pull", skip=GroupOp.Leaf)
 
 
-# --- zero-copy views -----------------------------------------------------------------------------------
+def real_base(node: Node) -> np.ndarray:
+    """A leaf's actual bytes: a source's read-only memory-map view (after its identity check), a constant."""
+    return node.arg.array() if node.op is Op.SOURCE else node.arg.array
+
+
 def full_view(node: Node, cache: dict | None = None) -> np.ndarray | None:
-    """The whole node as a zero-copy numpy view of its source, or None if it needs computation."""
-    if cache is not None and node in cache:
-        return cache[node]
-    v = _full_view(node, cache)
-    if cache is not None:
-        cache[node] = v
-    return v
+    """The whole node as a zero-copy numpy view of its source, or None if it needs computation.
 
-
-def _full_view(node: Node, cache) -> np.ndarray | None:
-    op = node.op
-    if op == "source":
-        return node.arg.array()
-    if op == "const":
-        return node.arg.array
-    if op in ("reshape", "permute", "slice", "bitcast"):
-        v = full_view(node.srcs[0], cache)
-        if v is None:
-            return None
-        if op == "reshape":
-            try:
-                return np.reshape(v, node.shape, copy=False)
-            except ValueError:
-                return None  # numpy would have to copy: not a view
-        if op == "permute":
-            return v.transpose(node.arg)
-        if op == "slice":
-            return v[tuple(slice(a, b, c) for a, b, c in node.arg)]
-        if v.dtype.itemsize == node.dtype.size_in_bytes:
-            return v.view(node.dtype.to_numpy())
-        if v.ndim and v.strides[-1] == v.dtype.itemsize and v.flags.c_contiguous:
-            return v.view(node.dtype.to_numpy())
-        return None
-    return None
+    The same replay the compiler decided with (`graph.layout.view_of`), here over the real maps."""
+    return view_of(node, real_base, cache)
 
 
 def _select(v: np.ndarray, rows: Rows) -> np.ndarray:
@@ -90,15 +60,17 @@ def pull(node: Node, rows: Rows, cache: dict | None = None) -> np.ndarray:
     v = full_view(node, cache)
     if v is not None:
         return _select(v, rows)
-    return _PULL[node.op](node, rows, cache)
+    return PULL[node.op](node, rows, cache)
 
 
+@PULL.register(Op.CAST)
 def _pull_cast(node: Node, rows: Rows, cache) -> np.ndarray:
     from ..kernels.casts import cast
 
     return cast(pull(node.srcs[0], rows, cache), node.dtype.to_numpy())
 
 
+@PULL.register(Op.BITCAST)
 def _pull_bitcast(node: Node, rows: Rows, cache) -> np.ndarray:
     src = node.srcs[0]
     a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
@@ -119,12 +91,13 @@ def _pull_bitcast(node: Node, rows: Rows, cache) -> np.ndarray:
     return x.view(node.dtype.to_numpy())
 
 
+@PULL.register(Op.RESHAPE)
 def _pull_reshape(node: Node, rows: Rows, cache) -> np.ndarray:
     src = node.srcs[0]
-    r_out, r_in = _row_size(node), _row_size(src)
+    r_out, r_in = row_size(node), row_size(src)
     out_tail = node.shape[1:]
     if not node.shape or not src.shape:
-        return np.ascontiguousarray(pull(src, range(0, _nrows(src)), cache)).reshape(node.shape)
+        return np.ascontiguousarray(pull(src, range(0, nrows(src)), cache)).reshape(node.shape)
     if isinstance(rows, range):
         f0, f1 = rows.start * r_out, rows.stop * r_out
         if r_in == 0:
@@ -146,17 +119,19 @@ def _pull_reshape(node: Node, rows: Rows, cache) -> np.ndarray:
     return _pull_reshape(node, range(lo, hi), cache)[rows - lo]
 
 
+@PULL.register(Op.PERMUTE)
 def _pull_permute(node: Node, rows: Rows, cache) -> np.ndarray:
     axes = node.arg
     src = node.srcs[0]
     if axes[0] == 0:
         return pull(src, rows, cache).transpose(axes)
     # Output rows come from a non-leading input axis: take all input rows, select along that axis.
-    whole = pull(src, range(0, _nrows(src)), cache)
+    whole = pull(src, range(0, nrows(src)), cache)
     picked = whole.transpose(axes)
     return _select(picked, rows)
 
 
+@PULL.register(Op.SLICE)
 def _pull_slice(node: Node, rows: Rows, cache) -> np.ndarray:
     src = node.srcs[0]
     (a, _, step), rest = node.arg[0], node.arg[1:]
@@ -173,6 +148,7 @@ def _pull_slice(node: Node, rows: Rows, cache) -> np.ndarray:
     return block[(slice(None),) + tuple(slice(x, y, z) for x, y, z in rest)]
 
 
+@PULL.register(Op.TAKE)
 def _pull_take(node: Node, rows: Rows, cache) -> np.ndarray:
     axis, idx = node.arg
     src = node.srcs[0]
@@ -182,6 +158,7 @@ def _pull_take(node: Node, rows: Rows, cache) -> np.ndarray:
     return np.take(pull(src, rows, cache), idx.array, axis=axis)
 
 
+@PULL.register(Op.CONCAT)
 def _pull_concat(node: Node, rows: Rows, cache) -> np.ndarray:
     axis = node.arg
     if axis != 0:
@@ -218,10 +195,11 @@ def _quant_row_pull(node: Node, rows: Rows, cache, row_op) -> np.ndarray:
     if node.ndim >= 2:
         block = np.ascontiguousarray(pull(src, rows, cache))
         return row_op(block.reshape(-1, block.shape[-1])).reshape((len(rows),) + node.shape[1:])
-    whole = np.ascontiguousarray(pull(src, range(0, _nrows(src)), cache))
+    whole = np.ascontiguousarray(pull(src, range(0, nrows(src)), cache))
     return _select(row_op(whole.reshape(1, -1)).reshape(node.shape), rows)
 
 
+@PULL.register(Op.DEQUANTIZE)
 def _pull_dequantize(node: Node, rows: Rows, cache) -> np.ndarray:
     from ..kernels.casts import cast
     from ..quant import dequantize
@@ -235,6 +213,7 @@ def _pull_dequantize(node: Node, rows: Rows, cache) -> np.ndarray:
     return _quant_row_pull(node, rows, cache, op)
 
 
+@PULL.register(Op.QUANTIZE)
 def _pull_quantize(node: Node, rows: Rows, cache) -> np.ndarray:
     from ..kernels.casts import cast
     from ..quant import quantize
@@ -247,6 +226,7 @@ def _pull_quantize(node: Node, rows: Rows, cache) -> np.ndarray:
     return _quant_row_pull(node, rows, cache, op)
 
 
+@PULL.register(Op.BINARY)
 def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
     from ..graph.elementwise import numpy_binary
 
@@ -260,18 +240,6 @@ def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
     return numpy_binary(node, a, b)
 
 
-_PULL = {
-    "binary": _pull_binary,
-    "cast": _pull_cast,
-    "bitcast": _pull_bitcast,
-    "reshape": _pull_reshape,
-    "permute": _pull_permute,
-    "slice": _pull_slice,
-    "take": _pull_take,
-    "concat": _pull_concat,
-    "dequantize": _pull_dequantize,
-    "quantize": _pull_quantize,
-}
 
 
 def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = None) -> None:
@@ -282,43 +250,13 @@ def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = No
     """
     from ..kernels.casts import cast_into
 
-    if node.op == "cast":
+    if node.op is Op.CAST:
         cast_into(pull(node.srcs[0], rows, cache), dst)
         return
-    if node.op == "dequantize" and node.ndim >= 2 and node.dtype.to_numpy() == np.float32:
+    if node.op is Op.DEQUANTIZE and node.ndim >= 2 and node.dtype.to_numpy() == np.float32:
         from ..quant import dequantize_into
 
         block = np.ascontiguousarray(pull(node.srcs[0], rows, cache))
         dequantize_into(node.arg[0], block.reshape(-1, block.shape[-1]), dst.reshape(-1, dst.shape[-1]))
         return
     np.copyto(dst, pull(node, rows, cache).reshape(dst.shape), casting="no")
-
-
-# --- block boundaries ------------------------------------------------------------------------------------
-def row_alignment(node: Node) -> int:
-    """The row multiple at which `node`'s blocks line up with every input's rows (so no row is read twice)."""
-    op = node.op
-    if op in ("source", "const") or not node.shape:
-        return 1
-    src = node.srcs[0] if node.srcs else None
-    if op == "reshape" and src.shape:
-        g_src = row_alignment(src)
-        r_out, r_in = _row_size(node), _row_size(src)
-        if r_out == 0 or r_in == 0:
-            return 1
-        unit = r_in * g_src
-        return unit // math.gcd(r_out, unit)
-    if op == "slice":
-        a, _, step = node.arg[0]
-        g = row_alignment(src)
-        return g if (step == 1 and a % g == 0) else 1
-    if op == "binary":
-        return math.lcm(*[row_alignment(s) for s in node.srcs])
-    if op == "bitcast" and node.ndim == 1 and node.dtype.size_in_bytes != src.dtype.size_in_bytes:
-        a, b = src.dtype.size_in_bytes, node.dtype.size_in_bytes
-        return a // math.gcd(a, b)  # output rows whose bytes start on an input element boundary
-    if op in ("cast", "bitcast", "take", "dequantize", "quantize") or (op == "permute" and node.arg[0] == 0):
-        return row_alignment(src) if (op != "take" or node.arg[0] != 0) else 1
-    if op == "concat":
-        return math.lcm(*[row_alignment(s) for s in node.srcs]) if node.arg != 0 else 1
-    return 1

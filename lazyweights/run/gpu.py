@@ -40,27 +40,21 @@ dtypes. CuPy has no bfloat16 or fp8 dtype: results in those dtypes are CuPy arra
 output's real dtype and converts to PyTorch without a copy through DLPack (`to_torch`), viewing the bits as
 torch.bfloat16 / torch.float8_*.
 
-Backends. The pipeline talks to a small backend interface. `CupyDevice` is the real one. `NumpyDevice` is a
-fake GPU for tests on machines without one: numpy "device" arrays, "pinned" buffers that are numpy arrays,
-streams that DEFER their work until an event or synchronize (optionally interleaving streams at random),
-and kernels that are the numpy references of the CUDA kernels. Deferral is what makes the fake useful: a
-pipeline that reused a staging buffer before waiting for its stream would copy the wrong bytes and the
-bit-identity tests against the CPU executor would fail. The fake also accounts staging bytes for the
-budget tests.
+Backends. The pipeline talks to a small backend interface (`activate, empty, pinned, staging, release,
+stream, record, synchronize, h2d, d2d, run, flat_bytes, as_destination`). `CupyDevice` is the real one;
+the tests run the pipeline on `tests/run/fake_gpu.NumpyDevice`, a fake whose streams defer their work, so a
+missing wait shows up as wrong bytes.
 
 CuPy is imported only when a GPU is asked for; without it (or without a CUDA device) the error says how to
 install it: ``pip install 'lazyweights[gpu]'`` (which installs cupy-cuda12x).
 
-Example (on the fake backend; on a machine with a GPU, drop `backend=` to use CuPy):
-    >>> import numpy as np, ml_dtypes
-    >>> from lazyweights import WeightData, DType, plan
-    >>> from lazyweights.run.gpu import materialize_gpu, NumpyDevice
-    >>> w = WeightData.from_numpy(np.arange(6, dtype=np.float32).reshape(3, 2), "w")
-    >>> res = materialize_gpu(plan({"t": w.T.astype(DType.bfloat16)}), "gpu:0", backend=NumpyDevice())
-    >>> res["t"].dtype.name, res.dtypes["t"].name   # bf16 is held as uint16 bits on the device
-    ('uint16', 'bfloat16')
-    >>> res["t"].view(ml_dtypes.bfloat16).tolist()
-    [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
+Example (needs a CUDA GPU and cupy, so not run as a doctest):
+    import numpy as np, ml_dtypes
+    from lazyweights import WeightData, DType, plan
+    w = WeightData.from_numpy(np.arange(6, dtype=np.float32).reshape(3, 2), "w")
+    res = materialize_gpu(plan({"t": w.T.astype(DType.bfloat16)}), "gpu:0")
+    res["t"].dtype.name, res.dtypes["t"].name   # ('uint16', 'bfloat16'): bf16 is held as uint16 bits
+    res["t"].get().view(ml_dtypes.bfloat16).tolist()   # [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
 """
 from __future__ import annotations
 
@@ -68,7 +62,7 @@ import os
 import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 import numpy as np
@@ -80,13 +74,16 @@ from ..core.units import available_cpus, parse_size
 from ..graph.node import Node
 from ..kernels.cuda_casts import DEVICE_CASTS, storage_dtype
 from ..kernels.cuda_dequant import DEVICE_DEQUANT
-from .blocks import row_alignment, write_rows
+from ..compiler.gpu import DEFAULT_GPU_BLOCK_BYTES, DeviceProgram, GpuStep, compile_gpu_steps, split_chain
+from ..compiler.steps import outputs_of
+from .blocks import write_rows
+from .driver import name_error
+from .progress import Progress
 
 __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",
-           "NumpyDevice", "import_cupy", "INSTALL_HINT"]
+           "import_cupy", "check_device_destination", "INSTALL_HINT"]
 
 DEFAULT_STREAMS = 4
-DEFAULT_GPU_BLOCK_BYTES = 16 << 20  # source bytes per block: large enough for full PCIe speed per copy
 INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an NVIDIA driver for CUDA 12)"
 
 _UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
@@ -102,95 +99,6 @@ def default_host_threads() -> int:
 
 # ==========================================================================================================
 # Splitting a chain into host part and device program.
-
-@dataclass(frozen=True)
-class DeviceProgram:
-    """The value ops one step runs on the device, bottom-up: an optional GGUF dequantize (to float32), then
-    a chain of casts `((src, dst), ...)` on bit patterns (same-size bitcasts just relabel the bits).
-    One kernel per block."""
-
-    src: DType                      # dtype of the host part's rows (uint8 for a dequantize)
-    dequant: object = None          # QuantizationEncoding or None
-    chain: tuple = ()               # ((DType, DType), ...)
-    out: DType = DType.float32      # dtype the kernel stores (the step's dtype, up to a same-size bitcast)
-
-    @property
-    def out_size(self) -> int:
-        return self.out.size_in_bytes
-
-    def __str__(self) -> str:
-        parts = [f"dequantize[{self.dequant.name}]"] if self.dequant is not None else []
-        parts += [f"cast[{a.short}->{b.short}]" for a, b in self.chain]
-        return " + ".join(parts) or "copy"
-
-    def reference(self, src_u8: np.ndarray) -> np.ndarray:
-        """What the kernel stores for packed/source bytes `src_u8`, computed with the numpy references:
-        a flat array of unsigned ints of the output width."""
-        from ..kernels.cuda_casts import reference_chain
-        from ..kernels.cuda_dequant import reference_dequantize
-
-        if self.dequant is not None:
-            bits = reference_dequantize(self.dequant, src_u8).reshape(-1).view(np.uint32)
-        else:
-            bits = src_u8.view(_UINT[self.src.size_in_bytes]).astype(np.uint32)
-        if self.chain:
-            bits = reference_chain(bits, self.chain)
-        return bits.astype(_UINT[self.out_size])
-
-
-def split_chain(root: Node) -> tuple[Node, DeviceProgram | None]:
-    """(host node, device program) for a step's (cast-sunk) root.
-
-    Walks down from the root while the op is one the device runs: a cast in `DEVICE_CASTS`, a bitcast
-    between same-size dtypes, or (at the bottom) a dequantize of a block type in `DEVICE_DEQUANT` on a
-    tensor of 2+ dimensions (so output rows are input rows) whose target is float32 or reachable by a device
-    cast. Everything below is the host part. Bitcasts directly over the host part stay on the host (a
-    bitcast of a view is a view). No cast or dequantize on the device -> no program (a plain copy).
-
-    Example:
-        >>> import numpy as np
-        >>> from lazyweights.graph import ops
-        >>> x = ops.const(np.zeros((4, 8), np.float32))
-        >>> host, prog = split_chain(ops.cast(ops.permute(x, (1, 0)), "bfloat16"))
-        >>> host.op, str(prog)
-        ('permute', 'cast[f32->bf16]')
-        >>> split_chain(ops.cast(x, "float64"))[1] is None   # not a device cast: all on the host
-        True
-    """
-    walked: list[tuple[str, Node]] = []
-    n = root
-    while True:
-        if n.op == "cast" and (n.srcs[0].dtype, n.dtype) in DEVICE_CASTS:
-            walked.append(("cast", n))
-            n = n.srcs[0]
-            continue
-        if (n.op == "bitcast" and n.srcs[0].dtype.size_in_bytes == n.dtype.size_in_bytes
-                and n.srcs[0].shape == n.shape):
-            walked.append(("bitcast", n))
-            n = n.srcs[0]
-            continue
-        if n.op == "dequantize" and n.ndim >= 2 and n.srcs[0].ndim >= 2:
-            encoding, dtype = n.arg
-            if encoding in DEVICE_DEQUANT and (dtype is DType.float32 or (DType.float32, dtype) in DEVICE_CASTS):
-                walked.append(("dequantize", n))
-                n = n.srcs[0]
-        break
-    walked.reverse()  # bottom-up
-    while walked and walked[0][0] == "bitcast":
-        n = walked.pop(0)[1]
-    if not any(kind != "bitcast" for kind, _ in walked):
-        return root, None
-    dequant, chain = None, []
-    for kind, node in walked:
-        if kind == "dequantize":
-            dequant, dtype = node.arg
-            if dtype is not DType.float32:
-                chain.append((DType.float32, dtype))
-        elif kind == "cast":
-            chain.append((node.srcs[0].dtype, node.dtype))
-    out = chain[-1][1] if chain else DType.float32
-    return n, DeviceProgram(src=n.dtype, dequant=dequant, chain=tuple(chain), out=out)
-
 
 # ==========================================================================================================
 # Results.
@@ -372,147 +280,10 @@ class CupyDevice:
                                  f"got {type(value).__name__}")
         if arr.device.id != self.id:
             raise LazyWeightsError(f"destination for {name!r} is on gpu:{arr.device.id}, not gpu:{self.id}")
-        return _check_destination(name, arr, dtype, shape)
+        return check_device_destination(name, arr, dtype, shape)
 
 
-class _FakeStream:
-    """A queue of deferred operations: they run when an event recorded after them is waited on, at
-    synchronize, or (with a seed) at random moments, never before their predecessors on the stream."""
-
-    def __init__(self, index: int):
-        self.index = index
-        self.queue: deque = deque()
-        self.done = 0    # operations executed
-        self.issued = 0  # operations enqueued
-
-    def enqueue(self, fn) -> None:
-        self.queue.append(fn)
-        self.issued += 1
-
-    def run_until(self, position: int) -> None:
-        while self.done < position:
-            self.queue.popleft()()
-            self.done += 1
-
-    # `with stream:` as CuPy allows (unused by the pipeline, here for symmetry)
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class _FakeEvent:
-    def __init__(self, stream: _FakeStream):
-        self.stream, self.position = stream, stream.issued
-
-    def synchronize(self) -> None:
-        self.stream.run_until(self.position)
-
-    def done(self) -> bool:
-        return self.stream.done >= self.position
-
-
-class NumpyDevice:
-    """A fake GPU on the CPU, for testing the pipeline without CUDA (see the module docstring).
-
-    `deferred=False` runs every operation at once (a fully synchronous device). With `deferred=True` (the
-    default) stream work waits until an event or synchronize asks for it; `seed` additionally runs pending
-    work of random streams at random moments, exploring other interleavings. Records the peak of staging
-    bytes held (`peak_staging`) and every operation (`log`) for tests.
-    """
-
-    name = "numpy"
-
-    def __init__(self, deferred: bool = True, seed: int | None = None, device_id: int = 0):
-        self.deferred = deferred
-        self.rng = random.Random(seed) if seed is not None else None
-        self.id = device_id
-        self.streams: list[_FakeStream] = []
-        self.held = 0
-        self.peak_staging = 0
-        self.log: list[tuple] = []
-        self._sizes: dict[int, int] = {}
-
-    def activate(self):
-        return _FakeStream(-1)  # any context manager
-
-    def empty(self, shape, dtype: np.dtype) -> np.ndarray:
-        arr = np.empty(shape, dtype)
-        arr.reshape(-1).view(np.uint8)[...] = 0xA5  # garbage, so an unwritten row shows
-        return arr
-
-    def _hold(self, buf: np.ndarray) -> np.ndarray:
-        self._sizes[id(buf)] = buf.nbytes
-        self.held += buf.nbytes
-        self.peak_staging = max(self.peak_staging, self.held)
-        return buf
-
-    def pinned(self, nbytes: int) -> np.ndarray:
-        return self._hold(np.full(nbytes, 0x5A, np.uint8))
-
-    def staging(self, nbytes: int) -> np.ndarray:
-        return self._hold(np.full(nbytes, 0x3C, np.uint8))
-
-    def release(self, buf) -> None:
-        self.held -= self._sizes.pop(id(buf), 0)
-
-    def stream(self) -> _FakeStream:
-        s = _FakeStream(len(self.streams))
-        self.streams.append(s)
-        return s
-
-    def record(self, stream: _FakeStream) -> _FakeEvent:
-        return _FakeEvent(stream)
-
-    def synchronize(self, streams) -> None:
-        for s in streams:
-            s.run_until(s.issued)
-
-    def _submit(self, stream: _FakeStream, what: tuple, fn) -> None:
-        self.log.append((what[0], stream.index) + what[1:])
-        stream.enqueue(fn)
-        if not self.deferred:
-            stream.run_until(stream.issued)
-        elif self.rng is not None:
-            for s in self.streams:
-                if s.done < s.issued and self.rng.random() < 0.3:
-                    s.run_until(self.rng.randint(s.done, s.issued))
-
-    def h2d(self, dst: np.ndarray, src: np.ndarray, stream) -> None:
-        def copy():
-            dst[...] = src  # reads the pinned buffer when the copy RUNS, as DMA does
-
-        self._submit(stream, ("h2d", src.nbytes), copy)
-
-    def d2d(self, dst: np.ndarray, src: np.ndarray, stream) -> None:
-        def copy():
-            dst[...] = src
-
-        self._submit(stream, ("d2d", src.nbytes), copy)
-
-    def run(self, program: DeviceProgram, src_u8: np.ndarray, dst: np.ndarray, stream) -> None:
-        def kernel():
-            dst.view(_UINT[program.out_size])[...] = program.reference(src_u8)
-
-        self._submit(stream, ("kernel", str(program), src_u8.nbytes), kernel)
-
-    def flat_bytes(self, arr: np.ndarray) -> np.ndarray:
-        return arr.reshape(-1).view(np.uint8)
-
-    def as_destination(self, name: str, value, dtype: DType, shape):
-        if not isinstance(value, np.ndarray):
-            raise DTypeError(f"destination for {name!r} must be an array on the (fake) device, "
-                             f"got {type(value).__name__}")
-        arr = value
-        if arr.dtype == dtype.to_numpy() and arr.dtype != storage_dtype(dtype):
-            arr = arr.view(storage_dtype(dtype))  # the fake also accepts ml_dtypes arrays of the real dtype
-        if not arr.flags.writeable:
-            raise LazyWeightsError(f"destination for {name!r} is read-only")
-        return _check_destination(name, arr, dtype, shape)
-
-
-def _check_destination(name: str, arr, dtype: DType, shape):
+def check_device_destination(name: str, arr, dtype: DType, shape):
     want = storage_dtype(dtype)
     if np.dtype(arr.dtype) != want:
         note = f" ({dtype.name} is held as {want.name} on the GPU)" if want != dtype.to_numpy() else ""
@@ -530,20 +301,11 @@ def _check_destination(name: str, arr, dtype: DType, shape):
 # The pipeline.
 
 @dataclass
-class _GpuStep:
-    step: object                    # schedule.Step
-    host: Node
-    program: DeviceProgram | None
-    host_row_bytes: int
-    out_row_bytes: int
-    blocks: list = field(default_factory=list)   # list[range]
-    solo: set = field(default_factory=set)       # indices of blocks too big for a slot
+class _Running(GpuStep):
+    """A compiled GPU step plus its output arrays on the device."""
+
     primary: object = None
     extras: list = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.step.outputs[0]
 
 
 class _Slot:
@@ -573,40 +335,6 @@ class _Slot:
         self.pinned = self.dev = None
 
 
-def _nrows(node: Node) -> int:
-    return node.shape[0] if node.shape else 1
-
-
-def _cut(gs: _GpuStep, limit: int, target: int, budget: int) -> None:
-    """Cut a step into row blocks of at most min(target, limit) source bytes (aligned so no row is read
-    twice); blocks that cannot be that small run alone ("solo") if they fit the whole budget."""
-    node, step = gs.step.node, gs.step
-    nrows = _nrows(node)
-    if node.size == 0:
-        gs.blocks = []
-        return
-    factor = 2 if gs.program is not None else 1
-    row = max(1, gs.host_row_bytes)
-    if step.whole or not node.shape:
-        gs.blocks = [range(0, nrows)]
-    else:
-        align = row_alignment(node)
-        rows = max(1, min(target, limit) // row)
-        rows = max(align, rows // align * align)
-        gs.blocks = [range(r, min(r + rows, nrows)) for r in range(0, nrows, rows)]
-    for i, rows in enumerate(gs.blocks):
-        need = len(rows) * gs.host_row_bytes
-        if need > limit:
-            if need * factor > budget:
-                what = "must be computed whole and" if len(rows) == nrows else f"in blocks of {len(rows)} row(s)"
-                raise BudgetError(
-                    f"tensor {gs.name!r} ({node.dtype.name}{list(node.shape)}) {what} needs "
-                    f"{need * factor} bytes of pinned{' + device' if factor == 2 else ''} staging memory, more "
-                    f"than the budget of {budget} bytes"
-                )
-            gs.solo.add(i)
-
-
 def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None, *, backend=None,
                     streams: int = DEFAULT_STREAMS, host_threads: int | None = None,
                     block_bytes: int | None = None) -> DeviceArrays:
@@ -619,46 +347,28 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     block. `backend`: a `NumpyDevice` to run the pipeline without a GPU (tests).
     Results in bf16/fp8 are unsigned integer arrays of the same bits; `.dtypes` has the real dtypes.
     """
-    from .progress import Progress
-    from ..compiler.steps import DEFAULT_BUDGET, compile_steps
-    from .driver import _name_error
 
     device = DeviceRef.parse(device)
     if backend is None:
         if not device.is_gpu:
             raise LazyWeightsError(f"materialize_gpu needs a GPU device, got {device}")
         backend = CupyDevice(device.id)
-    budget = parse_size(budget) or DEFAULT_BUDGET
+    outputs = outputs_of(plan)
     streams = max(1, int(streams))
     target = int(block_bytes or DEFAULT_GPU_BLOCK_BYTES)
     out = dict(out or {})
     for name in out:
-        if name not in plan.outputs:
+        if name not in outputs:
             raise LazyWeightsError(f"destination given for {name!r}, which is not an output of the plan")
 
-    # compile_steps fuses, orders by (file, offset) and shares tied outputs. Its blocks and budget check
-    # are the CPU executor's (output + intermediates per row, per worker); this executor's working memory is
-    # staging (pinned + device copies of the SOURCE rows), so blocks are re-cut and the budget checked below,
-    # still before any work. Hence an unlimited budget here, and no merged rows (its blocks are re-cut by
-    # source rows of the output node as the plan has it).
-    steps = compile_steps(plan, budget=1 << 62, workers=1, materialize=False, merge_rows=False)
-    gsteps: list[_GpuStep] = []
-    for step in steps:
-        host, program = split_chain(step.node)
-        nrows = _nrows(step.node)
-        gsteps.append(_GpuStep(step, host, program, host.nbytes // max(1, nrows), step.node.nbytes // max(1, nrows)))
-    has_program = any(g.program is not None for g in gsteps)
-    slot_budget = budget // streams
-    limit = max(1, slot_budget // (2 if has_program else 1))  # source bytes one slot's block may hold
-    for g in gsteps:
-        _cut(g, limit, target, budget)
-    pinned_bytes = max((len(r) * g.host_row_bytes for g in gsteps for i, r in enumerate(g.blocks)
-                        if i not in g.solo), default=0)
-    dev_bytes = max((len(r) * g.host_row_bytes for g in gsteps if g.program is not None
-                     for i, r in enumerate(g.blocks) if i not in g.solo), default=0)
+    # The compiler cuts blocks by this executor's cost model: staging (pinned + device copies of the
+    # SOURCE rows) per slot, checked against the budget before any work (`compiler/gpu.py`).
+    compiled = compile_gpu_steps(outputs, budget=budget, streams=streams, block_bytes=target)
+    gsteps = [_Running(**{f.name: getattr(g, f.name) for f in fields(GpuStep)}) for g in compiled.steps]
+    pinned_bytes, dev_bytes = compiled.pinned_bytes, compiled.device_bytes
 
     result: dict = {}
-    dtypes = {name: node.dtype for name, node in plan.outputs.items()}
+    dtypes = {name: node.dtype for name, node in outputs.items()}
     with backend.activate():
         # Outputs first: a device out-of-memory fails here, before anything is read.
         for g in gsteps:
@@ -714,7 +424,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             backend.synchronize([s.stream for s in slots])  # no copy may still be reading one
             failed = getattr(e, "_lw_task", None)
             if failed is not None and not isinstance(e, (KeyboardInterrupt, SystemExit)):
-                named = _name_error(e, failed)
+                named = name_error(e, failed)
                 raise named from (None if named is e else e)
             raise
         finally:
@@ -723,7 +433,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                 slot.free()
         if bar:
             bar.close()
-    return DeviceArrays({name: result[name] for name in plan.outputs}, dtypes)
+    return DeviceArrays({name: result[name] for name in outputs}, dtypes)
 
 
 def _fill(task, pinned: np.ndarray) -> None:

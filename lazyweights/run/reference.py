@@ -1,7 +1,7 @@
 """The reference executor: evaluates nodes one op at a time with numpy, on one thread.
 
 It is the specification every other executor is tested against, so each rule is the plainest numpy that
-does the job. `numpy_impl[op](node, *inputs)` computes one node from its inputs' arrays; a source is a
+does the job. `REFERENCE[op](node, *inputs)` computes one node from its inputs' arrays; a source is a
 zero-copy view of its memory map, and layout ops stay views where numpy allows.
 
 Example:
@@ -19,17 +19,26 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..core.errors import ExecutionError, LazyWeightsError
+from ..compiler.steps import outputs_of
 from ..graph.node import Node, toposort
+from ..graph.opcodes import Op, OpTable
+
+# The specification of each op: its whole value from its inputs' whole values, in numpy/ml_dtypes.
+REFERENCE = OpTable("reference implementation")
 
 
+
+@REFERENCE.register(Op.SOURCE)
 def _source(node: Node) -> np.ndarray:
     return node.arg.array()
 
 
+@REFERENCE.register(Op.CONST)
 def _const(node: Node) -> np.ndarray:
     return node.arg.array
 
 
+@REFERENCE.register(Op.CAST)
 def _cast(node: Node, x: np.ndarray) -> np.ndarray:
     return _astype(x, node.dtype.to_numpy())
 
@@ -40,6 +49,7 @@ def _astype(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return cast(x, dtype)
 
 
+@REFERENCE.register(Op.BITCAST)
 def _bitcast(node: Node, x: np.ndarray) -> np.ndarray:
     if x.ndim == 0:
         return x.reshape(1).view(node.dtype.to_numpy()).reshape(())
@@ -48,27 +58,33 @@ def _bitcast(node: Node, x: np.ndarray) -> np.ndarray:
     return x.view(node.dtype.to_numpy())
 
 
+@REFERENCE.register(Op.RESHAPE)
 def _reshape(node: Node, x: np.ndarray) -> np.ndarray:
     return x.reshape(node.shape)
 
 
+@REFERENCE.register(Op.PERMUTE)
 def _permute(node: Node, x: np.ndarray) -> np.ndarray:
     return x.transpose(node.arg)
 
 
+@REFERENCE.register(Op.SLICE)
 def _slice(node: Node, x: np.ndarray) -> np.ndarray:
     return x[tuple(slice(a, b, c) for a, b, c in node.arg)]
 
 
+@REFERENCE.register(Op.TAKE)
 def _take(node: Node, x: np.ndarray) -> np.ndarray:
     axis, idx = node.arg
     return np.take(x, idx.array, axis=axis)
 
 
+@REFERENCE.register(Op.CONCAT)
 def _concat(node: Node, *xs: np.ndarray) -> np.ndarray:
     return np.concatenate(xs, axis=node.arg)
 
 
+@REFERENCE.register(Op.DEQUANTIZE)
 def _dequantize(node: Node, x: np.ndarray) -> np.ndarray:
     from ..quant import dequantize
 
@@ -78,6 +94,7 @@ def _dequantize(node: Node, x: np.ndarray) -> np.ndarray:
     return values if dtype.to_numpy() == values.dtype else _astype(values, dtype.to_numpy())
 
 
+@REFERENCE.register(Op.QUANTIZE)
 def _quantize(node: Node, x: np.ndarray) -> np.ndarray:
     from ..quant import quantize
 
@@ -87,26 +104,13 @@ def _quantize(node: Node, x: np.ndarray) -> np.ndarray:
     return quantize(node.arg, np.ascontiguousarray(rows)).reshape(node.shape)
 
 
+@REFERENCE.register(Op.BINARY)
 def _binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     from ..graph.elementwise import numpy_binary
 
     return numpy_binary(node, a, b)
 
 
-numpy_impl: dict[str, Callable[..., np.ndarray]] = {
-    "binary": _binary,
-    "source": _source,
-    "const": _const,
-    "cast": _cast,
-    "bitcast": _bitcast,
-    "reshape": _reshape,
-    "permute": _permute,
-    "slice": _slice,
-    "take": _take,
-    "concat": _concat,
-    "dequantize": _dequantize,
-    "quantize": _quantize,
-}
 
 
 def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> list[np.ndarray]:
@@ -127,7 +131,7 @@ def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> lis
     consumers = _first_output_names(order, roots, names or {})
     for n in order:
         try:
-            values[n] = numpy_impl[n.op](n, *(values[s] for s in n.srcs))
+            values[n] = REFERENCE[n.op](n, *(values[s] for s in n.srcs))
         except LazyWeightsError:
             raise
         except Exception as e:  # a bug or resource failure inside a kernel: name the tensor
@@ -156,8 +160,8 @@ def _first_output_names(order: list[Node], roots: list[Node], names: dict[Node, 
 
 
 def materialize_reference(plan, out=None) -> dict[str, np.ndarray]:
-    """Materialize a whole plan with `evaluate` (C-contiguous results; `out` arrays are filled)."""
-    outputs = plan.outputs
+    """Materialize a whole plan (or name -> node) with `evaluate` (C-contiguous results; `out` arrays are filled)."""
+    outputs = outputs_of(plan)
     names = {node: name for name, node in outputs.items()}
     result, by_node = {}, {}
     for (name, node), arr in zip(outputs.items(), evaluate(outputs.values(), names)):

@@ -111,7 +111,7 @@ def _json_scalar_metadata(meta) -> dict:
 
 # --- inspect -----------------------------------------------------------------------------------------------
 def cmd_inspect(args) -> int:
-    from ..formats.checkpoint import open_checkpoint
+    from ..formats.open import open_checkpoint
 
     ck = open_checkpoint(args.paths)
     names = _filter_names(list(ck.records), args.filter)
@@ -358,7 +358,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from ..core.version import __version__
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

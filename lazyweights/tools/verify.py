@@ -42,7 +42,15 @@ from typing import Mapping
 
 import numpy as np
 
+from ..api.plan import Plan
+from ..api.weights import load_weights
+from ..compiler.steps import outputs_of
+from ..core.dtype import DType
 from ..core.errors import ExecutionError, LazyWeightsError
+from ..formats.atomic import write_file_atomically
+from ..run.driver import execute, resolve_scheduler
+from ..run.reference import materialize_reference
+from ..run.sinks import WriterSink
 
 MANIFEST_NAME = "lazyweights.verify.json"
 MANIFEST_FORMAT = "lazyweights.verify/1"
@@ -64,8 +72,6 @@ def _header(dtype_name: str, shape) -> bytes:
 
 def hash_array(arr, dtype_name: str | None = None) -> str:
     """The hash of an in-memory array (the definition the scheduler's block-wise hashing must match)."""
-    from ..core.dtype import DType
-
     arr = np.asarray(arr)
     name = dtype_name or DType.from_numpy(arr.dtype).name
     h = hashlib.blake2b(_header(name, arr.shape), digest_size=32)
@@ -74,7 +80,7 @@ def hash_array(arr, dtype_name: str | None = None) -> str:
 
 
 class _Hasher:
-    """Stands in for a file in `save._save_block`: takes one tensor's blocks, in order, into a hash."""
+    """A writer for `WriterSink(ordered=True)`: takes one tensor's blocks, in order, into a hash."""
 
     def __init__(self, node):
         self.h = hashlib.blake2b(_header(node.dtype.name, node.shape), digest_size=32)
@@ -94,56 +100,33 @@ class _Hasher:
 def hash_plan(plan, *, scheduler=None, budget=None, workers: int | None = None, block_bytes: int | None = None,
               progress: bool = False) -> dict[str, str]:
     """Output name -> hash (hex) of every output of `plan`, computed block-wise (see the module docs)."""
-    from ..run.driver import resolve_scheduler, run_tasks, task_bytes
-    from ..formats.save import _save_block
-    from ..compiler.steps import compile_steps
-
     sched = resolve_scheduler(scheduler)
+    outputs = outputs_of(plan)
     if sched == "reference":  # the specification executor: whole arrays, one op at a time
-        from ..run.reference import materialize_reference
-
-        arrays = materialize_reference(plan)
-        return {n: hash_array(arrays[n], plan.outputs[n].dtype.name) for n in plan.outputs}
+        arrays = materialize_reference(outputs)
+        return {n: hash_array(arrays[n], outputs[n].dtype.name) for n in outputs}
     if not isinstance(sched, str):
         sched = "threads"  # a dask.distributed Client: hashes need every block of a tensor in one place
-
-    steps = compile_steps(plan, budget=budget, workers=workers, block_bytes=block_bytes, materialize=False)
-    digests: dict[int, str] = {}
-
-    def hash_step(task) -> int:
-        step = task[0]
-        hasher = _Hasher(plan.outputs[step.outputs[0]])  # (not step.node: its leading axes may be merged)
-        for rows in step.blocks:
-            _save_block((step, rows, [(hasher, 0)]))
-        if hasher.pos != step.node.nbytes:
-            raise ExecutionError(f"verify: tensor {step.outputs[0]!r}: hashed {hasher.pos} of "
-                                 f"{step.node.nbytes} bytes", tensor=step.outputs[0])
-        digests[id(step)] = hasher.h.hexdigest()
-        return step.node.nbytes
-
-    tasks = [(step, range(0, step.node.shape[0] if step.node.shape else 1)) for step in steps]
-    bar = None
-    if progress:
-        from ..run.progress import Progress
-
-        bar = Progress(sum(task_bytes(t) for t in tasks), "verify")
-    try:
-        run_tasks(tasks, hash_step, sched, workers, bar)
-    finally:
-        if bar:
-            bar.close()
-    out: dict[str, str] = {}
+    # One hasher per tensor, fed its blocks in row order (`ordered=True`). A tied output is computed once and
+    # its hash shared. (The hash header uses the output's shape, not the step's: its leading axes may be
+    # merged.)
+    hashers = {name: _Hasher(node) for name, node in outputs.items()}
+    sink = WriterSink({name: [(h, 0)] for name, h in hashers.items()}, ordered=True, label="verify")
+    steps = execute(outputs, sink, scheduler=sched, budget=budget, workers=workers, block_bytes=block_bytes,
+                    progress=progress)
+    digests: dict[str, str] = {}
     for step in steps:
+        first = hashers[step.outputs[0]]
+        if first.pos != step.node.nbytes:
+            raise ExecutionError(f"verify: tensor {step.outputs[0]!r}: hashed {first.pos} of "
+                                 f"{step.node.nbytes} bytes", tensor=step.outputs[0])
         for name in step.outputs:
-            out[name] = digests[id(step)]
-    return {n: out[n] for n in plan.outputs}
+            digests[name] = first.h.hexdigest()
+    return {n: digests[n] for n in outputs}
 
 
 # --- manifests ---------------------------------------------------------------------------------------------------
 def _checkpoint_plan(path):
-    from ..api.plan import Plan
-    from ..api.weights import load_weights
-
     w = load_weights(path)
     return Plan({name: acc.data() for name, acc in w.items()}), w
 
@@ -169,8 +152,6 @@ def write_manifest(plan_or_checkpoint, path=None, *, scheduler=None, budget=None
 
     `plan_or_checkpoint` is a `Plan` (hashed from its sources; `path` is where it was saved) or a checkpoint
     path (hashed as it is on disk now; `path` defaults to it). Returns the manifest's path."""
-    from ..api.plan import Plan
-
     if isinstance(plan_or_checkpoint, Plan):
         if path is None:
             raise LazyWeightsError("write_manifest(plan, path): give the checkpoint path the plan was saved to")
@@ -182,15 +163,7 @@ def write_manifest(plan_or_checkpoint, path=None, *, scheduler=None, budget=None
     hashes = hash_plan(plan, scheduler=scheduler, budget=budget, workers=workers, progress=progress)
     target = manifest_path(path)
     data = (json.dumps(_manifest_doc(plan, hashes, files), indent=1) + "\n").encode()
-    from ..formats.safetensors_writer import StreamingFile
-
-    w = StreamingFile(target, len(data))  # atomic: a reader never sees half a manifest
-    try:
-        w.write(0, data)
-        w.commit()
-    except BaseException:
-        w.abort()
-        raise
+    write_file_atomically(target, data)  # a reader never sees half a manifest
     return target
 
 

@@ -29,7 +29,9 @@ from lazyweights.core.units import parse_size
 from lazyweights import DType, LazyWeightsError
 from lazyweights.core.errors import BudgetError, DTypeError, ShapeError
 from lazyweights.run import gpu as G
-from lazyweights.run.gpu import DeviceProgram, NumpyDevice, materialize_gpu, split_chain
+from fake_gpu import NumpyDevice
+from lazyweights.compiler.gpu import DeviceProgram, split_chain
+from lazyweights.run.gpu import materialize_gpu
 from lazyweights.kernels import cuda_casts as CC
 from lazyweights.kernels import cuda_dequant as CD
 from lazyweights.core.quantization import QuantizationEncoding as Q
@@ -127,7 +129,7 @@ def _literals(text: str) -> list[int]:
 
 TWINS = [
     (CC._log2_floor, CC._CUDA_LOG2_FLOOR), (CC._widen_finite, CC._CUDA_WIDEN_FINITE),
-    (CC._widen_f16, CC._CUDA_WIDEN_F16), (CC._widen_e4m3, CC._CUDA_WIDEN_E4M3),
+    (CC.widen_f16, CC._CUDA_WIDEN_F16), (CC._widen_e4m3, CC._CUDA_WIDEN_E4M3),
     (CC._widen_e5m2, CC._CUDA_WIDEN_E5M2), (CC._narrow, CC._CUDA_NARROW), (CC._narrow_bf16, CC._CUDA_NARROW_BF16),
     (CD._scale_min_k4, CD._CUDA_SCALE_MIN_K4),
 ] + [(ref, src) for ref, src, _ in CD._KERNELS.values()]

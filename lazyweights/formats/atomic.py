@@ -1,0 +1,155 @@
+"""The one way lazyweights writes a file: into a hidden temporary beside the final name, by offset, from any
+thread, then fsync + rename + directory fsync on `commit()`. Until then nothing exists under the final name;
+`abort()` (or an exception in a `with` block, or the object being collected) removes the temporary.
+
+Every writer builds on it: safetensors shards and their index (`formats/save.py`), GGUF
+(`formats/gguf_writer.GGUFStreamWriter`), verify manifests (`tools/verify.py`).
+
+Example:
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+    >>> with AtomicFile(path, 8) as f:
+    ...     f.write(4, b"5678"); f.write(0, b"1234")
+    ...     os.path.exists(path)
+    False
+    >>> open(path, "rb").read()
+    b'12345678'
+"""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import weakref
+
+import numpy as np
+
+from ..core.errors import WriteError
+
+
+def fsync_dir(directory: str) -> None:
+    """fsync a directory so a rename into it is durable; file systems that cannot do it are skipped (the
+    rename itself is atomic either way)."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove(fd_box: list, tmp: str) -> None:
+    fd, fd_box[0] = fd_box[0], None
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+class AtomicFile:
+    """A file written by offset into a temporary name and renamed into place on commit.
+
+    `size`: reserve the bytes up front (a full disk then fails here, before any work, where the file system
+    can tell). `fsync=False` skips the data fsyncs (tests, scratch output)."""
+
+    def __init__(self, path, size: int | None = None, *, fsync: bool = True):
+        self.path = os.path.abspath(os.fspath(path))
+        directory, base = os.path.split(self.path)
+        self.tmp_path = os.path.join(directory, f".{base}.tmp-{secrets.token_hex(4)}")
+        self.size = size
+        self.fsync = fsync
+        try:
+            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as e:
+            raise WriteError(f"{self.path}: cannot create the output: {e.strerror}", path=self.path) from e
+        self._fd_box = [fd]
+        self.state = "open"
+        self._finalizer = weakref.finalize(self, _remove, self._fd_box, self.tmp_path)
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except (OSError, AttributeError) as e:
+                if getattr(e, "errno", None) == errno.ENOSPC:
+                    self.abort()
+                    raise WriteError(f"{self.path}: not enough disk space for {size} bytes", path=self.path) from e
+                os.ftruncate(fd, size)  # file systems without fallocate: the size, at least
+
+    @property
+    def closed(self) -> bool:
+        return self.state != "open"
+
+    def _fd(self) -> int:
+        fd = self._fd_box[0]
+        if fd is None or self.state != "open":
+            raise WriteError(f"{self.path}: the output is {self.state}", path=self.path)
+        return fd
+
+    def write(self, offset: int, data, tensor: str | None = None) -> None:
+        """Write `data` (bytes or a C-contiguous array) at `offset`. Thread-safe; `tensor` labels errors."""
+        if isinstance(data, np.ndarray):  # ml_dtypes arrays do not export the buffer protocol: go via uint8
+            data = data.reshape(-1).view(np.uint8)
+        view = memoryview(data).cast("B")
+        fd = self._fd()
+        try:
+            while len(view):
+                n = os.pwrite(fd, view, offset)
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "short write")
+                view, offset = view[n:], offset + n
+        except OSError as e:
+            about = f" (tensor {tensor!r})" if tensor else ""
+            raise WriteError(f"{self.path}: write failed{about}: {e.strerror or e}", path=self.path, tensor=tensor) from e
+
+    def commit(self) -> str:
+        """fsync, rename to the final name, fsync the directory. Returns the final path."""
+        if self.state == "committed":
+            return self.path
+        fd = self._fd()
+        try:
+            if self.fsync:
+                os.fsync(fd)
+            os.close(fd)
+            self._fd_box[0] = None
+            os.replace(self.tmp_path, self.path)
+        except OSError as e:
+            self.abort()
+            raise WriteError(f"{self.path}: could not finish writing: {e.strerror}", path=self.path) from e
+        self.state = "committed"
+        self._finalizer.detach()
+        if self.fsync:
+            fsync_dir(os.path.dirname(self.path))
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the temporary file (idempotent; nothing after a commit)."""
+        if self.state == "committed":
+            return
+        self.state = "aborted"
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            if self.state == "open":
+                self.commit()
+        else:
+            self.abort()
+        return False
+
+
+def write_file_atomically(path, data: bytes) -> str:
+    """Write a small file whole (an index, a manifest): a reader sees the old file or all of the new one."""
+    with AtomicFile(path, len(data)) as f:
+        f.write(0, data)
+    return f.path

@@ -1,0 +1,151 @@
+"""Open a checkpoint: detect its format, resolve its files, run the reader. Only headers are read.
+
+`open_checkpoint(paths)` accepts what `load_weights` accepts: one or more `.safetensors` files, a
+directory, a `model.safetensors.index.json`, or `.gguf` file(s) (split GGUF too), and returns a
+`Checkpoint`: every tensor's `TensorRecord` by name, plus file metadata.
+
+Example:
+    >>> import numpy as np, tempfile, os
+    >>> from safetensors.numpy import save_file
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+    >>> save_file({"w": np.ones(2, np.float32)}, path)
+    >>> weights_format([path]).value, sorted(open_checkpoint([path]).tensors)
+    ('safetensors', ['w'])
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from ..core.errors import FormatError, LazyWeightsError
+from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
+from .source import SourceFile, TensorRecord
+
+
+def _as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [Path(paths)]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise LazyWeightsError("load_weights() was given no paths")
+    return out
+
+
+def _expand(paths: list[Path]) -> list[Path]:
+    """Directories become their checkpoint files (the index if there is one)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            index = sorted(p.glob("*.safetensors.index.json"))
+            if index:
+                out.append(index[0])
+                continue
+            found = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.gguf"))
+            if not found:
+                raise FormatError(f"{p}: directory holds no .safetensors, .safetensors.index.json or .gguf files")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
+
+
+def weights_format(paths: PathLike | Iterable[PathLike]) -> WeightsFormat:
+    """The format of a checkpoint, from its file names (and magic bytes where the name says nothing).
+
+    Raises FormatError for mixed formats or unrecognised files.
+    """
+    found = {_format_of(p) for p in _expand(_as_paths(paths))}
+    if len(found) != 1:
+        raise FormatError(f"mixed checkpoint formats: {sorted(f.value for f in found)}")
+    return found.pop()
+
+
+def _format_of(p: Path) -> WeightsFormat:
+    name = p.name.lower()
+    if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
+        return WeightsFormat.safetensors
+    if name.endswith(".gguf"):
+        return WeightsFormat.gguf
+    if name.endswith((".bin", ".pt", ".pth", ".ckpt")):
+        return WeightsFormat.pytorch
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(9)
+    except OSError as e:
+        raise FormatError(f"{p}: cannot open: {e.strerror}") from None
+    if head[:4] == b"GGUF":
+        return WeightsFormat.gguf
+    if len(head) == 9 and head[8:9] == b"{":
+        return WeightsFormat.safetensors
+    raise FormatError(f"{p}: not a recognised checkpoint (expected .safetensors, .safetensors.index.json or .gguf)")
+
+
+def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None) -> Checkpoint:
+    """Resolve `paths` to files, validate every header, and collect the tensor records.
+
+    Pickle checkpoints are refused unless `allow_pickle="weights_only"` (torch's restricted unpickler,
+    see `formats/torch_pickle.py`)."""
+    from .torch_pickle import is_pickle_checkpoint, pickle_allowed, read_torch_checkpoint
+
+    if pickle_allowed(allow_pickle) and is_pickle_checkpoint(_as_paths(paths)):
+        return read_torch_checkpoint(_as_paths(paths))
+    files = _expand(_as_paths(paths))
+    fmt = weights_format(files)
+    if fmt is WeightsFormat.pytorch:
+        raise FormatError(
+            f"{files[0]}: PyTorch pickle checkpoints are refused: unpickling runs arbitrary code. "
+            "Convert it to safetensors with a trusted tool first, or pass allow_pickle='weights_only' to "
+            "load it with torch's restricted unpickler."
+        )
+    if fmt is WeightsFormat.gguf:
+        from .gguf import read_gguf_checkpoint  # imported lazily: gguf support is its own module
+
+        return read_gguf_checkpoint([str(f) for f in files])
+    return _open_safetensors(files)
+
+
+def _open_safetensors(files: list[Path]) -> Checkpoint:
+    from .safetensors import read_safetensors
+
+    shard_files: list[Path] = []
+    index_map: dict[str, Path] | None = None
+    index_meta: dict = {}
+    for f in files:
+        if f.name.endswith(".index.json"):
+            idx_shards, idx_map, index_meta = read_index(f)
+            shard_files.extend(idx_shards)
+            index_map = {**(index_map or {}), **idx_map}
+        else:
+            shard_files.append(f)
+
+    records: dict[str, TensorRecord] = {}
+    metadata: dict = {"index": index_meta} if index_meta else {}
+    seen_files: list[str] = []
+    # de-duplicated by absolute path, order kept. FIX: a shard given both through the index and by its own
+    # (relative) path used to be read twice and reported as "appears in two shards: X and X".
+    for shard in dict.fromkeys(Path(os.path.abspath(f)) for f in shard_files):
+        recs, meta = read_safetensors(str(shard))
+        seen_files.append(recs[0].file.path if recs else os.path.abspath(shard))
+        if meta:
+            metadata.setdefault("files", {})[str(shard)] = meta
+            for k, v in meta.items():
+                metadata.setdefault(k, v)
+        for r in recs:
+            if r.name in records:
+                raise FormatError(
+                    f"tensor {r.name!r} appears in two shards: {records[r.name].file.path} and {r.file.path}"
+                )
+            records[r.name] = r
+    if index_map is not None:
+        for name, shard in index_map.items():
+            rec = records.get(name)
+            if rec is None:
+                raise FormatError(f"{shard}: the index names tensor {name!r} in this shard but the shard does not contain it")
+            if rec.file.path != os.path.abspath(shard):
+                raise FormatError(
+                    f"tensor {name!r}: the index places it in {shard} but it is in {rec.file.path}"
+                )
+    return Checkpoint(WeightsFormat.safetensors, records, metadata, seen_files)
+
+

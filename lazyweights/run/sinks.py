@@ -1,0 +1,183 @@
+"""Where the blocks of a run go: into memory (`MemorySink`) or into writers at byte offsets (`WriterSink`).
+
+A sink turns compiled steps into `BlockTask`s and runs one task at a time on a worker thread (see
+`run/driver.py`). A writer is anything with `write(offset, data, tensor=None)`: the atomic output files of
+`formats/` (safetensors, GGUF), or a hash (`tools/verify.py`), which needs its tensor's blocks in order and
+so asks for `ordered=True` (one task per tensor, running its blocks in row order).
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.graph import ops
+    >>> from lazyweights.run.driver import execute
+    >>> class Collect:                       # a writer: keeps (offset, bytes) pairs
+    ...     def __init__(self): self.parts = []
+    ...     def write(self, offset, data, tensor=None): self.parts.append((offset, data.tobytes()))
+    >>> node = ops.cast(ops.const(np.arange(4, dtype=np.float32)), "float16")
+    >>> w = Collect()
+    >>> _ = execute({"x": node}, WriterSink({"x": [(w, 100)]}), scheduler="sync")
+    >>> w.parts == [(100, np.arange(4, dtype=np.float16).tobytes())]
+    True
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..compiler.steps import Step
+from ..core.errors import DTypeError, LazyWeightsError, ShapeError
+from ..graph.node import Node
+from .blocks import full_view, pull, write_rows
+from .driver import BlockTask
+
+
+def check_unchanged_sources(step: Step) -> None:
+    """Raise SourceChangedError if a source of `step` changed on disk. Call before touching its pages:
+    a truncated map would SIGBUS. (A truncation after this check reaches the C casts as EFAULT, which
+    `driver.name_error` reports as SourceChangedError.)"""
+    for r in step.sources:
+        r.file.check_unchanged(r.name)
+
+
+class MemorySink:
+    """Results in memory: name -> array. Zero-copy views of the sources are returned as they are;
+    `out={name: array}` fills the caller's buffers in place (checked before any work)."""
+
+    label = "materialize"
+    materialize = True
+
+    def __init__(self, outputs: Mapping[str, Node], out: Mapping[str, np.ndarray] | None = None):
+        self.outputs = dict(outputs)
+        self.out = dict(out or {})
+        for name in self.out:
+            if name not in self.outputs:
+                raise LazyWeightsError(f"destination given for {name!r}, which is not an output of the plan")
+        self._result: dict[str, np.ndarray] = {}
+        self._fresh: list[np.ndarray] = []
+
+    def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        out, tasks = self.out, []
+        for step in steps:
+            dsts = [n for n in step.outputs if n in out]
+            if step.kind == "view" and not dsts:
+                view = full_view(step.node)
+                for name in step.outputs:
+                    self._result[name] = view
+                continue
+            for name in dsts:
+                check_destination(name, self.outputs[name], out[name])
+            if dsts:
+                primary = out[dsts[0]].reshape(step.node.shape)
+            else:
+                primary = np.empty(step.node.shape, step.node.dtype.to_numpy())
+                self._fresh.append(primary)
+            # (step.node may have the output's leading axes merged: the same bytes, so a reshape is a view)
+            shape = self.outputs[step.outputs[0]].shape
+            shaped = primary if primary.shape == shape else primary.reshape(shape)
+            for name in step.outputs:
+                self._result[name] = out[name] if name in out else shaped
+            extra = [out[n].reshape(step.node.shape) for n in dsts[1:]]
+            tasks += [BlockTask(step, rows, (primary, extra)) for rows in step.blocks]
+        return tasks
+
+    def before_kernels(self) -> None:
+        """Touch one byte per page of the fresh outputs, so the kernel backs them now (while numba loads on
+        another thread) rather than during the casts. Releases the GIL (a strided numpy store)."""
+        for a in self._fresh:
+            if a.nbytes >= (1 << 20):
+                a.reshape(-1).view(np.uint8)[::4096] = 0
+
+    def run_block(self, task: BlockTask) -> int:
+        step, rows, (primary, extra) = task
+        node = step.node
+        check_unchanged_sources(step)
+        cache: dict = {}
+        if not node.shape:
+            tmp = np.empty((), node.dtype.to_numpy())
+            write_rows(node, rows, tmp.reshape(()), cache)
+            primary[...] = tmp
+        else:
+            write_rows(node, rows, primary[rows.start:rows.stop], cache)
+        for dst in extra:
+            dst[rows.start:rows.stop] = primary[rows.start:rows.stop] if node.shape else primary
+        return primary[rows.start:rows.stop].nbytes if node.shape else primary.nbytes
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {name: self._result[name] for name in self.outputs}
+
+
+def check_destination(name: str, node: Node, dst: np.ndarray) -> None:
+    """A caller's `out=` buffer must be a writable numpy array of the output's dtype and size."""
+    if not isinstance(dst, np.ndarray):
+        raise DTypeError(f"destination for {name!r} must be a numpy array, got {type(dst).__name__}")
+    if dst.dtype != node.dtype.to_numpy():
+        raise DTypeError(f"destination for {name!r} is {dst.dtype}, the plan produces {node.dtype.name}")
+    if dst.size != node.size or (dst.shape != node.shape and not dst.flags.c_contiguous):
+        raise ShapeError(f"destination for {name!r} has shape {list(dst.shape)}, the plan produces {list(node.shape)}")
+    if not dst.flags.writeable:
+        raise LazyWeightsError(f"destination for {name!r} is read-only")
+
+
+_scratch = threading.local()
+
+
+def scratch_block(nbytes: int) -> np.ndarray:
+    """A per-thread reusable byte buffer, so blocks do not allocate (and fault in) fresh memory."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1), np.uint8)
+        _scratch.buf = buf
+    return buf[:nbytes]
+
+
+class WriterSink:
+    """Blocks written at byte offsets: `targets[name]` is a list of (writer, offset of the tensor's first
+    byte). `ordered=True` runs each tensor's blocks in row order within one task (for hashes)."""
+
+    label = "save"
+    materialize = False  # bytes must move anyway: a view of the map is copied block by block
+
+    def __init__(self, targets: Mapping[str, list[tuple[Any, int]]], *, ordered: bool = False, label: str = "save"):
+        self.targets = targets
+        self.ordered = ordered
+        self.label = label
+
+    def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        if self.ordered:
+            return [BlockTask(s, range(0, s.node.shape[0] if s.node.shape else 1), self._targets(s)) for s in steps]
+        return [BlockTask(s, rows, self._targets(s)) for s in steps for rows in s.blocks]
+
+    def _targets(self, step: Step) -> list[tuple[Any, int]]:
+        return [t for name in step.outputs for t in self.targets.get(name, ())]
+
+    def before_kernels(self) -> None:
+        pass
+
+    def run_block(self, task: BlockTask) -> int:
+        if self.ordered:
+            return sum(write_block(BlockTask(task.step, rows, task.target)) for rows in task.step.blocks)
+        return write_block(task)
+
+
+def write_block(task: BlockTask) -> int:
+    """Compute one block into a per-thread scratch buffer (or take it straight from the map when it is a
+    contiguous view) and write it to each of the task's (writer, offset) targets."""
+    step, rows, targets = task
+    node = step.node
+    check_unchanged_sources(step)
+    row_bytes = node.nbytes // node.shape[0] if node.shape else node.nbytes
+    start = rows.start * row_bytes if node.shape else 0
+    block_shape = (len(rows),) + node.shape[1:] if node.shape else ()
+    data = None
+    if step.kind == "copy":
+        view = pull(node, rows, {})
+        if view.flags.c_contiguous:
+            data = view  # straight from the memory map to the file: no copy in between
+    if data is None:
+        nbytes = row_bytes * len(rows) if node.shape else node.nbytes
+        data = scratch_block(nbytes).view(node.dtype.to_numpy()).reshape(block_shape)
+        write_rows(node, rows, data, {})
+    for writer, offset in targets:
+        writer.write(offset + start, data, tensor=step.outputs[0])
+    return data.nbytes
