@@ -58,10 +58,11 @@ def _remove(fd_box: list, tmp: str) -> None:
 class AtomicFile:
     """A file written by offset into a temporary name and renamed into place on commit.
 
-    `size`: reserve the bytes up front (a full disk then fails here, before any work, where the file system
-    can tell). `fsync=False` skips the data fsyncs (tests, scratch output)."""
+    `size`: the file's size; with `reserve=True` its blocks are allocated up front (a full disk then fails
+    here, before any work, where the file system can tell), else the file is sized sparsely and a full disk
+    fails at the write that hits it, naming its tensor. `fsync=False` skips the data fsyncs."""
 
-    def __init__(self, path, size: int | None = None, *, fsync: bool = True):
+    def __init__(self, path, size: int | None = None, *, fsync: bool = True, reserve: bool = True):
         self.path = os.path.abspath(os.fspath(path))
         directory, base = os.path.split(self.path)
         self.tmp_path = os.path.join(directory, f".{base}.tmp-{secrets.token_hex(4)}")
@@ -74,7 +75,9 @@ class AtomicFile:
         self._fd_box = [fd]
         self.state = "open"
         self._finalizer = weakref.finalize(self, _remove, self._fd_box, self.tmp_path)
-        if size:
+        if size and not reserve:
+            os.ftruncate(fd, size)
+        elif size:
             try:
                 os.posix_fallocate(fd, 0, size)
             except (OSError, AttributeError) as e:
