@@ -214,7 +214,8 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     """Open the checkpoint at `paths` lazily, run the adapter on it, return (adapted state dict, weights)."""
     from .weights import load_weights
 
-    weights = load_weights(paths)
+    allow_pickle = extra_kwargs.pop("allow_pickle", None)  # a loader option, not an adapter keyword
+    weights = load_weights(paths, allow_pickle=allow_pickle) if allow_pickle else load_weights(paths)
     fn = load_adapter(spec, weights.format)
     kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}
     kwargs.update(extra_kwargs)
@@ -223,4 +224,5 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
         raise LazyWeightsError(
             f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "
             f"{type(adapted).__name__}, expected a dict of name -> WeightData")
-    return dict(adapted), weights
+    # A dict subclass keeps what it carries besides tensors (hf_export.ConvertedStateDict's metadata/files).
+    return (adapted if isinstance(adapted, dict) else dict(adapted)), weights

@@ -187,7 +187,12 @@ def _adapted_plan(args):
     from .adapter_loader import run_adapter
     from .plan import Plan
 
-    adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None))
+    extra = {}
+    if getattr(args, "no_tokenizer", False):
+        extra["tokenizer"] = False
+    if getattr(args, "allow_pickle", None):
+        extra["allow_pickle"] = args.allow_pickle
+    adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
     p = Plan(adapted)
     pattern = getattr(args, "filter", None)
     if pattern:
@@ -195,6 +200,7 @@ def _adapted_plan(args):
 
         kept = filter_outputs(p.outputs, pattern)
         p = Plan({k: p.tensors[k] for k in kept})
+    p.adapted = adapted  # what the adapter returned: may carry GGUF metadata or config/tokenizer files
     return p, weights
 
 
@@ -211,8 +217,17 @@ def cmd_convert(args) -> int:
     p, _ = _adapted_plan(args)
     if not hasattr(p, "save"):
         raise LazyWeightsError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
-    files = p.save(args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
-                   scheduler=args.scheduler, progress=not args.no_progress)
+    from .hf_export import save_converted
+
+    carried = getattr(p, "adapted", None)
+    if carried is not None and type(carried) is not dict:  # keep its metadata/files, with the filtered tensors
+        filtered = type(carried)(p.tensors)
+        filtered.__dict__.update(getattr(carried, "__dict__", {}))
+        target = filtered
+    else:
+        target = p
+    files = save_converted(target, args.output, format=args.format, max_shard_size=args.max_shard_size,
+                           budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress)
     files = list(files or [])
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
@@ -392,12 +407,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
     p.set_defaults(func=cmd_inspect)
 
+    def _pickle_arg(p):
+        p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
+                       help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
+                            "(torch.load(weights_only=True)); refused without it")
+
     def adapter_args(p):
         p.add_argument("adapter", metavar="ADAPTER",
                        help="'package.module:function', 'path/file.py:function', or an architecture name")
         p.add_argument("paths", nargs="+", metavar="PATH", help="the checkpoint: files, a directory or an index.json")
         p.add_argument("--hf-config", metavar="FILE", default=None,
                        help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
+        _pickle_arg(p)
 
     p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
                        description="Run ADAPTER on the checkpoint lazily and print the plan.")
@@ -419,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--filter", metavar="GLOB", help="only convert outputs whose names match this glob")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="write no tokenizer (GGUF -> HF: no tokenizer files; HF -> GGUF: no tokenizer.* keys)")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("diff", parents=[common], help="compare two checkpoints",
