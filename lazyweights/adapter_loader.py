@@ -110,9 +110,14 @@ def _getattr_path(module, attr: str, spec: str):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None)))
-            hint = f" (it has: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
-            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}{hint}") from None
+            # Adapters are functions: suggest and list only those (not classes, modules or constants).
+            from .errors import did_you_mean
+
+            public = sorted(n for n in dir(module) if not n.startswith("_")
+                            and inspect.isfunction(inspect.unwrap(getattr(module, n))))
+            listing = f" (its functions: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
+            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
+                                   f"{listing}.{did_you_mean(part, public)}") from None
     return obj
 
 
@@ -147,6 +152,17 @@ def load_adapter(spec, fmt=None) -> Callable:
                 if fmt is None:
                     raise LazyWeightsError(f"architecture {mod!r}: the checkpoint format is unknown")
                 return arch.adapter_for(fmt)
+            if "." not in mod:
+                try:
+                    module = load_module(mod)
+                except LazyWeightsError as e:
+                    from . import registry
+                    from .errors import did_you_mean
+
+                    known = sorted(registry.architectures())
+                    raise LazyWeightsError(
+                        f"adapter {mod!r} is neither a registered architecture (known: {', '.join(known)}) nor an "
+                        f"importable module ({e}).{did_you_mean(mod, known)}") from None
         module = load_module(mod)
         wanted = DEFAULT_FUNCTIONS.get(fmt_value) if fmt_value else None
         names = [wanted] if wanted else list(DEFAULT_FUNCTIONS.values())

@@ -129,7 +129,7 @@ def _json_scalar_metadata(meta) -> dict:
 def cmd_inspect(args) -> int:
     from .formats import open_checkpoint
 
-    ck = open_checkpoint(args.paths)
+    ck = open_checkpoint(args.paths, allow_pickle=args.allow_pickle) if args.allow_pickle else open_checkpoint(args.paths)
     names = _filter_names(list(ck.records), args.filter)
     if args.filter and not names:
         raise LazyWeightsError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
@@ -400,17 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
+    def _pickle_arg(p):
+        p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
+                       help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
+                            "(torch.load(weights_only=True)); refused without it")
+
     p = sub.add_parser("inspect", parents=[common], help="list a checkpoint's tensors (reads headers only)",
                        description="List names, dtypes, shapes, quantization and sizes, with totals per dtype.")
     p.add_argument("paths", nargs="+", metavar="PATH", help=".safetensors / .gguf files, a directory, or an index.json")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
+    _pickle_arg(p)
     p.set_defaults(func=cmd_inspect)
-
-    def _pickle_arg(p):
-        p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
-                       help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
-                            "(torch.load(weights_only=True)); refused without it")
 
     def adapter_args(p):
         p.add_argument("adapter", metavar="ADAPTER",
@@ -491,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_verify(args) -> int:
     from .verify import verify, write_manifest
 
+    if not os.path.exists(args.path):
+        raise LazyWeightsError(f"{args.path}: no such file or directory")
     if args.write:
         target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
         with open(target, encoding="utf-8") as fh:
