@@ -383,7 +383,10 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
                 types[i] = BYTE
             if gemma and types[i] == NORMAL and len(t) > 1 and set(t) == {"\u2581"}:
-                tokens[i] = " " * len(t)  # Gemma's own spelling of space runs (undone on the way in)
+                # Gemma's own spelling of space runs (undone on the way in); like its newline runs, they
+                # are user-defined pieces in Gemma's SentencePiece model.
+                tokens[i] = " " * len(t)
+                types[i] = USER_DEFINED
             if i == unk and not gemma:
                 types[i] = UNKNOWN
             if types[i] == NORMAL:
