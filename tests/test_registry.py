@@ -61,7 +61,7 @@ def test_unknown_architecture_error():
         get("LlamaForCausalLn")
     assert isinstance(info.value, KeyError) and isinstance(info.value, LazyWeightsError)
     assert "no architecture named 'LlamaForCausalLn' is registered" in str(info.value)
-    assert "Did you mean 'LlamaForCausalLM'?" in str(info.value)
+    assert "Did you mean 'LlamaForCausalLM'" in str(info.value)  # the built-in names may follow it
 
 
 def test_bad_definitions():

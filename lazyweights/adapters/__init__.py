@@ -5,10 +5,13 @@
 - `convert_gguf_state_dict`: the seed-style GGUF adapter (`adapter(dict(weights.items()),
   huggingface_config=...)`), GGUF to Hugging Face names dequantized to bfloat16.
 
+- `convert_hf_to_gguf`: the seed-style Hugging Face -> GGUF adapter, carrying the complete GGUF metadata
+  built from config.json and tokenizer.json (`lazyweights.adapters.hf_export`).
+- `export_hf_folder(gguf, dir)` / `export_gguf(dir, gguf)`: whole-model conversions in one call.
+
 Every adapter only builds graph nodes; nothing is read until the result is materialized or saved.
 """
 from .gguf_names import (
-    convert_gguf_state_dict,
     gguf_metadata_from_config,
     gguf_name_to_hf,
     gguf_to_hf,
@@ -18,8 +21,10 @@ from .gguf_names import (
     rope_permutation,
     rope_unpermute,
 )
+from .hf_export import convert_gguf_state_dict, convert_hf_to_gguf, export_gguf, export_hf_folder
 
 __all__ = [
+    "convert_hf_to_gguf", "export_gguf", "export_hf_folder",
     "convert_gguf_state_dict", "gguf_metadata_from_config", "gguf_name_to_hf", "gguf_to_hf", "hf_name_to_gguf", "hf_to_gguf",
     "rope_permute", "rope_permutation", "rope_unpermute",
 ]

@@ -83,8 +83,35 @@ _TOP: dict[str, str] = {
     "output": "lm_head",
 }
 
+_LAYER_PHI3: dict[str, str] = {
+    **{k: v for k, v in _LAYER_COMMON.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate")},
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",  # fused [gate; up] rows, as llama.cpp's Phi-3 graph reads them
+}
+_LAYER_MIXTRAL: dict[str, str] = {**_LAYER_COMMON, "ffn_gate_inp": "block_sparse_moe.gate"}
+_LAYER_QWEN_MOE: dict[str, str] = {
+    **_LAYER_COMMON,
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+# Stacked expert tensors (GGUF: one [n_expert, rows, cols] tensor) <-> one Hugging Face tensor per expert:
+# arch -> (HF prefix inside the layer, {GGUF part: HF projection}).
+EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
+    "llama": ("block_sparse_moe.experts", {"ffn_gate_exps": "w1", "ffn_down_exps": "w2", "ffn_up_exps": "w3"}),
+    "qwen2moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
+    "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
+}
+# 1-D in GGUF, [1, n] in Hugging Face.
+_ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
+
 LAYER_NAMES: dict[str, dict[str, str]] = {
-    "llama": _LAYER_COMMON,
+    "llama": _LAYER_MIXTRAL,
+    "phi3": _LAYER_PHI3,
+    "qwen2moe": _LAYER_QWEN_MOE,
+    "qwen3moe": _LAYER_QWEN_MOE,
     "qwen2": _LAYER_COMMON,
     "qwen3": _LAYER_COMMON,
     "gemma": _LAYER_COMMON,
@@ -96,12 +123,12 @@ ROPE_PERMUTED_ARCHS = frozenset({"llama"})
 # Architectures whose norms llama.cpp stores as weight + 1.
 NORM_SHIFT_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
 # GGUF-only tensors with no Hugging Face counterpart.
-GGUF_ONLY = frozenset({"rope_freqs.weight"})
+GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 # Hugging Face model_type -> GGUF architecture.
 _MODEL_TYPE_ARCH = {
     "llama": "llama", "mistral": "llama", "mixtral": "llama",
-    "qwen2": "qwen2", "qwen3": "qwen3",
+    "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
     "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
 }
 
@@ -252,7 +279,7 @@ def _add_scalar(wd: WeightData, value: float) -> WeightData:
 
 
 def _as_wd(value, name: str) -> WeightData:
-    from ..api.plan import as_weight_data
+    from ..api.weight_data import as_weight_data
 
     return as_weight_data(value, name)
 
@@ -282,8 +309,14 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
+        experts = _split_experts(name, value, arch, dequantize_to)
+        if experts is not None:
+            out.update(experts)
+            continue
         hf = gguf_name_to_hf(name, arch)
         wd = _as_wd(value, name)
+        if hf is not None and _part(name) in _ROW_VECTORS and wd.ndim == 1:
+            wd = wd.reshape((1, wd.shape[0]))
         if hf is None:
             if strict:
                 unknown.append(name)
@@ -324,9 +357,14 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         norm_dtype = DType.parse(norm_dtype)
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
+    state = _stack_experts(state, arch)
     for name, value in state.items():
         g = hf_name_to_gguf(name, arch)
+        if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
+            g = name  # already stacked under its GGUF name by _stack_experts
         wd = _as_wd(value, name)
+        if g is not None and _part(g) in _ROW_VECTORS and wd.ndim == 2 and wd.shape[0] == 1:
+            wd = wd.reshape((wd.shape[1],))
         if g is None:
             if name.endswith("rotary_emb.inv_freq"):
                 continue  # computed at run time; llama.cpp's converter skips it too
@@ -350,6 +388,65 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             "(pass strict=False to keep them under their own names)"
         )
     return out
+
+
+def _part(gguf_name: str) -> str | None:
+    m = _GGUF_LAYER_RE.match(gguf_name)
+    return m[2] if m else None
+
+
+def _split_experts(name: str, value, arch: str, dequantize_to) -> dict[str, WeightData] | None:
+    """A stacked GGUF expert tensor as one Hugging Face tensor per expert (lazy index on the leading axis;
+    quantized experts are dequantized first, as the per-expert slices must be whole tensors)."""
+    m = _GGUF_LAYER_RE.match(name)
+    spec = EXPERTS.get(arch)
+    if not m or spec is None or m[2] not in spec[1]:
+        return None
+    wd = _as_wd(value, name)
+    if wd.ndim != 3:
+        raise ShapeError(f"{name!r}: stacked experts must be 3-D [n_expert, rows, cols], got {list(wd.shape)}")
+    if wd.quantization_encoding is not None:
+        wd = wd.dequantize(dequantize_to or DType.float32)
+    elif dequantize_to is not None and wd.dtype.is_float:
+        wd = wd.astype(dequantize_to)
+    prefix, parts = spec
+    out = {}
+    for e in range(wd.shape[0]):
+        hf = f"model.layers.{m[1]}.{prefix}.{e}.{parts[m[2]]}.{m[3]}"
+        out[hf] = _renamed(wd[e], hf)
+    return out
+
+
+_HF_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
+
+
+def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:
+    """Per-expert Hugging Face tensors stacked into llama.cpp's [n_expert, rows, cols] tensors, under their
+    GGUF names; experts must be numbered 0..n-1 with no gaps (KeyError-style error naming the missing one)."""
+    from ..api.weight_data import stack
+
+    spec = EXPERTS.get(arch)
+    if spec is None:
+        return dict(state)
+    prefix, parts = spec
+    reverse = {v: k for k, v in parts.items()}
+    groups: dict[tuple[str, str, str], dict[int, Any]] = {}
+    rest = {}
+    for name, value in state.items():
+        m = _HF_EXPERT_RE.match(name)
+        if m and m[2] == prefix and m[4] in reverse:
+            groups.setdefault((m[1], reverse[m[4]], m[5]), {})[int(m[3])] = (name, value)
+        else:
+            rest[name] = value
+    for (layer, part, kind), members in sorted(groups.items()):
+        n = max(members) + 1
+        gaps = [e for e in range(n) if e not in members]
+        if gaps:
+            raise LazyWeightsError(f"layer {layer}: expert tensor {part} has no expert {gaps[0]} "
+                                   f"(experts present: {sorted(members)})")
+        g = f"blk.{layer}.{part}.{kind}"
+        rest[g] = stack([_as_wd(members[e][1], members[e][0]) for e in range(n)])
+    return rest
 
 
 def _rope_heads(hf_name: str, heads: tuple[int, int] | None) -> int:
@@ -408,17 +505,3 @@ def gguf_metadata_from_config(config, arch: str | None = None, name: str | None 
         if arch in ROPE_PERMUTED_ARCHS:
             md[f"{arch}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     return md
-
-
-def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=None,
-                            dequantize_to: DType | None = DType.bfloat16, **unused_kwargs) -> dict[str, WeightData]:
-    """The seed-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
-    to bfloat16 (pass `dequantize_to=None` to keep quantized blocks). `huggingface_config` is the GGUF
-    file's own config (`weights.config`) when none is given by the caller, as `lazyweights convert` does.
-
-    Example (the command line, on a GGUF file):
-        lazyweights convert lazyweights.adapters:convert_gguf_state_dict model.gguf -o model-hf/
-    """
-    if huggingface_config is None:
-        raise LazyWeightsError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
-    return gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)

@@ -110,9 +110,14 @@ def _getattr_path(module, attr: str, spec: str):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None)))
-            hint = f" (it has: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
-            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}{hint}") from None
+            # Adapters are functions: suggest and list only those (not classes, modules or constants).
+            from ..core.errors import did_you_mean
+
+            public = sorted(n for n in dir(module) if not n.startswith("_")
+                            and inspect.isfunction(inspect.unwrap(getattr(module, n))))
+            listing = f" (its functions: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
+            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
+                                   f"{listing}.{did_you_mean(part, public)}") from None
     return obj
 
 
@@ -147,6 +152,17 @@ def load_adapter(spec, fmt=None) -> Callable:
                 if fmt is None:
                     raise LazyWeightsError(f"architecture {mod!r}: the checkpoint format is unknown")
                 return arch.adapter_for(fmt)
+            if "." not in mod:
+                try:
+                    module = load_module(mod)
+                except LazyWeightsError as e:
+                    from . import registry
+                    from ..core.errors import did_you_mean
+
+                    known = sorted(registry.architectures())
+                    raise LazyWeightsError(
+                        f"adapter {mod!r} is neither a registered architecture (known: {', '.join(known)}) nor an "
+                        f"importable module ({e}).{did_you_mean(mod, known)}") from None
         module = load_module(mod)
         wanted = DEFAULT_FUNCTIONS.get(fmt_value) if fmt_value else None
         names = [wanted] if wanted else list(DEFAULT_FUNCTIONS.values())
@@ -214,7 +230,8 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     """Open the checkpoint at `paths` lazily, run the adapter on it, return (adapted state dict, weights)."""
     from ..api.weights import load_weights
 
-    weights = load_weights(paths)
+    allow_pickle = extra_kwargs.pop("allow_pickle", None)  # a loader option, not an adapter keyword
+    weights = load_weights(paths, allow_pickle=allow_pickle) if allow_pickle else load_weights(paths)
     fn = load_adapter(spec, weights.format)
     kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}
     kwargs.update(extra_kwargs)
@@ -223,4 +240,5 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
         raise LazyWeightsError(
             f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "
             f"{type(adapted).__name__}, expected a dict of name -> WeightData")
-    return dict(adapted), weights
+    # A dict subclass keeps what it carries besides tensors (hf_export.ConvertedStateDict's metadata/files).
+    return (adapted if isinstance(adapted, dict) else dict(adapted)), weights

@@ -118,9 +118,11 @@ def register(arch: SupportedArchitecture, *, replace: bool = False) -> Supported
     """Add `arch` to the registry. Registering another architecture under a taken name needs replace=True."""
     if not isinstance(arch, SupportedArchitecture):
         raise LazyWeightsError(f"register() takes a SupportedArchitecture, got {type(arch).__name__}")
+    _ensure_builtins()
     with _LOCK:
         old = _REGISTRY.get(arch.name)
-        if old is not None and old is not arch and not replace:
+        # A built-in architecture is a default: registering the same name replaces it.
+        if old is not None and old is not arch and not replace and not old.extra.get("builtin"):
             raise LazyWeightsError(f"an architecture named {arch.name!r} is already registered; "
                                    "pass replace=True to replace it")
         _REGISTRY[arch.name] = arch
@@ -133,14 +135,35 @@ def unregister(name: str) -> None:
         _REGISTRY.pop(name, None)
 
 
+_BUILTINS_LOADED = False
+
+
+def _ensure_builtins() -> None:
+    """The built-in architectures (lazyweights.adapters.builtin), registered on first use."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    with _LOCK:
+        if _BUILTINS_LOADED:
+            return
+        from .builtin import builtin_adapters
+
+        for name, adapters in builtin_adapters().items():
+            if name not in _REGISTRY:
+                _REGISTRY[name] = SupportedArchitecture(name, weight_adapters=adapters, builtin=True)
+        _BUILTINS_LOADED = True
+
+
 def architectures() -> dict[str, SupportedArchitecture]:
-    """A copy of the registry: name -> architecture."""
+    """A copy of the registry: name -> architecture (the built-in ones included)."""
+    _ensure_builtins()
     with _LOCK:
         return dict(_REGISTRY)
 
 
 def get(name: str) -> SupportedArchitecture:
     """The architecture registered as `name`; UnknownArchitectureError (a KeyError) with a did-you-mean."""
+    _ensure_builtins()
     with _LOCK:
         arch = _REGISTRY.get(name)
         known = list(_REGISTRY)
@@ -172,7 +195,7 @@ def adapt(arch: str | SupportedArchitecture | None, paths, **kwargs) -> dict:
 
     `arch`: a registered name, a `SupportedArchitecture`, or None to use config.json's "architectures".
     `kwargs` go to the adapter (e.g. `huggingface_config=...`). Reads no tensor bytes."""
-    from ..api.plan import as_weight_data
+    from ..api.weight_data import as_weight_data
     from ..api.weights import load_weights
 
     if arch is None:

@@ -43,6 +43,12 @@ def _expand(paths: list[Path]) -> list[Path]:
                 continue
             found = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.gguf"))
             if not found:
+                pickles = sorted(q.name for q in p.iterdir() if q.name.lower().endswith((".bin", ".pt", ".pth", ".ckpt")))
+                if pickles:
+                    raise FormatError(
+                        f"{p}: directory holds no .safetensors, .safetensors.index.json or .gguf files; it has "
+                        f"{', '.join(pickles)}: PyTorch pickle(s), refused unless opened with "
+                        f"--allow-pickle weights_only (allow_pickle='weights_only'): {p / pickles[0]}")
                 raise FormatError(f"{p}: directory holds no .safetensors, .safetensors.index.json or .gguf files")
             out.extend(found)
         else:

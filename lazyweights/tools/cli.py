@@ -113,7 +113,7 @@ def _json_scalar_metadata(meta) -> dict:
 def cmd_inspect(args) -> int:
     from ..formats.open import open_checkpoint
 
-    ck = open_checkpoint(args.paths)
+    ck = open_checkpoint(args.paths, allow_pickle=args.allow_pickle) if args.allow_pickle else open_checkpoint(args.paths)
     names = _filter_names(list(ck.records), args.filter)
     if args.filter and not names:
         raise LazyWeightsError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
@@ -171,7 +171,12 @@ def _adapted_plan(args):
     from ..adapters.loader import run_adapter
     from ..api.plan import Plan
 
-    adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None))
+    extra = {}
+    if getattr(args, "no_tokenizer", False):
+        extra["tokenizer"] = False
+    if getattr(args, "allow_pickle", None):
+        extra["allow_pickle"] = args.allow_pickle
+    adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
     p = Plan(adapted)
     pattern = getattr(args, "filter", None)
     if pattern:
@@ -179,6 +184,7 @@ def _adapted_plan(args):
 
         kept = filter_outputs(p.outputs, pattern)
         p = Plan({k: p.tensors[k] for k in kept})
+    p.adapted = adapted  # what the adapter returned: may carry GGUF metadata or config/tokenizer files
     return p, weights
 
 
@@ -195,8 +201,17 @@ def cmd_convert(args) -> int:
     p, _ = _adapted_plan(args)
     if not hasattr(p, "save"):
         raise LazyWeightsError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
-    files = p.save(args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
-                   scheduler=args.scheduler, progress=not args.no_progress)
+    from ..adapters.hf_export import save_converted
+
+    carried = getattr(p, "adapted", None)
+    if carried is not None and type(carried) is not dict:  # keep its metadata/files, with the filtered tensors
+        filtered = type(carried)(p.tensors)
+        filtered.__dict__.update(getattr(carried, "__dict__", {}))
+        target = filtered
+    else:
+        target = p
+    files = save_converted(target, args.output, format=args.format, max_shard_size=args.max_shard_size,
+                           budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress)
     files = list(files or [])
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
@@ -369,11 +384,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
+    def _pickle_arg(p):
+        p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
+                       help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
+                            "(torch.load(weights_only=True)); refused without it")
+
     p = sub.add_parser("inspect", parents=[common], help="list a checkpoint's tensors (reads headers only)",
                        description="List names, dtypes, shapes, quantization and sizes, with totals per dtype.")
     p.add_argument("paths", nargs="+", metavar="PATH", help=".safetensors / .gguf files, a directory, or an index.json")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
+    _pickle_arg(p)
     p.set_defaults(func=cmd_inspect)
 
     def adapter_args(p):
@@ -382,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("paths", nargs="+", metavar="PATH", help="the checkpoint: files, a directory or an index.json")
         p.add_argument("--hf-config", metavar="FILE", default=None,
                        help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
+        _pickle_arg(p)
 
     p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
                        description="Run ADAPTER on the checkpoint lazily and print the plan.")
@@ -403,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--filter", metavar="GLOB", help="only convert outputs whose names match this glob")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="write no tokenizer (GGUF -> HF: no tokenizer files; HF -> GGUF: no tokenizer.* keys)")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("diff", parents=[common], help="compare two checkpoints",
@@ -452,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_verify(args) -> int:
     from .verify import verify, write_manifest
 
+    if not os.path.exists(args.path):
+        raise LazyWeightsError(f"{args.path}: no such file or directory")
     if args.write:
         target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
         with open(target, encoding="utf-8") as fh:

@@ -145,7 +145,17 @@ def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", 
         except ImportError:  # explain() is optional in minimal installs
             say(repr(p))
     files = p.save(out_dir, budget=budget, max_shard_size="2MB", progress=not quiet)
-    say(f"wrote {len(files)} files to {out_dir}")
+    # config.json and a verify manifest beside the output, so `lazyweights plan/verify` work on it as they
+    # would on any checkpoint (the manifest hashes what is on disk now; `verify` re-reads it later).
+    from .verify import write_manifest
+
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+    manifest = write_manifest(out_dir)
+    say(f"source checkpoint: {ckpt}")
+    say(f"wrote {len(files)} files to {out_dir} (+ config.json, {os.path.basename(manifest)})")
+    say(f"next: lazyweights plan lazyweights.demo:convert_safetensor_state_dict {ckpt}")
+    say(f"      lazyweights verify {out_dir}")
     want = eager_reference(ckpt, cfg)
     got = load_weights(out_dir)
     bad = [n for n, a in want.items()

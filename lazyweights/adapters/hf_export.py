@@ -1,0 +1,669 @@
+"""Whole-model conversions users load with no edits: GGUF -> a Hugging Face folder, and Hugging Face -> GGUF.
+
+GGUF -> HF (`export_hf_folder`, and `lazyweights convert lazyweights.adapters:convert_gguf_state_dict x.gguf -o dir/`)
+writes `model.safetensors` (the lazy `gguf_to_hf` adapter, streamed), `config.json` (`hf_config_from_gguf`),
+`generation_config.json`, `tokenizer.json` and `tokenizer_config.json` (`lazyweights.formats.hf_tokenizer`), into a
+temporary folder beside `dir` that replaces it only when every file is complete.
+
+HF -> GGUF (`export_gguf`, and `lazyweights convert lazyweights.adapters:convert_hf_to_gguf dir/ -o x.gguf`)
+builds every GGUF key from `config.json` and the tokenizer files alone (`gguf_metadata_from_hf`):
+`general.*` with a `general.file_type` computed from the tensors written, `{arch}.*` hyperparameters and
+`tokenizer.*`.
+
+Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them):
+
+    {a}.context_length                  max_position_embeddings        (required)
+    {a}.embedding_length                hidden_size                    (required)
+    {a}.block_count                     num_hidden_layers              (required)
+    {a}.attention.head_count            num_attention_heads            (required)
+    {a}.feed_forward_length             intermediate_size              (required except for MoE)
+    {a}.attention.head_count_kv         num_key_value_heads            default: head_count
+    {a}.attention.key_length            head_dim                       default: embedding_length / head_count
+    {a}.attention.layer_norm_rms_epsilon rms_norm_eps                  default: 1e-5 (1e-6 for Gemma)
+    {a}.rope.freq_base                  rope_theta                     default: 10000
+    {a}.rope.dimension_count            (phi3: partial_rotary_factor = dimension_count / head_dim)
+    {a}.rope.scaling.type/factor/original_context_length   rope_scaling
+    {a}.attention.sliding_window        sliding_window
+    {a}.attention.sliding_window_pattern (gemma3: layer_types; default every 6th layer global)
+    {a}.rope.freq_base_swa              (gemma3: rope_local_base_freq, default 10000)
+    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2)
+    {a}.expert_count / expert_used_count                    num_local_experts (mixtral) or num_experts /
+                                                            num_experts_per_tok
+    {a}.expert_feed_forward_length      moe_intermediate_size
+    {a}.expert_shared_feed_forward_length shared_expert_intermediate_size (qwen2moe)
+    tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
+    tie_word_embeddings                 true when the GGUF has no output.weight
+
+A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
+`SUPPORTED` raises `UnsupportedArchitectureError` listing the supported ones.
+
+Example:
+    >>> from lazyweights.adapters.hf_export import hf_config_from_gguf
+    >>> md = {"general.architecture": "qwen2", "qwen2.context_length": 32768, "qwen2.embedding_length": 64,
+    ...       "qwen2.block_count": 2, "qwen2.attention.head_count": 4, "qwen2.feed_forward_length": 128}
+    >>> cfg = hf_config_from_gguf(md, tensor_names=["token_embd.weight"], vocab_size=100)
+    >>> cfg["architectures"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["tie_word_embeddings"]
+    (['Qwen2ForCausalLM'], 4, 16, True)
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from typing import Any, Iterable, Mapping
+
+from ..api.weight_data import WeightData
+from ..core.dtype import DType
+from ..core.errors import LazyWeightsError
+from .gguf_names import gguf_to_hf
+
+# Hugging Face model_type -> (GGUF architecture, HF architecture class)
+SUPPORTED: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("llama", "MistralForCausalLM"),
+    "mixtral": ("llama", "MixtralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+}
+_ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer config: the text model inside
+GGUF_ARCHS = sorted({g for g, _ in SUPPORTED.values()})
+_GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
+
+_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
+
+
+class GGUFConfigError(LazyWeightsError, ValueError):
+    """GGUF metadata lacks keys a Hugging Face config needs; `missing` lists them."""
+
+    def __init__(self, message: str, missing: Iterable[str] = ()):
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class UnsupportedArchitectureError(LazyWeightsError, ValueError):
+    """An architecture with no config mapping; the message lists the supported ones."""
+
+
+def _unsupported(what: str, value) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(
+        f"{what} {value!r} is not supported for whole-model conversion (supported GGUF architectures: "
+        f"{', '.join(GGUF_ARCHS)}; Hugging Face model types: {', '.join(sorted(SUPPORTED))})")
+
+
+# --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
+def _plain(v):
+    return v.tolist() if hasattr(v, "tolist") else v
+
+
+def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
+    if arch == "llama":
+        return "mixtral" if int(md.get("llama.expert_count", 0) or 0) > 0 else "llama"
+    for mt, (g, _) in SUPPORTED.items():
+        if g == arch and mt not in ("mistral", "mixtral"):
+            return mt
+    raise _unsupported("GGUF architecture", arch)
+
+
+def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
+                        vocab_size: int | None = None) -> dict:
+    """The `config.json` dict for a GGUF file's metadata (see the module docstring's table).
+
+    `tensor_names` (the GGUF tensor names) decides `tie_word_embeddings`; `vocab_size` is used when the
+    metadata has neither `{arch}.vocab_size` nor a token list (e.g. the embedding's row count).
+    GGUFConfigError lists every missing required key. Example: see the module docstring.
+    """
+    md = metadata
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str):
+        raise GGUFConfigError("GGUF metadata has no general.architecture", ["general.architecture"])
+    model_type = model_type_for(arch, md)
+    missing = [f"{arch}.{k}" for k in _REQUIRED if f"{arch}.{k}" not in md]
+    moe = int(md.get(f"{arch}.expert_count", 0) or 0) > 0
+    if f"{arch}.feed_forward_length" not in md and not (moe and f"{arch}.expert_feed_forward_length" in md):
+        missing.append(f"{arch}.feed_forward_length")
+    vocab = md.get(f"{arch}.vocab_size")
+    if vocab is None and "tokenizer.ggml.tokens" in md:
+        vocab = len(md["tokenizer.ggml.tokens"])
+    if vocab is None:
+        vocab = vocab_size
+    if vocab is None:
+        missing.append(f"{arch}.vocab_size (or tokenizer.ggml.tokens)")
+    if missing:
+        raise GGUFConfigError(f"GGUF metadata ({arch}) lacks what a Hugging Face config needs: "
+                              f"{', '.join(missing)}", missing)
+
+    def get(key, default=None):
+        return _plain(md.get(f"{arch}.{key}", default))
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    kv = get("attention.head_count_kv", heads)
+    if isinstance(kv, list):  # per-layer counts: all equal in the architectures supported here
+        if len(set(kv)) != 1:
+            raise GGUFConfigError(f"{arch}.attention.head_count_kv varies per layer ({kv}); not supported")
+        kv = kv[0]
+    head_dim = int(get("attention.key_length", hidden // heads))
+    gemma = model_type.startswith("gemma")
+    _, cls = SUPPORTED[model_type]
+    cfg: dict[str, Any] = {
+        "architectures": [cls],
+        "model_type": model_type,
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv),
+        "head_dim": head_dim,
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+    }
+    if f"{arch}.feed_forward_length" in md:
+        cfg["intermediate_size"] = int(get("feed_forward_length"))
+    names = set(tensor_names) if tensor_names is not None else None
+    if names is not None:
+        cfg["tie_word_embeddings"] = "output.weight" not in names
+    for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("pad_token_id", "padding_token_id")):
+        if f"tokenizer.ggml.{key}" in md:
+            cfg[attr] = int(md[f"tokenizer.ggml.{key}"])
+    scaling = _rope_scaling_from_gguf(md, arch)
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling
+    sw = get("attention.sliding_window")
+    if model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3"):
+        cfg["sliding_window"] = int(sw) if sw else None
+        if model_type.startswith("qwen"):
+            cfg["use_sliding_window"] = bool(sw)
+            if not sw:
+                cfg.pop("sliding_window")
+    if model_type in ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe"):
+        cfg["attention_bias"] = names is not None and "blk.0.attn_q.bias" in names
+    if model_type == "llama":
+        cfg["mlp_bias"] = False
+    if moe:
+        count, used = int(get("expert_count")), int(get("expert_used_count", 2))
+        if model_type == "mixtral":
+            cfg["num_local_experts"], cfg["num_experts_per_tok"] = count, used
+        else:
+            cfg["num_experts"], cfg["num_experts_per_tok"] = count, used
+            cfg["moe_intermediate_size"] = int(get("expert_feed_forward_length", cfg.get("intermediate_size", 0)))
+            cfg["decoder_sparse_step"] = 1
+            cfg["mlp_only_layers"] = []
+            if model_type == "qwen2_moe":
+                cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length",
+                                                                 cfg.get("intermediate_size", 0)))
+            if model_type == "qwen3_moe":
+                cfg["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
+    if model_type == "phi3":
+        rot = get("rope.dimension_count")
+        cfg["partial_rotary_factor"] = (int(rot) / head_dim) if rot else 1.0
+        cfg["hidden_act"] = "silu"
+        orig = get("rope.scaling.original_context_length")
+        if orig:
+            cfg["original_max_position_embeddings"] = int(orig)
+    if gemma:
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["query_pre_attn_scalar"] = head_dim
+        cfg["sliding_window"] = int(sw) if sw else None
+        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
+            v = get(k)
+            cfg[k] = float(v) if v else None
+        n = cfg["num_hidden_layers"]
+        if model_type == "gemma2":
+            cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        else:
+            pattern = get("attention.sliding_window_pattern", _GEMMA3_PATTERN)
+            if isinstance(pattern, list):  # per layer: true = sliding
+                types = ["sliding_attention" if p else "full_attention" for p in pattern]
+            else:
+                p = int(pattern)
+                types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(n)]
+            cfg["layer_types"] = types
+            cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+    if "general.name" in md:
+        cfg["_name_or_path"] = str(md["general.name"])
+    return cfg
+
+
+def _rope_scaling_from_gguf(md, arch) -> dict | None:
+    kind = md.get(f"{arch}.rope.scaling.type")
+    factor = md.get(f"{arch}.rope.scaling.factor")
+    if kind in (None, "none") or factor is None:
+        return None
+    out: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor)}
+    orig = md.get(f"{arch}.rope.scaling.original_context_length")
+    if orig is not None:
+        out["original_max_position_embeddings"] = int(orig)
+    return out
+
+
+def generation_config_from_gguf(metadata: Mapping[str, Any]) -> dict:
+    """`generation_config.json`: the special ids llama.cpp stops and pads with (eos plus eot/eom when distinct)."""
+    out: dict[str, Any] = {"_from_model_config": True}
+    for attr, key in (("bos_token_id", "bos_token_id"), ("pad_token_id", "padding_token_id")):
+        if f"tokenizer.ggml.{key}" in metadata:
+            out[attr] = int(metadata[f"tokenizer.ggml.{key}"])
+    eos = [int(metadata[f"tokenizer.ggml.{k}"]) for k in ("eos_token_id", "eot_token_id", "eom_token_id")
+           if f"tokenizer.ggml.{k}" in metadata]
+    eos = list(dict.fromkeys(eos))
+    if eos:
+        out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    return out
+
+
+# --- Hugging Face config -> GGUF metadata -------------------------------------------------------------------------
+def _cfg_get(cfg: Mapping[str, Any], key: str, default=None):
+    v = cfg.get(key, default)
+    return default if v is None else v
+
+
+def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    inner = doc.get("text_config")
+    if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
+        merged = dict(inner)
+        merged.setdefault("model_type", _ALIASES.get(doc.get("model_type"), doc.get("model_type")))
+        return merged
+    return doc
+
+
+def _rope_theta(cfg: Mapping[str, Any], which: str = "full_attention") -> float | None:
+    if cfg.get("rope_theta") is not None:
+        return float(cfg["rope_theta"])
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping):
+        if which in params and isinstance(params[which], Mapping):
+            params = params[which]
+        if params.get("rope_theta") is not None:
+            return float(params["rope_theta"])
+    return None
+
+
+def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    rs = cfg.get("rope_scaling")
+    if isinstance(rs, Mapping):
+        return rs
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and "full_attention" in params:
+        params = params["full_attention"]
+    if isinstance(params, Mapping) and params.get("rope_type", "default") not in ("default", None):
+        return params
+    return None
+
+
+def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None, file_type: int | None = None,
+                          quantized: bool = False) -> dict:
+    """GGUF `general.*` and `{arch}.*` key/values (`GGUFValue`s typed as gguf-py's GGUFWriter writes them)
+    for a Hugging Face config.json dict. UnsupportedArchitectureError for other model types.
+
+    Example:
+        >>> md = gguf_metadata_from_hf({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        ...     "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 256,
+        ...     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 100})
+        >>> md["general.architecture"].value, md["llama.rope.dimension_count"].value, md["llama.attention.head_count_kv"].value
+        ('llama', 16, 4)
+    """
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    cfg = _text_part(dict(config))
+    mt = cfg.get("model_type")
+    mt = _ALIASES.get(mt, mt)
+    if mt not in SUPPORTED:
+        raise _unsupported("Hugging Face model_type", mt)
+    arch = SUPPORTED[mt][0]
+    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
+    missing = [k for k in need if cfg.get(k) is None]
+    if missing:
+        raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
+    md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
+                                "general.type": GGUFValue("model", T.STRING)}
+    nm = name or cfg.get("_name_or_path") or config.get("_name_or_path")
+    if nm:
+        md["general.name"] = GGUFValue(str(nm), T.STRING)
+    if quantized:
+        md["general.quantization_version"] = GGUFValue(2, T.UINT32)
+    if file_type is not None:
+        md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
+
+    def put(key, value, t):
+        if value is not None:
+            md[f"{arch}.{key}"] = GGUFValue(value, t)
+
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    head_dim = int(_cfg_get(cfg, "head_dim", hidden // heads))
+    put("context_length", int(cfg["max_position_embeddings"]), T.UINT32)
+    put("embedding_length", hidden, T.UINT32)
+    put("block_count", int(cfg["num_hidden_layers"]), T.UINT32)
+    if cfg.get("intermediate_size") is not None:
+        put("feed_forward_length", int(cfg["intermediate_size"]), T.UINT32)
+    put("attention.head_count", heads, T.UINT32)
+    put("attention.head_count_kv", int(_cfg_get(cfg, "num_key_value_heads", heads)), T.UINT32)
+    eps = cfg.get("rms_norm_eps")
+    put("attention.layer_norm_rms_epsilon", None if eps is None else float(eps), T.FLOAT32)
+    theta = _rope_theta(cfg)
+    put("rope.freq_base", theta, T.FLOAT32)
+    if arch in ("llama", "qwen3", "qwen3moe", "gemma2", "gemma3") or head_dim != hidden // heads:
+        put("attention.key_length", head_dim, T.UINT32)
+        put("attention.value_length", head_dim, T.UINT32)
+    if arch == "llama":
+        put("rope.dimension_count", head_dim, T.UINT32)
+    if arch == "phi3":
+        put("rope.dimension_count", int(head_dim * float(_cfg_get(cfg, "partial_rotary_factor", 1.0))), T.UINT32)
+        if cfg.get("original_max_position_embeddings"):
+            put("rope.scaling.original_context_length", int(cfg["original_max_position_embeddings"]), T.UINT32)
+    if cfg.get("vocab_size") is not None and arch not in ("gemma3", "gemma2"):
+        put("vocab_size", int(cfg["vocab_size"]), T.UINT32)
+    sw = cfg.get("sliding_window")
+    if sw and (not mt.startswith("qwen") or cfg.get("use_sliding_window")):
+        put("attention.sliding_window", int(sw), T.UINT32)
+    rs = _rope_scaling(cfg)
+    if rs is not None:
+        kind = rs.get("rope_type") or rs.get("type")
+        if kind in ("linear", "yarn") and rs.get("factor") is not None:
+            put("rope.scaling.type", str(kind), T.STRING)
+            put("rope.scaling.factor", float(rs["factor"]), T.FLOAT32)
+            if rs.get("original_max_position_embeddings") is not None:
+                put("rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]), T.UINT32)
+    if mt == "gemma2":
+        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if cfg.get(k) is not None:
+                put(k, float(cfg[k]), T.FLOAT32)
+    if mt == "gemma3_text":
+        types = cfg.get("layer_types")
+        n = int(cfg["num_hidden_layers"])
+        default = ["sliding_attention" if (i + 1) % _GEMMA3_PATTERN else "full_attention" for i in range(n)]
+        if isinstance(types, list) and types != default:
+            put("attention.sliding_window_pattern", [t == "sliding_attention" for t in types], T.ARRAY)
+            md[f"{arch}.attention.sliding_window_pattern"] = GGUFValue(
+                [t == "sliding_attention" for t in types], T.ARRAY, T.BOOL)
+        local = cfg.get("rope_local_base_freq")
+        if local is None:
+            local = _rope_theta(cfg, "sliding_attention")
+        if local is not None and float(local) != 10000.0:
+            put("rope.freq_base_swa", float(local), T.FLOAT32)
+        if cfg.get("final_logit_softcapping") is not None:
+            put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
+    if mt == "mixtral":
+        put("expert_count", int(cfg["num_local_experts"]), T.UINT32)
+        put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        put("expert_count", int(cfg["num_experts"]), T.UINT32)
+        put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
+        if cfg.get("moe_intermediate_size") is not None:
+            put("expert_feed_forward_length", int(cfg["moe_intermediate_size"]), T.UINT32)
+        if mt == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") is not None:
+            put("expert_shared_feed_forward_length", int(cfg["shared_expert_intermediate_size"]), T.UINT32)
+    return md
+
+
+# llama.cpp's LlamaFileType for the type most 2-D tensors have (gguf-py constants.LlamaFileType).
+_FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
+                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
+_FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
+
+
+def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
+    """(`general.file_type`, any tensor quantized) for the tensors a GGUF will hold: the type of the most
+    bytes among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp).
+
+    >>> import numpy as np; from lazyweights import WeightData, DType
+    >>> w = WeightData.from_numpy(np.zeros((4, 4), np.float32), "w").astype(DType.bfloat16)
+    >>> file_type_of({"w": w})
+    (32, False)
+    """
+    weight: dict[str, int] = {}
+    quantized = False
+    for name, wd in state.items():
+        enc = getattr(wd, "quantization_encoding", None)
+        quantized = quantized or enc is not None
+        if len(wd.shape) < 2:
+            continue
+        key = enc.name if enc is not None else wd.dtype.name
+        weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
+    if not weight:
+        return 0, quantized
+    top = max(weight, key=weight.get)
+    if top in _FILE_TYPE_BY_ENCODING:
+        return _FILE_TYPE_BY_ENCODING[top], quantized
+    if top in _FILE_TYPE_BY_DTYPE:
+        return _FILE_TYPE_BY_DTYPE[top], quantized
+    raise LazyWeightsError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
+
+
+# --- adapters ---------------------------------------------------------------------------------------------------
+class ConvertedStateDict(dict):
+    """An adapted state dict that carries what a complete output needs besides tensors: `gguf_metadata`
+    (HF -> GGUF) or `extra_files()` (GGUF -> HF: name -> bytes, built only when saving)."""
+
+    gguf_metadata: dict | None = None
+    extra_files = None
+
+
+def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *, tokenizer: bool = True,
+                       folder: str | None = None, **unused_kwargs) -> ConvertedStateDict:
+    """The seed-style HF -> GGUF adapter: GGUF tensor names and llama.cpp's value conventions (`hf_to_gguf`),
+    plus the complete GGUF metadata from config.json and the tokenizer files (`gguf_metadata`).
+
+    `folder` (where config.json and tokenizer.json live) defaults to the checkpoint's folder; `tokenizer=False`
+    writes no `tokenizer.*` keys (llama.cpp cannot run such a file, other readers can).
+
+    Example (the command line):
+        lazyweights convert lazyweights.adapters:convert_hf_to_gguf model-hf/ -o model.gguf
+    """
+    from .gguf_names import hf_to_gguf
+    from ..formats.hf_tokenizer import gguf_tokenizer_metadata
+
+    if folder is None:
+        folder = _source_folder(state_dict)
+    cfg = _config_dict(huggingface_config, folder)
+    cfg_text = _text_part(cfg)
+    mt = _ALIASES.get(cfg_text.get("model_type"), cfg_text.get("model_type"))
+    if mt not in SUPPORTED:
+        raise _unsupported("Hugging Face model_type", mt)
+    arch = SUPPORTED[mt][0]
+    state = {k.removeprefix("language_model."): v for k, v in state_dict.items()
+             if not k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                                  "model.multi_modal_projector."))}
+    state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
+             for k, v in state.items()}
+    adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
+    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", mt.startswith("gemma"))):
+        adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
+    ftype, quantized = file_type_of(adapted)
+    md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    if tokenizer:
+        if folder is None:
+            raise LazyWeightsError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
+                                   "from; pass folder=... (or tokenizer=False)")
+        md.update(gguf_tokenizer_metadata(folder, arch))
+    out = ConvertedStateDict(adapted)
+    out.gguf_metadata = md
+    return out
+
+
+class _AttrDict(dict):
+    def __getattr__(self, k):
+        try:
+            return self[k]
+        except KeyError:
+            raise AttributeError(k) from None
+
+
+def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
+    """The folder of the first source file any tensor reads (a loaded checkpoint's own folder)."""
+    from ..api.weight_data import as_weight_data
+
+    for name, value in state_dict.items():
+        try:
+            node = as_weight_data(value, name).node
+        except LazyWeightsError:
+            continue
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            src = getattr(n, "arg", None)
+            path = getattr(getattr(src, "file", None), "path", None) or getattr(src, "path", None)
+            if isinstance(path, str):
+                return os.path.dirname(os.path.abspath(path))
+            stack.extend(getattr(n, "src", ()) or ())
+        break
+    return None
+
+
+def _config_dict(huggingface_config, folder: str | None) -> dict:
+    if huggingface_config is None:
+        if folder and os.path.isfile(os.path.join(folder, "config.json")):
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+                return json.load(fh)
+        raise LazyWeightsError("convert_hf_to_gguf needs the checkpoint's config.json (none beside it; "
+                               "pass --hf-config FILE)")
+    if isinstance(huggingface_config, Mapping):
+        return dict(huggingface_config)
+    if hasattr(huggingface_config, "to_dict"):
+        return huggingface_config.to_dict()
+    return dict(vars(huggingface_config))
+
+
+def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
+                     vocab_size: int | None = None) -> dict[str, bytes]:
+    """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json,
+    generation_config.json and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
+    from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
+
+    cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size)
+    files = {
+        "config.json": (json.dumps(cfg, indent=2) + "\n").encode(),
+        "generation_config.json": (json.dumps(generation_config_from_gguf(metadata), indent=2) + "\n").encode(),
+    }
+    if tokenizer:
+        tok, tcfg = tokenizer_from_gguf(metadata)
+        tcfg.setdefault("model_max_length", cfg["max_position_embeddings"])
+        files.update(write_tokenizer_files(tok, tcfg))
+    return files
+
+
+def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterable[str], *,
+                  tokenizer: bool = True) -> ConvertedStateDict:
+    """`adapted` (a GGUF -> HF state dict) with `extra_files()` that build config/tokenizer files on save."""
+    metadata = getattr(gguf_config, "metadata", None)
+    out = ConvertedStateDict(adapted)
+    if metadata is None:
+        return out
+    names = list(tensor_names)
+    emb = adapted.get("model.embed_tokens.weight")
+    vocab = emb.shape[0] if emb is not None and getattr(emb, "shape", None) else None
+    out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab)
+    return out
+
+
+# --- saving ---------------------------------------------------------------------------------------------------------
+def _write_atomic(path: str, data: bytes) -> None:
+    from ..formats.atomic import write_file_atomically
+
+    write_file_atomically(path, data)
+
+
+def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -> list[str]:
+    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF or the
+    `extra_files()` beside the weights for a Hugging Face folder. A folder is written under a temporary
+    name beside `path` and swapped in only when every file is complete, so a failure leaves the old
+    folder (or none), never a half-written one. Returns the files written.
+    """
+    from ..api.plan import Plan
+
+    path = os.fspath(path)
+    p = adapted if isinstance(adapted, Plan) else Plan(adapted)
+    gguf_md = getattr(adapted, "gguf_metadata", None)
+    extra = getattr(adapted, "extra_files", None)
+    is_gguf = (format or "").lower() == "gguf" or path.endswith(".gguf")
+    if is_gguf or extra is None or path.endswith(".safetensors"):
+        return list(p.save(path, format=format or ("gguf" if is_gguf else "safetensors"),
+                           metadata=gguf_md if is_gguf else None, **save_kwargs) or [])
+    final = os.path.abspath(path)
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp-{secrets.token_hex(4)}")
+    os.makedirs(tmp)
+    try:
+        files = list(p.save(tmp, format="safetensors", **save_kwargs) or [])
+        for name, data in extra().items():
+            _write_atomic(os.path.join(tmp, name), data)
+            files.append(os.path.join(tmp, name))
+        old = None
+        if os.path.exists(final):
+            if not os.path.isdir(final):
+                raise LazyWeightsError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
+            old = os.path.join(parent, f".{os.path.basename(final)}.old-{secrets.token_hex(4)}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [os.path.join(final, os.path.basename(f)) for f in files]
+
+
+# --- the API ------------------------------------------------------------------------------------------------------------
+def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = True, **save_kwargs) -> list[str]:
+    """Convert a GGUF file into a complete Hugging Face folder (weights dequantized to `dtype`, config,
+    generation config, tokenizer) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(out_dir)`
+    load with no edits. Atomic (see `save_converted`); returns the files written.
+
+    Example:
+        >>> from lazyweights.adapters import export_hf_folder           # doctest: +SKIP
+        >>> export_hf_folder("gemma-3-270m-q4_k_m.gguf", "gemma-hf/")   # doctest: +SKIP
+    """
+    from .gguf_names import gguf_to_hf
+    from ..api.weights import load_weights
+
+    w = load_weights([os.fspath(gguf_path)] if isinstance(gguf_path, (str, os.PathLike)) else gguf_path)
+    if getattr(w.format, "value", w.format) != "gguf":
+        raise LazyWeightsError(f"{gguf_path}: export_hf_folder reads GGUF files, this is {w.format.value}")
+    state = dict(w.items())
+    adapted = gguf_to_hf(state, w.config, dequantize_to=dtype)
+    out = with_hf_files(adapted, w.config, state, tokenizer=tokenizer)
+    return save_converted(out, out_dir, **save_kwargs)
+
+
+def export_gguf(hf_dir, out_path, *, tokenizer: bool = True, **save_kwargs) -> list[str]:
+    """Convert a Hugging Face folder (safetensors + config.json + tokenizer.json) into one GGUF file with
+    complete metadata (`convert_hf_to_gguf`). Atomic; returns the files written.
+
+    Example:
+        >>> from lazyweights.adapters import export_gguf                # doctest: +SKIP
+        >>> export_gguf("gemma-hf/", "gemma.gguf")                      # doctest: +SKIP
+    """
+    from ..api.weights import load_weights
+
+    hf_dir = os.fspath(hf_dir)
+    w = load_weights([hf_dir])
+    folder = hf_dir if os.path.isdir(hf_dir) else os.path.dirname(os.path.abspath(hf_dir))
+    adapted = convert_hf_to_gguf(dict(w.items()), None, tokenizer=tokenizer, folder=folder)
+    return save_converted(adapted, out_path, format="gguf", **save_kwargs)
+
+
+def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=None,
+                            dequantize_to: DType | None = DType.bfloat16, **unused_kwargs) -> dict[str, WeightData]:
+    """The seed-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
+    to bfloat16 (pass `dequantize_to=None` to keep quantized blocks). `huggingface_config` is the GGUF
+    file's own config (`weights.config`) when none is given by the caller, as `lazyweights convert` does.
+    Saved to a folder (`lazyweights.adapters.hf_export.save_converted`, as `convert` does), the result is a complete
+    Hugging Face folder: config.json, generation_config.json and (unless `tokenizer=False`) the tokenizer.
+
+    Example (the command line, on a GGUF file):
+        lazyweights convert lazyweights.adapters:convert_gguf_state_dict model.gguf -o model-hf/
+    """
+    if huggingface_config is None:
+        raise LazyWeightsError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
+    adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)
+    return with_hf_files(adapted, huggingface_config, state_dict, tokenizer=unused_kwargs.get("tokenizer", True))
