@@ -7,12 +7,11 @@ DLPack 1.1). numpy's capsule keeps owning the memory and its lifetime, so consum
 those codes (torch for bf16) share the memory without a copy; numpy's own `from_dlpack` still cannot
 import them (it raises BufferError/RuntimeError), which is numpy's limit.
 
-FIX (whole-module rewrite, same `export_dlpack` API): the previous version built the DLManagedTensor and
-the PyCapsule itself with ctypes. Its capsule destructor took the capsule as a ctypes `py_object`, which
-re-referenced and re-freed an object being deallocated: every unconsumed export, and every failed
-`np.from_dlpack(bf16_weight_data)`, crashed the interpreter (segfault). A Python-level destructor also
-cannot run safely while the consumer has an exception pending (it must PyErr_Fetch/Restore). Relabelling
-numpy's own capsule needs no destructor of ours at all.
+Why relabel numpy's capsule instead of building our own DLManagedTensor with ctypes: a capsule
+destructor written in Python must not re-reference the capsule being freed and cannot run safely while
+the consumer has an exception pending, and getting either wrong crashes the interpreter on every
+unconsumed export. Relabelling numpy's own capsule needs no destructor of ours at all
+(test_torch_interop.py exercises unconsumed and failed exports).
 
 Example:
     >>> import numpy as np

@@ -29,6 +29,7 @@ from ..graph import ops
 from ..graph.node import Node
 from ..core.quantization import QuantizationEncoding
 from .dlpack import export_dlpack
+from ..graph.opcodes import Op
 
 
 class WeightData:
@@ -199,7 +200,7 @@ class WeightData:
     def permute(self, axes: Sequence[int]) -> "WeightData":
         """Reorder axes: output axis i is input axis `axes[i]`."""
         node = ops.permute(self.node, tuple(axes))
-        if self.quantization_encoding is not None and node.op == "permute" and node.arg[-1] != self.ndim - 1:
+        if self.quantization_encoding is not None and node.op is Op.PERMUTE and node.arg[-1] != self.ndim - 1:
             self._check_block_axis_kept("permute", None)
         return self._derive(node)
 
@@ -365,7 +366,7 @@ def _index(node: Node, key, name: str) -> Node:
     """
     if not isinstance(key, tuple):
         key = (key,)
-    # FIX: a 0-d integer array indexes like a Python int (numpy's rule); it used to be refused.
+    # A 0-d integer array indexes like a Python int (numpy's rule).
     key = tuple(
         int(k) if isinstance(k, np.ndarray) and k.ndim == 0 and np.issubdtype(k.dtype, np.integer) else k
         for k in key
@@ -397,8 +398,8 @@ def _index(node: Node, key, name: str) -> Node:
         if isinstance(k, slice):
             start, stop, step = k.indices(dim)
             if step < 0:
-                # A reversed slice is a take with descending indices. FIX: any number of these (one per
-                # axis) and together with an array index; they used to be limited to one per expression.
+                # A reversed slice is a take with descending indices; any number of these (one per axis)
+                # may appear, together with an array index.
                 takes.append((axis, np.arange(start, stop, step)))
                 ranges.append((0, dim, 1))
             else:
@@ -426,8 +427,8 @@ def _index(node: Node, key, name: str) -> Node:
             kinds.append("array")
         axis += 1
     # numpy moves the array index's axis to the front when it and the integer indices (which then count
-    # as advanced indices too) are not adjacent. FIX: `None` separates them as well; it used to be ignored
-    # here, which silently gave a differently-shaped (wrong) result for e.g. x[0, None, [1, 2]].
+    # as advanced indices too) are not adjacent, and `None` separates them as well (x[0, None, [1, 2]]:
+    # test_ops.py compares every such index with numpy).
     move_to_front = False
     if array_axis is not None and "int" in kinds:
         positions = [i for i, k in enumerate(kinds) if k in ("int", "array")]

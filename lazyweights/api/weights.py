@@ -46,8 +46,8 @@ class _Shared:
         self.names = list(checkpoint.records)
         self.allocated: dict[str, Weight] = {}
         self.materialized: dict[str, np.ndarray] = {}
-        # FIX (concurrency): allocate()/allocated_weights from several threads raced on the two dicts above
-        # ("dictionary changed size during iteration", KeyError for a name allocated meanwhile).
+        # Guards the two dicts above: allocate() and allocated_weights may be called from several threads
+        # (test_concurrency.py).
         self.lock = threading.RLock()
 
 

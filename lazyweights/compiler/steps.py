@@ -56,7 +56,7 @@ class Step:
 
     @property
     def sources(self) -> list:
-        return [n.arg for n in self.nodes if n.op == "source"]
+        return [n.arg for n in self.nodes if n.op is Op.SOURCE]
 
     @property
     def read_bytes(self) -> int:
@@ -167,7 +167,7 @@ def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:
     if step.kind == "view" or nrows == 0:
         step.blocks = [range(0, nrows)] if nrows else []
         return
-    if node.nbytes == 0:  # FIX (fuzz): an empty [2**60, 0] tensor was cut into 2**38 blocks of nothing (a hang)
+    if node.nbytes == 0:  # one block: an empty [2**60, 0] tensor must not be cut into 2**38 blocks of nothing
         step.blocks = [range(0, nrows)]
         return
     if step.whole or not node.shape:
@@ -198,7 +198,7 @@ def _work_per_row(step: Step, view_cache) -> int:
     nrows = node.shape[0] if node.shape else 1
     total = 0
     for n in step.nodes:
-        if n.op in ("source", "const") or strided_layout(n, view_cache) is not None and n is not node:
+        if n.op in (Op.SOURCE, Op.CONST) or strided_layout(n, view_cache) is not None and n is not node:
             continue
         total += n.nbytes
     if step.kind != "fused":

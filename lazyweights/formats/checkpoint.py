@@ -50,10 +50,10 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
         raise FormatError(f"{index}: 'weight_map' must be an object mapping tensor names to shard file names")
-    # FIX: containment is checked on the lexical path (normpath, no symlink resolution). Resolving
-    # symlinks rejected the Hugging Face hub cache layout, where snapshots/<rev>/model-0000x.safetensors
-    # are symlinks to ../../blobs/<sha>. What the index names ('../x', '/abs', 'a/../../x') is still
-    # confined to the index's directory; symlinks placed there by the local filesystem are trusted.
+    # Containment is checked on the lexical path (normpath, no symlink resolution), so the Hugging Face hub
+    # cache layout works (snapshots/<rev>/model-0000x.safetensors are symlinks to ../../blobs/<sha>). What
+    # the index names ('../x', '/abs', 'a/../../x') is confined to the index's directory; symlinks placed
+    # there by the local filesystem are trusted (test_security.py).
     root = Path(os.path.abspath(index.parent))
     shards: dict[str, Path] = {}
     mapping: dict[str, Path] = {}

@@ -53,6 +53,7 @@ from ..graph.node import Node
 from .source import TensorRecord
 from .atomic import AtomicFile
 from .gguf import SCALAR_FORMATS, DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SPLIT_KEYS, GGUFArray
+from ..graph.opcodes import Op
 
 GGUF_WRITE_VERSION = 3
 GGML_MAX_DIMS = 4  # llama.cpp refuses tensors with more dimensions
@@ -276,11 +277,11 @@ def _tensor_meta(name: str, value) -> TensorMeta:
 def node_encoding(node) -> QuantizationEncoding | None:
     """The quantization encoding a bare Node carries (through layout ops that keep whole block rows)."""
     while True:
-        if node.op == "quantize":
+        if node.op is Op.QUANTIZE:
             return node.arg
-        if node.op == "source":
+        if node.op is Op.SOURCE:
             return node.arg.encoding
-        if node.op in ("reshape", "permute", "slice", "take", "concat") and node.srcs:
+        if node.op in (Op.RESHAPE, Op.PERMUTE, Op.SLICE, Op.TAKE, Op.CONCAT) and node.srcs:
             node = node.srcs[0]
             continue
         return None

@@ -128,8 +128,8 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
     records: dict[str, TensorRecord] = {}
     metadata: dict = {"index": index_meta} if index_meta else {}
     seen_files: list[str] = []
-    # de-duplicated by absolute path, order kept. FIX: a shard given both through the index and by its own
-    # (relative) path used to be read twice and reported as "appears in two shards: X and X".
+    # de-duplicated by absolute path, order kept: a shard named both through the index and by its own
+    # (relative) path is read once.
     for shard in dict.fromkeys(Path(os.path.abspath(f)) for f in shard_files):
         recs, meta = read_safetensors(str(shard))
         seen_files.append(recs[0].file.path if recs else os.path.abspath(shard))

@@ -60,17 +60,17 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
     try:
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except _DuplicateKey as e:
-        # FIX: json.loads silently kept the last of two entries with one name, so a hostile header could
-        # describe a tensor twice and have one description ignored. Refuse it, naming the tensor.
+        # json.loads would keep the last of two entries with one name, so a hostile header could describe
+        # a tensor twice and have one description ignored: refuse it, naming the tensor.
         raise FormatError(f"{where}: tensor {e.args[0]!r} appears twice in the header") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # FIX (fuzz): ValueError too: an integer
-        # literal over 4300 digits (sys.int_max_str_digits) is a ValueError, not a JSONDecodeError
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError too: an integer literal
+        # over 4300 digits (sys.int_max_str_digits) is a ValueError, not a JSONDecodeError (test_fuzz.py)
         raise FormatError(f"{where}: header is not valid JSON: {e}") from None
     if not isinstance(header, dict):
         raise FormatError(f"{where}: header JSON is a {type(header).__name__}, expected an object")
 
     metadata = header.pop("__metadata__", None)
-    if metadata is None:  # FIX (fuzz): `or {}` accepted a falsy non-object ([], "", 0) as empty metadata
+    if metadata is None:  # (not `or {}`: a falsy non-object such as [] or "" must be refused below)
         metadata = {}
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise FormatError(f"{where}: __metadata__ must map strings to strings")
@@ -122,7 +122,7 @@ def _parse_entry(where: str, name: str, info) -> tuple[DType, tuple[int, ...], t
     if not isinstance(info, dict):
         raise FormatError(f"{where}: tensor {name!r}: header entry is a {type(info).__name__}, expected an object")
     code = info.get("dtype")
-    if not isinstance(code, str) or code not in DTYPE_CODES:  # FIX (fuzz): a list/dict code was a TypeError
+    if not isinstance(code, str) or code not in DTYPE_CODES:  # (a list/dict code is unhashable: check str first)
         raise FormatError(f"{where}: tensor {name!r}: unknown or unsupported dtype code {code!r} (known: {', '.join(DTYPE_CODES)})")
     dtype = DTYPE_CODES[code]
     shape = info.get("shape")

@@ -42,10 +42,9 @@ class SourceFile:
     file's tensors share one map and equal source nodes compare equal.
     """
 
-    # FIX: a weak cache. A plain dict kept every file ever opened mapped for the life of the process (and
-    # the pages a read touched resident in its page tables, so they could not be dropped from the page
-    # cache). Records hold their SourceFile strongly and numpy views hold the mmap, so a file stays mapped
-    # exactly as long as something can still read it.
+    # A weak cache: records hold their SourceFile strongly and numpy views hold the mmap, so a file stays
+    # mapped exactly as long as something can still read it, and no longer (a mapping kept for the life of
+    # the process would keep every touched page in its page tables; test_laziness.py).
     _cache: "weakref.WeakValueDictionary[str, SourceFile]" = weakref.WeakValueDictionary()
     _cache_lock = threading.Lock()
 
@@ -144,10 +143,10 @@ class TensorRecord:
     extra: Any = field(default=None, compare=False)  # format-specific details (e.g. GGUF type id)
 
     def __post_init__(self):
-        # FIX (fuzz): refuse shapes numpy cannot hold even when they have no elements: numpy multiplies the
-        # non-zero dims by the item size and refuses past 2**63 (`[2**62, 0]` F32 was a ValueError at
-        # materialize, and `[2**31, 2**31, 0]` U8 one as soon as it was cast). The non-zero dims (in values,
-        # for quantized rows) may multiply to at most 2**60, so any cast or dequantization fits too.
+        # Refuse shapes numpy cannot hold even when they have no elements: numpy multiplies the non-zero
+        # dims by the item size and refuses past 2**63 (`[2**62, 0]` F32, `[2**31, 2**31, 0]` U8 once cast).
+        # The non-zero dims (in values, for quantized rows) may multiply to at most 2**60, so any cast or
+        # dequantization fits too (test_fuzz.py).
         span, last = 1, len(self.shape) - 1
         for i, d in enumerate(self.shape):
             if i == last and self.encoding is not None and d:

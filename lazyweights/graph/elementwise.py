@@ -21,6 +21,7 @@ import numpy as np
 from ..core.errors import DTypeError, ShapeError
 from . import ops
 from .node import Node
+from .opcodes import Op
 
 BINARY_OPS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.divide}
 
@@ -46,7 +47,7 @@ def binary(kind: str, a: Node, b: Node) -> Node:
         a = ops.reshape(a, (1,) * (nd - a.ndim) + a.shape)
     if b.ndim < nd:
         b = ops.reshape(b, (1,) * (nd - b.ndim) + b.shape)
-    return Node("binary", (a, b), kind, a.dtype, shape)
+    return Node(Op.BINARY, (a, b), kind, a.dtype, shape)
 
 
 def numpy_binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:

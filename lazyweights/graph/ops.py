@@ -44,14 +44,14 @@ from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError
 from ..core.quantization import QuantizationEncoding
 from .node import Const, IndexArray, Node
+from .opcodes import Op
 
-# FIX: cast-of-cast folding used to apply whenever the first cast was value-exact (e.g. bf16 -> f32 -> X
-# became bf16 -> X for every X). That is not bit-exact: conversions quiet signalling NaNs and keep
-# different payload bits (bf16 -> f32 -> bf16 returns 0x7FC0 for 0x7F81; folding returned 0x7F81), and
-# into integer targets out-of-range values differ. astype must equal ml_dtypes' stepwise astype bit for
-# bit, so fold only the (source, intermediate) -> target triples that are: measured exhaustively over
-# every bit pattern for the <=16-bit sources, and over 500k random bit patterns plus NaN payloads for
-# float32. tests/test_ops.py::test_cast_chains_equal_stepwise_numpy re-checks them.
+# Cast-of-cast folds only for the (source, intermediate) -> target triples where it is bit-exact: astype
+# must equal ml_dtypes' stepwise astype bit for bit, and a value-exact first cast is not enough
+# (conversions quiet signalling NaNs and keep different payload bits: bf16 -> f32 -> bf16 gives 0x7FC0 for
+# 0x7F81; into integer targets out-of-range values differ). The table was measured exhaustively over every
+# bit pattern for the <=16-bit sources, and over 500k random bit patterns plus NaN payloads for float32;
+# test_ops.py::test_cast_chains_equal_stepwise_numpy re-checks it.
 _FP8_FP4 = frozenset({DType.float8_e4m3fn, DType.float8_e4m3fnuz, DType.float8_e5m2, DType.float8_e5m2fnuz,
                       DType.float4_e2m1fn})
 _NARROW = _FP8_FP4 | {DType.bool, DType.float8_e8m0fnu}
@@ -78,17 +78,17 @@ def _fmt(dtype: DType, shape) -> str:
 # --- leaves -----------------------------------------------------------------------------------------
 def source(record) -> Node:
     """A stored tensor. `record` is a `formats.source.TensorRecord`."""
-    return Node("source", (), record, record.dtype, record.shape)
+    return Node(Op.SOURCE, (), record, record.dtype, record.shape)
 
 
 def const(array: np.ndarray) -> Node:
     """An in-memory array (kept by reference; the caller must not mutate it afterwards)."""
     arr = np.asarray(array)
     if not arr.dtype.isnative:
-        # FIX: a non-native byte order (e.g. '>f4' from a big-endian source) used to be refused as an unknown
-        # dtype; the values are fine, so convert them to native order (a copy, made once, here).
+        # A non-native byte order ('>f4' from a big-endian source) holds fine values: convert them to native
+        # order (a copy, made once, here), so every executor sees native arrays.
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    return Node("const", (), Const(arr), DType.from_numpy(arr.dtype), arr.shape)
+    return Node(Op.CONST, (), Const(arr), DType.from_numpy(arr.dtype), arr.shape)
 
 
 # --- element type -----------------------------------------------------------------------------------
@@ -103,21 +103,19 @@ def cast(x: Node, dtype: DType) -> Node:
     dtype = DType.parse(dtype)
     if x.dtype is dtype:
         return x
-    # FIX: fold cast-of-cast only when the folded, direct conversion exists. Folding used to turn e.g.
-    # f8e4m3fn -> f16 -> f8e8m0fnu (two valid casts) into f8e4m3fn -> f8e8m0fnu, which ml_dtypes cannot
-    # do, so a valid adapter failed at execution time.
-    if x.op == "cast" and dtype in _FOLDABLE.get((x.srcs[0].dtype, x.dtype), ()) and castable(x.srcs[0].dtype, dtype):
+    # Fold cast-of-cast only when the folded, direct conversion exists (f8e4m3fn -> f16 -> f8e8m0fnu is two
+    # valid casts, but ml_dtypes has no f8e4m3fn -> f8e8m0fnu): every node built here can execute.
+    if x.op is Op.CAST and dtype in _FOLDABLE.get((x.srcs[0].dtype, x.dtype), ()) and castable(x.srcs[0].dtype, dtype):
         return cast(x.srcs[0], dtype)
     if not castable(x.dtype, dtype):
-        # FIX: no direct conversion: go through float32, which holds every fp8/fp4/e8m0 value exactly, so
-        # the result is the correctly rounded conversion (and equals ml_dtypes' two-step astype). It used
-        # to build a node that failed only when executed.
+        # No direct conversion: go through float32, which holds every fp8/fp4/e8m0 value exactly, so the
+        # result is the correctly rounded conversion (and equals ml_dtypes' two-step astype).
         f32 = DType.float32
         if castable(x.dtype, f32) and castable(f32, dtype):
-            mid = Node("cast", (x,), f32, f32, x.shape)
-            return Node("cast", (mid,), dtype, dtype, x.shape)
+            mid = Node(Op.CAST, (x,), f32, f32, x.shape)
+            return Node(Op.CAST, (mid,), dtype, dtype, x.shape)
         raise DTypeError(f"cast: no conversion from {_fmt(x.dtype, x.shape)} to {dtype.name}")
-    return Node("cast", (x,), dtype, dtype, x.shape)
+    return Node(Op.CAST, (x,), dtype, dtype, x.shape)
 
 
 def bitcast(x: Node, dtype: DType) -> Node:
@@ -138,9 +136,9 @@ def bitcast(x: Node, dtype: DType) -> Node:
                 f"{dtype.name}'s {b} bytes"
             )
         shape = x.shape[:-1] + (last // b,)
-    if x.op == "bitcast":
+    if x.op is Op.BITCAST:
         return bitcast(x.srcs[0], dtype)
-    return Node("bitcast", (x,), dtype, dtype, shape)
+    return Node(Op.BITCAST, (x,), dtype, dtype, shape)
 
 
 # --- layout -----------------------------------------------------------------------------------------
@@ -174,9 +172,9 @@ def reshape(x: Node, shape: Sequence[int]) -> Node:
         )
     if shape == x.shape:
         return x
-    if x.op == "reshape":
+    if x.op is Op.RESHAPE:
         return reshape(x.srcs[0], shape)
-    return Node("reshape", (x,), shape, x.dtype, shape)
+    return Node(Op.RESHAPE, (x,), shape, x.dtype, shape)
 
 
 def permute(x: Node, axes: Sequence[int]) -> Node:
@@ -190,11 +188,11 @@ def permute(x: Node, axes: Sequence[int]) -> Node:
         raise ShapeError(f"permute: axes {list(axes)} are not a permutation of the {n} axes of {_fmt(x.dtype, x.shape)}")
     if axes == tuple(range(n)):
         return x
-    if x.op == "permute":
+    if x.op is Op.PERMUTE:
         inner = x.arg
         return permute(x.srcs[0], tuple(inner[a] for a in axes))
     shape = tuple(x.shape[a] for a in axes)
-    return Node("permute", (x,), axes, x.dtype, shape)
+    return Node(Op.PERMUTE, (x,), axes, x.dtype, shape)
 
 
 def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
@@ -214,7 +212,7 @@ def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
     norm = tuple(norm)
     if all(r == (0, d, 1) for r, d in zip(norm, x.shape)):
         return x
-    return Node("slice", (x,), norm, x.dtype, tuple(shape))
+    return Node(Op.SLICE, (x,), norm, x.dtype, tuple(shape))
 
 
 def take(x: Node, indices, axis: int) -> Node:
@@ -237,7 +235,7 @@ def take(x: Node, indices, axis: int) -> Node:
     if len(ia) == dim and ia.is_arange():
         return x
     shape = x.shape[:axis] + (len(ia),) + x.shape[axis + 1:]
-    return Node("take", (x,), (axis, ia), x.dtype, shape)
+    return Node(Op.TAKE, (x,), (axis, ia), x.dtype, shape)
 
 
 def concat(xs: Sequence[Node], axis: int = 0) -> Node:
@@ -262,7 +260,7 @@ def concat(xs: Sequence[Node], axis: int = 0) -> Node:
         return first
     shape = list(first.shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
-    return Node("concat", tuple(xs), axis, first.dtype, tuple(shape))
+    return Node(Op.CONCAT, tuple(xs), axis, first.dtype, tuple(shape))
 
 
 # --- quantization -----------------------------------------------------------------------------------
@@ -276,7 +274,7 @@ def dequantize(x: Node, encoding: QuantizationEncoding, dtype: DType = DType.flo
     if not x.shape:
         raise ShapeError(f"dequantize: {encoding.name} data must have at least one dimension")
     values = encoding.elements_per_row_bytes(x.shape[-1])
-    return Node("dequantize", (x,), (encoding, dtype), dtype, x.shape[:-1] + (values,))
+    return Node(Op.DEQUANTIZE, (x,), (encoding, dtype), dtype, x.shape[:-1] + (values,))
 
 
 def quantize(x: Node, encoding: QuantizationEncoding) -> Node:
@@ -286,4 +284,4 @@ def quantize(x: Node, encoding: QuantizationEncoding) -> Node:
     if not x.shape:
         raise ShapeError(f"quantize: {encoding.name} input must have at least one dimension")
     row_bytes = encoding.row_bytes_for_elements(x.shape[-1])
-    return Node("quantize", (x,), encoding, DType.uint8, x.shape[:-1] + (row_bytes,))
+    return Node(Op.QUANTIZE, (x,), encoding, DType.uint8, x.shape[:-1] + (row_bytes,))

@@ -36,7 +36,7 @@ def sink_casts(root: Node) -> Node:
         if new.op in GroupOp.Layout and new.srcs[0].op is Op.CAST:
             inner = new.srcs[0]
             new = ops.cast(_rebuild(new, (inner.srcs[0],)), inner.dtype)
-        elif new.op == "concat" and all(s.op == "cast" for s in new.srcs):
+        elif new.op is Op.CONCAT and all(s.op is Op.CAST for s in new.srcs):
             inner_dtypes = {s.srcs[0].dtype for s in new.srcs}
             if len(inner_dtypes) == 1:
                 new = ops.cast(ops.concat([s.srcs[0] for s in new.srcs], new.arg), new.dtype)
@@ -106,50 +106,50 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
         m = ops.reshape(n, target)
         return m if strided_layout(m, views) is not None else None  # a strided view that cannot merge stays whole
     op, src = n.op, (n.srcs[0] if n.srcs else None)
-    if op == "reshape":
+    if op is Op.RESHAPE:
         if src.shape == target:  # e.g. stack's [1, R, C] over an [R, C] part
             return src
         if src.ndim >= 3 and _merged_shape(src) == target:
             return _merge(src, memo, views)
         return None
-    if op == "cast":
+    if op is Op.CAST:
         m = _merge(src, memo, views)
         return None if m is None else ops.cast(m, n.dtype)
-    if op == "bitcast":
+    if op is Op.BITCAST:
         m = _merge(src, memo, views) if src.ndim == n.ndim else None
         return None if m is None else ops.bitcast(m, n.dtype)
-    if op in ("dequantize", "quantize"):
+    if op in (Op.DEQUANTIZE, Op.QUANTIZE):
         m = _merge(src, memo, views)
         if m is None:
             return None
-        return ops.dequantize(m, *n.arg) if op == "dequantize" else ops.quantize(m, n.arg)
-    if op == "permute":
+        return ops.dequantize(m, *n.arg) if op is Op.DEQUANTIZE else ops.quantize(m, n.arg)
+    if op is Op.PERMUTE:
         axes = n.arg
         if axes[:2] != (0, 1):
             return None
         m = _merge(src, memo, views)
         return None if m is None else ops.permute(m, (0,) + tuple(a - 1 for a in axes[2:]))
-    if op == "slice":
+    if op is Op.SLICE:
         (a, b, step), (a1, b1, step1) = n.arg[0], n.arg[1]
         d1 = src.shape[1]
         if step != 1 or (a1, b1, step1) != (0, d1, 1):
             return None
         m = _merge(src, memo, views)
         return None if m is None else ops.slice_(m, ((a * d1, b * d1, 1),) + tuple(n.arg[2:]))
-    if op == "take":
+    if op is Op.TAKE:
         axis, idx = n.arg
         if axis < 2:
             return None
         m = _merge(src, memo, views)
         return None if m is None else ops.take(m, idx.array, axis - 1)
-    if op == "binary":
+    if op is Op.BINARY:
         if any(s.shape != n.shape for s in n.srcs):
             return None  # broadcasting along the merged axes
         a, b = (_merge(s, memo, views) for s in n.srcs)
         if a is None or b is None:
             return None
         return binary(n.arg, a, b)
-    if op == "concat":
+    if op is Op.CONCAT:
         parts = [_merge(s, memo, views) for s in n.srcs]
         if any(p is None for p in parts):
             return None

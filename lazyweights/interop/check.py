@@ -47,6 +47,7 @@ from ..core.names import split_numbers as _split_numbers, suggest_all
 from ..core.errors import DTypeError, LazyWeightsError, LoadError, ShapeError
 from ..core.quantization import QuantizationEncoding
 from ..api.weight_data import WeightData
+from ..graph.opcodes import Op
 
 __all__ = [
     "CheckReport", "Missing", "Unexpected", "Mismatch", "InvalidValue", "RenameCollision", "TensorSpec",
@@ -643,7 +644,7 @@ def unread_sources(state_dict: Mapping[str, Any], checkpoint) -> list[str]:
     roots = [v.node for v in state_dict.values() if isinstance(v, WeightData)]
     read = set()
     for node in toposort(roots):
-        if node.op == "source":
+        if node.op is Op.SOURCE:
             read.add(node.arg.name)
     names = [n for n, _ in checkpoint.items()] if hasattr(checkpoint, "items") else list(checkpoint)
     prefix = checkpoint.name + "." if getattr(checkpoint, "name", "") else ""

@@ -260,7 +260,7 @@ class ViewNode:
     def line(self) -> str:
         """`%3:f16[2048,2048] = cast[f16] %2`."""
         rhs = op_label(self.node)
-        if self.node.op == "source":
+        if self.node.op is Op.SOURCE:
             rhs += " " + self.source_text()
         args = " ".join(f"%{s}" for s in self.srcs)
         return f"%{self.id}:{type_str(self.node)} = {rhs}" + (f" {args}" if args else "")
@@ -301,10 +301,10 @@ class View:
 
 def _arg_key(n: Node):
     """What must agree for two nodes to print as one line: sources agree on everything but where they are."""
-    if n.op == "source":
+    if n.op is Op.SOURCE:
         r = n.arg
         return ("source", r.dtype, r.shape, getattr(r, "encoding", None))
-    if n.op == "const":
+    if n.op is Op.CONST:
         return ("const",)
     return n.arg
 
@@ -423,19 +423,19 @@ def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None =
     for n in order:
         op = n.op
         src = n.srcs[0] if n.srcs else None
-        if op in ("source", "const"):
+        if op in (Op.SOURCE, Op.CONST):
             owner, contig = None, True
         elif op in _ALLOCATING:
             owner, contig = n, True
-        elif op == "reshape":
+        elif op is Op.RESHAPE:
             owner, contig = (buffer[src], True) if contiguous[src] else (n, True)
-        elif op == "bitcast":
+        elif op is Op.BITCAST:
             same = src.dtype.size_in_bytes == n.dtype.size_in_bytes
             owner, contig = (buffer[src], contiguous[src]) if (same or contiguous[src]) else (n, True)
-        elif op == "permute":
+        elif op is Op.PERMUTE:
             moved = [d for d in n.shape if d != 1]
             owner, contig = buffer[src], contiguous[src] and len(moved) <= 1
-        elif op == "slice":
+        elif op is Op.SLICE:
             owner = buffer[src]
             dims = src.shape
             # contiguous if only the leading sliced axis is cut (step 1) and later axes are whole
@@ -447,7 +447,7 @@ def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None =
         buffer[n], contiguous[n] = owner, contig
         hold(owner)
         peak = max(peak, live)
-        if op == "dequantize" and n.arg[1].size_in_bytes != 4:
+        if op is Op.DEQUANTIZE and n.arg[1].size_in_bytes != 4:
             peak = max(peak, live + n.size * 4)  # values are decoded as float32, then cast
         for s in n.srcs:
             remaining[s] -= 1
@@ -464,13 +464,13 @@ def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None =
 def plan_stats(outputs: Mapping[str, Node], nodes: list[Node] | None = None) -> dict:
     """Counts and bytes of a plan: tensors, nodes, bytes read (each source once), written, peak."""
     nodes = nodes if nodes is not None else toposort(outputs.values())
-    sources = [n for n in nodes if n.op == "source"]
-    consts = [n for n in nodes if n.op == "const"]
+    sources = [n for n in nodes if n.op is Op.SOURCE]
+    consts = [n for n in nodes if n.op is Op.CONST]
     files = {n.arg.file.path for n in sources}
     return {
         "tensors": len(outputs),
         "nodes": len(nodes),
-        "zero_copy": sum(1 for n in outputs.values() if n.op in ("source", "const")),
+        "zero_copy": sum(1 for n in outputs.values() if n.op in (Op.SOURCE, Op.CONST)),
         "sources": len(sources),
         "files": len(files),
         "bytes_read": sum(n.arg.nbytes for n in sources),

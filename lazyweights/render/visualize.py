@@ -48,6 +48,7 @@ from .explain import (
     type_str,
 )
 from ..graph.node import Node, toposort
+from ..graph.opcodes import Op
 
 __all__ = ["to_networkx", "visualize", "to_dot", "to_mermaid", "to_html", "build_scene", "OP_COLORS"]
 
@@ -91,7 +92,7 @@ def to_networkx(plan):
             users[n].append(name)
     g = nx.DiGraph(outputs={name: ids[n] for name, n in outputs.items()})
     for n in order:
-        rec = n.arg if n.op == "source" else None
+        rec = n.arg if n.op is Op.SOURCE else None
         srcs = " ".join(ids[s] for s in n.srcs)
         label = f"{ids[n]}:{type_str(n)} = {op_label(n)}"
         if rec is not None:
@@ -226,7 +227,7 @@ def _scene_node(vn, x, y, group, used_by, kind) -> dict:
         "srcs": [f"n{s}" for s in vn.srcs], "line": vn.line(), "outputs": used_by,
         "x": x, "y": y, "w": NODE_W, "h": NODE_H,
     }
-    if n.op == "source":
+    if n.op is Op.SOURCE:
         recs = [m.arg for m in vn.members]
         d["file"] = name_pattern(dict.fromkeys(os.path.basename(r.file.path) for r in recs))
         d["tensor"] = name_pattern(r.name for r in recs)
@@ -234,7 +235,7 @@ def _scene_node(vn, x, y, group, used_by, kind) -> dict:
         d["tensors"] = [r.name for r in recs]
         if getattr(recs[0], "encoding", None) is not None:
             d["encoding"] = recs[0].encoding.name
-    if n.op == "take":
+    if n.op is Op.TAKE:
         idx = n.arg[1].array
         shown = ",".join(str(int(i)) for i in idx[:256])
         d["indices"] = f"[{shown}{',…' if len(idx) > 256 else ''}] ({len(idx)} along axis {n.arg[0]})"

@@ -20,13 +20,14 @@ import numpy as np
 from ..compiler.steps import outputs_of
 from .driver import execute
 from .sinks import MemorySink
+from ..graph.opcodes import Op
 
 
 def groups_by_file(outputs: dict) -> list[dict]:
     """Outputs grouped by the first source file they read, so each worker reads its own files."""
     groups: dict[str, dict] = {}
     for name, node in outputs.items():
-        files = sorted({n.arg.file.path for n in node.toposort() if n.op == "source"})
+        files = sorted({n.arg.file.path for n in node.toposort() if n.op is Op.SOURCE})
         groups.setdefault(files[0] if files else "", {})[name] = node
     return list(groups.values())
 

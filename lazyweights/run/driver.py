@@ -40,6 +40,7 @@ from ..compiler.steps import Outputs, Step, compile_steps, default_workers
 from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError
 from ..graph.node import Node
 from .progress import Progress
+from ..graph.opcodes import Op
 
 SCHEDULERS = ("sync", "threads", "reference")
 
@@ -214,7 +215,7 @@ def prepare_kernels(steps) -> bool:
     if casts.HAVE_C:
         casts.warm_up(wait=True)
         return False
-    cast_bytes = sum(n.nbytes for s in steps for n in s.nodes if n.op == "cast")
+    cast_bytes = sum(n.nbytes for s in steps for n in s.nodes if n.op is Op.CAST)
     if cast_bytes < NUMBA_WAIT_BYTES:
         return False
     casts.warm_up(wait=False)
