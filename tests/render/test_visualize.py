@@ -17,15 +17,12 @@ import lazyweights as lw
 from lazyweights import DType, LazyWeightsError, WeightData
 from lazyweights.render.explain import build_view
 
-import sys  # noqa: E402
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_explain import tiny_llama, w1_plan  # noqa: E402
-
 HAVE_DOT = shutil.which("dot") is not None
 
 
+# tiny_llama (tests/conftest.py) writes the checkpoint; w1_plan (tests/render/conftest.py) adapts it.
 @pytest.fixture
-def tiny(tmp_path):
+def tiny(tmp_path, tiny_llama, w1_plan):
     d = str(tmp_path / "ckpt")
     cfg = tiny_llama(d)
     return w1_plan(d, cfg)

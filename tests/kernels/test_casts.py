@@ -39,7 +39,7 @@ def backend(request):
     if BACKENDS:
         casts._use_backend(BACKENDS[0])
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 BF16 = np.dtype(ml_dtypes.bfloat16)

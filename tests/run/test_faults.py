@@ -6,7 +6,7 @@ never SIGBUS/SIGSEGV), the error is a `LazyWeightsError` naming the tensor (and 
 under the final output name, and no temporary is left beside it (on the tmpfs: the space is given back,
 so no temporary is even held open).
 
-tests/test_scheduler.py covers the basics (a failing `take` kernel during a safetensors save, a patched
+tests/compiler/test_scheduler.py covers the basics (a failing `take` kernel during a safetensors save, a patched
 `pwrite` raising ENOSPC for safetensors, KeyboardInterrupt raised by a patched block, a source changed
 before materializing); this file adds the GGUF variants, sources changed *between blocks* and *inside* a
 block (the SIGBUS guard of the C casts, EFAULT from a write straight from the map), the real tmpfs and the
@@ -30,7 +30,7 @@ import lazyweights.run.sinks as save_mod
 
 gguf = pytest.importorskip("gguf")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RNG = np.random.default_rng(5)
 
 

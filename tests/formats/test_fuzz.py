@@ -21,6 +21,7 @@ Run one case by hand:  python benchmarks/fuzz_long.py --replay safetensors 1234
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -823,16 +824,26 @@ def test_mutators_are_deterministic(fmt):
 
 
 # --- the long run, as a test (marked slow: not in the default run) -------------------------------------------------
+def _fuzz_long(monkeypatch):
+    """benchmarks/fuzz_long.py, loaded from its file (no sys.path edit here). Its pool workers run it as a
+    script and `import test_fuzz`: PYTHONPATH names this folder for them."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    mod = sys.modules.get("fuzz_long")
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.dirname(here)), "benchmarks", "fuzz_long.py")
+        spec = importlib.util.spec_from_file_location("fuzz_long", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["fuzz_long"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
-def test_fuzz_long_pool(fmt, tmp_path):
+def test_fuzz_long_pool(fmt, tmp_path, monkeypatch):
     """10,000 cases per format in a subprocess pool under RLIMIT_AS (benchmarks/fuzz_long.py)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "benchmarks"))
-    try:
-        import fuzz_long
-    finally:
-        sys.path.pop(0)
+    fuzz_long = _fuzz_long(monkeypatch)
     table = fuzz_long.run_pool([fmt], int(os.environ.get("LW_FUZZ_LONG_CASES", "10000")),
                                crash_dir=str(tmp_path))
     row = table[fmt]
@@ -850,12 +861,7 @@ def _st_file(tmp_path, header: dict, data: bytes = b"") -> str:
 def test_pool_reports_crash_hang_and_memory_limit(tmp_path, monkeypatch):
     """The long run's pool: a worker killed by SIGSEGV is a crash, a spinning case a timeout, an allocation
     past RLIMIT_AS a MemoryError; the pool restarts workers and finishes the other cases."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, os.path.join(root, "benchmarks"))
-    try:
-        import fuzz_long
-    finally:
-        sys.path.pop(0)
+    fuzz_long = _fuzz_long(monkeypatch)
     monkeypatch.setenv("LW_FUZZ_INJECT", "crash:gguf:3,hang:gguf:6,alloc:safetensors:2")
     table = fuzz_long.run_pool(["safetensors", "gguf"], 10, workers=2, mem_mb=512, timeout=3.0,
                                crash_dir=str(tmp_path))

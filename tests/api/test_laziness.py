@@ -28,7 +28,7 @@ import pytest
 import lazyweights as lw
 from lazyweights import DType, load_weights
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(os.environ.get("LAZYWEIGHTS_BENCH", REPO.parent / "shared" / "bench"))
 MB = 1 << 20
 
@@ -173,10 +173,9 @@ def test_materializing_one_adapted_tensor_is_correct(big_checkpoint):
 RESIDENCY_SCRIPT = textwrap.dedent(r"""
     import ctypes, json, mmap, os, sys
     import numpy as np
-    sys.path.insert(0, sys.argv[1])
     import lazyweights as lw
     from lazyweights import DType
-    ckpt, shard_name, mode = sys.argv[2], sys.argv[3], sys.argv[4]
+    ckpt, shard_name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     shard = os.path.join(ckpt, shard_name)
     # where each tensor of this shard lives (from the header); the target is the mlp.down_proj.weight
     # nearest the middle of the shard, so other tensors lie on both sides of it
@@ -244,14 +243,14 @@ def readahead_bytes(path: Path) -> int:
 
 
 @pytest.mark.parametrize("mode", ["cast", "plan"])
-def test_materializing_one_tensor_touches_only_its_pages(big_checkpoint, tmp_path, mode):
+def test_materializing_one_tensor_touches_only_its_pages(big_checkpoint, tmp_path, mode, child_env):
     if not hasattr(os, "posix_fadvise"):
         pytest.skip("needs posix_fadvise")
     shard = big_checkpoint.shards[0]  # 1 GB
     script = tmp_path / "residency.py"
     script.write_text(RESIDENCY_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(REPO), str(big_checkpoint.path), shard.name, mode],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(script), str(big_checkpoint.path), shard.name, mode],
+                          capture_output=True, text=True, timeout=300, env=child_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     page, target = r["page"], r["target"]

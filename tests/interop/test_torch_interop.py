@@ -1,7 +1,6 @@
 """Loading lazy state dicts into torch modules: checked against torch's own load_state_dict and safetensors."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import zipfile
@@ -29,16 +28,10 @@ def _torch_error(module, sd, strict=True) -> str:
 
 # --- the real checkpoint: all-MiniLM-L6-v2 into transformers' BertModel -----------------------------------
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    spec = importlib.util.find_spec("all_minilm_l6_v2")  # not imported: the package prints on import
-    if spec is None or spec.origin is None:
-        pytest.skip("the all_minilm_l6_v2 package is not installed")
-    archive = os.path.join(os.path.dirname(spec.origin), "model.zip")
-    if not os.path.isfile(archive):
-        pytest.skip("all_minilm_l6_v2 has no model.zip")
+def minilm(tmp_path_factory, minilm_zip):  # minilm_zip: tests/conftest.py (skips when not installed)
     pytest.importorskip("transformers")
     d = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(archive) as z:
+    with zipfile.ZipFile(minilm_zip) as z:
         z.extract("model.safetensors", d)
         z.extract("config.json", d)
     return str(d)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _hf_reference import PROMPT, TEXTS, transformers_reference, weight_digest  # noqa: E402
+# _hf_reference.py sits beside this file: pytest's default (prepend) import mode puts this folder on sys.path.
+from _hf_reference import PROMPT, TEXTS, transformers_reference, weight_digest
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import doctest
-import json
 import os
-import struct
 import sys
-import types
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -18,55 +14,9 @@ from lazyweights.render.explain import estimate_peak_memory, explain, format_byt
 from lazyweights.graph import ops
 
 
-# --- a deterministic checkpoint (header written here, so offsets never depend on a library version) ------
-_CODES = {np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
-
-
-def write_safetensors(path, tensors: dict) -> None:
-    header, blobs, off = {}, [], 0
-    for name, a in tensors.items():
-        b = np.ascontiguousarray(a).tobytes()
-        header[name] = {"dtype": _CODES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def tiny_llama(d, layers=2, hidden=8, heads=2, kv=1, vocab=6, name="model.safetensors"):
-    hd = hidden // heads
-    rng = np.random.default_rng(0)
-
-    def bf(*shape):
-        return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
-
-    t = {"model.embed_tokens.weight": bf(vocab, hidden)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        t[p + "input_layernorm.weight"] = bf(hidden)
-        t[p + "self_attn.q_proj.weight"] = bf(heads * hd, hidden)
-        t[p + "self_attn.k_proj.weight"] = bf(kv * hd, hidden)
-        t[p + "self_attn.k_scale"] = np.ones((), np.float32)
-    t["model.norm.weight"] = bf(hidden)
-    os.makedirs(d, exist_ok=True)
-    write_safetensors(os.path.join(d, name), t)
-    cfg = {"hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv}
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return types.SimpleNamespace(**cfg)
-
-
-def w1_plan(d, cfg):
-    from lazyweights.adapters.w1 import convert_safetensor_state_dict
-
-    weights = lw.load_weights([d])
-    return lw.plan(convert_safetensor_state_dict(dict(weights.items()), huggingface_config=cfg))
-
-
+# tiny_llama (tests/conftest.py) writes the checkpoint; w1_plan (tests/render/conftest.py) adapts it.
 @pytest.fixture
-def tiny(tmp_path):
+def tiny(tmp_path, tiny_llama, w1_plan):
     d = str(tmp_path / "ckpt")
     cfg = tiny_llama(d)
     return w1_plan(d, cfg), d
@@ -165,7 +115,7 @@ def test_filter_matching_nothing_is_an_error(tiny):
         explain(p, filter="nothing.*")
 
 
-def test_22_layers_stay_readable(tmp_path):
+def test_22_layers_stay_readable(tmp_path, tiny_llama, w1_plan):
     d = str(tmp_path / "big")
     cfg = tiny_llama(d, layers=22)
     p = w1_plan(d, cfg)
@@ -201,7 +151,7 @@ def test_shared_source_printed_once_and_read_once():
     assert "+ 32 B of in-memory constants" in text
 
 
-def test_sources_counted_once(tmp_path):
+def test_sources_counted_once(tmp_path, write_safetensors):
     path = str(tmp_path / "m.safetensors")
     write_safetensors(path, {"a": np.ones((4, 4), np.float32), "b": np.ones((2,), np.float32)})
     w = lw.load_weights([path])

