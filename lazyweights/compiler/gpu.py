@@ -161,7 +161,7 @@ def compile_gpu_steps(outputs: Mapping[str, Node], *, budget=None, streams: int 
     budget = parse_size(budget) or DEFAULT_BUDGET
     # compile_steps' own blocks follow the CPU cost model; only its fusing, ordering and sharing are used
     # here (no merged rows: blocks are cut by source rows of the output node as the plan has it).
-    steps = compile_steps(Outputs(dict(outputs)), budget=1 << 62, workers=1, materialize=False, merge_rows=False)
+    steps = compile_steps(Outputs(dict(outputs)), budget=1 << 62, workers=1, keep_views=False, merge_rows=False)
     gsteps = []
     for step in steps:
         host, program = split_chain(step.node)

@@ -94,12 +94,15 @@ def default_workers() -> int:
     return available_cpus()
 
 
-def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: int | None = None,
-                  materialize: bool = True, merge_rows: bool = True) -> list[Step]:
+def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes: int | None = None,
+                  keep_views: bool = True, merge_rows: bool = True) -> list[Step]:
     """Fuse each distinct output into one step and cut it into budget-sized row blocks.
 
-    Raises BudgetError (before any work) if one block of some step cannot fit in the budget.
-    `materialize=False` (saving) turns zero-copy views into copy steps, since bytes must move anyway.
+    `plan`: a Plan or anything with `.outputs` (name -> node). Raises BudgetError (before any work) if one
+    block of some step cannot fit in the budget.
+    `keep_views`: an output that is a C-contiguous view of a source is a result as it is (a "view" step,
+    nothing to run: materializing). False when the bytes must move anyway (saving, hashing): such outputs
+    become "copy" steps, copied block by block.
     `merge_rows`: where one row of axis 0 is too big for a block, compute the step over the output with
     its leading axes merged (`Step.node` then has that shape; see `_merge_big_rows`).
     """
@@ -114,9 +117,9 @@ def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: in
         if node in by_node:
             by_node[node].outputs.append(name)
             continue
-        step = _build_step([name], sink_casts(node), view_cache, materialize)
+        step = _build_step([name], sink_casts(node), view_cache, keep_views)
         if merge_rows:
-            step = _merge_big_rows(step, per_worker, target, view_cache, materialize)
+            step = _merge_big_rows(step, per_worker, target, view_cache, keep_views)
         by_node[node] = step
     steps = sorted(by_node.values(), key=Step.order_key)
     for step in steps:
@@ -124,10 +127,10 @@ def compile_steps(plan, budget=None, workers: int | None = None, block_bytes: in
     return steps
 
 
-def _build_step(outputs: list[str], root: Node, view_cache: dict, materialize: bool) -> Step:
+def _build_step(outputs: list[str], root: Node, view_cache: dict, keep_views: bool) -> Step:
     view = strided_layout(root, view_cache)
     if view is not None:
-        kind = "view" if (view.c_contiguous and materialize) else "copy"
+        kind = "view" if (view.c_contiguous and keep_views) else "copy"
     else:
         kind = "fused"
     step = Step(outputs, root, kind, toposort([root]))
@@ -141,7 +144,7 @@ def _build_step(outputs: list[str], root: Node, view_cache: dict, materialize: b
 BIG_ROW_FACTOR = 4
 
 
-def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, materialize: bool) -> Step:
+def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, keep_views: bool) -> Step:
     """`step` computed over ``reshape(node, (d0 * d1,) + rest)`` when its rows are too big for good
     blocks (a stacked MoE expert is one 235 MB row). `step.node` then has the merged shape: the executors
     fill the output's memory viewed in that shape, which holds the same bytes in the same order."""
@@ -154,7 +157,7 @@ def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, 
         merged = merge_leading_axes(node, view_cache)
         if merged is None:
             break
-        candidate = _build_step(step.outputs, merged, view_cache, materialize)
+        candidate = _build_step(step.outputs, merged, view_cache, keep_views)
         if candidate.whole:
             break
         step = candidate

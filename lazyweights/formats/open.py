@@ -9,7 +9,7 @@ Example:
     >>> from safetensors.numpy import save_file
     >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
     >>> save_file({"w": np.ones(2, np.float32)}, path)
-    >>> weights_format([path]).value, sorted(open_checkpoint([path]).tensors)
+    >>> weights_format([path]).value, sorted(open_checkpoint([path]).records)
     ('safetensors', ['w'])
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ Example:
     >>> from lazyweights.run.sinks import MemorySink
     >>> x = ops.const(np.arange(6, dtype=np.float32).reshape(3, 2))
     >>> sink = MemorySink({"t": ops.cast(ops.permute(x, (1, 0)), "float16")})
-    >>> execute(sink.outputs, sink, scheduler="sync")
+    >>> _ = execute(sink.outputs, sink, scheduler="sync")
     >>> sink.result()["t"].tolist()
     [[0.0, 2.0, 4.0], [1.0, 3.0, 5.0]]
 """
@@ -58,7 +58,7 @@ class Sink(Protocol):
     then `run_block` for every task, on worker threads."""
 
     label: str
-    materialize: bool  # True: zero-copy views of the sources are results as they are (no block to run)
+    keep_views: bool  # True: zero-copy views of the sources are results as they are (no block to run)
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]: ...
     def run_block(self, task: BlockTask) -> int: ...  # returns the bytes it produced
@@ -87,7 +87,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
     if not isinstance(sched, str) or sched == "reference":
         raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(Outputs(dict(outputs)), budget=budget, workers=workers, block_bytes=block_bytes,
-                          materialize=sink.materialize)
+                          keep_views=sink.keep_views)
     tasks = sink.tasks(steps)
     if prepare_kernels(steps):
         from ..kernels import casts

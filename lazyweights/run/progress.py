@@ -9,7 +9,7 @@ Example:
     >>> buf = io.StringIO()
     >>> bar = Progress(2 << 20, "save", stream=buf, min_interval=0)
     >>> bar.advance(1 << 20); bar.close()
-    >>> "2.0 MiB / 2.0 MiB" in buf.getvalue()
+    >>> "2 MiB / 2 MiB" in buf.getvalue()
     True
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ class MemorySink:
     `out={name: array}` fills the caller's buffers in place (checked before any work)."""
 
     label = "materialize"
-    materialize = True
+    keep_views = True
 
     def __init__(self, outputs: Mapping[str, Node], out: Mapping[str, np.ndarray] | None = None):
         self.outputs = dict(outputs)
@@ -136,7 +136,7 @@ class WriterSink:
     byte). `ordered=True` runs each tensor's blocks in row order within one task (for hashes)."""
 
     label = "save"
-    materialize = False  # bytes must move anyway: a view of the map is copied block by block
+    keep_views = False  # bytes must move anyway: a view of the map is copied block by block
 
     def __init__(self, targets: Mapping[str, list[tuple[Any, int]]], *, ordered: bool = False, label: str = "save"):
         self.targets = targets
