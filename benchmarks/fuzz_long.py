@@ -5,7 +5,7 @@
     python benchmarks/fuzz_long.py --replay gguf 1234    # run one case in this process, print the outcome
     python benchmarks/fuzz_long.py --atheris 20000       # also coverage-guided (atheris/libFuzzer), if installed
 
-Cases come from the mutation engine in `tests/test_fuzz.py` (seeded random driver: case i of a format is
+Cases come from the mutation engine in `tests/formats/test_fuzz.py` (seeded random driver: case i of a format is
 always the same bytes). Each worker process imports lazyweights once, compiles the kernels, then caps its
 address space (`RLIMIT_AS` = what it has mapped + `--mem-mb`) and runs cases sent over a pipe. The parent
 kills a worker whose case runs past `--timeout` (a hang) and restarts one that dies (a crash: a signal
@@ -30,7 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "formats"))
 sys.path.insert(0, ROOT)
 
 OUTCOMES = ["loaded-ok", "LazyWeightsError", "other-exception", "mismatch", "crash", "timeout"]
@@ -61,7 +61,7 @@ def worker_main(mem_mb: int) -> None:
     out = sys.stdout
     out.write(json.dumps({"ready": True, "base_rss_mb": base_rss}) + "\n")
     out.flush()
-    # Self-test hooks (tests/test_fuzz.py checks the pool notices each): LW_FUZZ_INJECT="crash:gguf:3,hang:..."
+    # Self-test hooks (tests/formats/test_fuzz.py checks the pool notices each): LW_FUZZ_INJECT="crash:gguf:3,hang:..."
     inject = {tuple(x.split(":")[1:]): x.split(":")[0] for x in os.environ.get("LW_FUZZ_INJECT", "").split(",") if x}
     for line in sys.stdin:
         fmt, index = line.split()

@@ -5,7 +5,7 @@
 
 1. Environment: python, numpy, cupy, CUDA runtime/driver versions and the device. Without a working cupy it
    stops with the install hint (`pip install 'lazyweights[gpu]'`, i.e. cupy-cuda12x).
-2. `pytest tests/test_gpu.py`: the whole file (the CPU-side checks too), then `-m gpu` alone, which must
+2. `pytest tests/run/test_gpu.py`: the whole file (the CPU-side checks too), then `-m gpu` alone, which must
    run every GPU test and skip none (a skip here means the GPU was not usable: a failure).
 3. The benchmark (`bench_gpu.py`) on CKPT, or on a synthetic Llama-shaped bf16 checkpoint written first
    with `../shared/bench/make_ckpt.py --layers N` (22 layers: the 2.2 GB TinyLlama shape) into --out
@@ -66,10 +66,10 @@ def environment() -> None:
 
 
 def tests() -> bool:
-    step("tests/test_gpu.py (all)")
-    ok = run([sys.executable, "-m", "pytest", "tests/test_gpu.py", "-q", "-rs", "-p", "no:cacheprovider"]).returncode == 0
-    step("tests/test_gpu.py -m gpu (none may skip)")
-    r = run([sys.executable, "-m", "pytest", "tests/test_gpu.py", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"])
+    step("tests/run/test_gpu.py (all)")
+    ok = run([sys.executable, "-m", "pytest", "tests/run/test_gpu.py", "-q", "-rs", "-p", "no:cacheprovider"]).returncode == 0
+    step("tests/run/test_gpu.py -m gpu (none may skip)")
+    r = run([sys.executable, "-m", "pytest", "tests/run/test_gpu.py", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"])
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
     if "skipped" in tail or "passed" not in tail:
         print("GPU tests were skipped or did not run: the GPU is not usable from pytest")

@@ -238,7 +238,7 @@ class WeightData:
         from ..run.materialize import materialize  # (loads the run layer on first use)
 
         arr = materialize({self.name: self.node})[self.name]
-        # The declared shape, always: a 0-d result (a k_scale) is a scalar, never [x] (tests/test_ops.py).
+        # The declared shape, always: a 0-d result (a k_scale) is a scalar, never [x] (tests/graph/test_ops.py).
         return arr if arr.shape == self.shape else arr.reshape(self.shape)
 
     @property

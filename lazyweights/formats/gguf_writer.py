@@ -427,7 +427,7 @@ class GGUFStreamWriter:
         self._written: dict[str, list[list[int]]] = {name: [] for name in layout.slots}
         self._starts = None
         # The planned size from the start, sparse: a full disk fails at the write that hits it, naming the
-        # tensor (tests/test_faults.py::test_real_full_tmpfs).
+        # tensor (tests/run/test_faults.py::test_real_full_tmpfs).
         self.file = AtomicFile(path, layout.total_size, fsync=fsync, reserve=False)
         self.path, self.tmp_path = self.file.path, self.file.tmp_path
         try:

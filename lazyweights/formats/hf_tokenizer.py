@@ -6,7 +6,7 @@ folder carries a `tokenizers` serialization. This module converts between the tw
 
 GGUF -> HF (`tokenizer_from_gguf`) builds the same backend tokenizer transformers builds in its own GGUF
 loader (`transformers/integrations/gguf/gguf_tokenizer_mapping.py`), so a folder we write tokenizes exactly
-as `AutoTokenizer.from_pretrained(dir, gguf_file=...)` does (tests/test_hf_export.py holds that):
+as `AutoTokenizer.from_pretrained(dir, gguf_file=...)` does (tests/adapters/test_hf_export.py holds that):
 
     tokenizer.ggml.model   pipeline
     llama                  SentencePiece-style BPE with byte fallback, Metaspace pre-tokenizer ("first")

@@ -126,7 +126,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
         if staging:
             shutil.rmtree(staging, ignore_errors=True)
         else:  # shards already renamed into an existing directory must not stay there without their
-            for f in committed:  # index (e.g. the index write hit a full disk): tests/test_faults.py
+            for f in committed:  # index (e.g. the index write hit a full disk): tests/run/test_faults.py
                 try:
                     os.unlink(f)
                 except OSError:

@@ -9,7 +9,7 @@
  *
  * The contract and the algorithms are exactly those of `_cast_numba.py` (read its comments for the why of
  * each bit trick): every result, NaN payloads included, equals numpy/ml_dtypes `astype`. `casts.py` checks
- * each kernel against astype on first use, and tests/test_casts.py checks every 16-bit and 8-bit source
+ * each kernel against astype on first use, and tests/kernels/test_casts.py checks every 16-bit and 8-bit source
  * pattern and about three million float32 patterns against it, for this backend and numba's alike.
  *
  * Every kernel has the numba kernels' signature:

@@ -33,7 +33,7 @@ dropping a few columns, broadcast rows) are read in place.
 Bit-exactness is the contract, not an approximation: every result, including NaN bit patterns, negative
 zero, subnormals and overflow, equals ``src.astype(dst)`` as numpy and ml_dtypes compute it. The reference
 behaviours the kernels reproduce (checked exhaustively over every 16-bit and 8-bit source pattern in
-``tests/test_casts.py``):
+``tests/kernels/test_casts.py``):
 
 - rounding is round-to-nearest-even everywhere, subnormals are kept (never flushed);
 - numpy float32 <-> float16 keeps a NaN's payload and sign and never sets the quiet bit (its software

@@ -10,7 +10,7 @@ Why each algorithm is written twice, once in numpy and once in CUDA C, side by s
 development machines or in CI, so the CUDA source cannot be tested there. The numpy function
 (`reference_*`, vectorised over uint32 arrays) is the same algorithm, step for step, in the same order, with
 the same constants and the same wrap-around uint32 arithmetic; it is tested bit-exact against ml_dtypes over
-every bf16/f16 pattern, every fp8 pattern and millions of f32 patterns (`tests/test_gpu.py`). The CUDA
+every bf16/f16 pattern, every fp8 pattern and millions of f32 patterns (`tests/run/test_gpu.py`). The CUDA
 function next to it is a line-by-line transcription (`?:` for `np.where`). Keep them in lockstep: change
 one, change the other.
 

@@ -4,7 +4,7 @@ Why written twice: as in `cuda_casts.py`, each block type's algorithm is one num
 (`_ref_*`, vectorised over output elements: it computes, for arrays of output positions, exactly what one
 CUDA thread computes for its position) and, next to it, its CUDA C transcription (`_CUDA_*`), with the
 same operations in the same order. The numpy reference is tested bit-exact on the CPU against
-`lazyweights.quant.dequantize` and `gguf.quants.dequantize` (`tests/test_gpu.py`), which is how the CUDA
+`lazyweights.quant.dequantize` and `gguf.quants.dequantize` (`tests/run/test_gpu.py`), which is how the CUDA
 code is checked on machines without a GPU. Keep them in lockstep.
 
 Why one thread per output value: every value's inputs (its block's fp16 scales, its sub-block's 6-bit

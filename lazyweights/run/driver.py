@@ -110,7 +110,7 @@ def run_tasks(tasks: Sequence[BlockTask], run_one: Callable[[BlockTask], int], *
     cancelled = threading.Event()
     # dask's get() raises as soon as one task fails while others may still be running; their late writes
     # would go to a file descriptor the caller has already closed (or, reused, to an unrelated file). So
-    # running tasks are counted and this returns only when none is left (tests/test_faults.py).
+    # running tasks are counted and this returns only when none is left (tests/run/test_faults.py).
     idle = threading.Condition()
     running = [0]
 

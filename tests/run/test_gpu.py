@@ -506,7 +506,7 @@ def test_blocks_overlap_and_rotate(ckpt):
     # Each step's host rows cross the bus exactly once (tied outputs are one step: embed_tokens once).
     from lazyweights.compiler.steps import compile_steps
 
-    steps = compile_steps(plan, materialize=False)
+    steps = compile_steps(plan, keep_views=False)
     assert len(steps) == len(set(plan.outputs.values())) < len(plan.outputs)
     assert sum(op[-1] for op in backend.log if op[0] == "h2d") == sum(split_chain(s.node)[0].nbytes for s in steps)
     assert backend.peak_staging <= budget
