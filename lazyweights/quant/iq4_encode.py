@@ -181,6 +181,7 @@ def _runner(kernel, name):
         kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw), KVALUES_IQ4NL)
 
     run.__name__ = name
+    run.kernel = kernel
     run.takes_imatrix = True
     return run
 

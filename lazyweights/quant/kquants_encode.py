@@ -473,23 +473,25 @@ def _quant_q6_k(x, out, n_per_row, qw):
 
 # --- entry points ---------------------------------------------------------------------------------------
 
+# encoding -> (numba kernel, its arguments after `x, out, n_per_row, qw`)
 _KERNELS = {
-    Q.Q2_K: lambda x, out, n, qw: _quant_q2_k(x, out, n, qw),
-    Q.Q3_K: lambda x, out, n, qw: _quant_q3_k(x, out, n, qw),
-    Q.Q4_K: lambda x, out, n, qw: _quant_q45_k(x, out, n, qw, 15, 144),
-    Q.Q5_K: lambda x, out, n, qw: _quant_q45_k(x, out, n, qw, 31, 176),
-    Q.Q6_K: lambda x, out, n, qw: _quant_q6_k(x, out, n, qw),
+    Q.Q2_K: (_quant_q2_k, ()),
+    Q.Q3_K: (_quant_q3_k, ()),
+    Q.Q4_K: (_quant_q45_k, (15, 144)),
+    Q.Q5_K: (_quant_q45_k, (31, 176)),
+    Q.Q6_K: (_quant_q6_k, ()),
 }
 
 
 def _runner(enc):
-    kernel = _KERNELS[enc]
+    kernel, extra = _KERNELS[enc]
 
     def run(src: np.ndarray, out: np.ndarray, imatrix: np.ndarray | None = None) -> None:
         qw = _NO_WEIGHTS if imatrix is None else imatrix
-        kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw))
+        kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw), *extra)
 
     run.__name__ = f"quantize_{enc.name.lower()}"
+    run.kernel = kernel
     return run
 
 
