@@ -40,9 +40,15 @@ TYPES = {
     "Q6_K": (14, 210, 256),
     "IQ4_NL": (20, 18, 32),
     "IQ4_XS": (23, 136, 256),
+    # the legacy types: presets fall back to them for rows that are not a multiple of 256
+    "Q4_0": (2, 18, 32),
+    "Q4_1": (3, 20, 32),
+    "Q5_0": (6, 22, 32),
+    "Q5_1": (7, 24, 32),
+    "Q8_0": (8, 34, 32),
 }
 ROWS, N_PER_ROW = 8, 512
-CLASSES = ("normal", "student_t", "zero", "constant", "tiny", "huge", "specials")
+CLASSES = ("normal", "student_t", "zero", "constant", "small", "tiny", "huge", "specials")
 
 
 def find_libggml_base() -> Path | None:
@@ -108,6 +114,8 @@ def make_inputs(seed: int = 16) -> dict[str, np.ndarray]:
         "student_t": rng.standard_t(3, shape).astype(np.float32),
         "zero": np.zeros(shape, np.float32),
         "constant": np.full(shape, 0.8125, np.float32) * np.where(np.arange(ROWS) % 2, -1, 1)[:, None].astype(np.float32),
+        # 1e-7: scales land in fp16's subnormal range; 1e-30: below GROUP_MAX_EPS, coded as zero blocks
+        "small": (rng.standard_normal(shape) * 1e-7).astype(np.float32),
         "tiny": (rng.standard_normal(shape) * 1e-30).astype(np.float32),
         "huge": (rng.standard_normal(shape) * 1e30).astype(np.float32),
         "specials": specials,
