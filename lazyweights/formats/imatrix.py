@@ -146,10 +146,11 @@ def _read_dat(path: str) -> Imatrix:
     n_entries = r.i32("the entry count")
     if n_entries < 1:
         raise ImatrixFormatError(f"{path}: not an imatrix file: entry count {n_entries} (need at least 1)")
-    # each entry is at least 16 bytes: refuse absurd counts before looping over them
-    if n_entries > r.left() // 16:
+    # each entry has at least its three i32 fields: refuse absurd counts before looping over them
+    if n_entries > r.left() // 12:
         raise ImatrixFormatError(
-            f"{path}: truncated imatrix file: {n_entries} entries claimed but only {r.left()} bytes follow"
+            f"{path}: truncated imatrix file: the entry count says {n_entries} but only {r.left()} bytes follow "
+            f"(each entry needs at least 12)"
         )
     entries: dict[str, np.ndarray] = {}
     counts: dict[str, np.ndarray] = {}
