@@ -81,12 +81,15 @@ def _lib():
     return _LIB
 
 
-def ggml_quantize(type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None) -> np.ndarray:
-    """What llama-quantize writes: `ggml_quantize_chunk` over all rows of float32 `x` [rows, n]."""
+def ggml_quantize(type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """What llama-quantize writes: `ggml_quantize_chunk` over all rows of float32 `x` [rows, n] (into `out`,
+    a C-contiguous uint8 array of the packed shape, when given)."""
     tid, block_bytes, block_values = TYPES[type_name]
     x = np.ascontiguousarray(x, dtype=np.float32)
     rows, n = x.shape
-    out = np.zeros((rows, n // block_values * block_bytes), np.uint8)
+    if out is None:
+        out = np.zeros((rows, n // block_values * block_bytes), np.uint8)
+    assert out.shape == (rows, n // block_values * block_bytes) and out.flags.c_contiguous and out.dtype == np.uint8
     w = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32)
     size = _lib().ggml_quantize_chunk(tid, x.ctypes.data, out.ctypes.data, 0, rows, n,
                                       None if w is None else w.ctypes.data)
