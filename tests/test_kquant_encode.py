@@ -380,3 +380,14 @@ def test_llama_quantize_bytes_equal_lazyweights(tiny_models, tmp_path, model, pr
         assert np.array_equal(ours, data[name].reshape(ours.shape)), (name, t)
         checked += 1
     assert checked >= len(types) // 2
+
+
+def test_doctests_of_the_new_modules():
+    import doctest
+
+    from lazyweights.formats import imatrix
+    from lazyweights.quant import _ggml_math, iq4_encode, kquants_encode, legacy_imatrix, presets, registry
+
+    for mod in (_ggml_math, kquants_encode, iq4_encode, legacy_imatrix, presets, registry, imatrix):
+        res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__

@@ -314,9 +314,9 @@ def model_tensor_types(
         >>> from lazyweights.quant.presets import model_tensor_types
         >>> shapes = {f"blk.{i}.attn_v.weight": (256, 1024) for i in range(8)}
         >>> shapes["token_embd.weight"] = (32000, 1024)
-        >>> types = model_tensor_types("Q4_K_M", shapes, n_layer=8)
+        >>> types = model_tensor_types("Q4_K_M", shapes, n_layer=8)  # more bits: i < 1, i >= 7, (i - 1) % 3 == 2
         >>> [types[f"blk.{i}.attn_v.weight"].type for i in range(8)], types["token_embd.weight"].type
-        (['Q6_K', 'Q4_K', 'Q6_K', 'Q4_K', 'Q4_K', 'Q6_K', 'Q4_K', 'Q6_K'], 'Q6_K')
+        (['Q6_K', 'Q4_K', 'Q4_K', 'Q6_K', 'Q4_K', 'Q4_K', 'Q6_K', 'Q6_K'], 'Q6_K')
     """
     _preset_default(preset)
     names = sorted(tensors, key=_weight_order_key)
