@@ -107,7 +107,7 @@ def store_fp16(out, o, f):
 # --- the scale searches ---------------------------------------------------------------------------------
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
 def make_qx_quants(n, nmax, x, xo, L, lo, w, wo):
     """`make_qx_quants(n, nmax, x, L, rmse_type=1, qw)` with the weights always given (ggml's NULL qw
     means w = x*x, which callers precompute: the same float32 product). L gets codes in [0, 2*nmax)."""
