@@ -5,12 +5,15 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
 
     LazyWeightsError
     ├── FormatError            a file is not what it claims (bad magic, header, offsets, truncation)
-    │   └── SourceChangedError a file changed size or identity after it was opened
+    │   ├── SourceChangedError a file changed size or identity after it was opened
+    │   └── ImatrixFormatError an importance-matrix file is truncated or malformed
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
     ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
+    │   └── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
     ├── LoadError              (also ValueError) load_state_dict found missing/unexpected/mismatched weights
     ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
+    ├── UnknownPresetError     (also ValueError) a quantization preset name that is not supported
     └── ExecutionError         a step failed while running a plan; names the output tensor
         └── WriteError         writing an output failed (disk full, permissions); names the file
 
@@ -36,6 +39,11 @@ class SourceChangedError(FormatError):
     """A source file was truncated, replaced or modified after `load_weights` opened it."""
 
 
+class ImatrixFormatError(FormatError):
+    """An importance-matrix file (llama.cpp `.dat` or GGUF imatrix) is truncated or malformed; names the
+    file, the entry and the byte offset where reading stopped."""
+
+
 class MissingWeightError(LazyWeightsError, KeyError):
     """A weight name that does not exist. Carries close matches as a did-you-mean suggestion."""
 
@@ -51,6 +59,10 @@ class ShapeError(LazyWeightsError, ValueError):
     """An op whose shapes do not fit; raised when the node is built, with both shapes in the message."""
 
 
+class ImatrixShapeError(ShapeError):
+    """An importance-matrix entry has a different length than the tensor's rows; names both numbers."""
+
+
 class DTypeError(LazyWeightsError, TypeError, ValueError):
     """An unsupported dtype, or an op the dtype does not allow (e.g. casting packed quantized blocks)."""
 
@@ -61,6 +73,10 @@ class LoadError(LazyWeightsError, ValueError):
 
 class BudgetError(LazyWeightsError, ValueError):
     """The memory budget is smaller than the largest block the plan must hold at once."""
+
+
+class UnknownPresetError(LazyWeightsError, ValueError):
+    """A quantization preset (`Q4_K_M`, ...) that lazyweights does not know; lists the known ones."""
 
 
 class ExecutionError(LazyWeightsError, RuntimeError):

@@ -5,8 +5,11 @@ package imports them all. The kernels are numba loops over blocks (`nogil`, so t
 different row ranges run in parallel) that reproduce gguf-py's `gguf.quants` results bit for bit.
 
     legacy    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0        dequantize + quantize
+    legacy_imatrix  the same five             quantize with an importance matrix (ggml's *_impl)
     kquants   Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K   dequantize
+    kquants_encode  Q2_K Q3_K Q4_K Q5_K Q6_K  quantize (ggml's bytes; optional importance matrix)
     iquants   IQ4_NL IQ4_XS IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M   dequantize
+    iq4_encode      IQ4_NL IQ4_XS             quantize (ggml's bytes; optional importance matrix)
     ternary   TQ1_0 TQ2_0                     dequantize + quantize
     mxfp4     MXFP4                           dequantize
 
@@ -17,11 +20,11 @@ Example:
     >>> x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     >>> y = dequantize(Q.Q8_0, quantize(Q.Q8_0, x))
     >>> bool(np.abs(x - y).max() < 0.02), sorted(e.name for e in supported_quantize())
-    (True, ['Q4_0', 'Q4_1', 'Q5_0', 'Q5_1', 'Q8_0', 'TQ1_0', 'TQ2_0'])
+    (True, ['IQ4_NL', 'IQ4_XS', 'Q2_K', 'Q3_K', 'Q4_0', 'Q4_1', 'Q4_K', 'Q5_0', 'Q5_1', 'Q5_K', 'Q6_K', 'Q8_0', 'TQ1_0', 'TQ2_0'])
 """
 from __future__ import annotations
 
-from . import iquants, kquants, legacy, mxfp4, ternary  # noqa: F401  (importing registers the kernels)
+from . import iq4_encode, iquants, kquants, kquants_encode, legacy, legacy_imatrix, mxfp4, ternary  # noqa: F401  (importing registers the kernels)
 from .registry import (
     dequantize,
     dequantize_into,

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DTypeError, ImatrixShapeError, ShapeError
 from ..core.quantization import QuantizationEncoding
 
 # A dequantizer writes float32 [rows, n] from uint8 [rows, row_bytes]; a quantizer the reverse. Both get
@@ -100,10 +100,15 @@ def supported_quantize() -> set[QuantizationEncoding]:
     Example:
         >>> from lazyweights.quant import supported_quantize
         >>> from lazyweights.core.quantization import QuantizationEncoding as Q
-        >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize()
-        (True, False)
+        >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize(), Q.IQ2_XS in supported_quantize()
+        (True, True, False)
     """
     return set(_QUANTIZE)
+
+
+def registered_quantizer(encoding: QuantizationEncoding) -> Kernel:
+    """The quantize kernel registered for `encoding` (for modules that wrap one, e.g. with an imatrix path)."""
+    return _lookup(_QUANTIZE, encoding, "quantize")[1]
 
 
 def implementation(encoding: QuantizationEncoding, kind: str = "dequantize") -> str:
@@ -200,11 +205,16 @@ def dequantize(encoding, src: np.ndarray) -> np.ndarray:
     return out
 
 
-def quantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
+def quantize_into(encoding, src: np.ndarray, out: np.ndarray, *, imatrix=None, name: str | None = None) -> None:
     """Quantize float32 `src` [rows, n] into packed blocks `out` (uint8 [rows, n // block_elements * block_bytes]).
 
-    The bytes equal gguf-py's `gguf.quants.quantize` (its reference rounding, which is llama.cpp's
-    `quantize_row_*_ref`). Both arrays C-contiguous; `out` writable. Releases the GIL.
+    The bytes equal what ggml's `ggml_quantize_chunk` writes for the type (for the legacy types that is
+    `quantize_row_*_ref`, which gguf-py's `gguf.quants.quantize` also reproduces). Both arrays C-contiguous;
+    `out` writable. Releases the GIL.
+
+    `imatrix` (K-quants and IQ4 only) is an importance matrix: one float32 weight per column, as llama.cpp's
+    imatrix files store them (`lazyweights.formats.imatrix.read_imatrix`); None takes ggml's
+    no-importance-matrix path. A length other than n raises `ImatrixShapeError` naming `name` (the tensor).
 
     Example:
         >>> import numpy as np
@@ -231,14 +241,34 @@ def quantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
         raise ShapeError(f"quantize {enc.name}: src shape {src.shape} must be C-contiguous")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ShapeError(f"quantize {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+    weights = None
+    if imatrix is not None:
+        weights = _check_imatrix(enc, fn, n, imatrix, name)
     if src.size == 0:
         return
-    fn(src, out)
+    if weights is None:
+        fn(src, out)
+    else:
+        fn(src, out, weights)
 
 
-def quantize(encoding, src: np.ndarray) -> np.ndarray:
+def _check_imatrix(enc: QuantizationEncoding, fn: Kernel, n: int, imatrix, name: str | None) -> np.ndarray:
+    """The importance matrix as a contiguous float32 vector of length n (one weight per column)."""
+    if not getattr(fn, "takes_imatrix", False):
+        raise DTypeError(f"quantize {enc.name}: this type has no importance-matrix quantizer (got an imatrix)")
+    w = np.ascontiguousarray(np.asarray(imatrix), dtype=np.float32).reshape(-1)
+    if w.shape[0] != n:
+        who = f"tensor {name!r}" if name else "the tensor"
+        raise ImatrixShapeError(
+            f"quantize {enc.name}: the importance matrix for {who} has {w.shape[0]} entries "
+            f"but its rows have {n} values"
+        )
+    return w
+
+
+def quantize(encoding, src: np.ndarray, *, imatrix=None, name: str | None = None) -> np.ndarray:
     """Quantize to a new uint8 array of packed blocks. `src` is any float array [rows, n] (1-D is one row);
-    it is converted to float32 first, as gguf-py does.
+    it is converted to float32 first, as gguf-py does. `imatrix` and `name`: see `quantize_into`.
 
     Example:
         >>> import numpy as np
@@ -251,7 +281,7 @@ def quantize(encoding, src: np.ndarray) -> np.ndarray:
     if not isinstance(src, np.ndarray):
         raise DTypeError(f"quantize {enc.name}: src must be a numpy array, got {type(src).__name__}")
     if src.ndim == 1:
-        return quantize(enc, src.reshape(1, -1)).reshape(-1)
+        return quantize(enc, src.reshape(1, -1), imatrix=imatrix, name=name).reshape(-1)
     if src.dtype.kind != "f" and not src.dtype.name.startswith(("bfloat16", "float")):  # ml_dtypes floats too
         raise DTypeError(f"quantize {enc.name}: src must be floating point, got {src.dtype.name} {src.shape}")
     if src.ndim != 2:
@@ -263,5 +293,5 @@ def quantize(encoding, src: np.ndarray) -> np.ndarray:
         )
     src = np.ascontiguousarray(src, dtype=np.float32)
     out = np.empty((src.shape[0], src.shape[1] // enc.block_elements * enc.block_bytes), np.uint8)
-    quantize_into(enc, src, out)
+    quantize_into(enc, src, out, imatrix=imatrix, name=name)
     return out

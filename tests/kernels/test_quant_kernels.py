@@ -106,6 +106,9 @@ def _reference_dequantize(enc: Q, src: np.ndarray) -> np.ndarray:
 
 ALL_DEQUANT = sorted(supported_dequantize(), key=lambda e: e.name)
 ALL_QUANT = sorted(supported_quantize(), key=lambda e: e.name)
+# gguf-py quantizes only these; the K-quant and IQ4 encoders are checked against ggml's own bytes in
+# test_kquant_encode.py
+GGUF_PY_QUANT = [e for e in ALL_QUANT if e.name in {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0"}]
 GGUF_QUANTIZABLE = sorted(
     (e for e in ALL_DEQUANT if e.name in {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4"}),
     key=lambda e: e.name,
@@ -285,7 +288,7 @@ def _quantize_inputs(block: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("enc", ALL_QUANT, ids=lambda e: e.name)
+@pytest.mark.parametrize("enc", GGUF_PY_QUANT, ids=lambda e: e.name)
 def test_quantize_bytes_equal_gguf(enc):
     x = _quantize_inputs(enc.block_elements)
     with warnings.catch_warnings():
@@ -305,7 +308,8 @@ def test_quantize_bytes_equal_gguf(enc):
 def test_quantize_round_trip_error_is_small(enc):
     x = np.random.default_rng(9).standard_normal((4, 4 * enc.block_elements)).astype(np.float32)
     y = dequantize(enc, quantize(enc, x))
-    tol = {"Q8_0": 0.02, "TQ1_0": 2.5, "TQ2_0": 2.5}.get(enc.name, 0.6)
+    # Q2_K has 4 levels per 16 values, with a min: a standard normal's tails are clipped by ~1
+    tol = {"Q8_0": 0.02, "TQ1_0": 2.5, "TQ2_0": 2.5, "Q2_K": 1.5, "Q6_K": 0.1, "Q5_K": 0.2}.get(enc.name, 0.6)
     assert np.abs(x - y).max() < tol
 
 
@@ -324,8 +328,8 @@ def test_unsupported_encodings_raise_dtype_error_naming_them():
         dequantize(Q.GPTQ, np.zeros((1, 4), np.uint8))
     with pytest.raises(DTypeError, match="Q8_1"):
         dequantize(Q.Q8_1, np.zeros((1, 40), np.uint8))
-    with pytest.raises(DTypeError, match="Q4_K"):
-        quantize(Q.Q4_K, np.zeros((1, 256), np.float32))
+    with pytest.raises(DTypeError, match="IQ3_S"):
+        quantize(Q.IQ3_S, np.zeros((1, 256), np.float32))
     with pytest.raises(DTypeError, match="IQ2_XXS"):
         quantize_into(Q.IQ2_XXS, np.zeros((1, 256), np.float32), np.zeros((1, 66), np.uint8))
     with pytest.raises(DTypeError, match="NOPE"):
