@@ -59,10 +59,20 @@ class Plan:
                            workers=workers, block_bytes=block_bytes)
 
     def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
-             progress: bool = False, metadata: dict | None = None, *, workers: int | None = None,
-             block_bytes: int | None = None) -> list[str]:
+             progress: bool = False, metadata: dict | None = None, *, quant: str | None = None, imatrix=None,
+             workers: int | None = None, block_bytes: int | None = None) -> list[str]:
         """Stream the outputs to `path` (see `lazyweights.formats.save`): `.safetensors` file, a directory
-        (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files."""
+        (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files.
+
+        `quant` (GGUF): a llama.cpp preset ("Q4_K_M", "Q8_0", ...; see `Plan.quantize`), applied in the
+        same pass; `imatrix`: an importance matrix file for it."""
+        if quant is not None:
+            fmt = (format or "").lower()
+            if fmt != "gguf" and not str(path).endswith(".gguf"):
+                raise LazyWeightsError(f"quant={quant!r} writes GGUF: give a .gguf path or format='gguf'")
+            quantized, metadata = self.quantize(quant, metadata, imatrix=imatrix, with_metadata=True)
+            return quantized.save(path, format="gguf", budget=budget, scheduler=scheduler, progress=progress,
+                                  metadata=metadata, workers=workers, block_bytes=block_bytes)
         from ..formats.gguf_writer import TensorMeta
         from ..formats.save import save
 
@@ -70,6 +80,31 @@ class Plan:
         return save(self.outputs, path, format=format, tensor_meta=meta, max_shard_size=max_shard_size, budget=budget,
                     scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
                     block_bytes=block_bytes)
+
+    def quantize(self, preset: str, metadata, *, imatrix=None, with_metadata: bool = False):
+        """This plan with its tensors quantized the way llama.cpp's `llama-quantize` does for `preset`
+        (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0): per tensor, llama.cpp's type choice,
+        as lazy `quantize` nodes (`explain()` shows each type and why a rule picked it). Outputs must have
+        GGUF names (e.g. from `lazyweights.adapters.hf_to_gguf`); `metadata` is the GGUF metadata to write.
+        `with_metadata=True` returns (plan, metadata with `general.file_type` set) instead.
+
+        Example:
+            >>> import numpy as np
+            >>> from lazyweights import WeightData, plan
+            >>> w = WeightData.from_numpy(np.ones((32, 640), np.float32), "w")
+            >>> q = plan({"blk.0.attn_q.weight": w}).quantize(
+            ...     "Q4_K_M", {"general.architecture": "gemma3", "gemma3.block_count": 1})
+            >>> q.tensors["blk.0.attn_q.weight"].quantization_encoding.name
+            'Q5_0'
+        """
+        from ..formats.gguf_quantize import quantize_outputs
+
+        result = quantize_outputs(self.outputs, metadata, preset, imatrix=imatrix)
+        tensors = {name: (WeightData.wrap(node, name, result.encodings[name]) if result.encodings[name] is not None
+                          else (self.tensors[name] if node is self.outputs[name] else WeightData.wrap(node, name)))
+                   for name, node in result.outputs.items()}
+        quantized = Plan(tensors)
+        return (quantized, result.metadata) if with_metadata else quantized
 
     def steps(self, budget=None):
         """The fused, ordered steps the scheduler will run (see `lazyweights.compiler.steps`)."""

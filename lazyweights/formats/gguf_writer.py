@@ -278,7 +278,7 @@ def node_encoding(node) -> QuantizationEncoding | None:
     """The quantization encoding a bare Node carries (through layout ops that keep whole block rows)."""
     while True:
         if node.op is Op.QUANTIZE:
-            return node.arg
+            return node.arg.encoding
         if node.op is Op.SOURCE:
             return node.arg.encoding
         if node.op in (Op.RESHAPE, Op.PERMUTE, Op.SLICE, Op.TAKE, Op.CONCAT) and node.srcs:

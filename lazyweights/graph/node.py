@@ -19,7 +19,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -75,6 +75,40 @@ class IndexArray:
         if len(a) <= 8:
             return "[" + ",".join(str(int(v)) for v in a) + "]"
         return "[" + ",".join(str(int(v)) for v in a[:4]) + ",...," + str(int(a[-1])) + f"]({len(a)})"
+
+
+class Importance:
+    """An importance matrix for a `quantize` node (llama.cpp's imatrix): float32 weights, one per column
+    ([n]), or one row per expert ([n_expert, n]) for stacked MoE tensors. Hashable by content, so equal
+    plans built twice are one plan."""
+
+    __slots__ = ("array", "_hash")
+
+    def __init__(self, values):
+        arr = np.ascontiguousarray(values, dtype=np.float32)
+        if arr.ndim not in (1, 2):
+            raise ValueError(f"an importance matrix is [n] or [n_expert, n], got shape {list(arr.shape)}")
+        arr.setflags(write=False)
+        self.array = arr
+        self._hash = hash((arr.shape, arr.tobytes()))
+
+    def __hash__(self):
+        return self._hash
+
+    def __eq__(self, other):
+        return isinstance(other, Importance) and self._hash == other._hash and np.array_equal(self.array, other.array)
+
+    def __repr__(self):
+        return f"<imatrix {list(self.array.shape)}>"
+
+
+class QuantizeArg(NamedTuple):
+    """The argument of a `quantize` node: the block type, an optional importance matrix, and why this type
+    was chosen when a rule picked it (a llama.cpp preset's per-tensor choice; shown by `explain`)."""
+
+    encoding: Any
+    importance: Importance | None = None
+    reason: str | None = None
 
 
 class Node:

@@ -43,7 +43,7 @@ import numpy as np
 from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError
 from ..core.quantization import QuantizationEncoding
-from .node import Const, IndexArray, Node
+from .node import Const, Importance, IndexArray, Node, QuantizeArg
 from .opcodes import Op
 
 # Cast-of-cast folds only for the (source, intermediate) -> target triples where it is bit-exact: astype
@@ -277,11 +277,23 @@ def dequantize(x: Node, encoding: QuantizationEncoding, dtype: DType = DType.flo
     return Node(Op.DEQUANTIZE, (x,), (encoding, dtype), dtype, x.shape[:-1] + (values,))
 
 
-def quantize(x: Node, encoding: QuantizationEncoding) -> Node:
-    """Float [..., row_values] -> packed uint8 blocks [..., row_bytes] (for writing GGUF)."""
+def quantize(x: Node, encoding: QuantizationEncoding, importance=None, reason: str | None = None) -> Node:
+    """Float [..., row_values] -> packed uint8 blocks [..., row_bytes] (for writing GGUF).
+
+    `importance`: llama.cpp's importance matrix for this tensor, one weight per column ([row_values]), or
+    per expert ([shape[0], row_values]) for a stacked MoE tensor. `reason`: why this type (for `explain`).
+    """
     if not x.dtype.is_float:
         raise DTypeError(f"quantize: {encoding.name} needs float input, got {x.dtype.name}")
     if not x.shape:
         raise ShapeError(f"quantize: {encoding.name} input must have at least one dimension")
     row_bytes = encoding.row_bytes_for_elements(x.shape[-1])
-    return Node(Op.QUANTIZE, (x,), encoding, DType.uint8, x.shape[:-1] + (row_bytes,))
+    if importance is not None and not isinstance(importance, Importance):
+        importance = Importance(importance)
+    if importance is not None:
+        want = (x.shape[-1],) if importance.array.ndim == 1 else (x.shape[0], x.shape[-1])
+        if importance.array.shape != want or (importance.array.ndim == 2 and x.ndim < 3):
+            raise ShapeError(f"quantize: the importance matrix has shape {list(importance.array.shape)}; "
+                             f"{_fmt(x.dtype, x.shape)} needs {list(want)}")
+    return Node(Op.QUANTIZE, (x,), QuantizeArg(encoding, importance, reason), DType.uint8,
+                x.shape[:-1] + (row_bytes,))

@@ -54,7 +54,7 @@ REBUILD.register(Op.CAST)(lambda n, srcs: ops.cast(srcs[0], n.arg))
 REBUILD.register(Op.BITCAST)(lambda n, srcs: ops.bitcast(srcs[0], n.arg))
 REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
 REBUILD.register(Op.DEQUANTIZE)(lambda n, srcs: ops.dequantize(srcs[0], *n.arg))
-REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], n.arg))
+REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], *n.arg))
 REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
 
 
@@ -118,11 +118,13 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
     if op is Op.BITCAST:
         m = _merge(src, memo, views) if src.ndim == n.ndim else None
         return None if m is None else ops.bitcast(m, n.dtype)
+    if op is Op.QUANTIZE and n.arg.importance is not None and n.arg.importance.array.ndim == 2:
+        return None  # per-expert importance: the expert axis must stay axis 0
     if op in (Op.DEQUANTIZE, Op.QUANTIZE):
         m = _merge(src, memo, views)
         if m is None:
             return None
-        return ops.dequantize(m, *n.arg) if op is Op.DEQUANTIZE else ops.quantize(m, n.arg)
+        return ops.dequantize(m, *n.arg) if op is Op.DEQUANTIZE else ops.quantize(m, *n.arg)
     if op is Op.PERMUTE:
         axes = n.arg
         if axes[:2] != (0, 1):

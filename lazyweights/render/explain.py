@@ -109,7 +109,8 @@ def _arg_dequantize(node: Node) -> str:
 
 @EXPLAIN.register(Op.QUANTIZE)
 def _arg_quantize(node: Node) -> str:
-    return node.arg.name
+    enc, importance, reason = node.arg
+    return enc.name + (" imatrix" if importance is not None else "") + (f"; {reason}" if reason else "")
 
 
 @EXPLAIN.register(Op.SOURCE)

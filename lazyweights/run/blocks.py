@@ -218,10 +218,24 @@ def _pull_quantize(node: Node, rows: Rows, cache) -> np.ndarray:
     from ..kernels.casts import cast
     from ..quant import quantize
 
+    enc, importance, _ = node.arg
+    weights = None if importance is None else importance.array
+    if weights is not None and weights.ndim == 2:
+        # One importance row per expert: axis 0 is the expert, so each output row has its own weights.
+        block = pull(node.srcs[0], rows, cache)
+        if block.dtype != np.float32:
+            block = cast(block, np.dtype(np.float32))
+        experts = range(rows.start, rows.stop) if isinstance(rows, range) else rows
+        out = np.empty((len(experts),) + node.shape[1:], np.uint8)
+        for i, e in enumerate(experts):
+            part = np.ascontiguousarray(block[i]).reshape(-1, block.shape[-1])
+            out[i] = quantize(enc, part, imatrix=weights[int(e)]).reshape(node.shape[1:])
+        return out
+
     def op(block):
         if block.dtype != np.float32:
             block = cast(block, np.dtype(np.float32))
-        return quantize(node.arg, np.ascontiguousarray(block))
+        return quantize(enc, np.ascontiguousarray(block), imatrix=weights)
 
     return _quant_row_pull(node, rows, cache, op)
 

@@ -98,10 +98,15 @@ def _dequantize(node: Node, x: np.ndarray) -> np.ndarray:
 def _quantize(node: Node, x: np.ndarray) -> np.ndarray:
     from ..quant import quantize
 
+    enc, importance, _ = node.arg
+    if x.dtype != np.float32:
+        x = _astype(x, np.dtype(np.float32))
+    weights = None if importance is None else importance.array
+    if weights is not None and weights.ndim == 2:  # one importance row per expert (axis 0)
+        return np.stack([quantize(enc, np.ascontiguousarray(x[e]).reshape(-1, x.shape[-1]), imatrix=weights[e])
+                         .reshape(node.shape[1:]) for e in range(x.shape[0])])
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
-    if rows.dtype != np.float32:
-        rows = _astype(rows, np.dtype(np.float32))
-    return quantize(node.arg, np.ascontiguousarray(rows)).reshape(node.shape)
+    return quantize(enc, np.ascontiguousarray(rows), imatrix=weights).reshape(node.shape)
 
 
 @REFERENCE.register(Op.BINARY)
