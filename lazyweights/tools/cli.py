@@ -216,7 +216,8 @@ def cmd_convert(args) -> int:
     elif args.imatrix is not None:
         raise LazyWeightsError("--imatrix is used with --quant PRESET")
     files = save_converted(target, args.output, format=args.format, max_shard_size=args.max_shard_size,
-                           budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress, **quant)
+                           budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress,
+                           workers=args.workers, **quant)
     files = list(files or [])
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
@@ -432,6 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter", metavar="GLOB", help="only convert outputs whose names match this glob")
     p.add_argument("--no-tokenizer", action="store_true",
                    help="write no tokenizer (GGUF -> HF: no tokenizer files; HF -> GGUF: no tokenizer.* keys)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="threads computing blocks (default: the CPUs this process may use)")
     p.add_argument("--quant", metavar="PRESET", type=str.upper, default=None,
                    help="GGUF output: quantize as llama-quantize does, in the same pass "
                         "(Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0)")
