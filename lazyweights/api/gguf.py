@@ -20,13 +20,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..formats.gguf_writer import GGUFLayout, GGUFStreamWriter, node_encoding
 from ..graph.node import Node
 from .plan import plan
 from .weight_data import WeightData, as_weight_data
 
 
 def _as_weight_data(name: str, value) -> WeightData:
+    from ..formats.gguf_writer import node_encoding  # (gguf-py loads only when a GGUF is written)
+
     if isinstance(value, Node):
         return WeightData.wrap(value, name, node_encoding(value))
     return as_weight_data(value, name)
@@ -45,6 +46,8 @@ def write_gguf(path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | N
     materialized alone with `lazyweights.plan({name: wd}).materialize()`, written, and released, so peak
     memory is about one tensor. The file appears under `path` only when complete.
     """
+    from ..formats.gguf_writer import GGUFLayout, GGUFStreamWriter
+
     wds = {name: _as_weight_data(name, v) for name, v in tensors.items()}
     layout = GGUFLayout.plan(wds, metadata, alignment)
     produce = produce or _materialize_one
