@@ -81,6 +81,26 @@ class Plan:
                     scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
                     block_bytes=block_bytes)
 
+    def stream(self, order=None, *, prefetch="1GB", budget=None, scheduler=None, workers: int | None = None):
+        """Yield `(name, array)` in `order` (names, or groups of names computed together; default: every
+        output in plan order; `"layers"`: one group per layer, the rest first), computed ahead on a background
+        thread within `prefetch` bytes of finished tensors the caller has not taken yet. For serving: load
+        layer 0 onto the device while later layers are still being read (see `run/stream.py`).
+
+        Example:
+            >>> import numpy as np
+            >>> from lazyweights import WeightData, DType, plan
+            >>> p = plan({f"layers.{i}.w": WeightData.from_numpy(np.full(4, i, np.float32), "w").astype(DType.float16)
+            ...           for i in range(3)})
+            >>> [name for name, array in p.stream("layers", prefetch="1KB")]
+            ['layers.0.w', 'layers.1.w', 'layers.2.w']
+        """
+        from ..run.stream import layer_groups, stream
+
+        if isinstance(order, str) and order == "layers":
+            order = layer_groups(list(self.outputs))
+        return stream(self.outputs, order, prefetch=prefetch, budget=budget, scheduler=scheduler, workers=workers)
+
     def quantize(self, preset: str, metadata, *, imatrix=None, with_metadata: bool = False):
         """This plan with its tensors quantized the way llama.cpp's `llama-quantize` does for `preset`
         (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0): per tensor, llama.cpp's type choice,
