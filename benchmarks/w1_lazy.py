@@ -6,6 +6,9 @@
                                                    then materialize into them (load_state_dict's path)
   w1_lazy.py CKPT alloc-floor                      only allocate and first-touch the output bytes: the cost
                                                    any in-memory result pays on this machine
+  w1_lazy.py CKPT copy-floor                       the physical floor of serve: a plain copy of the same
+                                                   source bytes from fresh maps into fresh memory, on the
+                                                   same number of threads (no cast, no adapter)
   w1_lazy.py CKPT convert OUT [--budget B] ...    stream the adapted checkpoint to OUT
 Prints one JSON line: seconds, peak RssAnon growth (bytes), tensors, checksum.
 """
@@ -39,15 +42,59 @@ def w1_adapter(state_dict, huggingface_config, **unused_kwargs):
     return out
 
 
+def copy_floor(ckpt: str) -> None:
+    """Map every shard fresh and copy each tensor's bytes into fresh memory, on as many threads as the
+    scheduler uses: what serve cannot beat (it reads and writes at least these bytes)."""
+    import glob
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from safetensors import safe_open
+
+    t = time.perf_counter()
+    with PeakMem() as pm:
+        jobs = []
+        maps = []
+        for f in sorted(glob.glob(os.path.join(ckpt, "*.safetensors"))):
+            with open(f, "rb") as fh:
+                m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            maps.append(m)
+            n = int.from_bytes(m[:8], "little")
+            header = json.loads(m[8:8 + n])
+            buf = np.frombuffer(m, np.uint8)
+            for name, info in header.items():
+                if name == "__metadata__" or adapt_name(name) is None:
+                    continue
+                a0, a1 = info["data_offsets"]
+                jobs.append(buf[8 + n + a0:8 + n + a1])
+        # chunks of ~4 MB, like the scheduler's blocks, spread over its threads
+        chunks = [(src, i) for src in jobs for i in range(0, len(src), 4 << 20)]
+        outs = [np.empty(len(src), np.uint8) for src in jobs]
+        index = {id(src): k for k, src in enumerate(jobs)}
+
+        def copy(job):
+            src, i = job
+            np.copyto(outs[index[id(src)]][i:i + (4 << 20)], src[i:i + (4 << 20)])
+
+        workers = len(os.sched_getaffinity(0))
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(copy, chunks))
+    dt = time.perf_counter() - t
+    print(json.dumps({"seconds": dt, "peak_anon_growth": pm.peak_anon - pm.base_anon, "tensors": len(jobs),
+                      "checksum": 0}))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpt")
-    ap.add_argument("mode", choices=["serve", "serve-into", "alloc-floor", "convert"])
+    ap.add_argument("mode", choices=["serve", "serve-into", "alloc-floor", "copy-floor", "convert"])
     ap.add_argument("out", nargs="?")
     ap.add_argument("--budget", default=None)
     ap.add_argument("--scheduler", default="threads")
     a = ap.parse_args()
     cfg = json.load(open(os.path.join(a.ckpt, "config.json")))
+    if a.mode == "copy-floor":
+        return copy_floor(a.ckpt)
     t = time.perf_counter()
     with PeakMem() as pm:
         weights = lw.load_weights(a.ckpt)
