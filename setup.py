@@ -8,10 +8,11 @@ import sys
 
 from setuptools import Extension, setup
 
-# -O3 vectorizes the branch-free loops; -fno-trapping-math lets GCC if-convert the selects around the one
+# -O3 vectorizes the branch-free loops; -ffp-contract=off keeps the dequantizers' `dl * q - ml` two
+# roundings, as ggml computes them (a fused multiply-add would change bits); -fno-trapping-math lets GCC if-convert the selects around the one
 # float add (it changes no result, only whether FP exception flags may be raised speculatively). Never
 # -ffast-math: the subnormal tricks need IEEE round-to-nearest and subnormals.
-flags = [] if sys.platform == "win32" else ["-O3", "-fno-trapping-math", "-std=c11"]
+flags = [] if sys.platform == "win32" else ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c11"]
 
 setup(
     ext_modules=[

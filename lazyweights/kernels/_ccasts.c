@@ -408,6 +408,294 @@ static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * GGUF block dequantizers: ggml's dequantize_row_* (ggml-quants.c), compiled ahead of time, so a fresh
+ * process dequantizes without waiting for numba to compile `quant/legacy.py` and `quant/kquants.py`.
+ * Same float32 operations in the same order as ggml (the sub-block scale first, `d * sc`, then
+ * `dl * q - ml`; setup.py builds with -ffp-contract=off, so nothing is fused), hence the same bits as
+ * gguf-py's dequantizers: tests/kernels/test_quant_kernels.py checks every type against gguf-py for every
+ * registered implementation. Each loop converts `rows` whole blocks of 1-D `src` bytes into `out` floats. */
+
+static inline float f16_to_f32(const uint8_t *p) {
+    return float_of(widen_f16((uint32_t)p[0] | ((uint32_t)p[1] << 8), 0u));
+}
+
+static LW_CLONES void dq_q4_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 18, y += 32) {
+        const float d = f16_to_f32(s);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((int)(s[2 + j] & 0x0F) - 8) * d;
+            y[j + 16] = (float)((int)(s[2 + j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static LW_CLONES void dq_q4_1(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 20, y += 32) {
+        const float d = f16_to_f32(s), m = f16_to_f32(s + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(s[4 + j] & 0x0F) * d + m;
+            y[j + 16] = (float)(s[4 + j] >> 4) * d + m;
+        }
+    }
+}
+
+static LW_CLONES void dq_q5_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 22, y += 32) {
+        const float d = f16_to_f32(s);
+        const uint32_t qh = (uint32_t)s[2] | ((uint32_t)s[3] << 8) | ((uint32_t)s[4] << 16) | ((uint32_t)s[5] << 24);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t xh0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
+            const uint8_t xh1 = (uint8_t)((qh >> (j + 12)) & 0x10);
+            y[j] = (float)((int32_t)((s[6 + j] & 0x0F) | xh0) - 16) * d;
+            y[j + 16] = (float)((int32_t)((s[6 + j] >> 4) | xh1) - 16) * d;
+        }
+    }
+}
+
+static LW_CLONES void dq_q5_1(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 24, y += 32) {
+        const float d = f16_to_f32(s), m = f16_to_f32(s + 2);
+        const uint32_t qh = (uint32_t)s[4] | ((uint32_t)s[5] << 8) | ((uint32_t)s[6] << 16) | ((uint32_t)s[7] << 24);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t xh0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
+            const uint8_t xh1 = (uint8_t)((qh >> (j + 12)) & 0x10);
+            y[j] = (float)((s[8 + j] & 0x0F) | xh0) * d + m;
+            y[j + 16] = (float)((s[8 + j] >> 4) | xh1) * d + m;
+        }
+    }
+}
+
+static LW_CLONES void dq_q8_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 34, y += 32) {
+        const float d = f16_to_f32(s);
+        for (int j = 0; j < 32; j++)
+            y[j] = (float)(int8_t)s[2 + j] * d;
+    }
+}
+
+static LW_CLONES void dq_q2_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 84) {
+        const uint8_t *sc = s, *q = s + 16;
+        const float d = f16_to_f32(s + 80), mn = f16_to_f32(s + 82);
+        int is = 0;
+        for (int k = 0; k < 256; k += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; j++) {
+                uint8_t v = sc[is++];
+                float dl = d * (float)(v & 0xF), ml = mn * (float)(v >> 4);
+                for (int l = 0; l < 16; l++) *y++ = dl * (float)(int8_t)((q[l] >> shift) & 3) - ml;
+                v = sc[is++];
+                dl = d * (float)(v & 0xF); ml = mn * (float)(v >> 4);
+                for (int l = 0; l < 16; l++) *y++ = dl * (float)(int8_t)((q[l + 16] >> shift) & 3) - ml;
+                shift += 2;
+            }
+            q += 32;
+        }
+    }
+}
+
+static LW_CLONES void dq_q3_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint32_t kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
+    for (Py_ssize_t b = 0; b < n; b++, s += 110) {
+        const uint8_t *hm = s, *q = s + 32;
+        const float d_all = f16_to_f32(s + 108);
+        uint32_t aux[4];
+        memcpy(aux, s + 96, 12);
+        const uint32_t tmp = aux[2];
+        aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+        aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+        aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+        aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+        const int8_t *scales = (const int8_t *)aux;
+        int is = 0;
+        uint8_t m = 1;
+        for (int k = 0; k < 256; k += 128) {
+            int shift = 0;
+            for (int j = 0; j < 4; j++) {
+                float dl = d_all * (float)(scales[is++] - 32);
+                for (int l = 0; l < 16; l++)
+                    *y++ = dl * (float)((int8_t)((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+                dl = d_all * (float)(scales[is++] - 32);
+                for (int l = 0; l < 16; l++)
+                    *y++ = dl * (float)((int8_t)((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+                shift += 2;
+                m <<= 1;
+            }
+            q += 32;
+        }
+    }
+}
+
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+static LW_CLONES void dq_q4_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 144) {
+        const float d = f16_to_f32(s), mn = f16_to_f32(s + 2);
+        const uint8_t *scales = s + 4, *q = s + 16;
+        int is = 0;
+        uint8_t sc, m;
+        for (int j = 0; j < 256; j += 64) {
+            scale_min_k4(is + 0, scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = mn * (float)m;
+            scale_min_k4(is + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc, m2 = mn * (float)m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+            q += 32;
+            is += 2;
+        }
+    }
+}
+
+static LW_CLONES void dq_q5_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 176) {
+        const float d = f16_to_f32(s), mn = f16_to_f32(s + 2);
+        const uint8_t *scales = s + 4, *qh = s + 16, *ql = s + 48;
+        int is = 0;
+        uint8_t sc, m, u1 = 1, u2 = 2;
+        for (int j = 0; j < 256; j += 64) {
+            scale_min_k4(is + 0, scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = mn * (float)m;
+            scale_min_k4(is + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc, m2 = mn * (float)m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+            ql += 32;
+            is += 2;
+            u1 <<= 2;
+            u2 <<= 2;
+        }
+    }
+}
+
+static LW_CLONES void dq_q6_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                               const Extra *e) {
+    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 210) {
+        const float d = f16_to_f32(s + 208);
+        const uint8_t *ql = s, *qh = s + 128;
+        const int8_t *sc = (const int8_t *)(s + 192);
+        for (int k = 0; k < 256; k += 128) {
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int8_t q1 = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int8_t q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int8_t q3 = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int8_t q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                y[l + 0] = d * (float)sc[is + 0] * (float)q1;
+                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            sc += 8;
+        }
+    }
+}
+
+/* dequantize(src, out): whole blocks of 1-D uint8 `src` into 1-D float32 `out` (checked, GIL released,
+ * SIGBUS-guarded like the casts). */
+static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_bytes, Py_ssize_t block_values,
+                             PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer src, out;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes src, out", name);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &out, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    const Py_ssize_t blocks = src.len / block_bytes;
+    const char *problem = NULL;
+    if (src.len % block_bytes)
+        problem = "the source is not a whole number of blocks";
+    else if ((uintptr_t)out.buf % sizeof(float))
+        problem = "the output is not aligned to float32";
+    else if (out.len / (Py_ssize_t)sizeof(float) != blocks * block_values || out.len % (Py_ssize_t)sizeof(float))
+        problem = "the output does not hold exactly the blocks' values";
+    if (problem) {
+        PyErr_Format(PyExc_ValueError, "%s: %s (source %zd bytes, output %zd bytes, blocks of %zd bytes -> %zd "
+                     "values)", name, problem, src.len, out.len, block_bytes, block_values);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    int faulted = 0;
+    if (blocks > 0) {
+        if (ensure_guard_handler() != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            PyBuffer_Release(&src);
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        faulted = run_guarded(loop, src.buf, out.buf, blocks, 0, 0, 0, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&out);
+    if (faulted) {
+        PyObject *err = Py_BuildValue("(is)", EFAULT,
+                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
+                                      "was truncated while it was being read");
+        if (err != NULL) {
+            PyErr_SetObject(PyExc_OSError, err);
+            Py_DECREF(err);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+#define DEQUANT_KERNEL(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES)                                         \
+    static PyObject *PYNAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {               \
+        (void)self;                                                                                   \
+        return run_dequant(#PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES, args, nargs);                    \
+    }
+
+DEQUANT_KERNEL(dq_Q4_0, dq_q4_0, 18, 32)
+DEQUANT_KERNEL(dq_Q4_1, dq_q4_1, 20, 32)
+DEQUANT_KERNEL(dq_Q5_0, dq_q5_0, 22, 32)
+DEQUANT_KERNEL(dq_Q5_1, dq_q5_1, 24, 32)
+DEQUANT_KERNEL(dq_Q8_0, dq_q8_0, 34, 32)
+DEQUANT_KERNEL(dq_Q2_K, dq_q2_k, 84, 256)
+DEQUANT_KERNEL(dq_Q3_K, dq_q3_k, 110, 256)
+DEQUANT_KERNEL(dq_Q4_K, dq_q4_k, 144, 256)
+DEQUANT_KERNEL(dq_Q5_K, dq_q5_k, 176, 256)
+DEQUANT_KERNEL(dq_Q6_K, dq_q6_k, 210, 256)
+
 #define METHOD(NAME, DOC) {#NAME, (PyCFunction)(void (*)(void))NAME, METH_FASTCALL, DOC}
 
 static PyMethodDef methods[] = {
@@ -424,6 +712,16 @@ static PyMethodDef methods[] = {
     METHOD(k_f16_to_e4m3, "float16 bits -> float8_e4m3fn bits."),
     METHOD(k_f16_to_e5m2, "float16 bits -> float8_e5m2 bits."),
     METHOD(k_lut, "one-byte codes -> table entries."),
+    METHOD(dq_Q4_0, "Q4_0 blocks -> float32 (ggml's dequantize_row_q4_0)."),
+    METHOD(dq_Q4_1, "Q4_1 blocks -> float32."),
+    METHOD(dq_Q5_0, "Q5_0 blocks -> float32."),
+    METHOD(dq_Q5_1, "Q5_1 blocks -> float32."),
+    METHOD(dq_Q8_0, "Q8_0 blocks -> float32."),
+    METHOD(dq_Q2_K, "Q2_K super-blocks -> float32."),
+    METHOD(dq_Q3_K, "Q3_K super-blocks -> float32."),
+    METHOD(dq_Q4_K, "Q4_K super-blocks -> float32."),
+    METHOD(dq_Q5_K, "Q5_K super-blocks -> float32."),
+    METHOD(dq_Q6_K, "Q6_K super-blocks -> float32."),
     {NULL, NULL, 0, NULL},
 };
 

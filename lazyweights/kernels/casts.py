@@ -79,7 +79,7 @@ import numpy as np
 
 from ..core.errors import DTypeError, ShapeError
 
-__all__ = ["cast", "cast_into", "has_fast_path", "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C",
+__all__ = ["cast", "cast_into", "compiled_kernels", "has_fast_path", "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C",
            "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
 
 
@@ -100,6 +100,16 @@ HAVE_C = _CHOICE in ("auto", "c") and importlib.util.find_spec(f"{__package__}._
 #: Whether numba is installed and allowed (it is imported only when loaded; see `warm_up`).
 HAVE_NUMBA = _CHOICE in ("auto", "numba") and importlib.util.find_spec("numba") is not None
 HAVE_COMPILED = HAVE_C or HAVE_NUMBA
+
+
+def compiled_kernels():
+    """The ahead-of-time compiled extension module (`_ccasts`: casts and GGUF dequantizers), or None when
+    it was not built or LAZYWEIGHTS_KERNELS forbids it."""
+    if not HAVE_C:
+        return None
+    from . import _ccasts
+
+    return _ccasts
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.

@@ -1,8 +1,11 @@
-"""Block-quantization kernels: dequantize every GGUF block type, quantize the simple ones.
+"""Block-quantization kernels: dequantize every GGUF block type, quantize the K-quants, IQ4 and legacy types.
 
-Each block family is one module that registers its kernels with `registry` at import; importing this
-package imports them all. The kernels are numba loops over blocks (`nogil`, so threads working on
-different row ranges run in parallel) that reproduce gguf-py's `gguf.quants` results bit for bit.
+Each block family is one module that registers its kernels with `registry` at import. The kernels are numba
+loops over blocks (`nogil`, so threads working on different row ranges run in parallel) that reproduce
+gguf-py's `gguf.quants` results (and ggml's quantizers) bit for bit. The common dequantizers also exist
+ahead of time, in the C extension (`compiled`: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K): those are registered
+when this package is imported, and the numba modules are imported only when a kernel they alone have is
+first asked for, so dequantizing a typical GGUF needs no numba at all.
 
     legacy    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0        dequantize + quantize
     legacy_imatrix  the same five             quantize with an importance matrix (ggml's *_impl)
@@ -24,7 +27,8 @@ Example:
 """
 from __future__ import annotations
 
-from . import iq4_encode, iquants, kquants, kquants_encode, legacy, legacy_imatrix, mxfp4, ternary  # noqa: F401  (importing registers the kernels)
+from . import compiled
+from .registry import set_kernel_loader
 from .registry import (
     dequantize,
     dequantize_into,
@@ -35,6 +39,18 @@ from .registry import (
     supported_dequantize,
     supported_quantize,
 )
+
+
+
+def _import_numba_kernels() -> None:
+    """Import the numba kernel modules (they register on import), then put the C kernels back in front."""
+    from . import iq4_encode, iquants, kquants, kquants_encode, legacy, legacy_imatrix, mxfp4, ternary  # noqa: F401
+
+    compiled.register_compiled()
+
+
+set_kernel_loader(_import_numba_kernels)
+compiled.register_compiled()
 
 __all__ = [
     "dequantize",

@@ -56,13 +56,13 @@ def register(
         >>> import numpy as np
         >>> from lazyweights.quant.registry import register, _DEQUANTIZE
         >>> from lazyweights.core.quantization import QuantizationEncoding as Q
-        >>> old = _DEQUANTIZE.get(Q.Q8_0)
+        >>> old, how = _DEQUANTIZE.get(Q.Q8_0), implementation(Q.Q8_0)
         >>> @register(Q.Q8_0)
         ... def fake(src, out):
         ...     out[...] = 0
         >>> _DEQUANTIZE[Q.Q8_0] is fake
         True
-        >>> register(Q.Q8_0, dequantize=old)  # put the real one back
+        >>> register(Q.Q8_0, dequantize=old, implementation=how)  # put the real one back
     """
     encoding = QuantizationEncoding.parse(encoding)
     if not encoding.is_gguf:
@@ -82,6 +82,27 @@ def register(
     return None
 
 
+# The numba kernel modules are imported on first need, not with the package: a plan whose block types the
+# ahead-of-time C kernels cover (`quant/compiled.py`) never imports numba (about 0.5 s) nor compiles
+# anything. `quant/__init__.py` installs the loader; it imports every numba module (they register on
+# import) and then puts the C kernels back in front.
+_LOADER = None
+_LOADED = False
+
+
+def set_kernel_loader(loader) -> None:
+    """Install the function that imports the numba kernel modules (called once, on the first miss)."""
+    global _LOADER
+    _LOADER = loader
+
+
+def _load_all() -> None:
+    global _LOADED
+    if not _LOADED and _LOADER is not None:
+        _LOADED = True
+        _LOADER()
+
+
 def supported_dequantize() -> set[QuantizationEncoding]:
     """Encodings that `dequantize`/`dequantize_into` accept.
 
@@ -91,6 +112,7 @@ def supported_dequantize() -> set[QuantizationEncoding]:
         >>> Q.Q4_K in supported_dequantize()
         True
     """
+    _load_all()
     return set(_DEQUANTIZE)
 
 
@@ -103,7 +125,13 @@ def supported_quantize() -> set[QuantizationEncoding]:
         >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize(), Q.IQ2_XS in supported_quantize()
         (True, True, False)
     """
+    _load_all()
     return set(_QUANTIZE)
+
+
+def registered_dequantizer(encoding: QuantizationEncoding) -> Kernel | None:
+    """The dequantize kernel registered for `encoding` now, or None (no loading, no error)."""
+    return _DEQUANTIZE.get(QuantizationEncoding.parse(encoding))
 
 
 def registered_quantizer(encoding: QuantizationEncoding) -> Kernel:
@@ -114,6 +142,8 @@ def registered_quantizer(encoding: QuantizationEncoding) -> Kernel:
 def implementation(encoding: QuantizationEncoding, kind: str = "dequantize") -> str:
     """How a registered kernel is implemented: "numba", or a note such as "gguf-py fallback"."""
     encoding = QuantizationEncoding.parse(encoding)
+    if (kind, encoding) not in _IMPLEMENTATION:
+        _load_all()
     return _IMPLEMENTATION.get((kind, encoding), "unsupported")
 
 
@@ -122,6 +152,9 @@ def _lookup(table: dict, encoding, verb: str) -> tuple[QuantizationEncoding, Ker
     if enc is None:
         raise DTypeError(f"cannot {verb}: no quantization encoding given (got None)")
     fn = table.get(enc)
+    if fn is None:
+        _load_all()
+        fn = table.get(enc)
     if fn is None:
         names = ", ".join(sorted(e.name for e in table)) or "none"
         raise DTypeError(f"cannot {verb} {enc.name}: no {verb} kernel is registered for it (supported: {names})")

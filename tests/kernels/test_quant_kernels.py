@@ -16,6 +16,8 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
+from lazyweights.quant import compiled  # noqa: E402
+
 from lazyweights.core.errors import DTypeError, LazyWeightsError, ShapeError  # noqa: E402
 from lazyweights.quant import (  # noqa: E402
     dequantize,
@@ -31,6 +33,7 @@ from lazyweights.quant._bits import floats_to_halves, halves_to_floats  # noqa: 
 from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
+COMPILED_DEQUANT = sorted(compiled.COMPILED, key=lambda e: e.name)
 
 # Byte offsets of each block type's fp16 scale fields. Random bytes there are often inf/nan (or
 # tiny), which would make a comparison pass for the wrong reason; the tests overwrite them with finite,
@@ -124,7 +127,7 @@ def test_every_gguf_block_type_is_registered():
     assert {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0} <= supported_quantize()
     assert set(FP16_FIELDS) >= supported_dequantize()
     for enc in supported_dequantize():
-        assert implementation(enc) == "numba", enc
+        assert implementation(enc) in ("c", "numba"), enc
 
 
 # --- fp16 conversion helpers ------------------------------------------------------------------------------
@@ -399,6 +402,7 @@ def test_register_as_decorator_and_plain_call():
     from lazyweights.quant import registry
 
     old["d"] = registry._DEQUANTIZE[Q.Q8_0]
+    old_impl = registry.implementation(Q.Q8_0)
     try:
         @register(Q.Q8_0)
         def fake(src, out):
@@ -408,7 +412,7 @@ def test_register_as_decorator_and_plain_call():
         assert dequantize(Q.Q8_0, np.zeros((2, 34), np.uint8)).sum() == 64
         assert calls == [(2, 34)]
     finally:
-        register(Q.Q8_0, dequantize=old["d"])
+        register(Q.Q8_0, dequantize=old["d"], implementation=old_impl)
     assert dequantize(Q.Q8_0, np.zeros((2, 34), np.uint8)).sum() == 0
     with pytest.raises(DTypeError, match="GPTQ"):
         register(Q.GPTQ, dequantize=lambda s, o: None)
@@ -420,6 +424,31 @@ def test_kernels_are_nogil_numba():
     # checks the results).
     from lazyweights.quant import registry
 
+    registry._load_all()
     for table in (registry._DEQUANTIZE, registry._QUANTIZE):
         for enc, fn in table.items():
+            if registry.implementation(enc, "dequantize" if table is registry._DEQUANTIZE else "quantize") == "c":
+                continue  # the C kernels release the GIL around their loops (Py_BEGIN_ALLOW_THREADS)
             assert fn.kernel.targetoptions.get("nogil") is True, enc
+
+
+@pytest.mark.parametrize("enc", COMPILED_DEQUANT, ids=lambda e: e.name)
+def test_compiled_dequantizers_equal_numba_and_gguf_py(enc):
+    # Both implementations of the types the C extension covers, held to gguf-py on random bytes (random fp16
+    # scales include subnormals, inf and NaN), whichever of them dequantize() is using.
+    from lazyweights.quant import registry
+
+    registry._load_all()
+    if implementation(enc) != "c":
+        pytest.skip("the C extension is not built here: numba's kernel is the one in use (tested above)")
+    raw = np.random.default_rng(5).integers(0, 256, size=(257, enc.block_bytes * 3), dtype=np.uint8)
+    ref = gguf_dequantize(raw, GT[enc.name]).astype(np.float32)
+    c_out = np.empty(ref.shape, np.float32)
+    registry.registered_dequantizer(enc)(raw, c_out)
+    numba_out = np.empty(ref.shape, np.float32)
+    compiled.DISPLACED[enc](raw, numba_out)
+    assert np.array_equal(_bits(c_out), _bits(ref))  # every bit, NaN payloads included
+    # numba's loops may pick the other operand's NaN payload (x*d + m with both NaN); values equal otherwise
+    finite = ~np.isnan(ref)
+    assert np.array_equal(_bits(numba_out)[finite], _bits(ref)[finite])
+    assert np.array_equal(np.isnan(numba_out), np.isnan(ref))

@@ -1,0 +1,50 @@
+"""The ahead-of-time compiled dequantizers (the `_ccasts` C extension), registered in front of numba's.
+
+`kernels/_ccasts.c` holds ggml's `dequantize_row_*` for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K, in C,
+built at install time with the casts. They load in a millisecond where numba needs about 0.5 s to import
+and, on a fresh machine, seconds to compile: the first GGUF conversion after an install is then as fast as
+the later ones. Same bits as the numba kernels and gguf-py (tests/kernels/test_quant_kernels.py runs every
+registered implementation against gguf-py). Without the extension (no compiler at install time, or
+LAZYWEIGHTS_KERNELS=numba), nothing is registered here and numba's kernels serve.
+
+Example:
+    >>> from lazyweights.quant import implementation
+    >>> from lazyweights.core.quantization import QuantizationEncoding as Q
+    >>> implementation(Q.Q4_K) in ("c", "numba")
+    True
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.quantization import QuantizationEncoding as Q
+from ..kernels.casts import compiled_kernels
+from .registry import register, registered_dequantizer
+
+#: encoding -> the kernel the C one displaced (numba's), kept so tests can hold both to gguf-py.
+DISPLACED: dict = {}
+
+COMPILED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
+def _runner(fn):
+    def run(src: np.ndarray, out: np.ndarray) -> None:
+        fn(src.reshape(-1), out.reshape(-1))
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def register_compiled() -> None:
+    """Register the C dequantizers that the built extension has (none without it)."""
+    module = compiled_kernels()
+    if module is None:
+        return
+    for enc in COMPILED:
+        fn = getattr(module, f"dq_{enc.name}", None)
+        if fn is None:
+            continue
+        previous = registered_dequantizer(enc)
+        if previous is not None and getattr(previous, "__name__", "") != fn.__name__:
+            DISPLACED[enc] = previous
+        register(enc, dequantize=_runner(fn), implementation="c")
