@@ -285,6 +285,26 @@ def _as_wd(value, name: str) -> WeightData:
 
 
 # --- the adapters -----------------------------------------------------------------------------------------------
+def _name_or_unknown(new: str | None, name: str, strict: bool, unknown: list[str]) -> str | None:
+    """The tensor's new name; with none, its own name, or (strict) None after noting it in `unknown`."""
+    if new is not None:
+        return new
+    if strict:
+        unknown.append(name)
+        return None
+    return name
+
+
+def _refuse_unknown(unknown: list[str], what: str, kept_under: str) -> None:
+    """Raise for the tensors a strict rename found no name for (the first eight named)."""
+    if unknown:
+        raise LazyWeightsError(
+            f"{what} for {len(unknown)} tensor(s): "
+            f"{', '.join(repr(u) for u in unknown[:8])}{' ...' if len(unknown) > 8 else ''} "
+            f"(pass strict=False to keep them under {kept_under})"
+        )
+
+
 def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | None = None, *,
                arch: str | None = None, rope_permuted: bool | None = None,
                strict: bool = True) -> dict[str, WeightData]:
@@ -317,15 +337,11 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         wd = _as_wd(value, name)
         if hf is not None and _part(name) in _ROW_VECTORS and wd.ndim == 1:
             wd = wd.reshape((1, wd.shape[0]))
+        hf = _name_or_unknown(hf, name, strict, unknown)
         if hf is None:
-            if strict:
-                unknown.append(name)
-                continue
-            hf = name
-        if permuted:
-            n = _rope_heads(hf, heads)
-            if n:
-                wd = rope_unpermute(wd, n)
+            continue
+        if permuted and (n := _rope_heads(hf, heads)):
+            wd = rope_unpermute(wd, n)
         if arch in NORM_SHIFT_ARCHS and hf.endswith("norm.weight"):
             wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -1.0)
         if dequantize_to is not None:
@@ -334,12 +350,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             elif wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
         out[hf] = _renamed(wd, hf)
-    if unknown:
-        raise LazyWeightsError(
-            f"gguf_to_hf ({arch}): no Hugging Face name for {len(unknown)} tensor(s): "
-            f"{', '.join(repr(u) for u in unknown[:8])}{' ...' if len(unknown) > 8 else ''} "
-            "(pass strict=False to keep them under their GGUF names)"
-        )
+    _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
     return out
 
 
@@ -365,28 +376,19 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         wd = _as_wd(value, name)
         if g is not None and _part(g) in _ROW_VECTORS and wd.ndim == 2 and wd.shape[0] == 1:
             wd = wd.reshape((wd.shape[1],))
+        if g is None and name.endswith("rotary_emb.inv_freq"):
+            continue  # computed at run time; llama.cpp's converter skips it too
+        g = _name_or_unknown(g, name, strict, unknown)
         if g is None:
-            if name.endswith("rotary_emb.inv_freq"):
-                continue  # computed at run time; llama.cpp's converter skips it too
-            if strict:
-                unknown.append(name)
-                continue
-            g = name
-        if permuted:
-            n = _rope_heads(name, heads)
-            if n:
-                wd = rope_permute(wd, n)
+            continue
+        if permuted and (n := _rope_heads(name, heads)):
+            wd = rope_permute(wd, n)
         if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
             wd = wd.astype(norm_dtype)
         if arch in NORM_SHIFT_ARCHS and name.endswith("norm.weight"):
             wd = _add_scalar(wd, 1.0)
         out[g] = _renamed(wd, g)
-    if unknown:
-        raise LazyWeightsError(
-            f"hf_to_gguf ({arch}): no GGUF name for {len(unknown)} tensor(s): "
-            f"{', '.join(repr(u) for u in unknown[:8])}{' ...' if len(unknown) > 8 else ''} "
-            "(pass strict=False to keep them under their own names)"
-        )
+    _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
 
 

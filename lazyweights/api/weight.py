@@ -11,6 +11,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 from ..core.device import DeviceRef
@@ -36,10 +37,7 @@ class Weight:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

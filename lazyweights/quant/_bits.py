@@ -7,9 +7,9 @@ what numpy's `astype(np.float16)` does (and what ggml's `GGML_FP32_TO_FP16` does
 gguf-py's bit for bit.
 
 Caching caveat: kernels are compiled with `cache=True`, and numba invalidates a cached kernel only when
-the file defining it changes. The helpers here (and `legacy.np_roundf`) are inlined into kernels in
-other modules, so after editing them delete the caches (`find lazyweights/quant -name "*.nb[ic]" -delete`)
-or the old code keeps running.
+the file defining it changes. The helpers here (and those of `_ggml_math`, and `legacy.np_roundf`) are
+inlined into kernels in other modules, so after editing them delete the caches
+(`find lazyweights/quant -name "*.nb[ic]" -delete`) or the old code keeps running.
 
 Also here: `as_kernel_src`, which gives every kernel the same (read-only, 1-D) argument type so numba
 compiles one specialization per kernel instead of one for writable and one for read-only inputs.
@@ -132,9 +132,14 @@ def float_to_half(x):
 @njit(inline="always", nogil=True, cache=True)
 def store_half(out, o, x):
     """Write float32 `x` as little-endian fp16 at byte offset `o` of a uint8 array."""
-    h = float_to_half(x)
-    out[o] = np.uint8(h & np.uint32(0xFF))
-    out[o + 1] = np.uint8(h >> np.uint32(8))
+    store_u16(out, o, float_to_half(x))
+
+
+@njit(inline="always", nogil=True, cache=True)
+def store_u16(out, o, h):
+    """Write the 16-bit integer `h` (0..65535) little-endian at byte offset `o` of a uint8 array."""
+    out[o] = np.uint8(h & 0xFF)
+    out[o + 1] = np.uint8(h >> 8)
 
 
 # --- small test hooks (vectorized wrappers used by the tests) -----------------------------------------
@@ -152,18 +157,21 @@ def _floats_to_halves(x, out):
         out[i] = np.uint16(float_to_half(x[i]))
 
 
+def on_scalar(kernel, v, in_dtype, out_dtype):
+    """Run a vectorized test hook `kernel(values, out)` on the one value `v`; return its result."""
+    out = np.empty(1, out_dtype)
+    kernel(np.array([v], in_dtype), out)
+    return out[0]
+
+
 def half_to_float_scalar(h: int) -> float:
     """Python-level check of `half_to_float` (tests and doctests)."""
-    out = np.empty(1, np.float32)
-    _halves_to_floats(np.array([h], np.uint16), out)
-    return float(out[0])
+    return float(on_scalar(_halves_to_floats, h, np.uint16, np.float32))
 
 
 def float_to_half_scalar(x) -> int:
     """Python-level check of `float_to_half` (tests and doctests)."""
-    out = np.empty(1, np.uint16)
-    _floats_to_halves(np.array([x], np.float32), out)
-    return int(out[0])
+    return int(on_scalar(_floats_to_halves, x, np.float32, np.uint16))
 
 
 def halves_to_floats(h: np.ndarray) -> np.ndarray:
@@ -211,4 +219,21 @@ def flat_runner(kernel, *extra):
     run.__name__ = kernel.__name__.lstrip("_")
     run.__qualname__ = run.__name__
     run.kernel = kernel
+    return run
+
+
+_NO_WEIGHTS = np.zeros(0, np.float32)
+
+
+def imatrix_runner(kernel, name: str, *extra):
+    """Wrap an importance-matrix encoder `kernel(src_flat, out_flat, n_per_row, qw, *extra)` as a registry
+    quantizer `run(src, out, imatrix=None)`; an empty `qw` is the kernel's no-imatrix path."""
+
+    def run(src: np.ndarray, out: np.ndarray, imatrix: np.ndarray | None = None) -> None:
+        qw = _NO_WEIGHTS if imatrix is None else imatrix
+        kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw), *extra)
+
+    run.__name__ = name
+    run.kernel = kernel
+    run.takes_imatrix = True
     return run

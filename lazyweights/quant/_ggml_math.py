@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._bits import bits_to_f32, f32_to_bits, half_to_float
+from ._bits import bits_to_f32, f32_to_bits, half_to_float, on_scalar, store_u16
 
 F = np.float32
 F0 = F(0.0)
@@ -99,8 +99,7 @@ def store_fp16(out, o, f):
     """Store `GGML_FP32_TO_FP16(f)` little-endian at byte `o`; return its float32 value
     (`GGML_FP16_TO_FP32` of what was stored, which the encoders reuse)."""
     h = fp16_bits(f)
-    out[o] = np.uint8(h & 0xFF)
-    out[o + 1] = np.uint8(h >> 8)
+    store_u16(out, o, h)
     return half_to_float(h)
 
 
@@ -108,9 +107,9 @@ def store_fp16(out, o, f):
 
 
 @njit(inline="always", nogil=True, cache=True, error_model="numpy")
-def make_qx_quants(n, nmax, x, xo, L, lo, w, wo):
-    """`make_qx_quants(n, nmax, x, L, rmse_type=1, qw)` with the weights always given (ggml's NULL qw
-    means w = x*x, which callers precompute: the same float32 product). L gets codes in [0, 2*nmax)."""
+def signed_absmax(x, xo, n):
+    """(amax, mx): the largest |x[xo+i]| and the value that has it (the first on ties); both 0 when every
+    value is 0 (or NaN), as ggml's `amax`/`max` loops start from 0."""
     mx = F0
     amax = F0
     for i in range(n):
@@ -118,34 +117,57 @@ def make_qx_quants(n, nmax, x, xo, L, lo, w, wo):
         if ax > amax:
             amax = ax
             mx = x[xo + i]
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            L[lo + i] = 0
-        return F0
-    iscale = F(-nmax) / mx
+    return amax, mx
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def min_max(x, xo, n):
+    """(min, max) of x[xo:xo+n] (n >= 1), starting from x[xo] (so NaNs after the first value are skipped)."""
+    mn = x[xo]
+    mx = x[xo]
+    for i in range(1, n):
+        v = x[xo + i]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+    return mn, mx
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _qx_sums(n, nmax, iscale, x, xo, w, wo, L, lo, store):
+    """One trial scale of `make_qx_quants`: sum w*x*l and sum w*l*l over the codes l of x * iscale (and,
+    when `store`, the codes + nmax into L)."""
     sumlx = F0
     suml2 = F0
     for i in range(n):
         l = imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[xo + i])))
-        L[lo + i] = l + nmax
+        if store:
+            L[lo + i] = l + nmax
         wi = w[wo + i]
         fl = F(l)
         sumlx += wi * x[xo + i] * fl
         suml2 += wi * fl * fl
+    return sumlx, suml2
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def make_qx_quants(n, nmax, x, xo, L, lo, w, wo):
+    """`make_qx_quants(n, nmax, x, L, rmse_type=1, qw)` with the weights always given (ggml's NULL qw
+    means w = x*x, which callers precompute: the same float32 product). L gets codes in [0, 2*nmax)."""
+    amax, mx = signed_absmax(x, xo, n)
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[lo + i] = 0
+        return F0
+    sumlx, suml2 = _qx_sums(n, nmax, F(-nmax) / mx, x, xo, w, wo, L, lo, True)
     scale = sumlx / suml2 if suml2 != F0 else F0
     best = scale * sumlx
     for is_ in range(-9, 10):
         if is_ == 0:
             continue
         iscale = -(F(nmax) + F(0.1) * F(is_)) / mx
-        sumlx = F0
-        suml2 = F0
-        for i in range(n):
-            l = imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[xo + i])))
-            wi = w[wo + i]
-            fl = F(l)
-            sumlx += wi * x[xo + i] * fl
-            suml2 += wi * fl * fl
+        sumlx, suml2 = _qx_sums(n, nmax, iscale, x, xo, w, wo, L, lo, False)
         if suml2 > F0 and sumlx * sumlx > best * suml2:
             for i in range(n):
                 L[lo + i] = nmax + imax(-nmax, imin(nmax - 1, nearest_int(iscale * x[xo + i])))
@@ -158,13 +180,7 @@ def make_qx_quants(n, nmax, x, xo, L, lo, w, wo):
 def make_q3_quants(n, nmax, x, xo, L, lo):
     """`make_q3_quants(n, nmax, x, L, do_rmse=true)`: weights x*x and up to 5 rounds of per-element
     improvement. L gets codes in [0, 2*nmax)."""
-    mx = F0
-    amax = F0
-    for i in range(n):
-        ax = abs(x[xo + i])
-        if ax > amax:
-            amax = ax
-            mx = x[xo + i]
+    amax, mx = signed_absmax(x, xo, n)
     if amax < GROUP_MAX_EPS:
         for i in range(n):
             L[lo + i] = 0
@@ -212,19 +228,13 @@ def make_qkx_quants(n, nmax, x, xo, w, wo, L, lo, Laux, rmin, rdelta, nstep, use
     """`make_qkx2_quants` / `make_qkx3_quants` (identical given weights: their only difference, `max ==
     min` vs `max <= min`, agrees for every input because max >= min unless a NaN makes both false).
     Returns (scale, the_min); L gets codes in [0, nmax]."""
-    mn = x[xo]
-    mxv = x[xo]
+    mn, mxv = min_max(x, xo, n)
     sum_w = w[wo]
     sum_x = sum_w * x[xo]
     for i in range(1, n):
-        xi = x[xo + i]
-        if xi < mn:
-            mn = xi
-        if xi > mxv:
-            mxv = xi
         wi = w[wo + i]
         sum_w += wi
-        sum_x += wi * xi
+        sum_x += wi * x[xo + i]
     if mn > F0:
         mn = F0
     if mxv == mn:
@@ -378,13 +388,9 @@ def _fp16_many(x, out):
 
 def nearest_int_scalar(v) -> int:
     """Python-level `nearest_int` (doctests and tests)."""
-    out = np.empty(1, np.int64)
-    _nearest_many(np.array([v], np.float32), out)
-    return int(out[0])
+    return int(on_scalar(_nearest_many, v, np.float32, np.int64))
 
 
 def fp16_bits_scalar(v) -> int:
     """Python-level `GGML_FP32_TO_FP16` bits (doctests and tests)."""
-    out = np.empty(1, np.int64)
-    _fp16_many(np.array([v], np.float32), out)
-    return int(out[0])
+    return int(on_scalar(_fp16_many, v, np.float32, np.int64))

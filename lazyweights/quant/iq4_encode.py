@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from ..core.quantization import QuantizationEncoding as Q
-from ._bits import as_kernel_src
+from ._bits import imatrix_runner, store_u16
 from ._ggml_math import (
     F,
     F0,
@@ -40,13 +40,31 @@ from ._ggml_math import (
     imax,
     imin,
     nearest_int,
+    signed_absmax,
     store_fp16,
     u8,
 )
 from .registry import register
 
-_NO_WEIGHTS = np.zeros(0, np.float32)
 _NTRY = 7  # what ggml_quantize_chunk passes for both types
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _fit_sums(values, x, xb, weight, id_, L, lb, store):
+    """One trial inverse scale of a 32-value block: sum w*q*x and sum w*q*q over the nearest levels q of
+    x * id_ (and, when `store`, their indices into L)."""
+    sumqx = F0
+    sumq2 = F0
+    for j in range(32):
+        xv = x[xb + j]
+        l = best_index_int8(values, id_ * xv)
+        if store:
+            L[lb + j] = l
+        q = F(values[l])
+        w = weight[j]
+        sumqx += w * q * xv
+        sumq2 += w * q * q
+    return sumqx, sumq2
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -72,41 +90,17 @@ def _iq4_superblock(x, xo, out, o_d, o_qs, o_sh, o_sl, sbs, scales, weight, L, v
         else:
             for j in range(32):
                 weight[j] = x[xb + j] * x[xb + j]
-        amax = F0
-        mx = F0
-        for j in range(32):
-            ax = abs(x[xb + j])
-            if ax > amax:
-                amax = ax
-                mx = x[xb + j]
+        amax, mx = signed_absmax(x, xb, 32)
         if amax < GROUP_MAX_EPS:
             scales[ib] = F0
             continue
         d = -mx / F(values[0]) if ntry > 0 else mx / F(values[0])
-        id_ = F1 / d
-        sumqx = F0
-        sumq2 = F0
-        for j in range(32):
-            xv = x[xb + j]
-            l = best_index_int8(values, id_ * xv)
-            L[lb + j] = l
-            q = F(values[l])
-            w = weight[j]
-            sumqx += w * q * xv
-            sumq2 += w * q * q
+        sumqx, sumq2 = _fit_sums(values, x, xb, weight, F1 / d, L, lb, True)
         d = sumqx / sumq2 if sumq2 > F0 else F0
         best = d * sumqx
         for itry in range(-ntry, ntry + 1):
             id_ = F(itry + np.int64(values[0])) / mx
-            sumqx = F0
-            sumq2 = F0
-            for j in range(32):
-                xv = x[xb + j]
-                l = best_index_int8(values, id_ * xv)
-                q = F(values[l])
-                w = weight[j]
-                sumqx += w * q * xv
-                sumq2 += w * q * q
+            sumqx, sumq2 = _fit_sums(values, x, xb, weight, id_, L, lb, False)
             if sumq2 > F0 and sumqx * sumqx > best * sumq2:
                 d = sumqx / sumq2
                 best = d * sumqx
@@ -136,8 +130,7 @@ def _iq4_superblock(x, xo, out, o_d, o_qs, o_sh, o_sl, sbs, scales, weight, L, v
             else:
                 out[o_sl + ib // 2] = np.uint8(u8(np.int64(out[o_sl + ib // 2]) | (l_l << 4)))
             scales_h |= l_h << (2 * (ib % 8))
-        out[o_sh] = np.uint8(scales_h & 0xFF)
-        out[o_sh + 1] = np.uint8((scales_h >> 8) & 0xFF)
+        store_u16(out, o_sh, scales_h)  # 8 blocks x 2 bits: 16 bits
     else:
         store_fp16(out, o_d, scales[0])
         if ntry > 0:
@@ -150,43 +143,22 @@ def _iq4_superblock(x, xo, out, o_d, o_qs, o_sh, o_sl, sbs, scales, weight, L, v
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _quant_iq4_nl(x, out, n_per_row, qw, values):
+def _quant_iq4(x, out, n_per_row, qw, values, sbs, bb, o_qs, o_sh, o_sl):
+    """IQ4_NL (sbs 32, 18-byte blocks: d, qs at 2) and IQ4_XS (sbs 256, 136-byte blocks: d, scales_h at 2,
+    scales_l at 4, qs at 8): super-blocks of `sbs` values, `bb` bytes, fields at these offsets."""
     use_qw = qw.shape[0] > 0
-    scales = np.zeros(1, np.float32)
+    scales = np.zeros(sbs // 32, np.float32)
     weight = np.zeros(32, np.float32)
-    L = np.zeros(32, np.int64)
-    nb_row = n_per_row // 32
-    for b in range(x.shape[0] // 32):
-        o = b * 18
-        _iq4_superblock(x, b * 32, out, o, o + 2, 0, 0, 32, scales, weight, L, values, qw,
-                        (b % nb_row) * 32, use_qw, _NTRY)
+    L = np.zeros(sbs, np.int64)
+    nb_row = n_per_row // sbs
+    for b in range(x.shape[0] // sbs):
+        o = b * bb
+        _iq4_superblock(x, b * sbs, out, o, o + o_qs, o + o_sh, o + o_sl, sbs, scales, weight, L, values, qw,
+                        (b % nb_row) * sbs, use_qw, _NTRY)
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
-def _quant_iq4_xs(x, out, n_per_row, qw, values):
-    use_qw = qw.shape[0] > 0
-    scales = np.zeros(8, np.float32)
-    weight = np.zeros(32, np.float32)
-    L = np.zeros(256, np.int64)
-    nb_row = n_per_row // 256
-    for b in range(x.shape[0] // 256):
-        o = b * 136
-        _iq4_superblock(x, b * 256, out, o, o + 8, o + 2, o + 4, 256, scales, weight, L, values, qw,
-                        (b % nb_row) * 256, use_qw, _NTRY)
-
-
-def _runner(kernel, name):
-    def run(src: np.ndarray, out: np.ndarray, imatrix: np.ndarray | None = None) -> None:
-        qw = _NO_WEIGHTS if imatrix is None else imatrix
-        kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw), KVALUES_IQ4NL)
-
-    run.__name__ = name
-    run.kernel = kernel
-    run.takes_imatrix = True
-    return run
-
-
-register(Q.IQ4_NL, quantize=_runner(_quant_iq4_nl, "quantize_iq4_nl"),
+# values, then (sbs, bb, o_qs, o_sh, o_sl); IQ4_NL has no scales_h / scales_l (one block per super-block)
+register(Q.IQ4_NL, quantize=imatrix_runner(_quant_iq4, "quantize_iq4_nl", KVALUES_IQ4NL, 32, 18, 2, 0, 0),
          implementation="numba (ggml quantize_iq4_nl port)")
-register(Q.IQ4_XS, quantize=_runner(_quant_iq4_xs, "quantize_iq4_xs"),
+register(Q.IQ4_XS, quantize=imatrix_runner(_quant_iq4, "quantize_iq4_xs", KVALUES_IQ4NL, 256, 136, 8, 2, 4),
          implementation="numba (ggml quantize_iq4_xs port)")

@@ -47,7 +47,7 @@ from gguf import quants as _gq
 from numba import njit
 
 from ..core.quantization import QuantizationEncoding as Q
-from ._bits import as_kernel_src, load_half, half_to_float
+from ._bits import flat_runner, load_half, half_to_float
 from .registry import register
 
 
@@ -98,6 +98,28 @@ def _signed8(out, o, db, grid, row, signs, n8):
     for k in range(n8):
         sgn = -_F_ONE if (signs >> k) & 1 else _F_ONE
         out[o + k] = db * grid[row, k] * sgn
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _signed4x2(out, o, db, grid, r0, r1, signs):
+    """8 values from two 4-value grid rows: db * grid[r][k] * (+-1 by bit k (r0) or k + 4 (r1) of `signs`).
+
+    Constant 4-long loops: unrolled scalar code is the fastest form here (a runtime count, which helps the
+    8-long loops of `_signed8`, measured 2.5x slower).
+    """
+    for k in range(4):
+        sgn = -_F_ONE if (signs >> k) & 1 else _F_ONE
+        out[o + k] = db * grid[r0, k] * sgn
+    for k in range(4):
+        sgn = -_F_ONE if (signs >> (k + 4)) & 1 else _F_ONE
+        out[o + 4 + k] = db * grid[r1, k] * sgn
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _iq2_db(src, sb, i, d):
+    """IQ2_XS/IQ2_S: the scale of 8-value group i, d * (0.5 + 4-bit scale) * 0.25 (scales bytes at sb)."""
+    sc = (np.int32(src[sb + (i >> 2)]) >> (4 * ((i >> 1) & 1))) & 15
+    return d * (_F_HALF + np.float32(sc)) * _F_QUARTER
 
 
 # --- IQ4 --------------------------------------------------------------------------------------------------
@@ -155,8 +177,7 @@ def _dequant_iq2_xs(src, out, grid, ksigns, n8):
         o = b * 256
         d = load_half(src, s)
         for i in range(32):
-            sc = (np.int32(src[s + 66 + (i >> 2)]) >> (4 * ((i >> 1) & 1))) & 15
-            db = d * (_F_HALF + np.float32(sc)) * _F_QUARTER
+            db = _iq2_db(src, s + 66, i, d)
             q = _u16(src, s + 2 + 2 * i)
             _signed8(out, o + i * 8, db, grid, q & 511, ksigns[q >> 9], n8)
 
@@ -168,8 +189,7 @@ def _dequant_iq2_s(src, out, grid, n8):
         o = b * 256
         d = load_half(src, s)
         for i in range(32):
-            sc = (np.int32(src[s + 74 + (i >> 2)]) >> (4 * ((i >> 1) & 1))) & 15
-            db = d * (_F_HALF + np.float32(sc)) * _F_QUARTER
+            db = _iq2_db(src, s + 74, i, d)
             row = np.int32(src[s + 2 + i]) | (((np.int32(src[s + 66 + (i >> 2)]) >> (2 * (i & 3))) & 3) << 8)
             _signed8(out, o + i * 8, db, grid, row, src[s + 34 + i], n8)
 
@@ -191,14 +211,7 @@ def _dequant_iq3_xxs(src, out, grid, ksigns):
                 r0 = src[s + 2 + ib * 8 + l * 2]
                 r1 = src[s + 2 + ib * 8 + l * 2 + 1]
                 oo = o + ib * 32 + l * 8
-                # constant 4-long loops: unrolled scalar code is the fastest form here (a runtime count,
-                # which helps the 8-long loops, measured 2.5x slower)
-                for k in range(4):
-                    sgn = -_F_ONE if (signs >> k) & 1 else _F_ONE
-                    out[oo + k] = db * grid[r0, k] * sgn
-                for k in range(4):
-                    sgn = -_F_ONE if (signs >> (k + 4)) & 1 else _F_ONE
-                    out[oo + 4 + k] = db * grid[r1, k] * sgn
+                _signed4x2(out, oo, db, grid, r0, r1, signs)
 
 
 @njit(nogil=True, cache=True)
@@ -217,14 +230,7 @@ def _dequant_iq3_s(src, out, grid):
                 r0 = np.int32(src[s + 2 + 2 * g]) | (((qh >> (2 * i8)) & 1) << 8)
                 r1 = np.int32(src[s + 3 + 2 * g]) | (((qh >> (2 * i8 + 1)) & 1) << 8)
                 oo = o + g * 8
-                # constant 4-long loops: unrolled scalar code is the fastest form here (a runtime count,
-                # which helps the 8-long loops, measured 2.5x slower)
-                for k in range(4):
-                    sgn = -_F_ONE if (signs >> k) & 1 else _F_ONE
-                    out[oo + k] = db * grid[r0, k] * sgn
-                for k in range(4):
-                    sgn = -_F_ONE if (signs >> (k + 4)) & 1 else _F_ONE
-                    out[oo + 4 + k] = db * grid[r1, k] * sgn
+                _signed4x2(out, oo, db, grid, r0, r1, signs)
 
 
 # --- IQ1 --------------------------------------------------------------------------------------------------
@@ -280,21 +286,12 @@ def _dequant_iq1_m(src, out, grid, delta, n8):
 # --- registration -----------------------------------------------------------------------------------------
 
 
-def _runner(kernel, *tables):
-    def run(src: np.ndarray, out: np.ndarray) -> None:
-        kernel(as_kernel_src(src), out.reshape(-1), *tables)
-
-    run.__name__ = run.__qualname__ = kernel.__name__.lstrip("_")
-    run.kernel = kernel
-    return run
-
-
-register(Q.IQ4_NL, dequantize=_runner(_dequant_iq4_nl, KVALUES_IQ4NL))
-register(Q.IQ4_XS, dequantize=_runner(_dequant_iq4_xs, KVALUES_IQ4NL))
-register(Q.IQ2_XXS, dequantize=_runner(_dequant_iq2_xxs, GRID_IQ2_XXS, KSIGNS, 8))
-register(Q.IQ2_XS, dequantize=_runner(_dequant_iq2_xs, GRID_IQ2_XS, KSIGNS, 8))
-register(Q.IQ2_S, dequantize=_runner(_dequant_iq2_s, GRID_IQ2_S, 8))
-register(Q.IQ3_XXS, dequantize=_runner(_dequant_iq3_xxs, GRID_IQ3_XXS, KSIGNS))
-register(Q.IQ3_S, dequantize=_runner(_dequant_iq3_s, GRID_IQ3_S))
-register(Q.IQ1_S, dequantize=_runner(_dequant_iq1_s, GRID_IQ1_S, IQ1_DELTA, 8))
-register(Q.IQ1_M, dequantize=_runner(_dequant_iq1_m, GRID_IQ1_S, IQ1_DELTA, 8))
+register(Q.IQ4_NL, dequantize=flat_runner(_dequant_iq4_nl, KVALUES_IQ4NL))
+register(Q.IQ4_XS, dequantize=flat_runner(_dequant_iq4_xs, KVALUES_IQ4NL))
+register(Q.IQ2_XXS, dequantize=flat_runner(_dequant_iq2_xxs, GRID_IQ2_XXS, KSIGNS, 8))
+register(Q.IQ2_XS, dequantize=flat_runner(_dequant_iq2_xs, GRID_IQ2_XS, KSIGNS, 8))
+register(Q.IQ2_S, dequantize=flat_runner(_dequant_iq2_s, GRID_IQ2_S, 8))
+register(Q.IQ3_XXS, dequantize=flat_runner(_dequant_iq3_xxs, GRID_IQ3_XXS, KSIGNS))
+register(Q.IQ3_S, dequantize=flat_runner(_dequant_iq3_s, GRID_IQ3_S))
+register(Q.IQ1_S, dequantize=flat_runner(_dequant_iq1_s, GRID_IQ1_S, IQ1_DELTA, 8))
+register(Q.IQ1_M, dequantize=flat_runner(_dequant_iq1_m, GRID_IQ1_S, IQ1_DELTA, 8))

@@ -129,6 +129,14 @@ def _scale_min_k4(src, sb, j):
     return sc, m
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _chunk_pair_scales(src, s, d, dmin, j0):
+    """Q4_K/Q5_K chunks j0 and j0 + 1 of the super-block at s: (d*sc0, dmin*m0, d*sc1, dmin*m1)."""
+    sc0, m0 = _scale_min_k4(src, s + 4, j0)
+    sc1, m1 = _scale_min_k4(src, s + 4, j0 + 1)
+    return d * np.float32(sc0), dmin * np.float32(m0), d * np.float32(sc1), dmin * np.float32(m1)
+
+
 @njit(nogil=True, cache=True)
 def _dequant_q4_k(src, out):
     for b in range(src.shape[0] // 144):
@@ -137,12 +145,7 @@ def _dequant_q4_k(src, out):
         d = load_half(src, s)
         dmin = load_half(src, s + 2)
         for c in range(4):
-            sc0, m0 = _scale_min_k4(src, s + 4, 2 * c)
-            sc1, m1 = _scale_min_k4(src, s + 4, 2 * c + 1)
-            d0 = d * np.float32(sc0)
-            n0 = dmin * np.float32(m0)
-            d1 = d * np.float32(sc1)
-            n1 = dmin * np.float32(m1)
+            d0, n0, d1, n1 = _chunk_pair_scales(src, s, d, dmin, 2 * c)
             qo = s + 16 + c * 32
             oo = o + c * 64
             for l in range(32):
@@ -160,12 +163,7 @@ def _dequant_q5_k(src, out):
         dmin = load_half(src, s + 2)
         for c in range(4):
             j0 = 2 * c
-            sc0, m0 = _scale_min_k4(src, s + 4, j0)
-            sc1, m1 = _scale_min_k4(src, s + 4, j0 + 1)
-            d0 = d * np.float32(sc0)
-            n0 = dmin * np.float32(m0)
-            d1 = d * np.float32(sc1)
-            n1 = dmin * np.float32(m1)
+            d0, n0, d1, n1 = _chunk_pair_scales(src, s, d, dmin, j0)
             qo = s + 48 + c * 32
             oo = o + c * 64
             for l in range(32):

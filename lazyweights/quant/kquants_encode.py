@@ -38,7 +38,7 @@ import numpy as np
 from numba import njit
 
 from ..core.quantization import QuantizationEncoding as Q
-from ._bits import as_kernel_src
+from ._bits import imatrix_runner
 from ._ggml_math import (
     F,
     F0,
@@ -52,13 +52,13 @@ from ._ggml_math import (
     make_qp_quants,
     make_qx_quants,
     nearest_int,
+    signed_absmax,
     store_fp16,
     u8,
 )
 from .registry import register
 
 QK_K = 256
-_NO_WEIGHTS = np.zeros(0, np.float32)
 
 
 # --- shared packing -------------------------------------------------------------------------------------
@@ -121,6 +121,52 @@ def _sumsq(x, xo, n):
     return s
 
 
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _impl_weights(x, xo, qw, qo, sigma2, weights, n):
+    """The `_impl` sub-block weights qw * sqrt(sigma2 + x^2) into weights[:n]; returns their sum."""
+    for l in range(n):
+        xv = x[xo + l]
+        weights[l] = qw[qo + l] * np.sqrt(sigma2 + xv * xv)
+    s = F0
+    for l in range(n):
+        s += weights[l]
+    return s
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _max_from_zero(a, n):
+    """The largest of a[:n] and 0 (ggml's running `if (a[j] > max) max = a[j]` from max = 0)."""
+    m = F0
+    for j in range(n):
+        if a[j] > m:
+            m = a[j]
+    return m
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _requantize_sym16(x, xo, L, j, d, nmax):
+    """Codes of the 16 values of sub-block j against its stored scale d (skipped when d is 0):
+    nearest_int(x / d) clamped to [-nmax, nmax), stored + nmax."""
+    if d == F0:
+        return
+    for ii in range(16):
+        l = nearest_int(x[xo + 16 * j + ii] / d)
+        L[16 * j + ii] = imax(-nmax, imin(nmax - 1, l)) + nmax
+
+
+@njit(inline="always", nogil=True, cache=True, error_model="numpy")
+def _pack_scale_q3(out, os_, j, l):
+    """Store 6-bit scale code l (0..63) of sub-block j into the 12-byte Q3_K scales at os_ (zeroed first):
+    the low nibble into bytes 0..7, the high 2 bits into bytes 8..11."""
+    if j < 8:
+        out[os_ + j] = np.uint8(l & 0xF)
+    else:
+        out[os_ + j - 8] = np.uint8(u8(np.int64(out[os_ + j - 8]) | ((l & 0xF) << 4)))
+    l >>= 4
+    k = j % 4 + 8
+    out[os_ + k] = np.uint8(u8(np.int64(out[os_ + k]) | (l << (2 * (j // 4)))))
+
+
 # --- Q2_K -----------------------------------------------------------------------------------------------
 
 
@@ -141,18 +187,14 @@ def _quant_q2_k(x, out, n_per_row, qw):
         o = b * 84
         if not use_qw:
             # quantize_row_q2_K_ref
-            max_scale = F0
-            max_min = F0
             for j in range(16):
                 for l in range(16):
                     weights[l] = abs(x[xo + 16 * j + l])
                 scales[j], mins[j] = make_qkx_quants(
                     16, 3, x, xo + 16 * j, weights, 0, L, 16 * j, Laux, F(-0.5), F(0.1), 15, True
                 )
-                if scales[j] > max_scale:
-                    max_scale = scales[j]
-                if mins[j] > max_min:
-                    max_min = mins[j]
+            max_scale = _max_from_zero(scales, 16)
+            max_min = _max_from_zero(mins, 16)
             if max_scale > F0:
                 iscale = F(15.0) / max_scale
                 for j in range(16):
@@ -176,13 +218,7 @@ def _quant_q2_k(x, out, n_per_row, qw):
             sumx2 = _sumsq(x, xo, QK_K)
             sigma2 = sumx2 / F(QK_K)
             for j in range(16):
-                for l in range(16):
-                    xv = x[xo + 16 * j + l]
-                    weights[l] = qw[qo + 16 * j + l] * np.sqrt(sigma2 + xv * xv)
-                s = F0
-                for l in range(16):
-                    s += weights[l]
-                sw[j] = s
+                sw[j] = _impl_weights(x, xo + 16 * j, qw, qo + 16 * j, sigma2, weights, 16)
                 scales[j], mins[j] = make_qkx_quants(
                     16, 3, x, xo + 16 * j, weights, 0, L, 16 * j, Laux, F(-0.9), F(0.05), 36, False
                 )
@@ -224,26 +260,14 @@ def _quant_q3_k(x, out, n_per_row, qw):
             out[os_ + k] = 0
         if not use_qw:
             # quantize_row_q3_K_ref
-            max_scale = F0
-            amax = F0
             for j in range(16):
                 scales[j] = make_q3_quants(16, 4, x, xo + 16 * j, L, 16 * j)
-                scale = abs(scales[j])
-                if scale > amax:
-                    amax = scale
-                    max_scale = scales[j]
+            _, max_scale = signed_absmax(scales, 0, 16)
             if max_scale != F0:
                 iscale = F(-32.0) / max_scale
                 for j in range(16):
                     l = i8(nearest_int(iscale * scales[j]))  # `int8_t l = nearest_int(...)`
-                    l = imax(-32, imin(31, l)) + 32
-                    if j < 8:
-                        out[os_ + j] = np.uint8(l & 0xF)
-                    else:
-                        out[os_ + j - 8] = np.uint8(u8(np.int64(out[os_ + j - 8]) | ((l & 0xF) << 4)))
-                    l >>= 4
-                    k = j % 4 + 8
-                    out[os_ + k] = np.uint8(u8(np.int64(out[os_ + k]) | (l << (2 * (j // 4)))))
+                    _pack_scale_q3(out, os_, j, imax(-32, imin(31, l)) + 32)
                 d_all = store_fp16(out, o + 108, F1 / iscale)
             else:
                 d_all = store_fp16(out, o + 108, F0)
@@ -253,24 +277,11 @@ def _quant_q3_k(x, out, n_per_row, qw):
             sumx2 = _sumsq(x, xo, QK_K)
             sigma2 = F(2.0) * sumx2 / F(QK_K)
             for j in range(16):
-                for l in range(16):
-                    xv = x[xo + 16 * j + l]
-                    weight[l] = qw[qo + 16 * j + l] * np.sqrt(sigma2 + xv * xv)
-                s = F0
-                for l in range(16):
-                    s += weight[l]
-                sw[j] = s
+                sw[j] = _impl_weights(x, xo + 16 * j, qw, qo + 16 * j, sigma2, weight, 16)
                 scales[j] = make_qx_quants(16, 4, x, xo + 16 * j, L, 16 * j, weight, 0)
             d_block = make_qx_quants(16, 32, scales, 0, Ls, 0, sw, 0)
             for j in range(16):
-                l = Ls[j]
-                if j < 8:
-                    out[os_ + j] = np.uint8(l & 0xF)
-                else:
-                    out[os_ + j - 8] = np.uint8(u8(np.int64(out[os_ + j - 8]) | ((l & 0xF) << 4)))
-                l >>= 4
-                k = j % 4 + 8
-                out[os_ + k] = np.uint8(u8(np.int64(out[os_ + k]) | (l << (2 * (j // 4)))))
+                _pack_scale_q3(out, os_, j, Ls[j])
             d_all = store_fp16(out, o + 108, d_block)
         for j in range(16):
             if j < 8:
@@ -278,12 +289,7 @@ def _quant_q3_k(x, out, n_per_row, qw):
             else:
                 sc = np.int64(out[os_ + j - 8]) >> 4
             sc = i8((sc | (((np.int64(out[os_ + 8 + j % 4]) >> (2 * (j // 4))) & 3) << 4)) - 32)
-            d = d_all * F(sc)
-            if d == F0:
-                continue
-            for ii in range(16):
-                l = nearest_int(x[xo + 16 * j + ii] / d)
-                L[16 * j + ii] = imax(-4, imin(3, l)) + 4
+            _requantize_sym16(x, xo, L, j, d_all * F(sc), 4)
         # hmask: bit k of hmask[m] is bit 2 of code 32*k + m
         for m in range(32):
             out[o + m] = 0
@@ -323,8 +329,6 @@ def _quant_q45_k(x, out, n_per_row, qw, nmax, bb):
         o = b * bb
         if not use_qw:
             # quantize_row_q{4,5}_K_ref
-            max_scale = F0
-            max_min = F0
             for j in range(8):
                 sum_x2 = _sumsq(x, xo + 32 * j, 32)
                 av_x = np.sqrt(sum_x2 / F(32.0))
@@ -338,10 +342,8 @@ def _quant_q45_k(x, out, n_per_row, qw, nmax, bb):
                     scales[j], mins[j] = make_qkx_quants(
                         32, 15, x, xo + 32 * j, weights, 0, L, 32 * j, Laux, F(-1.0), F(0.1), 20, False
                     )
-                if scales[j] > max_scale:
-                    max_scale = scales[j]
-                if mins[j] > max_min:
-                    max_min = mins[j]
+            max_scale = _max_from_zero(scales, 8)
+            max_min = _max_from_zero(mins, 8)
             inv_scale = F(63.0) / max_scale if max_scale > F0 else F0
             inv_min = F(63.0) / max_min if max_min > F0 else F0
             for j in range(8):
@@ -356,13 +358,7 @@ def _quant_q45_k(x, out, n_per_row, qw, nmax, bb):
             sum_x2 = _sumsq(x, xo, QK_K)
             sigma2 = F(2.0) * sum_x2 / F(QK_K)
             for j in range(8):
-                for l in range(32):
-                    xv = x[xo + 32 * j + l]
-                    weights[l] = qw[qo + 32 * j + l] * np.sqrt(sigma2 + xv * xv)
-                s = F0
-                for l in range(32):
-                    s += weights[l]
-                sw[j] = s
+                sw[j] = _impl_weights(x, xo + 32 * j, qw, qo + 32 * j, sigma2, weights, 32)
                 scales[j], mins[j] = make_qkx_quants(
                     32, nmax, x, xo + 32 * j, weights, 0, L, 32 * j, Laux, F(-0.9), F(0.05), 36, False
                 )
@@ -423,8 +419,6 @@ def _quant_q6_k(x, out, n_per_row, qw):
         xo = b * QK_K
         o = b * 210
         qo = (b % nb_row) * QK_K
-        max_scale = F0
-        max_abs_scale = F0
         for ib in range(16):
             for l in range(16):
                 if use_qw:
@@ -432,12 +426,8 @@ def _quant_q6_k(x, out, n_per_row, qw):
                 else:
                     xv = x[xo + 16 * ib + l]
                     w[l] = xv * xv
-            scale = make_qx_quants(16, 32, x, xo + 16 * ib, L, 16 * ib, w, 0)
-            scales[ib] = scale
-            abs_scale = abs(scale)
-            if abs_scale > max_abs_scale:
-                max_abs_scale = abs_scale
-                max_scale = scale
+            scales[ib] = make_qx_quants(16, 32, x, xo + 16 * ib, L, 16 * ib, w, 0)
+        max_abs_scale, max_scale = signed_absmax(scales, 0, 16)
         if max_abs_scale < GROUP_MAX_EPS:
             for k in range(210):
                 out[o + k] = 0
@@ -447,12 +437,7 @@ def _quant_q6_k(x, out, n_per_row, qw):
         for ib in range(16):
             out[o + 192 + ib] = np.uint8(u8(imin(127, nearest_int(iscale * scales[ib]))))
         for j in range(16):
-            d = d_all * F(i8(np.int64(out[o + 192 + j])))
-            if d == F0:
-                continue
-            for ii in range(16):
-                l = nearest_int(x[xo + 16 * j + ii] / d)
-                L[16 * j + ii] = imax(-32, imin(31, l)) + 32
+            _requantize_sym16(x, xo, L, j, d_all * F(i8(np.int64(out[o + 192 + j]))), 32)
         ql = o
         qh = o + 128
         for j in range(0, QK_K, 128):
@@ -483,22 +468,9 @@ _KERNELS = {
 }
 
 
-def _runner(enc):
-    kernel, extra = _KERNELS[enc]
-
-    def run(src: np.ndarray, out: np.ndarray, imatrix: np.ndarray | None = None) -> None:
-        qw = _NO_WEIGHTS if imatrix is None else imatrix
-        kernel(as_kernel_src(src), out.reshape(-1), src.shape[1], as_kernel_src(qw), *extra)
-
-    run.__name__ = f"quantize_{enc.name.lower()}"
-    run.kernel = kernel
-    return run
-
-
 def _register():
-    for enc in _KERNELS:
-        run = _runner(enc)
-        run.takes_imatrix = True
+    for enc, (kernel, extra) in _KERNELS.items():
+        run = imatrix_runner(kernel, f"quantize_{enc.name.lower()}", *extra)
         register(enc, quantize=run, implementation="numba (ggml quantize_row_*_ref / *_impl port)")
 
 

@@ -32,6 +32,7 @@ from numba import njit
 
 from ..core.quantization import QuantizationEncoding as Q
 from ._bits import flat_runner, load_half, store_half
+from ._ggml_math import min_max
 from .registry import register
 
 _F0 = np.float32(0.0)
@@ -145,19 +146,6 @@ def _signed_absmax(x, s, n):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _min_max(x, s, n):
-    mn = x[s]
-    mx = x[s]
-    for j in range(1, n):
-        v = x[s + j]
-        if v < mn:
-            mn = v
-        if v > mx:
-            mx = v
-    return mn, mx
-
-
-@njit(inline="always", nogil=True, cache=True)
 def _inverse(d):
     return _F1 / d if d != _F0 else _F0
 
@@ -169,14 +157,32 @@ def _trunc_code(v, top):
     return top if q > top else q
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _absmax_scale(x, s, out, o, div):
+    """The `_0` types' scale d = (signed absmax of the 32 values at s) / div, stored as fp16 at o;
+    returns 1/d (0 for an all-zero block)."""
+    d = _signed_absmax(x, s, 32) / div
+    store_half(out, o, d)
+    return _inverse(d)
+
+
+@njit(inline="always", nogil=True, cache=True)
+def _min_scale(x, s, out, o, steps):
+    """The `_1` types' d = (max - min) / steps and m = min of the 32 values at s, stored as fp16 at o and
+    o + 2; returns (min, 1/d)."""
+    mn, mx = min_max(x, s, 32)
+    d = (mx - mn) / steps
+    store_half(out, o, d)
+    store_half(out, o + 2, mn)
+    return mn, _inverse(d)
+
+
 @njit(nogil=True, cache=True)
 def _quant_q4_0(x, out):
     for b in range(x.shape[0] // 32):
         s = b * 32
         o = b * 18
-        d = _signed_absmax(x, s, 32) / np.float32(-8.0)
-        inv = _inverse(d)
-        store_half(out, o, d)
+        inv = _absmax_scale(x, s, out, o, np.float32(-8.0))
         for j in range(16):
             q0 = _trunc_code(x[s + j] * inv + np.float32(8.5), 15)
             q1 = _trunc_code(x[s + 16 + j] * inv + np.float32(8.5), 15)
@@ -188,11 +194,7 @@ def _quant_q4_1(x, out):
     for b in range(x.shape[0] // 32):
         s = b * 32
         o = b * 20
-        mn, mx = _min_max(x, s, 32)
-        d = (mx - mn) / np.float32(15.0)
-        inv = _inverse(d)
-        store_half(out, o, d)
-        store_half(out, o + 2, mn)
+        mn, inv = _min_scale(x, s, out, o, np.float32(15.0))
         for j in range(16):
             q0 = _trunc_code((x[s + j] - mn) * inv + _HALF, 15)
             q1 = _trunc_code((x[s + 16 + j] - mn) * inv + _HALF, 15)
@@ -219,9 +221,7 @@ def _quant_q5_0(x, out):
     for b in range(x.shape[0] // 32):
         s = b * 32
         o = b * 22
-        d = _signed_absmax(x, s, 32) / np.float32(-16.0)
-        inv = _inverse(d)
-        store_half(out, o, d)
+        inv = _absmax_scale(x, s, out, o, np.float32(-16.0))
         for j in range(32):
             codes[j] = _trunc_code(x[s + j] * inv + np.float32(16.5), 31)
         _store_q5(out, o + 2, codes)
@@ -233,11 +233,7 @@ def _quant_q5_1(x, out):
     for b in range(x.shape[0] // 32):
         s = b * 32
         o = b * 24
-        mn, mx = _min_max(x, s, 32)
-        d = (mx - mn) / np.float32(31.0)
-        inv = _inverse(d)
-        store_half(out, o, d)
-        store_half(out, o + 2, mn)
+        mn, inv = _min_scale(x, s, out, o, np.float32(31.0))
         for j in range(32):
             codes[j] = _trunc_code((x[s + j] - mn) * inv + _HALF, 31)
         _store_q5(out, o + 4, codes)

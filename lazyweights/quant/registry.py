@@ -171,6 +171,27 @@ def _check_2d(arr, what: str, enc: QuantizationEncoding, dtype: np.dtype, verb: 
     return arr
 
 
+def _check_into(enc: QuantizationEncoding, verb: str, src, src_dtype, src_block: int, src_unit: str,
+                out, out_dtype, out_block: int) -> None:
+    """Validate a `*_into` call: both 2-D of their dtypes, src rows whole blocks (`src_block` `src_unit`
+    each), out [rows, src blocks * out_block], both C-contiguous and out writable."""
+    _check_2d(src, "src", enc, np.dtype(src_dtype), verb)
+    _check_2d(out, "out", enc, np.dtype(out_dtype), verb)
+    rows, n = src.shape
+    if n % src_block:
+        raise ShapeError(
+            f"{verb} {enc.name}: src shape {src.shape} has rows of {n} {src_unit}, not a whole number "
+            f"of {src_block}-{src_unit[:-1]} blocks (out shape {out.shape})"
+        )
+    want = (rows, n // src_block * out_block)
+    if out.shape != want:
+        raise ShapeError(f"{verb} {enc.name}: src shape {src.shape} needs out shape {want}, got out shape {out.shape}")
+    if not src.flags.c_contiguous:
+        raise ShapeError(f"{verb} {enc.name}: src shape {src.shape} must be C-contiguous")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ShapeError(f"{verb} {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+
+
 def dequantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
     """Dequantize packed blocks `src` (uint8 [rows, row_bytes]) into `out` (float32 [rows, n]).
 
@@ -191,23 +212,7 @@ def dequantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
         array([0., 1., 2., 3.], dtype=float32)
     """
     enc, fn = _lookup(_DEQUANTIZE, encoding, "dequantize")
-    _check_2d(src, "src", enc, np.dtype(np.uint8), "dequantize")
-    _check_2d(out, "out", enc, np.dtype(np.float32), "dequantize")
-    rows, row_bytes = src.shape
-    if row_bytes % enc.block_bytes:
-        raise ShapeError(
-            f"dequantize {enc.name}: src shape {src.shape} has rows of {row_bytes} bytes, not a whole number "
-            f"of {enc.block_bytes}-byte blocks (out shape {out.shape})"
-        )
-    want = (rows, row_bytes // enc.block_bytes * enc.block_elements)
-    if out.shape != want:
-        raise ShapeError(
-            f"dequantize {enc.name}: src shape {src.shape} needs out shape {want}, got out shape {out.shape}"
-        )
-    if not src.flags.c_contiguous:
-        raise ShapeError(f"dequantize {enc.name}: src shape {src.shape} must be C-contiguous")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ShapeError(f"dequantize {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+    _check_into(enc, "dequantize", src, np.uint8, enc.block_bytes, "bytes", out, np.float32, enc.block_elements)
     if src.size == 0:
         return
     fn(src, out)
@@ -259,21 +264,8 @@ def quantize_into(encoding, src: np.ndarray, out: np.ndarray, *, imatrix=None, n
         [0, 60, 0, 0]
     """
     enc, fn = _lookup(_QUANTIZE, encoding, "quantize")
-    _check_2d(src, "src", enc, np.dtype(np.float32), "quantize")
-    _check_2d(out, "out", enc, np.dtype(np.uint8), "quantize")
-    rows, n = src.shape
-    if n % enc.block_elements:
-        raise ShapeError(
-            f"quantize {enc.name}: src shape {src.shape} has rows of {n} values, not a whole number of "
-            f"{enc.block_elements}-value blocks (out shape {out.shape})"
-        )
-    want = (rows, n // enc.block_elements * enc.block_bytes)
-    if out.shape != want:
-        raise ShapeError(f"quantize {enc.name}: src shape {src.shape} needs out shape {want}, got out shape {out.shape}")
-    if not src.flags.c_contiguous:
-        raise ShapeError(f"quantize {enc.name}: src shape {src.shape} must be C-contiguous")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ShapeError(f"quantize {enc.name}: out shape {out.shape} must be C-contiguous and writable")
+    _check_into(enc, "quantize", src, np.float32, enc.block_elements, "values", out, np.uint8, enc.block_bytes)
+    n = src.shape[1]
     weights = None
     if imatrix is not None:
         weights = _check_imatrix(enc, fn, n, imatrix, name)

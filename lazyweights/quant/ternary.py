@@ -58,6 +58,15 @@ def _trit(byte, pow3):
     return (((np.int32(byte) * pow3) & 255) * 3 >> 8) - 1
 
 
+@njit(inline="always", nogil=True, cache=True)
+def _put_trits(out, o, step, d, q, n):
+    """The first n digits of TQ1_0 byte q, times d, at out[o], out[o + step], ... (digit k at o + k*step)."""
+    pow3 = 1
+    for k in range(n):
+        out[o + k * step] = d * np.float32(_trit(q, pow3))
+        pow3 *= 3
+
+
 @njit(nogil=True, cache=True)
 def _dequant_tq1_0(src, out):
     for b in range(src.shape[0] // 54):
@@ -65,25 +74,11 @@ def _dequant_tq1_0(src, out):
         o = b * 256
         d = load_half(src, s + 52)
         for l in range(32):
-            q = src[s + l]
-            out[o + l] = d * np.float32(_trit(q, 1))
-            out[o + 32 + l] = d * np.float32(_trit(q, 3))
-            out[o + 64 + l] = d * np.float32(_trit(q, 9))
-            out[o + 96 + l] = d * np.float32(_trit(q, 27))
-            out[o + 128 + l] = d * np.float32(_trit(q, 81))
+            _put_trits(out, o + l, 32, d, src[s + l], 5)
         for l in range(16):
-            q = src[s + 32 + l]
-            out[o + 160 + l] = d * np.float32(_trit(q, 1))
-            out[o + 176 + l] = d * np.float32(_trit(q, 3))
-            out[o + 192 + l] = d * np.float32(_trit(q, 9))
-            out[o + 208 + l] = d * np.float32(_trit(q, 27))
-            out[o + 224 + l] = d * np.float32(_trit(q, 81))
+            _put_trits(out, o + 160 + l, 16, d, src[s + 32 + l], 5)
         for l in range(4):
-            q = src[s + 48 + l]
-            out[o + 240 + l] = d * np.float32(_trit(q, 1))
-            out[o + 244 + l] = d * np.float32(_trit(q, 3))
-            out[o + 248 + l] = d * np.float32(_trit(q, 9))
-            out[o + 252 + l] = d * np.float32(_trit(q, 27))
+            _put_trits(out, o + 240 + l, 4, d, src[s + 48 + l], 4)
 
 
 @njit(inline="always", nogil=True, cache=True)
@@ -117,8 +112,15 @@ def _quant_tq2_0(x, out):
 
 
 @njit(inline="always", nogil=True, cache=True)
-def _pack_trits(v):
-    """A base-3 number v (< 243) as ceil(v * 256 / 243): gguf-py's `(v * 256 + 242) // 243`."""
+def _pack_trits(codes, c, step, n):
+    """The TQ1_0 byte of the n digits codes[c], codes[c + step], ... (most significant first; with n < 5 the
+    low digit slots stay 0): v = sum codes[c + k*step] * 3^(4-k), stored as ceil(v * 256 / 243), which is
+    gguf-py's `(v * 256 + 242) // 243`."""
+    v = 0
+    pow3 = 81
+    for k in range(n):
+        v += codes[c + k * step] * pow3
+        pow3 //= 3
     return np.uint8((v * 256 + 242) // 243)
 
 
@@ -130,17 +132,11 @@ def _quant_tq1_0(x, out):
         o = b * 54
         d = _ternary_codes(x, s, codes)
         for l in range(32):
-            v = codes[l] * 81 + codes[32 + l] * 27 + codes[64 + l] * 9 + codes[96 + l] * 3 + codes[128 + l]
-            out[o + l] = _pack_trits(v)
+            out[o + l] = _pack_trits(codes, l, 32, 5)
         for l in range(16):
-            c = 160 + l
-            v = codes[c] * 81 + codes[c + 16] * 27 + codes[c + 32] * 9 + codes[c + 48] * 3 + codes[c + 64]
-            out[o + 32 + l] = _pack_trits(v)
+            out[o + 32 + l] = _pack_trits(codes, 160 + l, 16, 5)
         for l in range(4):
-            c = 240 + l
-            # four digits only: the fifth (lowest) digit slot stays 0
-            v = codes[c] * 81 + codes[c + 4] * 27 + codes[c + 8] * 9 + codes[c + 12] * 3
-            out[o + 48 + l] = _pack_trits(v)
+            out[o + 48 + l] = _pack_trits(codes, 240 + l, 4, 4)  # four digits: the lowest slot stays 0
         store_half(out, o + 52, d)
 
 
