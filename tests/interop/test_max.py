@@ -127,6 +127,31 @@ def test_public_route_through_pipeline_config(w1_ckpt):
     assert len(out) == 2 * 9 + 3
 
 
+def test_registered_on_a_max_architecture_and_called_the_way_max_pipelines_call_it(w1_ckpt):
+    """The runnable example: register the lazy W1 adapter in a MAX SupportedArchitecture (MAX's Llama 3
+    entry with its safetensors adapter replaced) and let MAX's own pipeline helper call it."""
+    import dataclasses
+
+    try:
+        from max.pipelines.architectures.llama3.arch import llama_arch
+        from max.pipelines.lib.utils import parse_state_dict_from_weights
+    except ImportError as e:  # MAX's pipelines need its serve extras (transformers, pillow, av, ...)
+        pytest.skip(f"MAX pipelines not importable: {e} (pip install 'max[serve]')")
+    from max.graph.weights import WeightsFormat
+
+    arch = dataclasses.replace(llama_arch, name="LazyW1LlamaForCausalLM", weight_adapters={
+        WeightsFormat.safetensors: as_max_adapter(w1.convert_safetensor_state_dict)})
+    adapter = arch.weight_adapters[WeightsFormat.safetensors]
+    paths = shards(w1_ckpt)
+    pc = types.SimpleNamespace(model=types.SimpleNamespace(resolved_weight_paths=lambda: paths,
+                                                           header_only_weights=False))
+    out = parse_state_dict_from_weights(pc, max_load_weights(paths), adapter, hf_config(w1_ckpt))
+    assert adapter.last_route == "paths"
+    eager = max_eager_w1(dict(max_load_weights(paths).items()), huggingface_config=hf_config(w1_ckpt))
+    assert list(out) == list(eager)
+    assert all(max_bytes(out[k]) == max_bytes(e) and out[k].dtype == e.dtype for k, e in eager.items())
+
+
 def test_whole_state_dict_is_one_plan(w1_ckpt, monkeypatch):
     import lazyweights.api.plan as plan_mod
 
