@@ -38,7 +38,8 @@ NaN payloads: lazyweights converts bf16 -> f16 with ml_dtypes' rule, so a NaN wi
 canonical quiet NaN (0x7E00, sign kept); MAX's `WeightData.astype` keeps the mantissa bits (shifted left
 by 3: bf16 0x7FC1 -> f16 0x7E08; a signalling 0xFF81 stays signalling, 0xFC08). Every
 non-NaN value is identical. `nan_payloads="max"` in `to_max_state_dict` / `as_max_adapter` re-applies
-MAX's rule to the f16 outputs of a bf16 -> f16 cast (see `max_nan_payloads`).
+MAX's rule to the f16 outputs of a bf16 -> f16 cast (see `max_nan_payloads`); it reads each such cast's
+bf16 source a second time (a zero-copy map view when the source is a file tensor).
 
 Example (runs only where MAX is installed; see tests/interop/test_max.py):
 
