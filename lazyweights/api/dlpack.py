@@ -13,6 +13,12 @@ the consumer has an exception pending, and getting either wrong crashes the inte
 unconsumed export. Relabelling numpy's own capsule needs no destructor of ours at all
 (test_torch_interop.py exercises unconsumed and failed exports).
 
+Read-only arrays (zero-copy views of a checkpoint's memory map) can only be flagged read-only in a
+DLPack >= 1.0 capsule. A consumer that asks for a legacy capsule (`__dlpack__()` with no `max_version`,
+as MAX's `Buffer.from_dlpack` and older torch do) gets a private copy instead, so it can neither be refused
+(numpy's "Cannot export readonly array") nor write into the file's pages; with `copy=False` it gets
+BufferError. A versioned consumer (numpy >= 2, torch >= 2.4) shares the map with the read-only flag set.
+
 Example:
     >>> import numpy as np
     >>> from lazyweights.api.dlpack import export_dlpack
@@ -61,6 +67,12 @@ def export_dlpack(arr: np.ndarray, *args, **kwargs):
     Keyword arguments (`max_version`, `dl_device`, `copy`, `stream`) are the consumer's, passed on to
     numpy's exporter.
     """
+    if not arr.flags.writeable and not _versioned(kwargs.get("max_version")):
+        if kwargs.get("copy") is False:
+            raise BufferError("this array is read-only (a view of a checkpoint's memory map) and a legacy DLPack "
+                              "capsule cannot say so; export with copy=True or max_version=(1, 0)")
+        arr = np.array(arr, copy=True, order="C")
+        kwargs.pop("copy", None)  # copied once, here
     dtype = DType.from_numpy(arr.dtype)
     if dtype not in _DL_CODES:
         return arr.__dlpack__(*args, **kwargs)
@@ -81,3 +93,11 @@ def export_dlpack(arr: np.ndarray, *args, **kwargs):
         raise BufferError(f"unexpected DLPack dtype (code {code.value}, bits {width.value}) from numpy")
     code.value = _DL_CODES[dtype]
     return capsule
+
+
+def _versioned(max_version) -> bool:
+    """Whether the consumer accepts a DLPack >= 1.0 capsule (which has a read-only flag)."""
+    try:
+        return max_version is not None and int(max_version[0]) >= 1
+    except (TypeError, ValueError, IndexError):
+        return False

@@ -330,11 +330,16 @@ def _to_host_array(data) -> np.ndarray:
         return data
     if isinstance(data, WeightData):
         return data.to_numpy()
+    if is_foreign_weight_data(data):
+        return _foreign_weight_data_array(data)
     if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         try:
             return np.from_dlpack(data)
         except (BufferError, TypeError, RuntimeError):
             pass  # e.g. bf16 torch tensors: numpy cannot import them through DLPack
+        carried = _through_carrier_view(data)
+        if carried is not None:
+            return carried
         if hasattr(data, "numpy"):
             try:
                 return _torch_to_numpy(data)
@@ -343,6 +348,52 @@ def _to_host_array(data) -> np.ndarray:
     if isinstance(data, (list, tuple, numbers.Number)) or hasattr(data, "__array__"):
         return np.asarray(data)
     raise DTypeError(f"cannot make an array from {type(data).__name__}")
+
+
+def is_foreign_weight_data(value) -> bool:
+    """Another library's WeightData (MAX's `max.graph.weights.WeightData`): a record with the array in a
+    `data` attribute (not a method) and `name`, `dtype`, `shape` labels. Recognised without importing it."""
+    if isinstance(value, WeightData) or not all(
+            hasattr(value, a) for a in ("data", "name", "dtype", "shape", "quantization_encoding")):
+        return False
+    data = getattr(value, "data")
+    return data is not value and not callable(data) and hasattr(data, "__dlpack__")
+
+
+def _foreign_weight_data_array(wd) -> np.ndarray:
+    """The array of a foreign WeightData, labelled with its `dtype` and `shape`: the seed system lets a
+    uint16 array labelled bfloat16 stand for bf16 bits, so same-width labels reinterpret the bits."""
+    name = getattr(wd, "name", "?")
+    arr = _to_host_array(wd.data)
+    dtype = DType.parse(wd.dtype).to_numpy()
+    if arr.dtype != dtype:
+        if arr.dtype.itemsize != dtype.itemsize:
+            raise DTypeError(f"WeightData {name!r}: its array is {arr.dtype} but it is labelled {DType.parse(wd.dtype).name}, "
+                             "of a different item size")
+        arr = arr.view(dtype)
+    shape = tuple(int(d) for d in wd.shape)
+    if arr.shape != shape:
+        if int(np.prod(shape, dtype=object)) != arr.size:
+            raise ShapeError(f"WeightData {name!r}: its array has shape {list(arr.shape)} but it is labelled "
+                             f"{list(shape)}")
+        arr = arr.reshape(shape)
+    return arr
+
+
+def _through_carrier_view(data) -> np.ndarray | None:
+    """A DLPack producer numpy cannot import because of its dtype (a MAX bf16/fp8 `Buffer`): if it offers
+    `view(dtype)` and its dtype enum has the unsigned integer of the same width, import that view and label
+    the numpy array back (zero copy). None if that does not apply."""
+    dt = getattr(data, "dtype", None)
+    view = getattr(data, "view", None)
+    if dt is None or not callable(view):
+        return None
+    try:
+        ours = DType.parse(dt)
+        carrier = type(dt)[f"uint{8 * ours.size_in_bytes}"]
+        return np.from_dlpack(view(carrier)).view(ours.to_numpy())
+    except (DTypeError, KeyError, TypeError, BufferError, RuntimeError, ValueError):
+        return None
 
 
 def _torch_to_numpy(t) -> np.ndarray:
@@ -450,7 +501,12 @@ def as_weight_data(value, name: str) -> WeightData:
     if isinstance(value, WeightData):
         return value
     if hasattr(value, "data") and callable(getattr(value, "data")) and hasattr(value, "exists"):
-        return value.data()
+        data = value.data()  # a Weights accessor, ours or another library's (MAX's)
+        return data if isinstance(data, WeightData) else as_weight_data(data, name)
+    if is_foreign_weight_data(value):  # MAX's WeightData: its bytes (zero copy), labels and block encoding
+        node = ops.const(_foreign_weight_data_array(value))
+        return WeightData.wrap(node, str(getattr(value, "name", None) or name),
+                               QuantizationEncoding.parse(getattr(value, "quantization_encoding", None)))
     if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
         return WeightData(value, name)
     raise LazyWeightsError(

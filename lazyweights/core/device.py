@@ -33,11 +33,17 @@ class DeviceRef:
 
     @classmethod
     def parse(cls, value) -> "DeviceRef":
-        """Accept None (cpu), a DeviceRef, "cpu", "gpu", "gpu:1", "cuda:1"."""
+        """Accept None (cpu), a DeviceRef, "cpu", "gpu", "gpu:1", "cuda:1", or another library's device
+        reference with `device_type` and `id` (MAX's `max.graph.DeviceRef.CPU()`), read without importing it."""
         if value is None:
             return cls.CPU()
         if isinstance(value, DeviceRef):
             return value
+        kind, idx = getattr(value, "device_type", None), getattr(value, "id", None)
+        if kind is not None and isinstance(idx, int) and not isinstance(idx, bool):
+            kind = getattr(kind, "value", kind)  # MAX: DeviceKind.CPU, whose value is "cpu"
+            if isinstance(kind, str):
+                return cls.parse(f"{kind}:{idx}")
         if isinstance(value, str):
             kind, _, idx = value.lower().partition(":")
             kind = {"cuda": "gpu"}.get(kind, kind)

@@ -114,9 +114,15 @@ class DType(enum.Enum):
 
     @classmethod
     def parse(cls, value) -> "DType":
-        """Accept a DType, its name ('bfloat16', 'bf16'), or a numpy dtype."""
+        """Accept a DType, its name ('bfloat16', 'bf16'), a numpy dtype, or another library's dtype enum
+        member of the same name (MAX's `max.dtype.DType.bfloat16`), recognised without importing it."""
         if isinstance(value, DType):
             return value
+        if isinstance(value, enum.Enum):
+            if value.name in cls.__members__:
+                return cls[value.name]
+            raise DTypeError(f"unknown dtype {value!r}: lazyweights has no {value.name}; "
+                             f"supported: {', '.join(d.name for d in cls)}")
         if isinstance(value, str):
             if value in cls.__members__:
                 return cls[value]

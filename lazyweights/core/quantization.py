@@ -88,6 +88,8 @@ class QuantizationEncoding(enum.Enum):
     def parse(cls, value) -> "QuantizationEncoding | None":
         if value is None or isinstance(value, QuantizationEncoding):
             return value
+        if isinstance(value, enum.Enum):  # another library's member of the same name (MAX's Q4_K)
+            value = value.name
         if isinstance(value, str):
             key = value.split(".")[-1].upper()
             if key in cls.__members__:
