@@ -22,6 +22,7 @@ Example:
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -88,6 +89,8 @@ def register(
 # import) and then puts the C kernels back in front.
 _LOADER = None
 _LOADED = False
+_LOADING = False
+_LOAD_LOCK = threading.RLock()  # the executor's threads may all miss at once; one loads, the rest wait
 
 
 def set_kernel_loader(loader) -> None:
@@ -97,10 +100,18 @@ def set_kernel_loader(loader) -> None:
 
 
 def _load_all() -> None:
-    global _LOADED
-    if not _LOADED and _LOADER is not None:
-        _LOADED = True
-        _LOADER()
+    global _LOADED, _LOADING
+    if _LOADED or _LOADER is None:
+        return
+    with _LOAD_LOCK:  # other threads wait here until the kernels are registered
+        if _LOADED or _LOADING:  # (_LOADING: a kernel module looking a kernel up while it loads)
+            return
+        _LOADING = True
+        try:
+            _LOADER()
+            _LOADED = True
+        finally:
+            _LOADING = False
 
 
 def supported_dequantize() -> set[QuantizationEncoding]:

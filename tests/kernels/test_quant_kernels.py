@@ -452,3 +452,27 @@ def test_compiled_dequantizers_equal_numba_and_gguf_py(enc):
     finite = ~np.isnan(ref)
     assert np.array_equal(_bits(numba_out)[finite], _bits(ref)[finite])
     assert np.array_equal(np.isnan(numba_out), np.isnan(ref))
+
+
+def test_first_lookups_from_many_threads_wait_for_the_kernels(child_env):
+    # In a fresh process the numba kernel modules load on the first lookup the C kernels cannot serve. The
+    # executor's threads all miss at once: every one of them must wait for the loading, not find an empty
+    # table (it once reported "no quantize kernel is registered ... (supported: none)").
+    import subprocess
+    import sys
+
+    script = (
+        "import threading, numpy as np\n"
+        "from lazyweights.quant import quantize\n"
+        "from lazyweights.core.quantization import QuantizationEncoding as Q\n"
+        "x = np.ones((4, 64), np.float32); errors = []\n"
+        "def work():\n"
+        "    try: quantize(Q.Q8_0, x)\n"
+        "    except Exception as e: errors.append(repr(e))\n"
+        "ts = [threading.Thread(target=work) for _ in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print('errors', errors)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "errors []" in r.stdout, r.stdout
