@@ -392,12 +392,16 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.freq_base_swa", float(local), T.FLOAT32)
         if cfg.get("final_logit_softcapping") is not None:
             put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
-    if mt == "mixtral":
-        put("expert_count", int(cfg["num_local_experts"]), T.UINT32)
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        # transformers 5 saves num_local_experts for every MoE config, 4.x num_experts for the Qwen ones
+        count = cfg.get("num_local_experts") if cfg.get("num_local_experts") is not None else cfg.get("num_experts")
+        if count is None or cfg.get("num_experts_per_tok") is None:
+            missing = [k for k, v in (("num_local_experts (or num_experts)", count),
+                                      ("num_experts_per_tok", cfg.get("num_experts_per_tok"))) if v is None]
+            raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
+        put("expert_count", int(count), T.UINT32)
         put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
     if mt in ("qwen2_moe", "qwen3_moe"):
-        put("expert_count", int(cfg["num_experts"]), T.UINT32)
-        put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
         if cfg.get("moe_intermediate_size") is not None:
             put("expert_feed_forward_length", int(cfg["moe_intermediate_size"]), T.UINT32)
         if mt == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") is not None:
