@@ -63,6 +63,10 @@ TINY = {
                                     "shared_expert_intermediate_size": 5632}),
     "qwen3moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
                                     "head_dim": 16, "norm_topk_prob": True}),
+    "gemma3_layers": ("Gemma3TextConfig", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
+                                           "layer_types": ["sliding_attention", "full_attention"]}),
+    "gemma2_softcap": ("Gemma2Config", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
+                                        "final_logit_softcapping": 0.5, "attn_logit_softcapping": 2.0}),
 }
 
 

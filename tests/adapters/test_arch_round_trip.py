@@ -61,8 +61,17 @@ ARCHS = {
                                     "shared_expert_intermediate_size": 5632}, "qwen2moe"),
     "qwen3moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
                                     "head_dim": 16, "norm_topk_prob": True}, "qwen3moe"),
+    # what transformers' GGUF loader does not read, ours must: per-layer attention types, softcapping values
+    "gemma3_layers": ("Gemma3TextConfig", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
+                                           "layer_types": ["sliding_attention", "full_attention"]}, "gemma3"),
+    "gemma2_softcap": ("Gemma2Config", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
+                                        "final_logit_softcapping": 0.5, "attn_logit_softcapping": 2.0}, "gemma2"),
 }
-TRANSFORMERS_GGUF_SKIP = {"mixtral": "transformers' GGUF loader reads a mixtral GGUF as a dense LlamaForCausalLM"}
+TRANSFORMERS_GGUF_SKIP = {
+    "mixtral": "transformers' GGUF loader reads a mixtral GGUF as a dense LlamaForCausalLM",
+    "gemma3_layers": "transformers' GGUF loader ignores gemma3.attention.sliding_window_pattern",
+    "gemma2_softcap": "transformers' GGUF loader ignores the softcapping keys (uses 30/50)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +157,10 @@ def _expected_metadata(name, cfg):
     if a in ("gemma2", "gemma3"):
         want[f"{a}.attention.sliding_window"] = (u, 4)
     if a == "gemma2":
-        want["gemma2.final_logit_softcapping"] = (f, 30.0)
-        want["gemma2.attn_logit_softcapping"] = (f, 50.0)
+        want["gemma2.final_logit_softcapping"] = (f, cfg.final_logit_softcapping)
+        want["gemma2.attn_logit_softcapping"] = (f, cfg.attn_logit_softcapping)
+    if name == "gemma3_layers":
+        want["gemma3.attention.sliding_window_pattern"] = ((T.ARRAY, T.BOOL), [True, False])
     if name in ("mixtral", "qwen2moe", "qwen3moe"):
         want[f"{a}.expert_count"] = (u, 4)
         want[f"{a}.expert_used_count"] = (u, 2)
@@ -163,6 +174,7 @@ def _expected_metadata(name, cfg):
 
 def _expected_tensors(name, cfg):
     """GGUF tensor name -> shape (numpy order) llama.cpp's loader expects for this architecture."""
+    name = name.split("_")[0]  # gemma3_layers -> gemma3
     h, v = cfg.hidden_size, cfg.vocab_size
     hd = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
@@ -234,6 +246,11 @@ def test_architecture_both_ways(name, tokenizer, tmp_path):
     # a GGUF says "llama" for Mistral too (llama.cpp's converter does the same): with no sliding window
     # MistralForCausalLM and LlamaForCausalLM compute the same function, and the folder says Llama
     want_cls = "LlamaForCausalLM" if name == "mistral" else type(model).__name__
+    for key in ("layer_types", "sliding_window", "final_logit_softcapping", "attn_logit_softcapping", "head_dim",
+                "num_key_value_heads", "tie_word_embeddings", "num_local_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob"):
+        if getattr(cfg, key, None) is not None and name != "mistral":
+            assert getattr(m32.config, key) == getattr(cfg, key), key
     assert type(m32).__name__ == want_cls
     np.testing.assert_allclose(_logits(m32, ids), ref, rtol=0, atol=1e-5)
 
