@@ -78,6 +78,8 @@ _ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer c
 GGUF_ARCHS = sorted({g for g, _ in SUPPORTED.values()})
 _GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
 
+_GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
+
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -216,7 +218,10 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             cfg["original_max_position_embeddings"] = int(orig)
     if gemma:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
-        cfg["query_pre_attn_scalar"] = head_dim
+        # llama.cpp scales attention by 1/sqrt(head_dim), except for the 27B models (46 Gemma 2 layers, 62 Gemma 3
+        # layers), which it scales by 1/sqrt(hidden / heads) as their Hugging Face configs do
+        big = (model_type, cfg["num_hidden_layers"]) in _GEMMA_27B_LAYERS
+        cfg["query_pre_attn_scalar"] = hidden // heads if big else head_dim
         cfg["sliding_window"] = int(sw) if sw else None
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             v = get(k)
@@ -464,6 +469,15 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.scaling.factor", float(rs["factor"]), T.FLOAT32)
             if rs.get("original_max_position_embeddings") is not None:
                 put("rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]), T.UINT32)
+    if mt in ("gemma2", "gemma3_text"):
+        qpas = cfg.get("query_pre_attn_scalar")
+        big = (mt, int(cfg["num_hidden_layers"])) in _GEMMA_27B_LAYERS
+        if qpas is not None and int(qpas) != (hidden // heads if big else head_dim):
+            import warnings
+
+            warnings.warn(f"config.json ({mt}): query_pre_attn_scalar {qpas} is not what llama.cpp uses for this "
+                          f"model ({hidden // heads if big else head_dim}); the GGUF will compute a different "
+                          "attention scale", stacklevel=2)
     if mt == "gemma2":
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             if cfg.get(k) is not None:
