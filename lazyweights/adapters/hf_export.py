@@ -700,8 +700,9 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -> list[str]:
-    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF or the
-    `extra_files()` beside the weights for a Hugging Face folder. A folder is written under a temporary
+    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF (its
+    `general.file_type` recomputed from the tensors saved) or the `extra_files()` beside the weights for a
+    Hugging Face folder. A folder is written under a temporary
     name beside `path` and swapped in only when every file is complete, so a failure leaves the old
     folder (or none), never a half-written one. Returns the files written.
     """
@@ -712,6 +713,20 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     gguf_md = getattr(adapted, "gguf_metadata", None)
     extra = getattr(adapted, "extra_files", None)
     is_gguf = (format or "").lower() == "gguf" or path.endswith(".gguf")
+    if is_gguf and gguf_md is not None and isinstance(adapted, Mapping) and "general.file_type" in gguf_md:
+        # the tensors may have changed since the metadata was built (quantized after convert_hf_to_gguf):
+        # general.file_type always says what is written
+        from gguf.constants import GGUFValueType as T
+
+        from ..formats.gguf_writer import GGUFValue
+
+        ftype, quantized = file_type_of(adapted)
+        gguf_md = dict(gguf_md)
+        gguf_md["general.file_type"] = GGUFValue(int(ftype), T.UINT32)
+        if quantized:
+            gguf_md["general.quantization_version"] = GGUFValue(2, T.UINT32)
+        else:
+            gguf_md.pop("general.quantization_version", None)
     if is_gguf or extra is None or path.endswith(".safetensors"):
         return list(p.save(path, format=format or ("gguf" if is_gguf else "safetensors"),
                            metadata=gguf_md if is_gguf else None, **save_kwargs) or [])

@@ -289,3 +289,31 @@ def test_architecture_both_ways(name, tokenizer, tmp_path):
         assert mine.decode(plain) == orig.decode(plain), text
     for attr in ("bos_token", "eos_token", "pad_token", "unk_token"):
         assert getattr(mine, attr) == getattr(orig, attr), attr
+
+
+@pytest.mark.parametrize("name", ["llama", "phi3", "qwen2moe", "qwen3moe"])
+def test_quantized_gguf_to_hf_matches_transformers(name, tokenizer, tmp_path):
+    """A GGUF whose 2-D tensors are Q8_0 (llama: RoPE-permuted rows of packed blocks; MoE: stacked quantized
+    experts; phi3: fused qkv / gate_up) -> HF folder (float32): the logits equal transformers' own GGUF loader,
+    which dequantizes with gguf-py (same values, same float32 graph: atol 1e-5)."""
+    from lazyweights import load_weights
+    from lazyweights.adapters import convert_hf_to_gguf
+    from lazyweights.adapters.hf_export import save_converted
+    from lazyweights.core.quantization import QuantizationEncoding
+
+    hf = str(tmp_path / "hf")
+    make_model(name, tokenizer, hf)
+    adapted = convert_hf_to_gguf(dict(load_weights([hf]).items()), None, folder=hf)
+    for k, v in list(adapted.items()):
+        if len(v.shape) >= 2 and v.shape[-1] % 32 == 0 and k != "token_embd.weight":
+            adapted[k] = v.quantize(QuantizationEncoding.Q8_0)
+    save_converted(adapted, str(tmp_path / "q.gguf"))
+    fields, _ = _reader_fields(str(tmp_path / "q.gguf"))
+    assert fields["general.file_type"] == ((T.UINT32,), int(gguf.LlamaFileType.MOSTLY_Q8_0))
+    assert fields["general.quantization_version"] == ((T.UINT32,), 2)
+    export_hf_folder(str(tmp_path / "q.gguf"), str(tmp_path / "back"), dtype="float32")
+    ids = torch.tensor([tokenizer(PROMPT)["input_ids"]])
+    mine = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "back"), dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q.gguf",
+                                                              dtype=torch.float32).eval()
+    np.testing.assert_allclose(_logits(mine, ids), _logits(theirs, ids), rtol=0, atol=1e-5)
