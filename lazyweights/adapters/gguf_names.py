@@ -27,7 +27,8 @@ Names (`N` = layer; `.weight`/`.bias` kept):
     blk.N.post_attention_norm  model.layers.N.post_attention_layernorm   (gemma2, gemma3)
     blk.N.post_ffw_norm     model.layers.N.post_feedforward_layernorm    (gemma2, gemma3)
 
-`rope_freqs.weight` (llama 3 RoPE scaling factors the converter computes) has no Hugging Face tensor and
+`rope_freqs.weight` (llama 3 RoPE scaling factors the converter computes) has no Hugging Face tensor (its values
+become config.json's llama3 `rope_scaling`, `hf_export.llama3_rope_params`) and
 is dropped.
 
 Example:

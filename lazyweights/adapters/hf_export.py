@@ -23,6 +23,9 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     {a}.rope.freq_base                  rope_theta                     default: 10000
     {a}.rope.dimension_count            (phi3: partial_rotary_factor = dimension_count / head_dim)
     {a}.rope.scaling.type/factor/original_context_length   rope_scaling
+    rope_freqs.weight (tensor)          rope_scaling {"rope_type": "llama3", ...}: llama.cpp's converter stores
+                                        Llama 3.1's per-frequency factors as a tensor; written from the config,
+                                        and the config is recovered from it (`llama3_rope_params`)
     {a}.attention.sliding_window        sliding_window
     {a}.attention.sliding_window_pattern (gemma3: layer_types; default every 6th layer global)
     {a}.rope.freq_base_swa              (gemma3: rope_local_base_freq, default 10000)
@@ -75,6 +78,8 @@ _ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer c
 GGUF_ARCHS = sorted({g for g, _ in SUPPORTED.values()})
 _GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
 
+_GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
+
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -111,11 +116,12 @@ def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
-                        vocab_size: int | None = None) -> dict:
+                        vocab_size: int | None = None, rope_freqs=None) -> dict:
     """The `config.json` dict for a GGUF file's metadata (see the module docstring's table).
 
     `tensor_names` (the GGUF tensor names) decides `tie_word_embeddings`; `vocab_size` is used when the
-    metadata has neither `{arch}.vocab_size` nor a token list (e.g. the embedding's row count).
+    metadata has neither `{arch}.vocab_size` nor a token list (e.g. the embedding's row count);
+    `rope_freqs` (the values of a `rope_freqs.weight` tensor) gives a llama3 `rope_scaling`.
     GGUFConfigError lists every missing required key. Example: see the module docstring.
     """
     md = metadata
@@ -174,6 +180,8 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
         if f"tokenizer.ggml.{key}" in md:
             cfg[attr] = int(md[f"tokenizer.ggml.{key}"])
     scaling = _rope_scaling_from_gguf(md, arch)
+    if scaling is None and rope_freqs is not None:
+        scaling = llama3_rope_params(rope_freqs, cfg["rope_theta"], head_dim)
     if scaling is not None:
         cfg["rope_scaling"] = scaling
     sw = get("attention.sliding_window")
@@ -210,7 +218,10 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             cfg["original_max_position_embeddings"] = int(orig)
     if gemma:
         cfg["hidden_activation"] = "gelu_pytorch_tanh"
-        cfg["query_pre_attn_scalar"] = head_dim
+        # llama.cpp scales attention by 1/sqrt(head_dim), except for the 27B models (46 Gemma 2 layers, 62 Gemma 3
+        # layers), which it scales by 1/sqrt(hidden / heads) as their Hugging Face configs do
+        big = (model_type, cfg["num_hidden_layers"]) in _GEMMA_27B_LAYERS
+        cfg["query_pre_attn_scalar"] = hidden // heads if big else head_dim
         cfg["sliding_window"] = int(sw) if sw else None
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             v = get(k)
@@ -242,6 +253,91 @@ def _rope_scaling_from_gguf(md, arch) -> dict | None:
     if orig is not None:
         out["original_max_position_embeddings"] = int(orig)
     return out
+
+
+def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max_position_embeddings: float):
+    """The per-frequency RoPE factors of Llama 3.1's "llama3" scaling, as llama.cpp's converter computes them
+    into `rope_freqs.weight` (float32 frequencies, float64 arithmetic, stored as float32)."""
+    import numpy as np
+
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    low_wl = original_max_position_embeddings / low_freq_factor
+    high_wl = original_max_position_embeddings / high_freq_factor
+    out = []
+    for f in freqs.astype(np.float64):
+        wl = 2 * np.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (original_max_position_embeddings / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:
+    """The Hugging Face `rope_scaling` ({"rope_type": "llama3", factor, low/high_freq_factor,
+    original_max_position_embeddings}) whose factors equal `rope_freqs` (a GGUF's `rope_freqs.weight`).
+
+    The factors depend on the two wavelength thresholds original/low and original/high only, so Llama 3.1's
+    own values (8192, 1, 4) are tried first; otherwise low_freq_factor = 1 and the thresholds are fitted to
+    the smoothly scaled frequencies. GGUFConfigError if no llama3 scaling reproduces the tensor.
+
+    >>> f = llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)
+    >>> llama3_rope_params(f, 500000.0, 128)["original_max_position_embeddings"]
+    8192
+    """
+    import numpy as np
+
+    r = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
+    if r.size != head_dim // 2:
+        raise GGUFConfigError(f"rope_freqs.weight has {r.size} values; head_dim {head_dim} needs {head_dim // 2}")
+    factor = float(np.float32(r.max()))
+    if np.allclose(r, 1.0):
+        return None
+
+    def fits(p):
+        try:
+            got = llama3_rope_factors(theta, head_dim, p["factor"], p["low_freq_factor"], p["high_freq_factor"],
+                                      p["original_max_position_embeddings"])
+        except (ZeroDivisionError, FloatingPointError):
+            return False
+        return bool(np.allclose(got, r, rtol=1e-5, atol=0))
+
+    cand = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    if fits(cand):
+        return cand
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    wl = 2 * np.pi / freqs.astype(np.float64)
+    ones, full = np.isclose(r, 1.0, rtol=1e-5), np.isclose(r, factor, rtol=1e-5)
+    smooth = ~ones & ~full
+    s = (1 / r[smooth] - 1 / factor) / (1 - 1 / factor)  # = low_wl / (wl (low_wl / high_wl - 1)) - 1 / (...)
+    lo_bound = wl[ones].max() if ones.any() else 0.0
+    hi_bound = wl[full].min() if full.any() else np.inf
+    if smooth.sum() >= 2:  # s = A / wl - B, A = orig / (high - low), B = low / (high - low)
+        A, negB = np.linalg.lstsq(np.stack([1 / wl[smooth], np.ones(int(smooth.sum()))], 1), s, rcond=None)[0]
+        B = -negB
+        low_wl, high_wl = A / B, A / (1 + B)
+    elif smooth.sum() == 1:
+        w, sv = wl[smooth][0], s[0]
+        high_wl = np.sqrt(max(lo_bound, w / 2) * w)
+        low_wl = (1 - sv) / (1 / w - sv / high_wl)
+    else:
+        high_wl = np.sqrt(lo_bound * hi_bound) if np.isfinite(hi_bound) and lo_bound else (lo_bound * 2 or hi_bound / 2)
+        low_wl = high_wl * (1 + 1e-9)
+    orig = float(low_wl)
+    if abs(orig - round(orig)) < 1e-3 * max(1.0, orig):
+        orig = int(round(orig))
+    cand = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": float(low_wl / high_wl),
+            "original_max_position_embeddings": orig}
+    if fits(cand):
+        nice = dict(cand, high_freq_factor=float(f"{cand['high_freq_factor']:.4g}"))
+        return nice if fits(nice) else cand
+    raise GGUFConfigError("rope_freqs.weight holds RoPE factors no llama3 rope_scaling reproduces "
+                          f"(first values {r[:4].tolist()})", ["rope_freqs.weight"])
 
 
 def generation_config_from_gguf(metadata: Mapping[str, Any]) -> dict:
@@ -373,6 +469,15 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.scaling.factor", float(rs["factor"]), T.FLOAT32)
             if rs.get("original_max_position_embeddings") is not None:
                 put("rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]), T.UINT32)
+    if mt in ("gemma2", "gemma3_text"):
+        qpas = cfg.get("query_pre_attn_scalar")
+        big = (mt, int(cfg["num_hidden_layers"])) in _GEMMA_27B_LAYERS
+        if qpas is not None and int(qpas) != (hidden // heads if big else head_dim):
+            import warnings
+
+            warnings.warn(f"config.json ({mt}): query_pre_attn_scalar {qpas} is not what llama.cpp uses for this "
+                          f"model ({hidden // heads if big else head_dim}); the GGUF will compute a different "
+                          "attention scale", stacklevel=2)
     if mt == "gemma2":
         for k in ("final_logit_softcapping", "attn_logit_softcapping"):
             if cfg.get(k) is not None:
@@ -392,12 +497,16 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.freq_base_swa", float(local), T.FLOAT32)
         if cfg.get("final_logit_softcapping") is not None:
             put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
-    if mt == "mixtral":
-        put("expert_count", int(cfg["num_local_experts"]), T.UINT32)
+    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
+        # transformers 5 saves num_local_experts for every MoE config, 4.x num_experts for the Qwen ones
+        count = cfg.get("num_local_experts") if cfg.get("num_local_experts") is not None else cfg.get("num_experts")
+        if count is None or cfg.get("num_experts_per_tok") is None:
+            missing = [k for k, v in (("num_local_experts (or num_experts)", count),
+                                      ("num_experts_per_tok", cfg.get("num_experts_per_tok"))) if v is None]
+            raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
+        put("expert_count", int(count), T.UINT32)
         put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
     if mt in ("qwen2_moe", "qwen3_moe"):
-        put("expert_count", int(cfg["num_experts"]), T.UINT32)
-        put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
         if cfg.get("moe_intermediate_size") is not None:
             put("expert_feed_forward_length", int(cfg["moe_intermediate_size"]), T.UINT32)
         if mt == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") is not None:
@@ -476,6 +585,16 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
+    rs = _rope_scaling(cfg_text)
+    if arch == "llama" and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
+        # llama.cpp reads Llama 3.1's scaling only from this tensor, as its converter writes it
+        heads = int(cfg_text["num_attention_heads"])
+        head_dim = int(_cfg_get(cfg_text, "head_dim", int(cfg_text["hidden_size"]) // heads))
+        theta = _rope_theta(cfg_text) or 10000.0
+        factors = llama3_rope_factors(theta, head_dim, float(rs.get("factor", 8.0)),
+                                      float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
+                                      float(rs.get("original_max_position_embeddings", 8192)))
+        adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", mt.startswith("gemma"))):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
@@ -534,12 +653,13 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
 
 
 def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
-                     vocab_size: int | None = None) -> dict[str, bytes]:
+                     vocab_size: int | None = None, rope_freqs=None) -> dict[str, bytes]:
     """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json,
     generation_config.json and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
     from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
 
-    cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size)
+    cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
+                              rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs)
     files = {
         "config.json": (json.dumps(cfg, indent=2) + "\n").encode(),
         "generation_config.json": (json.dumps(generation_config_from_gguf(metadata), indent=2) + "\n").encode(),
@@ -561,7 +681,14 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
     names = list(tensor_names)
     emb = adapted.get("model.embed_tokens.weight")
     vocab = emb.shape[0] if emb is not None and getattr(emb, "shape", None) else None
-    out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab)
+    freqs = None
+    if "rope_freqs.weight" in names and isinstance(tensor_names, Mapping):
+        from ..api.weight_data import as_weight_data
+
+        src = tensor_names["rope_freqs.weight"]
+        freqs = lambda: as_weight_data(src, "rope_freqs.weight").to_numpy()  # noqa: E731  (read on save)
+    out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab,
+                                               rope_freqs=freqs)
     return out
 
 
@@ -573,8 +700,9 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -> list[str]:
-    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF or the
-    `extra_files()` beside the weights for a Hugging Face folder. A folder is written under a temporary
+    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF (its
+    `general.file_type` recomputed from the tensors saved) or the `extra_files()` beside the weights for a
+    Hugging Face folder. A folder is written under a temporary
     name beside `path` and swapped in only when every file is complete, so a failure leaves the old
     folder (or none), never a half-written one. Returns the files written.
     """
@@ -585,6 +713,20 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     gguf_md = getattr(adapted, "gguf_metadata", None)
     extra = getattr(adapted, "extra_files", None)
     is_gguf = (format or "").lower() == "gguf" or path.endswith(".gguf")
+    if is_gguf and gguf_md is not None and isinstance(adapted, Mapping) and "general.file_type" in gguf_md:
+        # the tensors may have changed since the metadata was built (quantized after convert_hf_to_gguf):
+        # general.file_type always says what is written
+        from gguf.constants import GGUFValueType as T
+
+        from ..formats.gguf_writer import GGUFValue
+
+        ftype, quantized = file_type_of(adapted)
+        gguf_md = dict(gguf_md)
+        gguf_md["general.file_type"] = GGUFValue(int(ftype), T.UINT32)
+        if quantized:
+            gguf_md["general.quantization_version"] = GGUFValue(2, T.UINT32)
+        else:
+            gguf_md.pop("general.quantization_version", None)
     if is_gguf or extra is None or path.endswith(".safetensors"):
         return list(p.save(path, format=format or ("gguf" if is_gguf else "safetensors"),
                            metadata=gguf_md if is_gguf else None, **save_kwargs) or [])

@@ -101,8 +101,8 @@ def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None) -> 
     if fmt is WeightsFormat.pytorch:
         raise FormatError(
             f"{files[0]}: PyTorch pickle checkpoints are refused: unpickling runs arbitrary code. "
-            "Convert it to safetensors with a trusted tool first, or pass allow_pickle='weights_only' to "
-            "load it with torch's restricted unpickler."
+            "Convert it to safetensors with a trusted tool first, or pass allow_pickle='weights_only' "
+            "(--allow-pickle weights_only on the command line) to load it with torch's restricted unpickler."
         )
     if fmt is WeightsFormat.gguf:
         from .gguf import read_gguf_checkpoint  # imported lazily: gguf support is its own module

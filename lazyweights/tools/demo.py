@@ -154,7 +154,7 @@ def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", 
     manifest = write_manifest(out_dir)
     say(f"source checkpoint: {ckpt}")
     say(f"wrote {len(files)} files to {out_dir} (+ config.json, {os.path.basename(manifest)})")
-    say(f"next: lazyweights plan lazyweights.demo:convert_safetensor_state_dict {ckpt}")
+    say(f"next: lazyweights plan lazyweights.tools.demo:convert_safetensor_state_dict {ckpt}")
     say(f"      lazyweights verify {out_dir}")
     want = eager_reference(ckpt, cfg)
     got = load_weights(out_dir)

@@ -132,7 +132,10 @@ def test_gemma_round_trip_keeps_metadata(gemma_folder, tmp_path):
     save_converted(small, out)
     got, _ = _reader_values(out)
     want, _ = _reader_values(src)
-    assert got["general.file_type"] == ((T.UINT32,), 32)  # bf16 tensors, whatever the source's Q4_K_M
+    # bf16 tensors, whatever the source's Q4_K_M; the file saved here holds only the float32 1-D tensors, and
+    # save_converted writes the file type of what it writes
+    assert adapted.gguf_metadata["general.file_type"].value == 32
+    assert got["general.file_type"] == ((T.UINT32,), 0)
     assert got["tokenizer.ggml.scores"][0] == (T.ARRAY, T.FLOAT32)
     skip = {"general.file_type", "general.quantization_version", "general.type", "general.basename",
             "general.size_label", "general.license", "general.tags", "tokenizer.ggml.scores",
@@ -325,3 +328,37 @@ def test_folder_without_tokenizer(llama_bpe, tmp_path):
     export_gguf(bare, tmp_path / "x.gguf", tokenizer=False)
     got, _ = _reader_values(str(tmp_path / "x.gguf"))
     assert not any(k.startswith("tokenizer.") for k in got) and got["llama.block_count"][1] == 2
+
+
+def test_gemma_attention_scale_follows_llama_cpp():
+    """llama.cpp scales Gemma attention by 1/sqrt(head_dim), except for the 27B models (hidden / heads):
+    config.json says the same, and a config llama.cpp cannot honour warns on export."""
+    from lazyweights.adapters.hf_export import gguf_metadata_from_hf
+
+    def md(arch, layers, hidden, heads, head_dim):
+        return {"general.architecture": arch, f"{arch}.context_length": 8192, f"{arch}.embedding_length": hidden,
+                f"{arch}.block_count": layers, f"{arch}.attention.head_count": heads,
+                f"{arch}.attention.key_length": head_dim, f"{arch}.feed_forward_length": 4 * hidden}
+    assert hf_config_from_gguf(md("gemma2", 46, 4608, 32, 128), vocab_size=10)["query_pre_attn_scalar"] == 144
+    assert hf_config_from_gguf(md("gemma3", 62, 5376, 32, 128), vocab_size=10)["query_pre_attn_scalar"] == 168
+    assert hf_config_from_gguf(md("gemma2", 26, 2304, 8, 256), vocab_size=10)["query_pre_attn_scalar"] == 256
+    cfg = {"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "head_dim": 16, "max_position_embeddings": 128, "query_pre_attn_scalar": 256}
+    with pytest.warns(UserWarning, match="query_pre_attn_scalar 256 is not what llama.cpp uses"):
+        gguf_metadata_from_hf(cfg)
+
+
+def test_llama3_rope_params_recovered_from_factors():
+    from lazyweights.adapters.hf_export import llama3_rope_factors, llama3_rope_params
+
+    real = llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)  # Llama 3.1 8B
+    assert llama3_rope_params(real, 500000.0, 128) == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    odd = llama3_rope_factors(500000.0, 64, 32.0, 1.0, 4.0, 8192)  # Llama 3.2 1B: factor 32, head_dim 64
+    p = llama3_rope_params(odd, 500000.0, 64)
+    np.testing.assert_allclose(llama3_rope_factors(500000.0, 64, p["factor"], p["low_freq_factor"],
+                                                   p["high_freq_factor"], p["original_max_position_embeddings"]),
+                               odd, rtol=1e-5)
+    assert llama3_rope_params(np.ones(64, np.float32), 500000.0, 128) is None
+    with pytest.raises(GGUFConfigError, match="rope_freqs.weight"):
+        llama3_rope_params(np.ones(63, np.float32), 500000.0, 128)

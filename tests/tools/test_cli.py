@@ -283,3 +283,76 @@ def test_minilm_inspect_plan_convert_diff(minilm, tmp_path):
     assert proc.returncode == 1  # dtypes changed and position_ids dropped
     assert "- embeddings.position_ids  i64[1,512]" in proc.stdout
     assert "= embeddings.word_embeddings.weight  values equal within rtol=0.001 atol=0.0001" in proc.stdout
+
+
+# --- issue 15: the remaining command-line behaviours ------------------------------------------------------------
+def test_verify_missing_path_says_so(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    proc = run("verify", missing)
+    assert_clean_error(proc, 1, f"{missing}: no such file or directory")
+    assert "manifest" not in proc.stderr  # not a complaint about a manifest in the parent folder
+
+
+@pytest.fixture(scope="module")
+def bin_only(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    d = tmp_path_factory.mktemp("binonly")
+    torch.save({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.zeros(3, dtype=torch.bfloat16)},
+               str(d / "pytorch_model.bin"))
+    return d
+
+
+def test_inspect_bin_only_folder_names_the_refused_file(bin_only):
+    proc = run("inspect", bin_only)
+    assert_clean_error(proc, 1, "holds no .safetensors", "pytorch_model.bin", "--allow-pickle weights_only",
+                       str(bin_only / "pytorch_model.bin"))
+    # the file itself: refused, and the message names the command-line flag as well as the API option
+    assert_clean_error(run("inspect", bin_only / "pytorch_model.bin"), 1, "pytorch_model.bin",
+                       "PyTorch pickle checkpoints are refused", "--allow-pickle weights_only")
+
+
+def test_allow_pickle_weights_only(bin_only, tmp_path):
+    out = run("inspect", bin_only, "--allow-pickle", "weights_only", check_rc=0).stdout
+    assert "pytorch checkpoint: pytorch_model.bin: 2 tensors" in out
+    assert "float32" in out and "bfloat16" in out and "[2,3]" in out
+    doc = json.loads(run("inspect", bin_only / "pytorch_model.bin", "--allow-pickle", "weights_only", "--json",
+                         check_rc=0).stdout)
+    assert {t["name"]: t["shape"] for t in doc["tensors"]} == {"w": [2, 3], "b": [3]}
+    # a file adapter converts it once the flag is given (identity: pickle -> safetensors)
+    f = tmp_path / "ident.py"
+    f.write_text("def adapt(state_dict, **kw):\n    return dict(state_dict)\n")
+    dst = tmp_path / "out.safetensors"
+    run("convert", f"{f}:adapt", bin_only, "-o", dst, "--allow-pickle", "weights_only", check_rc=0)
+    np.testing.assert_array_equal(load_file(str(dst))["w"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    # only weights_only is accepted: a usage error naming the choice
+    assert_clean_error(run("inspect", bin_only, "--allow-pickle", "yes"), 2, "--allow-pickle", "weights_only")
+
+
+def test_adapter_name_did_you_mean_lists_functions_only(ckpt):
+    proc = run("plan", "lazyweights.adapters:convert_gguf_state_dcit", ckpt)
+    assert_clean_error(proc, 1, "has no attribute 'convert_gguf_state_dcit'", "Did you mean 'convert_gguf_state_dict'?")
+    line = proc.stderr.strip()
+    listed = line.split("(its functions: ", 1)[1].split(")", 1)[0].split(", ")
+    assert "convert_gguf_state_dict" in listed and "convert_hf_to_gguf" in listed
+    # classes, modules and constants of lazyweights.adapters are not offered
+    assert not {"SUPPORTED", "EXPERTS", "hf_export", "gguf_names", "ConvertedStateDict"} & set(listed)
+    proc = run("plan", "LlamaForCausalLm", ckpt)  # an architecture name with a typo
+    assert_clean_error(proc, 1, "neither a registered architecture", "Did you mean 'LlamaForCausalLM'")
+
+
+def test_demo_writes_config_and_manifest_and_prints_source(tmp_path):
+    work = tmp_path / "demo"
+    proc = run("demo", "--workdir", work, check_rc=0)
+    src, out = work / "llama-small", work / "converted"
+    assert f"source checkpoint: {src}" in proc.stdout
+    assert "(+ config.json, lazyweights.verify.json)" in proc.stdout
+    assert (out / "config.json").is_file() and (out / "lazyweights.verify.json").is_file()
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    assert "verified: all 21 tensors byte-identical" in proc.stdout
+    # README's next commands, exactly as the demo prints them, work on its output
+    nxt = [ln.split("lazyweights ", 1)[1].split() for ln in proc.stdout.splitlines()
+           if ln.strip().startswith(("next: lazyweights", "lazyweights verify"))]
+    assert [c[0] for c in nxt] == ["plan", "verify"]
+    for cmd in nxt:
+        run(*cmd, check_rc=0)
+    assert "OK: 21 tensors checked" in run("verify", out, check_rc=0).stdout
