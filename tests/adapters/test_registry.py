@@ -15,10 +15,14 @@ from lazyweights.adapters.registry import (NoAdapterError, SupportedArchitecture
 
 @pytest.fixture(autouse=True)
 def clean_registry():
-    before = set(architectures())
+    """Leave the registry as each test found it: added names removed, replaced built-ins put back."""
+    before = architectures()
     yield
-    for name in set(architectures()) - before:
-        unregister(name)
+    for name, arch in architectures().items():
+        if name not in before:
+            unregister(name)
+        elif arch is not before[name]:
+            register(before[name], replace=True)
 
 
 def strip_model_prefix(state_dict, **kwargs):
