@@ -117,6 +117,46 @@ class Weights:
         node = getattr(record, "node", None)  # pickle checkpoints (allow_pickle): a const node over torch's map
         return WeightData.wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
 
+    def prefetch(self) -> int:
+        """Start reading every tensor under this prefix into the page cache in the background (a hint to the
+        kernel; nothing is read here). Returns the bytes asked for."""
+        total = 0
+        for _, accessor in self.items():
+            record = self._shared.checkpoint.records.get(accessor._prefix)
+            if record is not None and hasattr(record, "file"):
+                record.file.prefetch(record.offset, record.nbytes)
+                total += record.nbytes
+        return total
+
+    def materialize(self, *, prefetch_next: bool = True, budget=None, scheduler=None,
+                    workers: int | None = None) -> dict[str, np.ndarray]:
+        """Every tensor under this prefix, computed in one fused plan: name (relative, as `items()` gives it)
+        -> array. Layer by layer (`weights.model.layers[i].materialize()`), the next layer's bytes are
+        prefetched into the page cache while this one is read, so a serving loop over layers finds them there.
+
+        Example:
+            >>> import numpy as np, tempfile, os
+            >>> from safetensors.numpy import save_file
+            >>> from lazyweights import load_weights
+            >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+            >>> save_file({f"layers.{i}.w": np.full(4, i, np.float32) for i in range(3)}, path)
+            >>> w = load_weights([path])
+            >>> {k: v.tolist() for k, v in w.layers[1].materialize().items()}
+            {'w': [1.0, 1.0, 1.0, 1.0]}
+        """
+        from .plan import Plan
+
+        if prefetch_next:
+            head, _, last = self._prefix.rpartition(".")
+            if last.isdigit():
+                Weights(self._shared, f"{head}.{int(last) + 1}" if head else str(int(last) + 1)).prefetch()
+        named = list(self.items())
+        if not named and self.exists():
+            named = [("", self)]
+        arrays = Plan({name or self._prefix: acc.data() for name, acc in named}).materialize(
+            budget=budget, scheduler=scheduler, workers=workers)
+        return arrays
+
     def allocate(self, dtype: DType | None = None, shape: Iterable[int] | None = None,
                  quantization_encoding: QuantizationEncoding | None = None, device=DeviceRef.CPU()) -> Weight:
         """A `Weight` for this tensor. A different dtype becomes a lazy cast, a different shape a lazy

@@ -113,6 +113,19 @@ class SourceFile:
             )
         return bytes(self._buffer[offset:offset + length])
 
+    def prefetch(self, offset: int, length: int) -> None:
+        """Ask the kernel to start reading [offset, offset+length) into the page cache in the background
+        (madvise WILLNEED on the map); returns at once and reads nothing itself."""
+        if self._map is None or length <= 0:
+            return
+        page = mmap.PAGESIZE
+        start = max(0, offset // page * page)
+        end = min(self.size, offset + length)
+        try:
+            self._map.madvise(mmap.MADV_WILLNEED, start, end - start)
+        except (AttributeError, OSError, ValueError):
+            pass  # a platform without madvise: prefetching is only a hint
+
     def view(self, offset: int, length: int) -> np.ndarray:
         """A zero-copy, read-only uint8 view of [offset, offset+length) of the map."""
         return self._buffer[offset:offset + length]
