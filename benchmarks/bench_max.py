@@ -37,7 +37,7 @@ def child(kind: str, ckpt: str, out_json: str) -> None:
     import numpy as np
     from max.driver import Buffer
     from max.dtype import DType
-    from max.graph.weights import WeightData, load_weights
+    from max.graph.weights import load_weights
 
     sys.path.insert(0, str(BENCH))
     from memwatch import PeakMem
@@ -47,27 +47,10 @@ def child(kind: str, ckpt: str, out_json: str) -> None:
     shards = [Path(p) for p in sorted(glob.glob(os.path.join(ckpt, "*.safetensors")))]
 
     if kind == "max":
-        from workload import adapt_name, rope_perm
+        from baseline_max import adapter as max_eager  # MAX's own W1 adapter, exactly as the baseline runs it
 
         def adapter(state_dict, huggingface_config=None, **_):
-            out = {}
-            c = huggingface_config
-            hd = c.hidden_size // c.num_attention_heads
-            perm = rope_perm(hd)
-            for k, w in state_dict.items():
-                new = adapt_name(k)
-                if new is None:
-                    continue
-                d = w.data()
-                if new.endswith(("q_proj.weight", "k_proj.weight")):
-                    heads = c.num_attention_heads if "q_proj" in new else c.num_key_value_heads
-                    raw = np.from_dlpack(Buffer.from_dlpack(d.data).view(DType.uint16))
-                    d = WeightData.from_numpy(np.ascontiguousarray(
-                        raw.reshape(heads, hd, -1)[:, perm, :].reshape(heads * hd, -1)), new)
-                    d = WeightData(d.data, new, DType.bfloat16, d.shape)
-                target = DType.float32 if "norm" in new else DType.float16
-                out[new] = d.astype(target)
-            return out
+            return max_eager(state_dict, vars(huggingface_config))
         pipeline_config = None
     else:
         from lazyweights.adapters import w1

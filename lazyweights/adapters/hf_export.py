@@ -693,12 +693,6 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
 
 
 # --- saving ---------------------------------------------------------------------------------------------------------
-def _write_atomic(path: str, data: bytes) -> None:
-    from ..formats.atomic import write_file_atomically
-
-    write_file_atomically(path, data)
-
-
 def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -> list[str]:
     """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF (its
     `general.file_type` recomputed from the tensors saved) or the `extra_files()` beside the weights for a
@@ -707,6 +701,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     folder (or none), never a half-written one. Returns the files written.
     """
     from ..api.plan import Plan
+    from ..formats.atomic import write_file_atomically
 
     path = os.fspath(path)
     p = adapted if isinstance(adapted, Plan) else Plan(adapted)
@@ -738,7 +733,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     try:
         files = list(p.save(tmp, format="safetensors", **save_kwargs) or [])
         for name, data in extra().items():
-            _write_atomic(os.path.join(tmp, name), data)
+            write_file_atomically(os.path.join(tmp, name), data)
             files.append(os.path.join(tmp, name))
         old = None
         if os.path.exists(final):

@@ -61,7 +61,10 @@ class WeightData:
         if shape is not None:
             shape = tuple(int(d) for d in shape)
             if shape != node.shape:
-                node = ops.reshape(node, shape)
+                try:
+                    node = ops.reshape(node, shape)
+                except ShapeError as e:
+                    raise ShapeError(f"WeightData {name!r}: {e}") from None
         self.node = node
         self.name = name
         self.quantization_encoding = QuantizationEncoding.parse(quantization_encoding)
@@ -331,7 +334,7 @@ def _to_host_array(data) -> np.ndarray:
     if isinstance(data, WeightData):
         return data.to_numpy()
     if is_foreign_weight_data(data):
-        return _foreign_weight_data_array(data)
+        return _foreign_weight_data(data).to_numpy()
     if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         try:
             return np.from_dlpack(data)
@@ -360,24 +363,11 @@ def is_foreign_weight_data(value) -> bool:
     return data is not value and not callable(data) and hasattr(data, "__dlpack__")
 
 
-def _foreign_weight_data_array(wd) -> np.ndarray:
-    """The array of a foreign WeightData, labelled with its `dtype` and `shape`: the seed system lets a
-    uint16 array labelled bfloat16 stand for bf16 bits, so same-width labels reinterpret the bits."""
-    name = getattr(wd, "name", "?")
-    arr = _to_host_array(wd.data)
-    dtype = DType.parse(wd.dtype).to_numpy()
-    if arr.dtype != dtype:
-        if arr.dtype.itemsize != dtype.itemsize:
-            raise DTypeError(f"WeightData {name!r}: its array is {arr.dtype} but it is labelled {DType.parse(wd.dtype).name}, "
-                             "of a different item size")
-        arr = arr.view(dtype)
-    shape = tuple(int(d) for d in wd.shape)
-    if arr.shape != shape:
-        if int(np.prod(shape, dtype=object)) != arr.size:
-            raise ShapeError(f"WeightData {name!r}: its array has shape {list(arr.shape)} but it is labelled "
-                             f"{list(shape)}")
-        arr = arr.reshape(shape)
-    return arr
+def _foreign_weight_data(wd, name: str | None = None) -> "WeightData":
+    """A foreign WeightData as ours: its array (zero copy) with its `dtype` and `shape` labels applied by
+    our constructor (a uint16 array labelled bfloat16 stands for bf16 bits, as the seed system has it)."""
+    return WeightData(_to_host_array(wd.data), str(getattr(wd, "name", None) or name), wd.dtype, wd.shape,
+                      getattr(wd, "quantization_encoding", None))
 
 
 def _through_carrier_view(data) -> np.ndarray | None:
@@ -504,9 +494,7 @@ def as_weight_data(value, name: str) -> WeightData:
         data = value.data()  # a Weights accessor, ours or another library's (MAX's)
         return data if isinstance(data, WeightData) else as_weight_data(data, name)
     if is_foreign_weight_data(value):  # MAX's WeightData: its bytes (zero copy), labels and block encoding
-        node = ops.const(_foreign_weight_data_array(value))
-        return WeightData.wrap(node, str(getattr(value, "name", None) or name),
-                               QuantizationEncoding.parse(getattr(value, "quantization_encoding", None)))
+        return _foreign_weight_data(value, name)
     if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
         return WeightData(value, name)
     raise LazyWeightsError(

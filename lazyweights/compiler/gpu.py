@@ -30,11 +30,11 @@ from ..graph.node import Node
 from ..graph.opcodes import Op, OpTable
 from ..kernels.cuda_casts import DEVICE_CASTS
 from ..kernels.cuda_dequant import DEVICE_DEQUANT
-from .steps import DEFAULT_BUDGET, Outputs, Step, compile_steps
+from .steps import DEFAULT_BUDGET, Step, compile_steps
 
 DEFAULT_GPU_BLOCK_BYTES = 16 << 20  # source bytes per block: large enough for full PCIe speed per copy
 
-_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 # Where each op runs in the GPU executor: "device" ops may join the device program (`split_chain` checks
 # dtypes, block types and ranks); every other op is part of the host part, read into pinned memory.
@@ -72,10 +72,10 @@ class DeviceProgram:
         if self.dequant is not None:
             bits = reference_dequantize(self.dequant, src_u8).reshape(-1).view(np.uint32)
         else:
-            bits = src_u8.view(_UINT[self.src.size_in_bytes]).astype(np.uint32)
+            bits = src_u8.view(UINT_OF_SIZE[self.src.size_in_bytes]).astype(np.uint32)
         if self.chain:
             bits = reference_chain(bits, self.chain)
-        return bits.astype(_UINT[self.out_size])
+        return bits.astype(UINT_OF_SIZE[self.out_size])
 
 
 def split_chain(root: Node) -> tuple[Node, DeviceProgram | None]:
@@ -99,7 +99,7 @@ def split_chain(root: Node) -> tuple[Node, DeviceProgram | None]:
     """
     walked: list[tuple[str, Node]] = []
     n = root
-    while True:
+    while GPU_SPLIT[n.op] == "device":
         if n.op is Op.CAST and (n.srcs[0].dtype, n.dtype) in DEVICE_CASTS:
             walked.append(("cast", n))
             n = n.srcs[0]
@@ -161,7 +161,7 @@ def compile_gpu_steps(outputs: Mapping[str, Node], *, budget=None, streams: int 
     budget = parse_size(budget) or DEFAULT_BUDGET
     # compile_steps' own blocks follow the CPU cost model; only its fusing, ordering and sharing are used
     # here (no merged rows: blocks are cut by source rows of the output node as the plan has it).
-    steps = compile_steps(Outputs(dict(outputs)), budget=1 << 62, workers=1, keep_views=False, merge_rows=False)
+    steps = compile_steps(outputs, budget=1 << 62, workers=1, keep_views=False, merge_rows=False)
     gsteps = []
     for step in steps:
         host, program = split_chain(step.node)

@@ -77,28 +77,17 @@ class Step:
         return (first.file.path, first.offset, self.outputs[0])
 
 
-class Outputs:
-    """The one thing executors need of a plan: `outputs`, name -> node. For running part of a plan."""
-
-    def __init__(self, outputs: dict):
-        self.outputs = outputs
-
-
 def outputs_of(plan_or_outputs) -> dict[str, Node]:
     """name -> node from a `Plan` (anything with `.outputs`) or from such a mapping itself."""
     outputs = getattr(plan_or_outputs, "outputs", plan_or_outputs)
     return outputs if isinstance(outputs, dict) else dict(outputs)
 
 
-def default_workers() -> int:
-    return available_cpus()
-
-
 def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes: int | None = None,
                   keep_views: bool = True, merge_rows: bool = True) -> list[Step]:
     """Fuse each distinct output into one step and cut it into budget-sized row blocks.
 
-    `plan`: a Plan or anything with `.outputs` (name -> node). Raises BudgetError (before any work) if one
+    `plan`: a Plan, or name -> node. Raises BudgetError (before any work) if one
     block of some step cannot fit in the budget.
     `keep_views`: an output that is a C-contiguous view of a source is a result as it is (a "view" step,
     nothing to run: materializing). False when the bytes must move anyway (saving, hashing): such outputs
@@ -106,14 +95,15 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
     `merge_rows`: where one row of axis 0 is too big for a block, compute the step over the output with
     its leading axes merged (`Step.node` then has that shape; see `_merge_big_rows`).
     """
+    outputs = outputs_of(plan)
     budget = parse_size(budget) or DEFAULT_BUDGET
-    workers = workers or default_workers()
+    workers = workers or available_cpus()
     target = block_bytes or DEFAULT_BLOCK_BYTES
     # Each of `workers` blocks in flight may use work_per_row * rows bytes.
     per_worker = max(1, budget // workers)
     by_node: dict[Node, Step] = {}
     view_cache: dict = {}
-    for name, node in plan.outputs.items():
+    for name, node in outputs.items():
         if node in by_node:
             by_node[node].outputs.append(name)
             continue

@@ -32,7 +32,8 @@ import numpy as np
 from .node import Node
 from .opcodes import GroupOp, Op, OpTable
 
-VIEW = OpTable("strided view", skip=GroupOp.Leaf)
+# Only the ops of GroupOp.View can stay views; every other op is computed.
+VIEW = OpTable("strided view", skip=GroupOp.Leaf | (frozenset(Op) - GroupOp.View))
 ROW_ALIGN = OpTable("row alignment", skip=GroupOp.Leaf)
 
 
@@ -87,11 +88,6 @@ def _view_bitcast(node: Node, v: np.ndarray):
     if v.ndim and v.strides[-1] == v.dtype.itemsize and v.flags.c_contiguous:
         return v.view(node.dtype.to_numpy())
     return None
-
-
-@VIEW.register(Op.CAST, Op.TAKE, Op.CONCAT, Op.DEQUANTIZE, Op.QUANTIZE, Op.BINARY)
-def _never_a_view(node: Node, v: np.ndarray):
-    return None  # (view_of never asks: these are not in GroupOp.View)
 
 
 class Layout(NamedTuple):

@@ -63,8 +63,7 @@ from ..api.weight_data import WeightData, as_weight_data
 from ..api.weights import Weights, load_weights
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LazyWeightsError, LoadError
-from ..core.names import suggest
+from ..core.errors import DTypeError, LazyWeightsError, LoadError, did_you_mean
 from ..core.quantization import QuantizationEncoding
 from ..graph.opcodes import Op
 
@@ -281,11 +280,6 @@ def _apply_max_nan_rule(wd: WeightData, arr: np.ndarray) -> np.ndarray:
 
 
 # --- checking against a MAX module, then loading it --------------------------------------------------------
-def did_you_mean(name: str, candidates) -> str:
-    near = suggest(name, list(candidates), n=1)
-    return f" (did you mean {near[0]!r}?)" if near else ""
-
-
 def _static_dims(shape) -> list:
     dims = []
     for d in shape:
@@ -310,7 +304,7 @@ def check_max_module(module, state_dict: Mapping[str, Any], *, strict: bool = Tr
         wd = given.get(name)
         if wd is None:
             if strict:
-                problems.append(f"{name!r}: missing{did_you_mean(name, list(given))}")
+                problems.append(f"{name!r}: missing{did_you_mean(name, given, n=1)}")
             continue
         w_dtype = from_max_dtype(weight.dtype)
         w_enc = from_max_encoding(weight.quantization_encoding)
@@ -334,7 +328,7 @@ def check_max_module(module, state_dict: Mapping[str, Any], *, strict: bool = Tr
     if strict:
         for name in given:
             if name not in expected:
-                problems.append(f"{name!r}: not a weight of the module{did_you_mean(name, list(expected))}")
+                problems.append(f"{name!r}: not a weight of the module{did_you_mean(name, expected, n=1)}")
     return problems
 
 

@@ -258,6 +258,49 @@ static int get_u32(PyObject *obj, const char *what, uint32_t *value) {
     return 0;
 }
 
+/* args[0] as a readable buffer and args[1] as a writable one; -1 (both released) on failure. */
+static int get_buffers(PyObject *const *args, Py_buffer *src, Py_buffer *out) {
+    if (PyObject_GetBuffer(args[0], src, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(args[1], out, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(src);
+        return -1;
+    }
+    return 0;
+}
+
+/* Run a checked loop (when there is anything to do) with the GIL released and under the SIGBUS guard, then
+ * release both buffers. A source page that could not be read becomes OSError(EFAULT). */
+static PyObject *run_released(LoopFn loop, Py_buffer *src, Py_buffer *out, int any, Py_ssize_t rows,
+                              Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride, const Extra *extra) {
+    int faulted = 0, failed = 0;
+    if (any) {
+        if (ensure_guard_handler() != 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            failed = 1;
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            faulted = run_guarded(loop, src->buf, out->buf, rows, cols, first, stride, extra);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    PyBuffer_Release(src);
+    PyBuffer_Release(out);
+    if (failed)
+        return NULL;
+    if (faulted) {
+        PyObject *err = Py_BuildValue("(is)", EFAULT,
+                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
+                                      "was truncated while it was being read");
+        if (err != NULL) {
+            PyErr_SetObject(PyExc_OSError, err);
+            Py_DECREF(err);
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* Run `loop` after checking that every element it will read lies inside `src` and every element it will
  * write inside `out`, and that both are aligned for their element types. */
 static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_ssize_t out_size,
@@ -271,12 +314,8 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
     if (get_index(args[2], "rows", &rows) || get_index(args[3], "cols", &cols) ||
         get_index(args[4], "first", &first) || get_index(args[5], "stride", &stride))
         return NULL;
-    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+    if (get_buffers(args, &src, &out) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
     const char *problem = NULL;
     Py_ssize_t n_src = src.len / in_size, n_out = out.len / out_size;
     if (rows < 0 || cols < 0)
@@ -305,31 +344,7 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
         PyBuffer_Release(&out);
         return NULL;
     }
-    int faulted = 0;
-    if (rows > 0 && cols > 0) {
-        if (ensure_guard_handler() != 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            PyBuffer_Release(&src);
-            PyBuffer_Release(&out);
-            return NULL;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        faulted = run_guarded(loop, src.buf, out.buf, rows, cols, first, stride, extra);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
-    if (faulted) {
-        PyObject *err = Py_BuildValue("(is)", EFAULT,
-                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
-                                      "was truncated while it was being read");
-        if (err != NULL) {
-            PyErr_SetObject(PyExc_OSError, err);
-            Py_DECREF(err);
-        }
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return run_released(loop, &src, &out, rows > 0 && cols > 0, rows, cols, first, stride, extra);
 }
 
 /* Kernels without extra arguments. */
@@ -631,12 +646,8 @@ static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_byt
         PyErr_Format(PyExc_TypeError, "%s() takes src, out", name);
         return NULL;
     }
-    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0)
+    if (get_buffers(args, &src, &out) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&src);
-        return NULL;
-    }
     const Py_ssize_t blocks = src.len / block_bytes;
     const char *problem = NULL;
     if (src.len % block_bytes)
@@ -652,31 +663,7 @@ static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_byt
         PyBuffer_Release(&out);
         return NULL;
     }
-    int faulted = 0;
-    if (blocks > 0) {
-        if (ensure_guard_handler() != 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            PyBuffer_Release(&src);
-            PyBuffer_Release(&out);
-            return NULL;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        faulted = run_guarded(loop, src.buf, out.buf, blocks, 0, 0, 0, NULL);
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&out);
-    if (faulted) {
-        PyObject *err = Py_BuildValue("(is)", EFAULT,
-                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
-                                      "was truncated while it was being read");
-        if (err != NULL) {
-            PyErr_SetObject(PyExc_OSError, err);
-            Py_DECREF(err);
-        }
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return run_released(loop, &src, &out, blocks > 0, blocks, 0, 0, 0, NULL);
 }
 
 #define DEQUANT_KERNEL(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES)                                         \

@@ -45,7 +45,7 @@ from typing import Mapping
 
 from ..core.errors import LazyWeightsError
 from ..core.units import format_bytes
-from ..compiler.steps import Outputs, compile_steps
+from ..compiler.steps import compile_steps
 from ..graph.opcodes import Op, OpTable
 from ..graph.node import Node, toposort
 
@@ -486,7 +486,7 @@ def compile_outputs(outputs: Mapping[str, Node]):
     """The compiler's steps for these outputs (name -> node); None where no compiler is set (tests)."""
     if compile_steps is None:
         return None
-    return compile_steps(Outputs(dict(outputs)))
+    return compile_steps(outputs)
 
 
 def _steps_header(steps) -> str:

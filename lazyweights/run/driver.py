@@ -36,8 +36,9 @@ import errno
 import threading
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
-from ..compiler.steps import Outputs, Step, compile_steps, default_workers
+from ..compiler.steps import Step, compile_steps
 from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError
+from ..core.units import available_cpus
 from ..graph.node import Node
 from .progress import Progress
 from ..graph.opcodes import Op
@@ -86,7 +87,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
     sched = resolve_scheduler(scheduler)
     if not isinstance(sched, str) or sched == "reference":
         raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
-    steps = compile_steps(Outputs(dict(outputs)), budget=budget, workers=workers, block_bytes=block_bytes,
+    steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
                           keep_views=sink.keep_views)
     tasks = sink.tasks(steps)
     if prepare_kernels(steps):
@@ -146,7 +147,7 @@ def run_tasks(tasks: Sequence[BlockTask], run_one: Callable[[BlockTask], int], *
     # is what bounds bytes in flight.
     dsk = {("lw-block", i): (guarded, i) for i in range(len(tasks))}
     try:
-        dask.threaded.get(dsk, list(dsk), num_workers=workers or default_workers())
+        dask.threaded.get(dsk, list(dsk), num_workers=workers or available_cpus())
     finally:
         with idle:
             cancelled.set()

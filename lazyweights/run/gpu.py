@@ -74,7 +74,14 @@ from ..core.units import available_cpus, parse_size
 from ..graph.node import Node
 from ..kernels.cuda_casts import DEVICE_CASTS, storage_dtype
 from ..kernels.cuda_dequant import DEVICE_DEQUANT
-from ..compiler.gpu import DEFAULT_GPU_BLOCK_BYTES, DeviceProgram, GpuStep, compile_gpu_steps, split_chain
+from ..compiler.gpu import (
+    DEFAULT_GPU_BLOCK_BYTES,
+    UINT_OF_SIZE,
+    DeviceProgram,
+    GpuStep,
+    compile_gpu_steps,
+    split_chain,
+)
 from ..compiler.steps import outputs_of
 from .blocks import write_rows
 from .driver import name_error
@@ -86,7 +93,6 @@ __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "t
 DEFAULT_STREAMS = 4
 INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an NVIDIA driver for CUDA 12)"
 
-_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
 def default_host_threads() -> int:
@@ -244,13 +250,13 @@ class CupyDevice:
         """The program's fused kernel: `src_u8` (flat uint8 staging) -> `dst` (flat output elements)."""
         from ..kernels import cuda_casts, cuda_dequant
 
-        out = dst.view(_UINT[program.out_size])
+        out = dst.view(UINT_OF_SIZE[program.out_size])
         if program.dequant is not None:
             cuda_dequant.launch(program.dequant, program.chain, src_u8, out, stream)
             return
         kernel = cuda_casts.cast_kernel(program.chain)
         with stream:
-            kernel(src_u8.view(_UINT[program.src.size_in_bytes]), out)
+            kernel(src_u8.view(UINT_OF_SIZE[program.src.size_in_bytes]), out)
 
     # arrays
     def flat_bytes(self, arr):
@@ -478,7 +484,7 @@ def _enqueue(backend, task, pinned, dev, stream) -> None:
     else:
         backend.h2d(dev[:n_src], pinned[:n_src], stream)
         size = g.program.out_size
-        backend.run(g.program, dev[:n_src], out_bytes[o0:o1].view(_UINT[size]), stream)
+        backend.run(g.program, dev[:n_src], out_bytes[o0:o1].view(UINT_OF_SIZE[size]), stream)
     for extra in g.extras:  # further destinations of tied outputs: device-to-device, same stream
         backend.d2d(backend.flat_bytes(extra)[o0:o1], out_bytes[o0:o1], stream)
 

@@ -20,7 +20,7 @@ from lazyweights.run.reference import materialize_reference
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import binary
 from lazyweights.graph.rewrites import merge_leading_axes
-from lazyweights.compiler.steps import Outputs, compile_steps
+from lazyweights.compiler.steps import compile_steps
 from lazyweights.tools.verify import hash_plan
 
 BF16 = ml_dtypes.bfloat16
@@ -171,11 +171,11 @@ def test_merge_leading_axes_is_a_reshape(case):
     root = CASES[case]()
     merged = merge_leading_axes(root)
     assert merged is not None and merged.shape == (root.shape[0] * root.shape[1],) + root.shape[2:]
-    want = materialize_reference(Outputs({"r": root}))["r"]
-    got = materialize_reference(Outputs({"m": merged}))["m"]
+    want = materialize_reference({"r": root})["r"]
+    got = materialize_reference({"m": merged})["m"]
     assert same(got, np.ascontiguousarray(want).reshape(merged.shape))
     # and the block executor agrees, in small blocks
-    blocks = materialize(Outputs({"m": merged}), scheduler="sync", block_bytes=64)["m"]
+    blocks = materialize({"m": merged}, scheduler="sync", block_bytes=64)["m"]
     assert same(blocks, got)
 
 

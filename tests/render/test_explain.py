@@ -237,7 +237,7 @@ def test_steps_section_from_a_scheduler(tiny, monkeypatch):
             self.outputs, self.nodes, self.kind = outputs, nodes, kind
 
     def compile_steps(plan):
-        return [Step([name], node.toposort(), "fused") for name, node in plan.outputs.items()]
+        return [Step([name], node.toposort(), "fused") for name, node in plan.items()]
 
     import lazyweights.render.explain as explain_module
 

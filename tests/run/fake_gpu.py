@@ -15,13 +15,12 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from lazyweights.compiler.gpu import DeviceProgram
+from lazyweights.compiler.gpu import UINT_OF_SIZE, DeviceProgram
 from lazyweights.core.dtype import DType
 from lazyweights.core.errors import DTypeError, LazyWeightsError
 from lazyweights.kernels.cuda_casts import storage_dtype
 from lazyweights.run.gpu import check_device_destination
 
-UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
 class _FakeStream:
