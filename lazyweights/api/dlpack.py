@@ -67,12 +67,10 @@ def export_dlpack(arr: np.ndarray, *args, **kwargs):
     Keyword arguments (`max_version`, `dl_device`, `copy`, `stream`) are the consumer's, passed on to
     numpy's exporter.
     """
-    if not arr.flags.writeable and not _versioned(kwargs.get("max_version")):
-        if kwargs.get("copy") is False:
-            raise BufferError("this array is read-only (a view of a checkpoint's memory map) and a legacy DLPack "
-                              "capsule cannot say so; export with copy=True or max_version=(1, 0)")
-        arr = np.array(arr, copy=True, order="C")
-        kwargs.pop("copy", None)  # copied once, here
+    shareable = exportable(arr, max_version=kwargs.get("max_version"), copy=kwargs.get("copy"))
+    if shareable is not arr:
+        arr = shareable
+        kwargs.pop("copy", None)  # copied once, in `exportable`
     dtype = DType.from_numpy(arr.dtype)
     if dtype not in _DL_CODES:
         return arr.__dlpack__(*args, **kwargs)
@@ -93,6 +91,27 @@ def export_dlpack(arr: np.ndarray, *args, **kwargs):
         raise BufferError(f"unexpected DLPack dtype (code {code.value}, bits {width.value}) from numpy")
     code.value = _DL_CODES[dtype]
     return capsule
+
+
+def exportable(arr: np.ndarray, *, max_version=None, copy=None) -> np.ndarray:
+    """The array a DLPack export of `arr` hands out: `arr` itself, or a private copy where the consumer asks
+    for a legacy capsule (no `max_version`) and `arr` is read-only (a legacy capsule has no read-only flag).
+
+    A caller exporting the same value many times (`WeightData.__dlpack__`) keeps the result, so the copy is
+    made once. `copy=False` with a read-only array and a legacy consumer raises BufferError.
+
+    Example:
+        >>> import numpy as np
+        >>> a = np.arange(3.0); a.flags.writeable = False
+        >>> exportable(a, max_version=(1, 0)) is a, exportable(a) is a, exportable(a).flags.writeable
+        (True, False, True)
+    """
+    if arr.flags.writeable or _versioned(max_version):
+        return arr
+    if copy is False:
+        raise BufferError("this array is read-only (a view of a checkpoint's memory map) and a legacy DLPack "
+                          "capsule cannot say so; export with copy=True or max_version=(1, 0)")
+    return np.array(arr, copy=True, order="C")
 
 
 def _versioned(max_version) -> bool:

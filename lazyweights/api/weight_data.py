@@ -28,7 +28,7 @@ from ..core.errors import DTypeError, LazyWeightsError, ShapeError
 from ..graph import ops
 from ..graph.node import Node
 from ..core.quantization import QuantizationEncoding
-from .dlpack import export_dlpack
+from .dlpack import export_dlpack, exportable
 from ..graph.opcodes import Op
 
 
@@ -40,7 +40,8 @@ class WeightData:
     array labelled bfloat16, say) the bits are reinterpreted, as the seed system does.
     """
 
-    __slots__ = ("node", "name", "quantization_encoding")
+    # `_exported`: the array the first `__dlpack__` materialized, kept for later exports (see there).
+    __slots__ = ("node", "name", "quantization_encoding", "_exported")
 
     def __init__(self, data, name: str, dtype: DType | None = None, shape=None,
                  quantization_encoding: QuantizationEncoding | None = None):
@@ -68,11 +69,12 @@ class WeightData:
         self.node = node
         self.name = name
         self.quantization_encoding = QuantizationEncoding.parse(quantization_encoding)
+        self._exported = None
 
     @classmethod
     def wrap(cls, node: Node, name: str, encoding: QuantizationEncoding | None = None) -> "WeightData":
         obj = cls.__new__(cls)
-        obj.node, obj.name, obj.quantization_encoding = node, name, encoding
+        obj.node, obj.name, obj.quantization_encoding, obj._exported = node, name, encoding, None
         return obj
 
     @classmethod
@@ -254,7 +256,18 @@ class WeightData:
         return arr if dtype is None else arr.astype(dtype)
 
     def __dlpack__(self, *args, **kwargs):
-        return export_dlpack(self.to_numpy(), *args, **kwargs)
+        """Export through DLPack, materializing at most once per `WeightData`.
+
+        The first export materializes; the array is kept, and later exports share it. A consumer may export
+        one value several times: MAX's `Module.load_state_dict` does so three times per value (shape check,
+        alignment check, then the inference session's load), which would otherwise be three
+        materializations. Like MAX's eager `WeightData`, the object then holds its array: drop it to free
+        the memory. A read-only view exported to a legacy consumer is copied once, here (see
+        `api.dlpack.exportable`)."""
+        arr = self._exported if self._exported is not None else self.to_numpy()
+        arr = exportable(arr, max_version=kwargs.get("max_version"), copy=kwargs.get("copy"))
+        self._exported = arr
+        return export_dlpack(arr, *args, **kwargs)
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU
