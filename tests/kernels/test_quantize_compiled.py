@@ -248,6 +248,21 @@ def test_runner_stages_unaligned_arrays():
     assert np.array_equal(out, want)
 
 
+@needs_c
+def test_c_quantizers_hold_no_fused_multiply_add():
+    # ggml's bytes need each float32 product rounded before its sum: no FMA in any clone (_cquant.c builds an
+    # AVX2 clone of each function; the "avx2" target excludes FMA and setup.py passes -ffp-contract=off).
+    import shutil
+
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed")
+    asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", C.__file__], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "mulss" in asm  # the float32 code was disassembled (symbols may be stripped)
+    assert not any(op in asm for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub")), "FMA instructions in _cquant"
+
+
 # --- threads, faults, imports -------------------------------------------------------------------------------
 
 
