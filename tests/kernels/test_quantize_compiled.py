@@ -181,6 +181,62 @@ def test_bytes_equal_live_ggml_on_wide_random_inputs(gguf_py_rows, t, impl):
     assert not failures, f"{impl} {t} differs from live ggml (seed, n, imatrix kind, rows): {failures}"
 
 
+def _rows_with_specials(t: str, seed: int) -> np.ndarray:
+    """Random rows with NaN, +-inf and -0.0 at every position of a block, one, two or a whole block of them."""
+    rng = np.random.default_rng(seed)
+    be = Q[t].block_elements
+    x = (rng.standard_normal((64, 4 * max(be, 64))) * 10.0 ** rng.uniform(-3, 3, (64, 1))).astype(np.float32)
+    blocks = x.reshape(-1, 32)  # 32-value blocks (the K types' sub-blocks are 16 or 32 values)
+    for i in range(len(blocks)):
+        kind = i % 6
+        p, q = i % 32, (7 * i + 3) % 32
+        if kind == 0:
+            blocks[i, p] = np.nan
+        elif kind == 1:
+            blocks[i, [p, q]] = np.nan
+        elif kind == 2:
+            blocks[i, p] = np.inf if i % 4 else -np.inf
+        elif kind == 3:
+            blocks[i, p] = np.nan
+            blocks[i, q] = blocks[i].max() * 4  # the block's largest value before or after its NaN
+        elif kind == 4:
+            blocks[i, :] = -0.0
+            blocks[i, p] = np.nan if i % 4 else 0.0
+    return x
+
+
+@needs_c
+def test_c_q8_0_lanes_equal_ggml_sequential_amax():
+    # quantize_Q8_0 finds each block's amax in eight lanes and falls back to ggml's chain for a block with a
+    # NaN (_cquant.c, quantize_q8_0_lanes): every block must equal ggml's quantize_q8_0 as written.
+    for seed in range(4):
+        x = _rows_with_specials("Q8_0", seed)
+        x[5] = np.random.default_rng(seed).standard_normal(x.shape[1]).astype(np.float32)  # no specials at all
+        got, want = (np.zeros((x.shape[0], x.shape[1] // 32 * 34), np.uint8) for _ in range(2))
+        with np.errstate(all="ignore"):
+            C.quantize_Q8_0(x, got, x.shape[1])
+            C.quantize_Q8_0_sequential(x, want, x.shape[1])
+        assert np.array_equal(got, want), seed
+        assert np.isnan(x).any() and want[5].any()
+
+
+@needs_c
+@needs_llama
+@pytest.mark.parametrize("t", TYPES)
+def test_c_bytes_equal_live_ggml_with_nan_and_inf_everywhere(t):
+    # ggml's code in C codes NaN and inf as ggml does (numba's ports follow gguf-py's NaN handling in the
+    # legacy types: not checked here).
+    fn = kernels(t)["c"]
+    rng = np.random.default_rng(3)
+    for seed in range(3):
+        x = _rows_with_specials(t, seed)
+        for w in (None, rng.random(x.shape[1]).astype(np.float32)):
+            with np.errstate(all="ignore"):
+                want = mf.ggml_quantize(t, x, w)
+            bad = differing_rows(quantize_with(fn, t, x, w), want, np.zeros(x.shape[0], bool))
+            assert not bad, (t, seed, w is None, bad[:4])
+
+
 # --- the C entry points' checks -----------------------------------------------------------------------------
 
 
