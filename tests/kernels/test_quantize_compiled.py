@@ -9,6 +9,7 @@ points' argument checks, the GIL being released, the SIGBUS guard, and that quan
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -45,6 +46,20 @@ needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama_cpp (llama-cpp-py
 
 def test_covers_every_fixture_type():
     assert set(TYPES) == set(mf.TYPES)
+
+
+def test_c_extension_is_built_where_a_compiler_is():
+    # setup.py marks _cquant optional, so a failed build would pass silently and leave every fresh machine
+    # compiling numba's quantizers for about a minute. Where a C compiler exists, it must have built.
+    import shutil
+    import sysconfig
+
+    if os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "auto").strip().lower() not in ("", "auto", "c"):
+        pytest.skip("C kernels switched off by LAZYWEIGHTS_CAST_KERNELS")
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(compiler):
+        pytest.skip(f"no C compiler ({compiler}) here")
+    assert C is not None, "lazyweights/kernels/_cquant.c was not built: reinstall with `pip install -e .`"
 
 
 def kernels(t: str) -> dict:
