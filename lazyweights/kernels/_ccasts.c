@@ -226,6 +226,17 @@ static int run_guarded(LoopFn loop, const void *src, void *out, Py_ssize_t rows,
     guard_jump = NULL;
     return 0;
 }
+
+/* The same for any call (the quantizers of `_cquant`, through the capsule below). */
+static int run_guarded_call(void (*call)(void *), void *context) {
+    sigjmp_buf jump;
+    if (sigsetjmp(jump, 1) != 0)
+        return -1;
+    guard_jump = &jump;
+    call(context);
+    guard_jump = NULL;
+    return 0;
+}
 #else
 static int ensure_guard_handler(void) { return 0; }
 static int run_guarded(LoopFn loop, const void *src, void *out, Py_ssize_t rows, Py_ssize_t cols,
@@ -233,7 +244,23 @@ static int run_guarded(LoopFn loop, const void *src, void *out, Py_ssize_t rows,
     loop(src, out, rows, cols, first, stride, extra);
     return 0;
 }
+static int run_guarded_call(void (*call)(void *), void *context) {
+    call(context);
+    return 0;
+}
 #endif
+
+/* The guard for the package's other extension, `_cquant` (the quantizers), as the capsule `_guard_api`: a
+ * process must have one SIGBUS handler and one per-thread jump target whichever extension's kernel is
+ * running. Two handlers, each installed over the other, would call each other forever on a stray SIGBUS.
+ * `_cquant.c` declares the same struct. */
+typedef struct {
+    int version;
+    int (*ensure_handler)(void);                      /* call with the GIL held; 0 or -1 with errno set */
+    int (*run)(void (*call)(void *), void *context);  /* 0, or -1 when a read raised SIGBUS */
+} GuardApi;
+
+static const GuardApi guard_api = {1, ensure_guard_handler, run_guarded_call};
 
 /* ---------------------------------------------------------------------------------------------------
  * The Python side: argument checking shared by every kernel. */
@@ -718,4 +745,15 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__ccasts(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__ccasts(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    PyObject *capsule = PyCapsule_New((void *)&guard_api, "lazyweights.kernels._ccasts._guard_api", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_guard_api", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

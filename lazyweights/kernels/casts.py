@@ -79,8 +79,8 @@ import numpy as np
 
 from ..core.errors import DTypeError, ShapeError
 
-__all__ = ["cast", "cast_into", "compiled_kernels", "has_fast_path", "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C",
-           "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
+__all__ = ["cast", "cast_into", "compiled_kernels", "compiled_quantizers", "has_fast_path", "warm_up", "kernel_backend",
+           "USE_COMPILED", "HAVE_C", "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
 
 
 def _backend_choice() -> str:
@@ -104,12 +104,23 @@ HAVE_COMPILED = HAVE_C or HAVE_NUMBA
 
 def compiled_kernels():
     """The ahead-of-time compiled extension module (`_ccasts`: casts and GGUF dequantizers), or None when
-    it was not built or LAZYWEIGHTS_KERNELS forbids it."""
+    it was not built or LAZYWEIGHTS_CAST_KERNELS forbids it."""
     if not HAVE_C:
         return None
     from . import _ccasts
 
     return _ccasts
+
+
+def compiled_quantizers():
+    """The ahead-of-time compiled GGUF quantizers (the `_cquant` extension, ggml's C), or None when it was
+    not built or LAZYWEIGHTS_CAST_KERNELS forbids C kernels (``numba``, ``numpy``). Here, next to
+    `compiled_kernels`, because one switch decides for every C kernel."""
+    if _CHOICE not in ("auto", "c") or importlib.util.find_spec(f"{__package__}._cquant") is None:
+        return None
+    from . import _cquant
+
+    return _cquant
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.

@@ -2,11 +2,14 @@
 
 Each block family is one module that registers its kernels with `registry` at import. The kernels are numba
 loops over blocks (`nogil`, so threads working on different row ranges run in parallel) that reproduce
-gguf-py's `gguf.quants` results (and ggml's quantizers) bit for bit. The common dequantizers also exist
-ahead of time, in the C extension (`compiled`: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K): those are registered
-when this package is imported, and the numba modules are imported only when a kernel they alone have is
-first asked for, so dequantizing a typical GGUF needs no numba at all.
+gguf-py's `gguf.quants` results (and ggml's quantizers) bit for bit. The common dequantizers and every
+quantizer also exist ahead of time, as C extensions (`compiled`: the dequantizers of Q4_0 Q4_1 Q5_0 Q5_1
+Q8_0 Q2_K..Q6_K; `compiled_quantize`: ggml's own quantizers of those types and IQ4_NL, IQ4_XS): those are
+registered when this package is imported, and the numba modules are imported only when a kernel they alone
+have is first asked for, so dequantizing a typical GGUF, or quantizing to any preset, needs no numba at all.
 
+    compiled  Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K      dequantize (C)
+    compiled_quantize  the same, IQ4_NL, IQ4_XS       quantize (C, ggml's code; optional importance matrix)
     legacy    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0        dequantize + quantize
     legacy_imatrix  the same five             quantize with an importance matrix (ggml's *_impl)
     kquants   Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K   dequantize
@@ -27,7 +30,7 @@ Example:
 """
 from __future__ import annotations
 
-from . import compiled
+from . import compiled, compiled_quantize
 from .registry import set_kernel_loader
 from .registry import (
     dequantize,
@@ -41,16 +44,17 @@ from .registry import (
 )
 
 
-
 def _import_numba_kernels() -> None:
     """Import the numba kernel modules (they register on import), then put the C kernels back in front."""
     from . import iq4_encode, iquants, kquants, kquants_encode, legacy, legacy_imatrix, mxfp4, ternary  # noqa: F401
 
     compiled.register_compiled()
+    compiled_quantize.register_compiled_quantizers()
 
 
 set_kernel_loader(_import_numba_kernels)
 compiled.register_compiled()
+compiled_quantize.register_compiled_quantizers()
 
 __all__ = [
     "dequantize",

@@ -269,8 +269,17 @@ def _quant_q8_0(x, out):
 # --- registration ---------------------------------------------------------------------------------------
 
 
-register(Q.Q4_0, dequantize=flat_runner(_dequant_q4_0, 16), quantize=flat_runner(_quant_q4_0))
-register(Q.Q4_1, dequantize=flat_runner(_dequant_q4_1, 16), quantize=flat_runner(_quant_q4_1))
-register(Q.Q5_0, dequantize=flat_runner(_dequant_q5_0), quantize=flat_runner(_quant_q5_0))
-register(Q.Q5_1, dequantize=flat_runner(_dequant_q5_1), quantize=flat_runner(_quant_q5_1))
-register(Q.Q8_0, dequantize=flat_runner(_dequant_q8_0, 32), quantize=flat_runner(_quant_q8_0))
+#: encoding -> this module's quantizer, which `legacy_imatrix` wraps (whatever the registry holds by then).
+QUANTIZERS = {
+    Q.Q4_0: flat_runner(_quant_q4_0),
+    Q.Q4_1: flat_runner(_quant_q4_1),
+    Q.Q5_0: flat_runner(_quant_q5_0),
+    Q.Q5_1: flat_runner(_quant_q5_1),
+    Q.Q8_0: flat_runner(_quant_q8_0),
+}
+
+register(Q.Q4_0, dequantize=flat_runner(_dequant_q4_0, 16), quantize=QUANTIZERS[Q.Q4_0])
+register(Q.Q4_1, dequantize=flat_runner(_dequant_q4_1, 16), quantize=QUANTIZERS[Q.Q4_1])
+register(Q.Q5_0, dequantize=flat_runner(_dequant_q5_0), quantize=QUANTIZERS[Q.Q5_0])
+register(Q.Q5_1, dequantize=flat_runner(_dequant_q5_1), quantize=QUANTIZERS[Q.Q5_1])
+register(Q.Q8_0, dequantize=flat_runner(_dequant_q8_0, 32), quantize=QUANTIZERS[Q.Q8_0])

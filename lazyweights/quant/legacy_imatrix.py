@@ -8,7 +8,8 @@ K-quant presets whenever a row is not a multiple of 256 (Gemma 3 270M's 640-wide
 an imatrix-quantized preset needs them to write llama-quantize's bytes.
 
 This module re-registers the five types with a runner that takes the imatrix path when one is given and
-the existing `legacy` kernels otherwise.
+`legacy`'s kernels otherwise. (Where the C extension is built, `compiled_quantize` registers ggml's own C in
+front of these; they stay the fallback and the second implementation the tests hold to ggml's bytes.)
 
 Example:
     >>> import numpy as np
@@ -23,10 +24,10 @@ import numpy as np
 from numba import njit
 
 from ..core.quantization import QuantizationEncoding as Q
-from . import legacy  # noqa: F401  (registers the plain kernels this module wraps)
 from ._bits import as_kernel_src
 from ._ggml_math import F, F0, make_qkx_quants, make_qx_quants, store_fp16, u8
-from .registry import implementation, register, registered_quantizer
+from .legacy import QUANTIZERS
+from .registry import register
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -91,4 +92,4 @@ def _runner(enc, plain):
 
 
 for _enc in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
-    register(_enc, quantize=_runner(_enc, registered_quantizer(_enc)), implementation=implementation(_enc, "quantize"))
+    register(_enc, quantize=_runner(_enc, QUANTIZERS[_enc]), implementation="numba")

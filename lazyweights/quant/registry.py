@@ -36,7 +36,7 @@ Kernel = Callable[[np.ndarray, np.ndarray], None]
 
 _DEQUANTIZE: dict[QuantizationEncoding, Kernel] = {}
 _QUANTIZE: dict[QuantizationEncoding, Kernel] = {}
-# How each registered function is implemented ("numba" or a short note, e.g. "gguf-py fallback").
+# How each registered function is implemented ("c", "numba" or a short note, e.g. "numba (ggml ... port)").
 _IMPLEMENTATION: dict[tuple[str, QuantizationEncoding], str] = {}
 
 
@@ -145,13 +145,19 @@ def registered_dequantizer(encoding: QuantizationEncoding) -> Kernel | None:
     return _DEQUANTIZE.get(QuantizationEncoding.parse(encoding))
 
 
-def registered_quantizer(encoding: QuantizationEncoding) -> Kernel:
-    """The quantize kernel registered for `encoding` (for modules that wrap one, e.g. with an imatrix path)."""
+def registered_quantizer(encoding: QuantizationEncoding, *, load: bool = True) -> Kernel | None:
+    """The quantize kernel registered for `encoding` (for modules that wrap one, e.g. with an imatrix path).
+
+    With `load=False`, the one registered now or None: no numba module is loaded and nothing is raised (what
+    `quant/compiled_quantize.py` needs at import, where loading numba is what it exists to avoid)."""
+    if not load:
+        return _QUANTIZE.get(QuantizationEncoding.parse(encoding))
     return _lookup(_QUANTIZE, encoding, "quantize")[1]
 
 
 def implementation(encoding: QuantizationEncoding, kind: str = "dequantize") -> str:
-    """How a registered kernel is implemented: "numba", or a note such as "gguf-py fallback"."""
+    """How a registered kernel is implemented: "c" (the ahead-of-time C kernels), "numba", or a note such as
+    "numba (ggml quantize_iq4_nl port)"."""
     encoding = QuantizationEncoding.parse(encoding)
     if (kind, encoding) not in _IMPLEMENTATION:
         _load_all()
@@ -257,9 +263,10 @@ def dequantize(encoding, src: np.ndarray) -> np.ndarray:
 def quantize_into(encoding, src: np.ndarray, out: np.ndarray, *, imatrix=None, name: str | None = None) -> None:
     """Quantize float32 `src` [rows, n] into packed blocks `out` (uint8 [rows, n // block_elements * block_bytes]).
 
-    The bytes equal what ggml's `ggml_quantize_chunk` writes for the type (for the legacy types that is
-    `quantize_row_*_ref`, which gguf-py's `gguf.quants.quantize` also reproduces). Both arrays C-contiguous;
-    `out` writable. Releases the GIL.
+    The bytes equal what ggml's `ggml_quantize_chunk` writes for the type: the C kernels are ggml's code
+    (`compiled_quantize`). Without them, numba's ports serve; their legacy types follow gguf-py's
+    `gguf.quants.quantize` (ggml's `quantize_row_*_ref` but for two corner cases: a Q4_0/Q5_0 block of zeros
+    led by -0.0, a Q4_1/Q5_1 block of +inf). Both arrays C-contiguous; `out` writable. Releases the GIL.
 
     `imatrix` (K-quants and IQ4 only) is an importance matrix: one float32 weight per column, as llama.cpp's
     imatrix files store them (`lazyweights.formats.imatrix.read_imatrix`); None takes ggml's

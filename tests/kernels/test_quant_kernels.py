@@ -292,18 +292,22 @@ def _quantize_inputs(block: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("enc", GGUF_PY_QUANT, ids=lambda e: e.name)
-def test_quantize_bytes_equal_gguf(enc):
+def test_quantize_bytes_equal_gguf(enc, gguf_py_rows):
     x = _quantize_inputs(enc.block_elements)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         want = gguf_quantize(x, GT[enc.name])
     got = quantize(enc, x)
     assert got.dtype == np.uint8 and got.shape == want.shape
-    bad = np.argwhere(got != want)
+    # The C kernels are ggml's code, which gguf-py does not follow in two corner cases (tests/kernels/
+    # conftest.py; here row 10's block of -0.0 for Q4_0 and Q5_0): those rows are held to ggml instead, in
+    # test_quantize_compiled.py. numba's kernels follow gguf-py there too.
+    ggml_rows = gguf_py_rows(enc.name, x) if implementation(enc, "quantize") == "c" else np.zeros(len(x), bool)
+    bad = np.argwhere((got != want) & ~ggml_rows[:, None])
     assert bad.size == 0, f"{enc.name}: {len(bad)} bytes differ, first at {tuple(bad[0])}"
     out = np.zeros_like(want)
     quantize_into(enc, x, out)
-    assert np.array_equal(out, want)
+    assert np.array_equal(out, got)
     assert np.array_equal(quantize(enc, x[0]), want[0])  # 1-D is one row
 
 
