@@ -12,7 +12,8 @@ tied embeddings, MoE experts, and the fallback when a row is not a multiple of 2
 writes (tests/kernels/test_kquant_encode.py), with an importance matrix when one is given.
 
 The result's metadata gets `general.file_type` (the preset's `llama_ftype`) and
-`general.quantization_version`, as llama-quantize writes them.
+`general.quantization_version`, and with an importance matrix the four `quantize.imatrix.*` keys
+(`file`, `dataset`, `entries_count`, `chunks_count`), as llama-quantize writes them.
 
 Example:
     >>> import numpy as np
@@ -26,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+import os
 from typing import Mapping, NamedTuple
 
 from ..core.dtype import DType
@@ -120,7 +122,41 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
                                 f"tensors (it has e.g. {', '.join(list(im)[:3])}): it is for another model")
     metadata["general.file_type"] = FILE_TYPE[str(preset).upper()]
     metadata["general.quantization_version"] = GGML_QNT_VERSION
+    if im is not None:
+        metadata.update(imatrix_metadata(im, imatrix))
     return QuantizedOutputs(new, encodings, types, metadata)
 
 
-__all__ = ["FILE_TYPE", "PRESETS", "QuantizedOutputs", "quantize_outputs"]
+def _c_string(text: str) -> str:
+    """What llama-quantize stores for a string: `strncpy` into a 128-byte key-value override, so at most 127
+    bytes (a UTF-8 character cut in two is dropped)."""
+    return str(text).encode("utf-8", "surrogateescape")[:127].decode("utf-8", "ignore")
+
+
+def imatrix_metadata(im, given=None) -> dict:
+    """The `quantize.imatrix.*` keys llama-quantize (tools/quantize/quantize.cpp) adds when it quantizes with an
+    importance matrix: the file as named on the command line (`given`, else the path it was read from), the
+    first dataset, the number of entries and the number of chunks (when known), each as its key-value
+    override writes it (strings cut at 127 bytes, counts as uint32).
+
+    Example:
+        >>> meta = imatrix_metadata(type("I", (), {"path": "m.dat", "datasets": ["wiki"], "chunk_count": 8,
+        ...                                         "__len__": lambda self: 3})())
+        >>> {k: v.value for k, v in meta.items()}
+        {'quantize.imatrix.file': 'm.dat', 'quantize.imatrix.dataset': 'wiki', 'quantize.imatrix.entries_count': 3, 'quantize.imatrix.chunks_count': 8}
+    """
+    from gguf.constants import GGUFValueType
+
+    name = given if isinstance(given, str) or hasattr(given, "__fspath__") else getattr(im, "path", "")
+    meta = {"quantize.imatrix.file": GGUFValue(_c_string(os.fsdecode(name) if name else ""), GGUFValueType.STRING)}
+    datasets = list(getattr(im, "datasets", None) or [])
+    if datasets:
+        meta["quantize.imatrix.dataset"] = GGUFValue(_c_string(datasets[0]), GGUFValueType.STRING)
+    meta["quantize.imatrix.entries_count"] = GGUFValue(len(im), GGUFValueType.UINT32)
+    chunks = int(getattr(im, "chunk_count", 0) or 0)
+    if chunks > 0:
+        meta["quantize.imatrix.chunks_count"] = GGUFValue(chunks, GGUFValueType.UINT32)
+    return meta
+
+
+__all__ = ["FILE_TYPE", "PRESETS", "QuantizedOutputs", "imatrix_metadata", "quantize_outputs"]

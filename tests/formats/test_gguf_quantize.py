@@ -8,6 +8,7 @@ llama-cpp-python is installed, llama.cpp itself is the judge: our one-pass Q4_K_
 tensor for tensor, `llama_model_quantize` of a bf16 GGUF of the same weights.
 """
 import ctypes
+import struct
 import os
 import subprocess
 import sys
@@ -208,3 +209,77 @@ def test_command_line_quant_flags(tmp_path, capsys):
     assert main(base + ["-o", str(tmp_path / "x.gguf"), "--imatrix", "f.dat"]) == 1
     assert "--quant" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def _write_imatrix_dat_full(path, entries, ncall, chunks, dataset):
+    """llama.cpp's legacy imatrix (save_imatrix_legacy): per entry the sums times ncall, then the trailer."""
+    body = struct.pack("<i", len(entries))
+    for name, w in entries.items():
+        b = name.encode()
+        body += struct.pack("<i", len(b)) + b + struct.pack("<ii", ncall, len(w))
+        body += (np.asarray(w, "<f4") * ncall).astype("<f4").tobytes()
+    d = dataset.encode()
+    path.write_bytes(body + struct.pack("<ii", chunks, len(d)) + d)
+
+
+def _llama_quantize_with_imatrix(llama_cpp, src, dst, preset, path, entries, ncall, chunks, dataset):
+    """llama_model_quantize as tools/quantize/quantize.cpp calls it with --imatrix: the entries divided by
+    ncall (load_imatrix, legacy format), plus its four quantize.imatrix.* key-value overrides."""
+    keep = []
+    data = (llama_cpp.llama_model_imatrix_data * (len(entries) + 1))()
+    for i, (name, w) in enumerate(entries.items()):
+        stored = (np.asarray(w, "<f4") * ncall).astype(np.float32)
+        arr = np.ascontiguousarray(stored / np.float32(ncall), dtype=np.float32)
+        keep += [arr, name.encode()]
+        data[i].name, data[i].size = keep[-1], arr.size
+        data[i].data = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    overrides = (llama_cpp.llama_model_kv_override * 5)()
+    for o, (key, tag, value) in zip(overrides, [
+            ("quantize.imatrix.file", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, str(path)),
+            ("quantize.imatrix.dataset", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, dataset),
+            ("quantize.imatrix.entries_count", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, len(entries)),
+            ("quantize.imatrix.chunks_count", llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, chunks)]):
+        o.key, o.tag = key.encode(), tag
+        if tag == llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR:
+            o.value.val_str = value.encode()[:127]
+        else:
+            o.value.val_i64 = value
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = 1
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{preset}")
+    params.imatrix = ctypes.cast(data, type(params.imatrix))
+    params.kv_overrides = ctypes.cast(overrides, type(params.kv_overrides))
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize failed with {rc}"
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q2_K"])
+def test_one_pass_with_imatrix_equals_llama_quantize(tmp_path, preset):
+    # llama-quantize --imatrix: same tensors (types and bytes) and the same quantize.imatrix.* keys.
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gguf.constants import GGUFValueType
+    from lazyweights.formats.gguf_writer import GGUFValue
+
+    tensors = _model()
+    meta = dict(META, **{"llama.feed_forward_length": FFN, "llama.rope.dimension_count": HIDDEN // 4,
+                         "llama.attention.layer_norm_rms_epsilon": GGUFValue(1e-5, GGUFValueType.FLOAT32)})
+    bf16 = tmp_path / "bf16.gguf"
+    _plan(tensors).save(bf16, metadata=meta)
+    entries = {n: (np.abs(RNG.standard_normal(a.shape[-1])) + 0.05).astype(np.float32)
+               for n, a in tensors.items() if a.ndim == 2 and n != "token_embd.weight"}
+    ncall, chunks, dataset = 3, 7, "wiki.train.raw"
+    path = tmp_path / "imatrix.dat"
+    _write_imatrix_dat_full(path, entries, ncall, chunks, dataset)
+    _llama_quantize_with_imatrix(llama_cpp, bf16, tmp_path / "ref.gguf", preset, path, entries, ncall, chunks, dataset)
+    _plan(tensors).save(tmp_path / "ours.gguf", metadata=meta, quant=preset, imatrix=str(path))
+    (ref_r, ref), (our_r, ours) = _read(tmp_path / "ref.gguf"), _read(tmp_path / "ours.gguf")
+    assert set(ref) == set(ours)
+    for name in ref:
+        assert ours[name].tensor_type == ref[name].tensor_type, name
+        assert np.asarray(ours[name].data).tobytes() == np.asarray(ref[name].data).tobytes(), name
+    keys = ("general.file_type", "general.quantization_version", "quantize.imatrix.file", "quantize.imatrix.dataset",
+            "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count")
+    for key in keys:
+        assert our_r.fields[key].types == ref_r.fields[key].types, key
+        assert bytes(our_r.fields[key].parts[-1]) == bytes(ref_r.fields[key].parts[-1]), key
+    assert bytes(our_r.fields["quantize.imatrix.dataset"].parts[-1]) == b"wiki.train.raw"
