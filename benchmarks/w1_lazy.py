@@ -10,6 +10,7 @@
                                                    source bytes from fresh maps into fresh memory, on the
                                                    same number of threads (no cast, no adapter)
   w1_lazy.py CKPT convert OUT [--budget B] ...    stream the adapted checkpoint to OUT
+  (--workers N on every mode but the floors: the scheduler's threads; default, the CPUs available)
 Prints one JSON line: seconds, peak RssAnon growth (bytes), tensors, checksum.
 """
 import argparse, json, os, sys, time
@@ -91,6 +92,7 @@ def main():
     ap.add_argument("out", nargs="?")
     ap.add_argument("--budget", default=None)
     ap.add_argument("--scheduler", default="threads")
+    ap.add_argument("--workers", type=int, default=None, help="scheduler threads (default: the CPUs available)")
     a = ap.parse_args()
     cfg = json.load(open(os.path.join(a.ckpt, "config.json")))
     if a.mode == "copy-floor":
@@ -108,13 +110,13 @@ def main():
             chk = 0
             if a.mode == "serve-into":
                 t = time.perf_counter()
-                sd = plan.materialize(budget=a.budget, scheduler=a.scheduler, out=outs)
+                sd = plan.materialize(budget=a.budget, scheduler=a.scheduler, out=outs, workers=a.workers)
                 chk = sum(int(v.view(np.uint8).reshape(-1)[:: max(1, v.nbytes // 64)].sum()) for v in sd.values())
         elif a.mode == "serve":
-            sd = plan.materialize(budget=a.budget, scheduler=a.scheduler)
+            sd = plan.materialize(budget=a.budget, scheduler=a.scheduler, workers=a.workers)
             chk = sum(int(v.view(np.uint8).reshape(-1)[:: max(1, v.nbytes // 64)].sum()) for v in sd.values())
         else:
-            plan.save(a.out, budget=a.budget, scheduler=a.scheduler)
+            plan.save(a.out, budget=a.budget, scheduler=a.scheduler, workers=a.workers)
             chk = 0
     dt = time.perf_counter() - t
     if a.mode == "alloc-floor":
