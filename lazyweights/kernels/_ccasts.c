@@ -16,8 +16,12 @@
  *     kernel(src, out, rows, cols, first, stride, *extra)
  * converting `rows` rows of `cols` elements, row r of the 1-D contiguous buffer `src` starting at element
  * ``first + r * stride`` (stride may be negative or larger than cols), densely into the 1-D contiguous
- * buffer `out`. Unlike numba's unchecked indexing, every index range is checked against the buffers first
- * (ValueError, never a stray read or write). The GIL is released while converting. A source page that
+ * buffer `out`. Here (not in numba's build) `rows` may instead be a 1-D int64 array `index`: a gather,
+ * output row i being source row index[i], i.e. starting at element ``first + index[i] * stride``. That is
+ * how a row permutation (RoPE's q/k rows) is cast in one pass, straight from the memory map, with no
+ * gathered copy in between (`casts.gather_cast_into`). Unlike numba's unchecked indexing, every index
+ * range is checked against the buffers first (ValueError; IndexError for a negative or out-of-range row
+ * index), never a stray read or write. The GIL is released while converting. A source page that
  * cannot be read (a memory-mapped file truncated mid-read) raises OSError(EFAULT) instead of killing the
  * process with SIGBUS (the guard below).
  *
@@ -112,10 +116,12 @@ static inline uint32_t f16_to_bf16(uint32_t h) {
     return v | (h & 0x8000u);
 }
 
-/* Extra arguments some kernels take (the NaN modes numpy's build decides, a lookup table). */
+/* Extra arguments some kernels take (the NaN modes numpy's build decides, a lookup table), and the row
+ * index of a gather (NULL: row r is source row r). Never NULL for the cast loops. */
 typedef struct {
     uint32_t nan_base, nan_mask, nan_fix;
     const void *table;
+    const int64_t *index;
 } Extra;
 
 typedef void (*LoopFn)(const void *src, void *out, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first,
@@ -128,9 +134,10 @@ typedef void (*LoopFn)(const void *src, void *out, Py_ssize_t rows, Py_ssize_t c
                                Py_ssize_t first, Py_ssize_t stride, const Extra *extra) {             \
         const IN_T *src = (const IN_T *)src_;                                                         \
         OUT_T *out = (OUT_T *)out_;                                                                   \
-        (void)extra;                                                                                  \
+        const int64_t *index = extra->index; /* hoisted: a uint8 `out` may alias anything */           \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                       \
-            const IN_T *restrict s = src + first + r * stride;                                        \
+            const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;                          \
+            const IN_T *restrict s = src + first + row * stride;                                      \
             OUT_T *restrict o = out + r * cols;                                                       \
             for (Py_ssize_t c = 0; c < cols; c++) {                                                   \
                 uint32_t v = s[c];                                                                    \
@@ -301,23 +308,79 @@ static PyObject *run_released(LoopFn loop, Py_buffer *src, Py_buffer *out, int a
     Py_RETURN_NONE;
 }
 
+/* `obj` as the `rows` argument: a count (0 returned), or a 1-D C-contiguous int64 array of row numbers
+ * (1 returned, `index` acquired: release it). -1 with an exception set on failure. A numpy integer scalar
+ * offers a 0-d buffer and counts as a count. */
+static int get_rows(PyObject *obj, Py_buffer *index, Py_ssize_t *rows) {
+    if (!PyLong_Check(obj) && PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, index, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        if (index->ndim == 1) {
+            const char *f = index->format ? index->format : "B";
+            if (*f == '@' || *f == '=' || *f == '<')
+                f++;
+            if (index->itemsize != 8 || !((f[0] == 'l' || f[0] == 'q') && f[1] == '\0')) {
+                PyErr_Format(PyExc_TypeError, "_ccasts: a row index must be an int64 array (got format '%s', "
+                             "%zd-byte items)", index->format ? index->format : "B", index->itemsize);
+                PyBuffer_Release(index);
+                return -1;
+            }
+            *rows = index->shape[0];
+            return 1;
+        }
+        PyBuffer_Release(index);
+    }
+    return get_index(obj, "rows", rows) ? -1 : 0;
+}
+
+/* The row numbers k >= 0 whose row of `cols` elements, starting at element ``first + k * stride``, lies
+ * inside a source of `n_src` elements: lo..hi inclusive (lo > hi when there is none). Needs
+ * 0 <= first <= n_src and 0 <= cols <= n_src; nothing here can overflow. */
+static void row_bounds(Py_ssize_t n_src, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,
+                       Py_ssize_t *lo, Py_ssize_t *hi) {
+    const Py_ssize_t last_start = n_src - cols; /* a row fits iff 0 <= its start <= last_start */
+    *lo = 0;
+    *hi = -1;
+    if (stride > 0) {
+        if (first <= last_start)
+            *hi = (last_start - first) / stride;
+    } else if (stride == 0) {
+        if (first <= last_start)
+            *hi = PY_SSIZE_T_MAX;
+    } else {
+        const Py_ssize_t step = -stride; /* starts decrease: too high first, then inside, then below 0 */
+        *lo = first > last_start ? (first - last_start - 1) / step + 1 : 0;
+        *hi = first / step;
+    }
+}
+
 /* Run `loop` after checking that every element it will read lies inside `src` and every element it will
- * write inside `out`, and that both are aligned for their element types. */
+ * write inside `out`, and that both are aligned for their element types. `rows` (args[2]) is a count or a
+ * gather's int64 row index (see the top of this file); each index entry is checked, with the GIL held. */
 static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_ssize_t out_size,
-                          PyObject *const *args, Py_ssize_t nargs, const Extra *extra) {
-    Py_buffer src, out;
+                          PyObject *const *args, Py_ssize_t nargs, const Extra *extra_in) {
+    Py_buffer src, out, index;
     Py_ssize_t rows, cols, first, stride;
+    Extra extra = {0, 0, 0, NULL, NULL};
+    if (extra_in != NULL)
+        extra = *extra_in;
     if (nargs != 6) {
         PyErr_Format(PyExc_TypeError, "%s() takes src, out, rows, cols, first, stride", name);
         return NULL;
     }
-    if (get_index(args[2], "rows", &rows) || get_index(args[3], "cols", &cols) ||
-        get_index(args[4], "first", &first) || get_index(args[5], "stride", &stride))
+    if (get_index(args[3], "cols", &cols) || get_index(args[4], "first", &first) ||
+        get_index(args[5], "stride", &stride))
         return NULL;
-    if (get_buffers(args, &src, &out) < 0)
+    const int gather = get_rows(args[2], &index, &rows);
+    if (gather < 0)
         return NULL;
+    if (get_buffers(args, &src, &out) < 0) {
+        if (gather)
+            PyBuffer_Release(&index);
+        return NULL;
+    }
     const char *problem = NULL;
-    Py_ssize_t n_src = src.len / in_size, n_out = out.len / out_size;
+    Py_ssize_t n_src = src.len / in_size, n_out = out.len / out_size, bad_at = -1;
     if (rows < 0 || cols < 0)
         problem = "rows and cols must not be negative";
     else if (((uintptr_t)src.buf % (uintptr_t)in_size) || ((uintptr_t)out.buf % (uintptr_t)out_size))
@@ -327,7 +390,31 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
         Py_ssize_t step = stride < 0 ? -stride : stride;
         if (rows > n_out / cols)
             problem = "the output buffer is too small";
-        else if (first < 0 || first > n_src || step > n_src || (step && rows - 1 > n_src / step))
+        else if (gather) {
+            /* Row k starts at first + k * stride; rows 0 .. inside-1 lie in the source (they are
+             * consecutive: the set of k for which a row fits is an interval that starts at 0 here). */
+            const int64_t *ix = (const int64_t *)index.buf;
+            Py_ssize_t lo = 0, hi = -1;
+            if (first >= 0 && first <= n_src && cols <= n_src)
+                row_bounds(n_src, cols, first, stride, &lo, &hi);
+            for (Py_ssize_t i = 0; i < rows; i++) {
+                if (ix[i] < (int64_t)lo || ix[i] > (int64_t)hi) {
+                    bad_at = i;
+                    break;
+                }
+            }
+            if (bad_at >= 0) {
+                PyErr_Format(PyExc_IndexError,
+                             "%s: row index %lld (at position %zd of %zd) is %s: the source holds rows %zd..%zd "
+                             "(source %zd elements, cols=%zd first=%zd stride=%zd)", name,
+                             (long long)ix[bad_at], bad_at, rows, ix[bad_at] < 0 ? "negative" : "out of range",
+                             lo, hi, n_src, cols, first, stride);
+                PyBuffer_Release(&src);
+                PyBuffer_Release(&out);
+                PyBuffer_Release(&index);
+                return NULL;
+            }
+        } else if (first < 0 || first > n_src || step > n_src || (step && rows - 1 > n_src / step))
             problem = "first or stride lies outside the source buffer";
         else {
             Py_ssize_t last = first + (rows - 1) * stride; /* start of the last row; |.| <= 2 * n_src */
@@ -342,9 +429,15 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
                      "stride=%zd)", name, problem, n_src, n_out, rows, cols, first, stride);
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
+        if (gather)
+            PyBuffer_Release(&index);
         return NULL;
     }
-    return run_released(loop, &src, &out, rows > 0 && cols > 0, rows, cols, first, stride, extra);
+    extra.index = gather ? (const int64_t *)index.buf : NULL;
+    PyObject *result = run_released(loop, &src, &out, rows > 0 && cols > 0, rows, cols, first, stride, &extra);
+    if (gather)
+        PyBuffer_Release(&index);
+    return result;
 }
 
 /* Kernels without extra arguments. */
@@ -381,7 +474,7 @@ static PyObject *k_f16_to_f32(PyObject *self, PyObject *const *args, Py_ssize_t 
 /* k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix) */
 static PyObject *k_f32_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    Extra extra = {0, 0, 0, NULL};
+    Extra extra = {0, 0, 0, NULL, NULL};
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
                         "k_f32_to_f16() takes src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix");
@@ -404,7 +497,7 @@ static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_buffer table;
     if (PyObject_GetBuffer(args[6], &table, PyBUF_SIMPLE) < 0)
         return NULL;
-    Extra extra = {0, 0, 0, table.buf};
+    Extra extra = {0, 0, 0, table.buf, NULL};
     Py_ssize_t width = table.len / 256;
     LoopFn loop = NULL;
     if (table.len % 256 == 0 && (uintptr_t)table.buf % (uintptr_t)(width ? width : 1) == 0) {
