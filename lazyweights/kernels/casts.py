@@ -154,7 +154,8 @@ class _Kernel(NamedTuple):
             first: int = 0, stride: int = 0) -> None:
         """Convert `rows` rows of `cols` elements of the 1-D contiguous `src`, row r starting at element
         ``first + r * stride``, into `out_flat`. By default all of `src` is one row. With the C kernels
-        (`GATHER_BACKENDS`), `rows` may be a 1-D int64 array instead: output row i is source row rows[i]."""
+        (`GATHER_BACKENDS`), `rows` may be an int64 row index instead (1-D: output row i is source row
+        rows[i]; (2, n): output row rows[1, k] is source row rows[0, k]; see `_ccasts.c`)."""
         s = src.view(self.src_view)
         # One compiled specialization per kernel: numba types read-only and writable arrays differently,
         # and sources are usually read-only memory maps.
@@ -492,7 +493,8 @@ def _as_rows(src: np.ndarray) -> np.ndarray | None:
 
 def _run_rows(kernel: _Kernel, rows: np.ndarray, out_flat: np.ndarray, index: np.ndarray | None = None) -> None:
     """Convert a 2-D view with contiguous rows and any row stride with one kernel call, reading it in place:
-    every row, or (C kernels only) the rows `index` names, in that order."""
+    every row, or (C kernels only) the rows `index` names: 1-D, source rows in output order; (2, n),
+    (source row, output row) pairs."""
     n_rows, cols = rows.shape
     step = rows.strides[0] // rows.itemsize if n_rows > 1 else 0
     lowest = rows[n_rows - 1] if step < 0 else rows[0]  # the row at the lowest address
@@ -691,12 +693,18 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         if out.size == 0:
             return
         if src.dtype == out.dtype:
-            np.take(src, idx, axis=0, out=out)
+            np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
         else:
             cast_into(src[idx], out)
         return
+    index = idx
+    if idx.size > 1 and bool((idx[1:] < idx[:-1]).any()):
+        # Visit the source rows in ascending order, each written to its place: read in permuted order, rows
+        # cost the hardware prefetchers their stream (+20% on RoPE's q/k rows; see _ccasts.c).
+        order = np.argsort(idx, kind="stable")
+        index = np.stack([idx[order], order])
     try:
-        _run_rows(kernel, table, out.reshape(-1), idx)  # the kernel checks every index before reading
+        _run_rows(kernel, table, out.reshape(-1), index)  # the kernel checks every index before reading
         return
     except IndexError as e:
         error = e
