@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 import numpy as np
 
@@ -63,15 +63,26 @@ class Move(NamedTuple):
     source_units: Callable[[Node, np.ndarray, int], np.ndarray]
 
 
-def _remap(ids: np.ndarray, unit: int, run: int, out_lead: tuple, in_lead: tuple, coords_in) -> np.ndarray:
+def _remap(ids: np.ndarray, per_run: int, out_lead: tuple, in_lead: tuple, coords_in) -> np.ndarray:
     """Unit ids of an output whose leading axes `out_lead` map to input leading axes `in_lead` through
-    `coords_in` (output coordinates -> input coordinates), trailing `run` elements moving together."""
-    per_run = run // unit
-    within, lead = ids % per_run, ids // per_run
-    coords = np.unravel_index(lead, out_lead) if len(out_lead) > 1 else (lead,)
+    `coords_in` (output coordinates -> input coordinates), `per_run` units of trailing elements moving
+    together. (Runs once per block: one- and two-axis leads, the common case, skip numpy's general
+    unravel/ravel, which cost 30 us a block.)"""
+    lead, within = (ids, None) if per_run == 1 else np.divmod(ids, per_run)
+    if len(out_lead) == 1:
+        coords = (lead,)
+    elif len(out_lead) == 2:
+        coords = np.divmod(lead, out_lead[1])
+    else:
+        coords = np.unravel_index(lead, out_lead)
     src = coords_in(coords)
-    lead_in = np.ravel_multi_index(src, in_lead) if len(in_lead) > 1 else src[0]
-    return lead_in * per_run + within
+    if len(in_lead) == 1:
+        lead_in = src[0]
+    elif len(in_lead) == 2:
+        lead_in = src[0] * in_lead[1] + src[1]
+    else:
+        lead_in = np.ravel_multi_index(src, in_lead)
+    return lead_in if within is None else lead_in * per_run + within
 
 
 @GATHER.register(Op.RESHAPE)
@@ -87,7 +98,7 @@ def _gather_take(node: Node) -> Move:
     n_in = node.srcs[0].shape[axis]
 
     def source_units(n, ids, unit):
-        return _remap(ids, unit, run, (outer, len(idx)), (outer, n_in), lambda c: (c[0], idx.array[c[1]]))
+        return _remap(ids, run // unit, (outer, len(idx)), (outer, n_in), lambda c: (c[0], idx.array[c[1]]))
 
     return Move(run, source_units)
 
@@ -100,7 +111,7 @@ def _gather_slice(node: Node) -> Move:
     starts, steps = [a for a, _, _ in node.arg[:k]], [s for _, _, s in node.arg[:k]]
 
     def source_units(n, ids, unit):
-        return _remap(ids, unit, run, node.shape[:k], src.shape[:k],
+        return _remap(ids, run // unit, node.shape[:k], src.shape[:k],
                       lambda c: tuple(a + s * x for a, s, x in zip(starts, steps, c)))
 
     return Move(run, source_units)
@@ -119,7 +130,7 @@ def _gather_permute(node: Node) -> Move:
         return tuple(out)
 
     def source_units(n, ids, unit):
-        return _remap(ids, unit, run, node.shape[:k], src.shape[:k], coords_in)
+        return _remap(ids, run // unit, node.shape[:k], src.shape[:k], coords_in)
 
     return Move(run, source_units)
 
@@ -145,12 +156,30 @@ def table_run(v: np.ndarray) -> int:
     return run
 
 
+def _memo(cache: dict | None, key: tuple, make: Callable[[], Any]) -> Any:
+    """`make()`, remembered in `cache` (the executors share one per step, so blocks after the first skip
+    this module's analysis; keys are tuples, which never equal the `Node` keys `view_of` stores)."""
+    if cache is None:
+        return make()
+    try:
+        return cache[key]
+    except KeyError:
+        value = cache[key] = make()
+        return value
+
+
+def _table_run_of(node: Node, base_of, cache) -> int:
+    def make():
+        v = view_of(node, base_of, cache)
+        return table_run(v) if v is not None else 0
+
+    return _memo(cache, ("table run", node), make)
+
+
 def _max_unit(node: Node, base_of, cache) -> int:
-    v = view_of(node, base_of, cache)
-    if v is not None:
-        run = table_run(v)
-        if run:
-            return run
+    run = _table_run_of(node, base_of, cache)
+    if run:
+        return run
     if node.op not in GroupOp.Layout:
         return 0
     below = _max_unit(node.srcs[0], base_of, cache)
@@ -160,18 +189,21 @@ def _max_unit(node: Node, base_of, cache) -> int:
 def gather_unit(node: Node, base_of: Callable[[Node], np.ndarray], cache: dict | None = None) -> int:
     """Elements per unit when `node`'s rows are gathered units of a view (see the module docstring), or 0
     when they are not, or the units would be too short to gain anything, or `node` is a view itself."""
-    if node.op not in GroupOp.Layout or not node.size or view_of(node, base_of, cache) is not None:
-        return 0
-    longest = _max_unit(node, base_of, cache)
-    unit = math.gcd(longest, row_size(node)) if longest else 0  # (gcd(0, n) is n)
-    return unit if unit * node.dtype.size_in_bytes >= MIN_UNIT_BYTES else 0
+    def make():
+        if node.op not in GroupOp.Layout or not node.size or view_of(node, base_of, cache) is not None:
+            return 0
+        longest = _max_unit(node, base_of, cache)
+        unit = math.gcd(longest, row_size(node)) if longest else 0  # (gcd(0, n) is n)
+        return unit if unit * node.dtype.size_in_bytes >= MIN_UNIT_BYTES else 0
+
+    return _memo(cache, ("gather unit", node), make)
 
 
-def row_gather(node: Node, rows: Rows, base_of: Callable[[Node], np.ndarray], cache: dict | None = None,
-               unit: int | None = None) -> Gather | None:
+def row_gather(node: Node, rows: Rows, base_of: Callable[[Node], np.ndarray],
+               cache: dict | None = None) -> Gather | None:
     """Rows `rows` of `node` as a `Gather` over the view at the bottom of its chain, or None if the chain
-    does not qualify (`gather_unit` is 0). `unit`, when given, is `gather_unit(node, ...)` already known."""
-    unit = gather_unit(node, base_of, cache) if unit is None else unit
+    does not qualify (`gather_unit` is 0)."""
+    unit = gather_unit(node, base_of, cache)
     if not unit:
         return None
     per_row = row_size(node) // unit
@@ -179,28 +211,29 @@ def row_gather(node: Node, rows: Rows, base_of: Callable[[Node], np.ndarray], ca
         ids = np.arange(rows.start * per_row, rows.stop * per_row, dtype=np.int64)
     else:
         ids = (np.asarray(rows, np.int64)[:, None] * per_row + np.arange(per_row)).reshape(-1)
-    while True:
-        v = view_of(node, base_of, cache)
-        if v is not None and table_run(v):
-            return _over_view(v, ids, unit)
+    while not _table_run_of(node, base_of, cache):
         ids = GATHER[node.op](node).source_units(node, ids, unit)
         node = node.srcs[0]
+    windows, n, step, per_row, backwards = _memo(cache, ("gather table", node, unit),
+                                                 lambda: _table(view_of(node, base_of, cache), unit))
+    row, within = (ids, None) if per_row == 1 else np.divmod(ids, per_row)
+    if backwards:
+        row = (n - 1) - row  # offsets count from the lowest row
+    offsets = row * step if within is None else row * step + within * unit
+    return Gather(windows, offsets.astype(np.int64, copy=False), unit)
 
 
-def _over_view(v: np.ndarray, ids: np.ndarray, unit: int) -> Gather:
-    """Units of the table view `v` (rows of `table_run(v)` elements) as element offsets into its span."""
+def _table(v: np.ndarray, unit: int) -> tuple[np.ndarray, int, int, int, bool]:
+    """The table view `v` (rows of `table_run(v)` elements) cut into units: (every run of `unit` elements
+    of its span as a 2-D view, its rows, the distance between rows in elements, units per row, whether its
+    rows run backwards in memory)."""
     run = table_run(v)
     table = v.reshape(-1, run)  # a view: table_run said so
     n = table.shape[0]
     row_step = table.strides[0] // table.itemsize if n > 1 else 0
     lowest = table[n - 1] if row_step < 0 else table[0]  # the row at the lowest address
     span_len = (n - 1) * abs(row_step) + run
-    per_row = run // unit
-    row, within = ids // per_row, ids % per_row
-    if row_step < 0:
-        row = (n - 1) - row  # offsets count from the lowest row
-    offsets = row * abs(row_step) + within * unit
     # Every run of `unit` elements of the span, one per starting element: a view, nothing is copied.
     windows = np.lib.stride_tricks.as_strided(lowest, shape=(span_len - unit + 1, unit),
                                               strides=(table.itemsize, table.itemsize), writeable=False)
-    return Gather(windows, offsets.astype(np.int64, copy=False), unit)
+    return windows, n, abs(row_step), run // unit, row_step < 0

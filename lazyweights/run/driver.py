@@ -47,11 +47,14 @@ SCHEDULERS = ("sync", "threads", "reference")
 
 
 class BlockTask(NamedTuple):
-    """One unit of work: rows `rows` of `step`, going where `target` says (the sink's business)."""
+    """One unit of work: rows `rows` of `step`, going where `target` says (the sink's business). `cache`
+    is the pull cache (`run/blocks.pull`) the blocks of one step share: views of the maps and gather
+    facts, worked out by the step's first block instead of by every block."""
 
     step: Step
     rows: range
     target: Any = None
+    cache: dict | None = None
 
 
 class Sink(Protocol):
