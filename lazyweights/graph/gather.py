@@ -199,28 +199,52 @@ def gather_unit(node: Node, base_of: Callable[[Node], np.ndarray], cache: dict |
     return _memo(cache, ("gather unit", node), make)
 
 
+class _Plan(NamedTuple):
+    """What every block of one node's gather shares (worked out by its first block)."""
+
+    unit: int
+    per_row: int  # units per row of the node
+    moves: tuple  # (node, Move) from the node down to the view, exclusive
+    windows: np.ndarray
+    rows: int  # rows of the view's table
+    step: int  # elements between the table's rows
+    units_per_row: int  # units per row of the table
+    backwards: bool  # the table's rows run backwards in memory
+
+
+def _plan(node: Node, base_of, cache) -> _Plan | None:
+    def make():
+        unit = gather_unit(node, base_of, cache)
+        if not unit:
+            return None
+        moves, n = [], node
+        while not _table_run_of(n, base_of, cache):
+            moves.append((n, GATHER[n.op](n)))
+            n = n.srcs[0]
+        return _Plan(unit, row_size(node) // unit, tuple(moves), *_table(view_of(n, base_of, cache), unit))
+
+    return _memo(cache, ("gather plan", node), make)
+
+
 def row_gather(node: Node, rows: Rows, base_of: Callable[[Node], np.ndarray],
                cache: dict | None = None) -> Gather | None:
     """Rows `rows` of `node` as a `Gather` over the view at the bottom of its chain, or None if the chain
     does not qualify (`gather_unit` is 0)."""
-    unit = gather_unit(node, base_of, cache)
-    if not unit:
+    plan = _plan(node, base_of, cache)
+    if plan is None:
         return None
-    per_row = row_size(node) // unit
+    unit, per_row = plan.unit, plan.per_row
     if isinstance(rows, range):
         ids = np.arange(rows.start * per_row, rows.stop * per_row, dtype=np.int64)
     else:
         ids = (np.asarray(rows, np.int64)[:, None] * per_row + np.arange(per_row)).reshape(-1)
-    while not _table_run_of(node, base_of, cache):
-        ids = GATHER[node.op](node).source_units(node, ids, unit)
-        node = node.srcs[0]
-    windows, n, step, per_row, backwards = _memo(cache, ("gather table", node, unit),
-                                                 lambda: _table(view_of(node, base_of, cache), unit))
-    row, within = (ids, None) if per_row == 1 else np.divmod(ids, per_row)
-    if backwards:
-        row = (n - 1) - row  # offsets count from the lowest row
-    offsets = row * step if within is None else row * step + within * unit
-    return Gather(windows, offsets.astype(np.int64, copy=False), unit)
+    for n, move in plan.moves:
+        ids = move.source_units(n, ids, unit)
+    row, within = (ids, None) if plan.units_per_row == 1 else np.divmod(ids, plan.units_per_row)
+    if plan.backwards:
+        row = (plan.rows - 1) - row  # offsets count from the lowest row
+    offsets = row * plan.step if within is None else row * plan.step + within * unit
+    return Gather(plan.windows, offsets.astype(np.int64, copy=False), unit)
 
 
 def _table(v: np.ndarray, unit: int) -> tuple[np.ndarray, int, int, int, bool]:
