@@ -64,6 +64,7 @@ class Sink(Protocol):
 
     label: str
     keep_views: bool  # True: zero-copy views of the sources are results as they are (no block to run)
+    in_place: bool  # True: blocks are computed into memory that keeps them (nothing reads them back)
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]: ...
     def run_block(self, task: BlockTask) -> int: ...  # returns the bytes it produced
@@ -92,7 +93,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
     if not isinstance(sched, str) or sched == "reference":
         raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
-                          keep_views=sink.keep_views)
+                          keep_views=sink.keep_views, in_place=sink.in_place)
     tasks = sink.tasks(steps)
     if prepare_kernels(steps):
         from ..kernels import casts

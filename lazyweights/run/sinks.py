@@ -46,6 +46,7 @@ class MemorySink:
 
     label = "materialize"
     keep_views = True
+    in_place = True  # blocks are computed straight into the results
 
     def __init__(self, outputs: Mapping[str, Node], out: Mapping[str, np.ndarray] | None = None):
         self.outputs = dict(outputs)
@@ -138,6 +139,7 @@ class WriterSink:
 
     label = "save"
     keep_views = False  # bytes must move anyway: a view of the map is copied block by block
+    in_place = False  # each block is computed into a scratch buffer, then written out from it
 
     def __init__(self, targets: Mapping[str, list[tuple[Any, int]]], *, ordered: bool = False, label: str = "save"):
         self.targets = targets

@@ -1,6 +1,8 @@
 """Block sizes: a step that streams (its only value op is the last) gets STREAM_BLOCK_BYTES blocks, fewer
-tasks; a step with a value op below the root keeps DEFAULT_BLOCK_BYTES blocks, so its intermediates stay
-in cache; an explicit block_bytes applies to both; the budget still caps both."""
+tasks, when its blocks are computed in place (materialize); a step with a value op below the root, and
+every step of a run whose blocks are read back (a save writes each from a scratch buffer), keeps
+DEFAULT_BLOCK_BYTES blocks, which stay in cache; an explicit block_bytes applies to all; the budget still
+caps all."""
 import numpy as np
 
 from lazyweights.compiler.steps import DEFAULT_BLOCK_BYTES, STREAM_BLOCK_BYTES, compile_steps
@@ -38,3 +40,14 @@ def test_explicit_block_bytes_and_budget_still_rule():
     assert block_rows(node, block_bytes=1 << 20)[1] == {(1 << 20) // (COLS * 2)}
     step, rows = block_rows(node, budget=8 << 20, workers=2)  # 4 MB per worker
     assert max(rows) * step.work_per_row <= 4 << 20
+
+
+def test_blocks_that_are_read_back_stay_cache_sized():
+    step, rows = block_rows(ops.cast(X, "float16"), in_place=False)
+    assert step.streams and rows == {DEFAULT_BLOCK_BYTES // (COLS * 2)}
+
+
+def test_sinks_say_whether_blocks_stay():
+    from lazyweights.run.sinks import MemorySink, WriterSink
+
+    assert MemorySink({}).in_place and not WriterSink({}).in_place
