@@ -2,6 +2,8 @@
 """Where the time of W1's `materialize(out=...)` goes, against the copy floor, in one process.
 
   python benchmarks/profile_w1.py CKPT [--reps 7] [--prime-gb 2]
+  python benchmarks/profile_w1.py CKPT --overhead [--reps 25]
+  python benchmarks/profile_w1.py CKPT --ablate [--reps 7]
 
 Output buffers are allocated and touched once (load_state_dict's path), so no run pays first-touch.
 Three measurements, each the median of --reps, each after touching and freeing --prime-gb of memory:
@@ -16,6 +18,16 @@ Categories: compile (compile_steps), tasks (the sink turning steps into block ta
 stat before every block), gather analysis (graph/gather: the row index of a permuted block), kernels by
 kind (bf16->f16 contiguous, bf16->f16 gathered, bf16->f32, other), and the rest (driver, pull rules,
 Python glue) as the remainder.
+
+--overhead: the cast kernels replaced by no-ops, so a run is nothing but the fixed costs (compile, tasks,
+scheduling, checks, gather index work): min and median over --reps, per run and per block, on one thread
+and on the default threads. (Works against older trees too: it patches only `casts.cast_into` and, where
+it exists, `casts.gather_cast_into`.)
+
+--ablate: materialize(out=) on the default threads with this stop's changes switched off one at a time,
+median of --reps, each after priming, alternating: all on; gathered rows copied then cast (the old pull
+path); 4 MB blocks for every step; the portable bf16 -> f16 loop instead of F16C's (a child process with
+LAZYWEIGHTS_CAST_LOOPS=portable, timed the same way).
 """
 import argparse, json, os, statistics, sys, threading, time
 from collections import defaultdict
@@ -72,11 +84,66 @@ def prime(nbytes):
     del a
 
 
+def overhead(plan, outs, reps):
+    """Fixed costs only: materialize(out=) with no-op cast kernels."""
+    from lazyweights.compiler.steps import compile_steps
+
+    casts.cast_into = lambda src, out: None
+    if hasattr(casts, "gather_cast_into"):
+        casts.gather_cast_into = lambda src, rows, out: None
+    n_blocks = sum(len(s.blocks) for s in compile_steps(plan))
+    print(f"no-op kernels: {n_blocks} blocks (as compile_steps cuts them for materialize), min / median of {reps}")
+    for sched in ("sync", "threads"):
+        plan.materialize(out=outs, scheduler=sched)
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            plan.materialize(out=outs, scheduler=sched)
+            ts.append(time.perf_counter() - t)
+        lo, med = min(ts), statistics.median(ts)
+        print(f"  {sched:8} {lo * 1e3:6.1f} / {med * 1e3:6.1f} ms a run, {lo / n_blocks * 1e6:5.0f} / "
+              f"{med / n_blocks * 1e6:5.0f} us a block")
+
+
+def ablate(plan, outs, reps, prime_gb, ckpt):
+    import subprocess
+
+    variants = {
+        "all on": lambda: plan.materialize(out=outs),
+        "gathered rows copied, then cast": lambda: plan.materialize(out=outs),
+        "4 MB blocks everywhere": lambda: plan.materialize(out=outs, block_bytes=4 << 20),
+    }
+    real = blocks.gathered
+    times = defaultdict(list)
+    for fn in variants.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in variants.items():
+            blocks.gathered = (lambda *a, **k: None) if name.startswith("gathered") else real
+            prime(int(prime_gb * (1 << 30)))
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    blocks.gathered = real
+    env = dict(os.environ, LAZYWEIGHTS_CAST_LOOPS="portable")
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), ckpt, "--ablate-child", "--reps", str(reps),
+                          "--prime-gb", str(prime_gb)], env=env, capture_output=True, text=True, check=True).stdout
+    times["portable bf16 -> f16 loop"] = json.loads(out.strip().splitlines()[-1])
+    base = statistics.median(times["all on"])
+    print(f"materialize(out=), threads, median of {reps} ({prime_gb:g} GiB primed before each run):")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"  {name:34} {med * 1e3:6.1f} ms  {med / base:5.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ckpt")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--prime-gb", type=float, default=2.0)
+    ap.add_argument("--overhead", action="store_true", help="no-op kernels: the fixed costs alone")
+    ap.add_argument("--ablate", action="store_true", help="switch this stop's changes off one at a time")
+    ap.add_argument("--ablate-child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     cfg = json.load(open(os.path.join(a.ckpt, "config.json")))
     weights = lw.load_weights(a.ckpt)
@@ -84,6 +151,19 @@ def main():
     outs = {n: np.empty(node.shape, node.dtype.to_numpy()) for n, node in plan.outputs.items()}
     for v in outs.values():
         v.reshape(-1).view(np.uint8)[::4096] = 1
+    if a.overhead:
+        return overhead(plan, outs, a.reps)
+    if a.ablate:
+        return ablate(plan, outs, a.reps, a.prime_gb, a.ckpt)
+    if a.ablate_child:  # (the parent's environment chose the kernels)
+        plan.materialize(out=outs)
+        ts = []
+        for _ in range(a.reps):
+            prime(int(a.prime_gb * (1 << 30)))
+            t = time.perf_counter()
+            plan.materialize(out=outs)
+            ts.append(time.perf_counter() - t)
+        return print(json.dumps(ts))
     out_bytes = sum(v.nbytes for v in outs.values())
 
     # The floor: every source byte of the plan, copied into touched memory in 4 MB chunks.
