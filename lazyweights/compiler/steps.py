@@ -31,11 +31,18 @@ from ..core.errors import BudgetError, LazyWeightsError
 from ..core.units import available_cpus, parse_size
 from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
-from ..graph.opcodes import Op, OpTable
+from ..graph.opcodes import GroupOp, Op, OpTable
 from ..graph.rewrites import merge_leading_axes, sink_casts
 
 DEFAULT_BUDGET = 512 << 20
 DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3
+# Output bytes per block of a step that streams (its only value op is the last one: a cast over layout
+# ops, a dequantize) when its blocks are computed in place (into memory that keeps them): then nothing has
+# to stay in cache and a bigger block only means fewer tasks. Each task costs about 30 us of Python and a
+# GIL hand-off; on W1 (2.2 GB) 16 MB blocks cut the tasks from 637 to 281 and materialize(out=) by about
+# 8%. A writer reads each block back from its scratch buffer (pwrite), so there the block must stay in
+# cache: a save with 16 MB blocks was slower in 5 of 7 runs (benchmarks/RESULTS.md).
+STREAM_BLOCK_BYTES = 16 << 20
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Step:
     blocks: list[range] = field(default_factory=list)
     work_per_row: int = 0
     whole: bool = False  # the chain needs whole inputs (so it runs as one block)
+    streams: bool = False  # no value op below the root: blocks may be STREAM_BLOCK_BYTES
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +92,7 @@ def outputs_of(plan_or_outputs) -> dict[str, Node]:
 
 
 def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes: int | None = None,
-                  keep_views: bool = True, merge_rows: bool = True) -> list[Step]:
+                  keep_views: bool = True, merge_rows: bool = True, in_place: bool = True) -> list[Step]:
     """Fuse each distinct output into one step and cut it into budget-sized row blocks.
 
     `plan`: a Plan, or name -> node. Raises BudgetError (before any work) if one
@@ -94,6 +102,8 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
     become "copy" steps, copied block by block.
     `merge_rows`: where one row of axis 0 is too big for a block, compute the step over the output with
     its leading axes merged (`Step.node` then has that shape; see `_merge_big_rows`).
+    `in_place`: blocks are computed where they stay (in memory), so steps that stream get
+    STREAM_BLOCK_BYTES blocks; False (a writer re-reads every block) keeps every block cache-sized.
     """
     outputs = outputs_of(plan)
     budget = parse_size(budget) or DEFAULT_BUDGET
@@ -113,7 +123,8 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
         by_node[node] = step
     steps = sorted(by_node.values(), key=Step.order_key)
     for step in steps:
-        _cut_blocks(step, per_worker, target, budget)
+        big = in_place and step.streams
+        _cut_blocks(step, per_worker, block_bytes or (STREAM_BLOCK_BYTES if big else target), budget)
     return steps
 
 
@@ -126,6 +137,7 @@ def _build_step(outputs: list[str], root: Node, view_cache: dict, keep_views: bo
     step = Step(outputs, root, kind, toposort([root]))
     step.whole = _needs_whole_inputs(root, view_cache)
     step.work_per_row = _work_per_row(step, view_cache)
+    step.streams = all(n is root or n.op in GroupOp.Leaf or n.op in GroupOp.Layout for n in step.nodes)
     return step
 
 

@@ -16,8 +16,17 @@
  *     kernel(src, out, rows, cols, first, stride, *extra)
  * converting `rows` rows of `cols` elements, row r of the 1-D contiguous buffer `src` starting at element
  * ``first + r * stride`` (stride may be negative or larger than cols), densely into the 1-D contiguous
- * buffer `out`. Unlike numba's unchecked indexing, every index range is checked against the buffers first
- * (ValueError, never a stray read or write). The GIL is released while converting. A source page that
+ * buffer `out`. Here (not in numba's build) `rows` may instead be an int64 row index: a 1-D array `index`
+ * (a gather: output row i is source row index[i], starting at element ``first + index[i] * stride``), or
+ * a (2, n) array of pairs (output row pairs[1][k] is source row pairs[0][k]). That is how a row
+ * permutation (RoPE's q/k rows) is cast in one pass, straight from the memory map, with no gathered copy
+ * in between (`casts.gather_cast_into`). The pairs let the caller visit the source rows in ascending
+ * order: measured on 64 MB of bf16 -> f16 with RoPE's stride-2 rows, reading rows in permuted order cost
+ * 20% more than a plain cast (the hardware prefetchers lose the stream at each 4 KB row; software
+ * prefetching the next rows won back half of it), while reading them in order and writing them to their
+ * permuted places cost nothing measurable. Unlike numba's unchecked indexing, every index
+ * range is checked against the buffers first (ValueError; IndexError for a negative or out-of-range row
+ * index), never a stray read or write. The GIL is released while converting. A source page that
  * cannot be read (a memory-mapped file truncated mid-read) raises OSError(EFAULT) instead of killing the
  * process with SIGBUS (the guard below).
  *
@@ -29,6 +38,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__unix__) || defined(__APPLE__)
 #include <setjmp.h>
@@ -112,10 +122,13 @@ static inline uint32_t f16_to_bf16(uint32_t h) {
     return v | (h & 0x8000u);
 }
 
-/* Extra arguments some kernels take (the NaN modes numpy's build decides, a lookup table). */
+/* Extra arguments some kernels take (the NaN modes numpy's build decides, a lookup table), and the row
+ * indexes of a gather (`index`: source row of step r, NULL: row r; `out_index`: output row of step r,
+ * NULL: row r). Never NULL for the cast loops. */
 typedef struct {
     uint32_t nan_base, nan_mask, nan_fix;
     const void *table;
+    const int64_t *index, *out_index;
 } Extra;
 
 typedef void (*LoopFn)(const void *src, void *out, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first,
@@ -128,10 +141,13 @@ typedef void (*LoopFn)(const void *src, void *out, Py_ssize_t rows, Py_ssize_t c
                                Py_ssize_t first, Py_ssize_t stride, const Extra *extra) {             \
         const IN_T *src = (const IN_T *)src_;                                                         \
         OUT_T *out = (OUT_T *)out_;                                                                   \
-        (void)extra;                                                                                  \
+        /* hoisted: a uint8 `out` may alias anything */                                              \
+        const int64_t *index = extra->index, *out_index = extra->out_index;                          \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                       \
-            const IN_T *restrict s = src + first + r * stride;                                        \
-            OUT_T *restrict o = out + r * cols;                                                       \
+            const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;                          \
+            const Py_ssize_t out_row = out_index != NULL ? (Py_ssize_t)out_index[r] : r;              \
+            const IN_T *restrict s = src + first + row * stride;                                      \
+            OUT_T *restrict o = out + out_row * cols;                                                 \
             for (Py_ssize_t c = 0; c < cols; c++) {                                                   \
                 uint32_t v = s[c];                                                                    \
                 o[c] = (OUT_T)(EXPR);                                                                 \
@@ -157,6 +173,70 @@ DEFINE_LOOP(loop_lut_u8, uint8_t, uint8_t, ((const uint8_t *)extra->table)[v])
 DEFINE_LOOP(loop_lut_u16, uint8_t, uint16_t, ((const uint16_t *)extra->table)[v])
 DEFINE_LOOP(loop_lut_u32, uint8_t, uint32_t, ((const uint32_t *)extra->table)[v])
 DEFINE_LOOP(loop_lut_u64, uint8_t, uint64_t, ((const uint64_t *)extra->table)[v])
+
+/* bfloat16 -> float16 with the F16C conversion instruction, where the CPU has it (with AVX2).
+ *
+ * Why: on an AVX2 machine without AVX-512 (the development VM since it moved hosts) the portable loop
+ * above runs at about 10 GB/s read+write on one core: some 25 vector operations per 8 elements make it
+ * compute-bound, well under the 17-30 GB/s a copy gets, and bf16 -> f16 is nearly every byte of a
+ * serving conversion. vcvtps2ph does the float32 -> float16 rounding in one instruction: IEEE
+ * round-to-nearest-even with the rounding mode in the instruction, subnormal results kept (MXCSR's
+ * flush-to-zero does not apply to it; a float32 subnormal input rounds to a signed zero either way).
+ * Only NaNs differ from ml_dtypes (the instruction quiets them and keeps payload bits), so NaN lanes are
+ * replaced by ml_dtypes' canonical 0x7e00 | sign, as the portable loop computes them. The first-use
+ * self-check in casts.py compares every one of the 65536 inputs against ml_dtypes. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define LW_F16C 1
+__attribute__((target("avx2,f16c"))) static inline __m128i bf16x8_to_f16(__m128i h) {
+    const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    const __m128i r = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i is_nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(0x7F80));
+    const __m128i nan = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16((short)0x8000)), _mm_set1_epi16(0x7E00));
+    return _mm_blendv_epi8(r, nan, is_nan);
+}
+
+__attribute__((target("avx2,f16c"))) static void loop_bf16_to_f16_f16c(
+    const void *src_, void *out_, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,
+    const Extra *extra) {
+    const uint16_t *src = (const uint16_t *)src_;
+    uint16_t *out = (uint16_t *)out_;
+    const int64_t *index = extra->index, *out_index = extra->out_index;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;
+        const Py_ssize_t out_row = out_index != NULL ? (Py_ssize_t)out_index[r] : r;
+        const uint16_t *s = src + first + row * stride;
+        uint16_t *o = out + out_row * cols;
+        Py_ssize_t c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(s + c));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(s + c + 8));
+            _mm_storeu_si128((__m128i *)(o + c), bf16x8_to_f16(a));
+            _mm_storeu_si128((__m128i *)(o + c + 8), bf16x8_to_f16(b));
+        }
+        for (; c < cols; c++) {
+            const uint32_t v = s[c];
+            o[c] = (uint16_t)NARROW_F16(v << 16, 0x7E00u, 0u, 0u);
+        }
+    }
+}
+#endif
+
+/* The bf16 -> f16 loop for this CPU: F16C's where it has AVX2 and F16C, the portable one elsewhere. */
+static LoopFn bf16_to_f16_loop = loop_bf16_to_f16;
+static const char *bf16_to_f16_name = "portable";
+
+static void pick_loops(void) {
+#ifdef LW_F16C
+    const char *forced = getenv("LAZYWEIGHTS_CAST_LOOPS"); /* "portable": tests of the portable loop */
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+        !(forced != NULL && strcmp(forced, "portable") == 0)) {
+        bf16_to_f16_loop = loop_bf16_to_f16_f16c;
+        bf16_to_f16_name = "f16c";
+    }
+#endif
+}
 
 /* ---------------------------------------------------------------------------------------------------
  * The SIGBUS guard.
@@ -328,22 +408,89 @@ static PyObject *run_released(LoopFn loop, Py_buffer *src, Py_buffer *out, int a
     Py_RETURN_NONE;
 }
 
+/* `obj` as the `rows` argument: a count (0 returned), or a C-contiguous int64 array of row numbers, 1-D
+ * (1 returned) or (2, n) pairs (2 returned); then `index` is acquired (release it) and `rows` is n. -1
+ * with an exception set on failure. A numpy integer scalar offers a 0-d buffer and counts as a count. */
+static int get_rows(PyObject *obj, Py_buffer *index, Py_ssize_t *rows) {
+    if (!PyLong_Check(obj) && PyObject_CheckBuffer(obj)) {
+        if (PyObject_GetBuffer(obj, index, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        if (index->ndim == 1 || (index->ndim == 2 && index->shape[0] == 2)) {
+            const char *f = index->format ? index->format : "B";
+            if (*f == '@' || *f == '=' || *f == '<')
+                f++;
+            if (index->itemsize != 8 || !((f[0] == 'l' || f[0] == 'q') && f[1] == '\0')) {
+                PyErr_Format(PyExc_TypeError, "_ccasts: a row index must be an int64 array, 1-D or (2, n) "
+                             "(got format '%s', %zd-byte items)", index->format ? index->format : "B",
+                             index->itemsize);
+                PyBuffer_Release(index);
+                return -1;
+            }
+            *rows = index->shape[index->ndim - 1];
+            return index->ndim;
+        }
+        PyBuffer_Release(index);
+    }
+    return get_index(obj, "rows", rows) ? -1 : 0;
+}
+
+/* The row numbers k >= 0 whose row of `cols` elements, starting at element ``first + k * stride``, lies
+ * inside a source of `n_src` elements: lo..hi inclusive (lo > hi when there is none). Needs
+ * 0 <= first <= n_src and 0 <= cols <= n_src; nothing here can overflow. */
+static void row_bounds(Py_ssize_t n_src, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,
+                       Py_ssize_t *lo, Py_ssize_t *hi) {
+    const Py_ssize_t last_start = n_src - cols; /* a row fits iff 0 <= its start <= last_start */
+    *lo = 0;
+    *hi = -1;
+    if (stride > 0) {
+        if (first <= last_start)
+            *hi = (last_start - first) / stride;
+    } else if (stride == 0) {
+        if (first <= last_start)
+            *hi = PY_SSIZE_T_MAX;
+    } else {
+        const Py_ssize_t step = -stride; /* starts decrease: too high first, then inside, then below 0 */
+        *lo = first > last_start ? (first - last_start - 1) / step + 1 : 0;
+        *hi = first / step;
+    }
+}
+
+/* The first entry of `ix[0..n)` outside lo..hi, or -1. */
+static Py_ssize_t first_outside(const int64_t *ix, Py_ssize_t n, Py_ssize_t lo, Py_ssize_t hi) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (ix[i] < (int64_t)lo || ix[i] > (int64_t)hi)
+            return i;
+    return -1;
+}
+
 /* Run `loop` after checking that every element it will read lies inside `src` and every element it will
- * write inside `out`, and that both are aligned for their element types. */
+ * write inside `out`, and that both are aligned for their element types. `rows` (args[2]) is a count or
+ * an int64 row index (see the top of this file); every index entry is checked, with the GIL held. */
 static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_ssize_t out_size,
-                          PyObject *const *args, Py_ssize_t nargs, const Extra *extra) {
-    Py_buffer src, out;
+                          PyObject *const *args, Py_ssize_t nargs, const Extra *extra_in) {
+    Py_buffer src, out, index;
     Py_ssize_t rows, cols, first, stride;
+    Extra extra = {0, 0, 0, NULL, NULL, NULL};
+    if (extra_in != NULL)
+        extra = *extra_in;
     if (nargs != 6) {
         PyErr_Format(PyExc_TypeError, "%s() takes src, out, rows, cols, first, stride", name);
         return NULL;
     }
-    if (get_index(args[2], "rows", &rows) || get_index(args[3], "cols", &cols) ||
-        get_index(args[4], "first", &first) || get_index(args[5], "stride", &stride))
+    if (get_index(args[3], "cols", &cols) || get_index(args[4], "first", &first) ||
+        get_index(args[5], "stride", &stride))
         return NULL;
-    if (get_buffers(args, &src, &out) < 0)
+    const int gather = get_rows(args[2], &index, &rows); /* 0: a count; 1: an index; 2: pairs */
+    if (gather < 0)
         return NULL;
+    if (get_buffers(args, &src, &out) < 0) {
+        if (gather)
+            PyBuffer_Release(&index);
+        return NULL;
+    }
     const char *problem = NULL;
+    const int64_t *src_ix = gather ? (const int64_t *)index.buf : NULL;
+    const int64_t *out_ix = gather == 2 ? src_ix + rows : NULL;
     Py_ssize_t n_src = src.len / in_size, n_out = out.len / out_size;
     if (rows < 0 || cols < 0)
         problem = "rows and cols must not be negative";
@@ -352,9 +499,34 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
     else if (rows > 0 && cols > 0) {
         /* Every product is bounded by a division first, so nothing below can overflow. */
         Py_ssize_t step = stride < 0 ? -stride : stride;
-        if (rows > n_out / cols)
+        if (out_ix == NULL && rows > n_out / cols)
             problem = "the output buffer is too small";
-        else if (first < 0 || first > n_src || step > n_src || (step && rows - 1 > n_src / step))
+        else if (gather) {
+            Py_ssize_t lo = 0, hi = -1, bad;
+            if (first >= 0 && first <= n_src && cols <= n_src)
+                row_bounds(n_src, cols, first, stride, &lo, &hi);
+            const char *what = "row index";
+            const int64_t *ix = src_ix;
+            bad = first_outside(src_ix, rows, lo, hi);
+            if (bad < 0 && out_ix != NULL) {
+                what = "output row index";
+                ix = out_ix;
+                lo = 0;
+                hi = n_out / cols - 1;
+                bad = first_outside(out_ix, rows, lo, hi);
+            }
+            if (bad >= 0) {
+                PyErr_Format(PyExc_IndexError,
+                             "%s: %s %lld (at position %zd of %zd) is %s: the %s holds rows %zd..%zd "
+                             "(source %zd elements, output %zd elements, cols=%zd first=%zd stride=%zd)", name,
+                             what, (long long)ix[bad], bad, rows, ix[bad] < 0 ? "negative" : "out of range",
+                             ix == src_ix ? "source" : "output", lo, hi, n_src, n_out, cols, first, stride);
+                PyBuffer_Release(&src);
+                PyBuffer_Release(&out);
+                PyBuffer_Release(&index);
+                return NULL;
+            }
+        } else if (first < 0 || first > n_src || step > n_src || (step && rows - 1 > n_src / step))
             problem = "first or stride lies outside the source buffer";
         else {
             Py_ssize_t last = first + (rows - 1) * stride; /* start of the last row; |.| <= 2 * n_src */
@@ -369,9 +541,16 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
                      "stride=%zd)", name, problem, n_src, n_out, rows, cols, first, stride);
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
+        if (gather)
+            PyBuffer_Release(&index);
         return NULL;
     }
-    return run_released(loop, &src, &out, rows > 0 && cols > 0, rows, cols, first, stride, extra);
+    extra.index = src_ix;
+    extra.out_index = out_ix;
+    PyObject *result = run_released(loop, &src, &out, rows > 0 && cols > 0, rows, cols, first, stride, &extra);
+    if (gather)
+        PyBuffer_Release(&index);
+    return result;
 }
 
 /* Kernels without extra arguments. */
@@ -384,13 +563,25 @@ static PyObject *run_loop(const char *name, LoopFn loop, Py_ssize_t in_size, Py_
 SIMPLE_KERNEL(k_bf16_to_f32, loop_bf16_to_f32, 2, 4)
 SIMPLE_KERNEL(k_f32_to_bf16, loop_f32_to_bf16, 4, 2)
 SIMPLE_KERNEL(k_f16_to_bf16, loop_f16_to_bf16, 2, 2)
-SIMPLE_KERNEL(k_bf16_to_f16, loop_bf16_to_f16, 2, 2)
 SIMPLE_KERNEL(k_f32_to_e4m3, loop_f32_to_e4m3, 4, 1)
 SIMPLE_KERNEL(k_f32_to_e5m2, loop_f32_to_e5m2, 4, 1)
 SIMPLE_KERNEL(k_bf16_to_e4m3, loop_bf16_to_e4m3, 2, 1)
 SIMPLE_KERNEL(k_bf16_to_e5m2, loop_bf16_to_e5m2, 2, 1)
 SIMPLE_KERNEL(k_f16_to_e4m3, loop_f16_to_e4m3, 2, 1)
 SIMPLE_KERNEL(k_f16_to_e5m2, loop_f16_to_e5m2, 2, 1)
+
+/* k_bf16_to_f16(src, out, rows, cols, first, stride): the loop pick_loops chose for this CPU. */
+static PyObject *k_bf16_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    return run_loop("k_bf16_to_f16", bf16_to_f16_loop, 2, 2, args, nargs, NULL);
+}
+
+/* The bf16 -> f16 loop in use: "f16c" or "portable" (for tests and benchmarks). */
+static PyObject *bf16_to_f16_variant(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(bf16_to_f16_name);
+}
 
 /* k_f16_to_f32(src, out, rows, cols, first, stride, quiet_nans) */
 static PyObject *k_f16_to_f32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -408,7 +599,7 @@ static PyObject *k_f16_to_f32(PyObject *self, PyObject *const *args, Py_ssize_t 
 /* k_f32_to_f16(src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix) */
 static PyObject *k_f32_to_f16(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    Extra extra = {0, 0, 0, NULL};
+    Extra extra = {0, 0, 0, NULL, NULL, NULL};
     if (nargs != 9) {
         PyErr_SetString(PyExc_TypeError,
                         "k_f32_to_f16() takes src, out, rows, cols, first, stride, nan_base, nan_mask, nan_fix");
@@ -431,7 +622,7 @@ static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_buffer table;
     if (PyObject_GetBuffer(args[6], &table, PyBUF_SIMPLE) < 0)
         return NULL;
-    Extra extra = {0, 0, 0, table.buf};
+    Extra extra = {0, 0, 0, table.buf, NULL, NULL};
     Py_ssize_t width = table.len / 256;
     LoopFn loop = NULL;
     if (table.len % 256 == 0 && (uintptr_t)table.buf % (uintptr_t)(width ? width : 1) == 0) {
@@ -719,6 +910,7 @@ static PyMethodDef methods[] = {
     METHOD(k_f16_to_bf16, "float16 bits -> bfloat16 bits (RNE, ml_dtypes' canonical NaN)."),
     METHOD(k_f32_to_f16, "float32 bits -> float16 bits (RNE; NaN handling as numpy's build does it)."),
     METHOD(k_bf16_to_f16, "bfloat16 bits -> float16 bits (RNE, ml_dtypes' canonical NaN)."),
+    {"bf16_to_f16_variant", bf16_to_f16_variant, METH_NOARGS, "The bf16 -> f16 loop in use: f16c or portable."},
     METHOD(k_f32_to_e4m3, "float32 bits -> float8_e4m3fn bits."),
     METHOD(k_f32_to_e5m2, "float32 bits -> float8_e5m2 bits."),
     METHOD(k_bf16_to_e4m3, "bfloat16 bits -> float8_e4m3fn bits."),
@@ -746,6 +938,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__ccasts(void) {
+    pick_loops();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -7,7 +7,9 @@ written), while a plain copy runs at about 25 GB/s. Both stock casts convert one
 scalar C code; ml_dtypes also goes through float32 and, for strided input, through numpy's small cast buffers.
 The kernels here run the six hot pairs (bf16/f16/f32 among themselves) at 23-32 GB/s on one thread on that
 machine, against a 31-35 GB/s copy measured in the same runs (``benchmarks/bench_casts.py``), so a second
-thread adds little for large arrays: the memory is already saturated.
+thread adds little for large arrays: the memory is already saturated. (That was with AVX-512. On an
+AVX2-only host the portable loops are compute-bound, bf16 -> f16 at about 9 GB/s; there it converts with
+the F16C instruction instead, about 14 GB/s under load against a 26 GB/s copy: see ``_ccasts.c``.)
 
 The kernels are branch-free loops over contiguous *unsigned integer* views (bf16 and fp8 bits need no
 dtype support), which the compiler vectorizes, and they release the GIL, so the threaded executor runs
@@ -29,6 +31,10 @@ several at once. They come in two builds of the same algorithms (bit for bit):
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
 buffer and converted from there, except that rows which are contiguous and nearly adjacent (a column slice
 dropping a few columns, broadcast rows) are read in place.
+
+`gather_cast_into(src, rows, out)` casts rows picked by an index array (a RoPE row permutation, any
+`take` along axis 0) in the same single pass: the C kernels take the row index themselves and read each
+row where it lies, so no gathered copy is made; other builds gather first, with the same bits.
 
 Bit-exactness is the contract, not an approximation: every result, including NaN bit patterns, negative
 zero, subnormals and overflow, equals ``src.astype(dst)`` as numpy and ml_dtypes compute it. The reference
@@ -79,8 +85,8 @@ import numpy as np
 
 from ..core.errors import DTypeError, ShapeError
 
-__all__ = ["cast", "cast_into", "compiled_kernels", "compiled_quantizers", "has_fast_path", "warm_up", "kernel_backend",
-           "USE_COMPILED", "HAVE_C", "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
+__all__ = ["cast", "cast_into", "gather_cast_into", "compiled_kernels", "compiled_quantizers", "has_fast_path",
+           "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C", "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
 
 
 def _backend_choice() -> str:
@@ -157,17 +163,20 @@ class _Kernel(NamedTuple):
     args: tuple
     check: str  # "f16bits": verify on all 65536 patterns; "f32bits": on the edge set; "": exact by design
 
-    def run(self, src: np.ndarray, out_flat: np.ndarray, rows: int = 1, cols: int = -1, first: int = 0,
-            stride: int = 0) -> None:
+    def run(self, src: np.ndarray, out_flat: np.ndarray, rows: int | np.ndarray = 1, cols: int = -1,
+            first: int = 0, stride: int = 0) -> None:
         """Convert `rows` rows of `cols` elements of the 1-D contiguous `src`, row r starting at element
-        ``first + r * stride``, into `out_flat`. By default all of `src` is one row."""
+        ``first + r * stride``, into `out_flat`. By default all of `src` is one row. With the C kernels
+        (`GATHER_BACKENDS`), `rows` may be an int64 row index instead (1-D: output row i is source row
+        rows[i]; (2, n): output row rows[1, k] is source row rows[0, k]; see `_ccasts.c`)."""
         s = src.view(self.src_view)
         # One compiled specialization per kernel: numba types read-only and writable arrays differently,
         # and sources are usually read-only memory maps.
         s.flags.writeable = False
         if cols < 0:
             cols = s.size
-        self.fn(s, out_flat.view(self.dst_view), int(rows), int(cols), int(first), int(stride), *self.args)
+        rows = rows if isinstance(rows, np.ndarray) else int(rows)
+        self.fn(s, out_flat.view(self.dst_view), rows, int(cols), int(first), int(stride), *self.args)
 
 
 _lock = threading.Lock()
@@ -495,8 +504,10 @@ def _as_rows(src: np.ndarray) -> np.ndarray | None:
     return rows
 
 
-def _run_rows(kernel: _Kernel, rows: np.ndarray, out_flat: np.ndarray) -> None:
-    """Convert a 2-D view with contiguous rows and any row stride with one kernel call, reading it in place."""
+def _run_rows(kernel: _Kernel, rows: np.ndarray, out_flat: np.ndarray, index: np.ndarray | None = None) -> None:
+    """Convert a 2-D view with contiguous rows and any row stride with one kernel call, reading it in place:
+    every row, or (C kernels only) the rows `index` names: 1-D, source rows in output order; (2, n),
+    (source row, output row) pairs."""
     n_rows, cols = rows.shape
     step = rows.strides[0] // rows.itemsize if n_rows > 1 else 0
     lowest = rows[n_rows - 1] if step < 0 else rows[0]  # the row at the lowest address
@@ -504,7 +515,7 @@ def _run_rows(kernel: _Kernel, rows: np.ndarray, out_flat: np.ndarray) -> None:
     span = np.lib.stride_tricks.as_strided(lowest, shape=((n_rows - 1) * abs(step) + cols,),
                                            strides=(rows.itemsize,), writeable=False)
     first = (n_rows - 1) * -step if step < 0 else 0
-    kernel.run(span, out_flat, n_rows, cols, first, step)
+    kernel.run(span, out_flat, n_rows if index is None else index, cols, first, step)
 
 
 def _run_strided(kernel: _Kernel, src: np.ndarray, out_flat: np.ndarray) -> None:
@@ -609,3 +620,106 @@ def cast(src: np.ndarray, dtype) -> np.ndarray:
     out = np.empty(src.shape, _as_dtype(dtype))
     cast_into(src, out)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Row gathers.
+
+#: Kernel builds whose kernels take a row index (a gather) in place of a row count: only the C extension.
+GATHER_BACKENDS = ("c",)
+
+
+def _row_table(src: np.ndarray) -> np.ndarray | None:
+    """`src` as a 2-D (rows, elements per row) view whose rows are contiguous and evenly spaced, without
+    copying; None if it is not one (or is misaligned)."""
+    table = src.view()
+    try:
+        table.shape = (src.shape[0], -1)  # unlike reshape(), assigning a shape never copies
+    except (AttributeError, ValueError):  # a copy would be needed; (0, -1) is ambiguous
+        return None
+    if table.shape[1] > 1 and table.strides[1] != table.itemsize:
+        return None
+    if table.shape[0] > 1 and table.strides[0] % table.itemsize:
+        return None
+    return table if table.flags.aligned else None
+
+
+def _check_row_index(idx: np.ndarray, n: int) -> None:
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+        i = int(np.flatnonzero((idx < 0) | (idx >= n))[0])
+        why = "negative" if idx[i] < 0 else "out of range"
+        raise IndexError(f"gather_cast_into: row index {int(idx[i])} (at position {i} of {idx.size}) is {why}: "
+                         f"the source holds rows 0..{n - 1}")
+
+
+def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
+    """Write rows `rows` of `src`, converted to ``out.dtype``, into consecutive rows of `out`:
+    ``out[i] = src[rows[i]]``, bit-identical to ``src[rows].astype(out.dtype)``.
+
+    Why: a row permutation under a cast (RoPE's q/k rows, any `take` along axis 0) used to gather the rows
+    into a temporary and then cast it, two passes over the bytes. Here the C kernels read each row where
+    it lies (a read-only memory-map view, a row slice) and convert it straight into `out`: one call, one
+    pass, the GIL released. `src`: any array whose rows (axis 0) are each contiguous and evenly spaced;
+    `rows`: 1-D integers in ``[0, len(src))`` (negative ones are an IndexError, not counted from the end
+    as numpy would); `out`: C-contiguous, writable, shape ``(len(rows),) + src.shape[1:]``.
+    Where the C kernels are not in use (numba's or numpy's casts), for pairs without a kernel, and for
+    sources whose rows are not contiguous, the rows are gathered first and cast with `cast_into`: the same
+    bits, one more pass. Same-dtype gathers are ``np.take(..., out=out)``, one pass too.
+
+    Example:
+        >>> import numpy as np, ml_dtypes
+        >>> from lazyweights.kernels.casts import gather_cast_into
+        >>> src = np.arange(8, dtype=np.float32).reshape(4, 2).astype(ml_dtypes.bfloat16)
+        >>> out = np.empty((3, 2), np.float16)
+        >>> gather_cast_into(src, [3, 0, 2], out)
+        >>> out
+        array([[6., 7.],
+               [0., 1.],
+               [4., 5.]], dtype=float16)
+        >>> gather_cast_into(src, [4, 0, 1], out)
+        Traceback (most recent call last):
+        ...
+        IndexError: gather_cast_into: row index 4 (at position 0 of 3) is out of range: the source holds rows 0..3
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    src = np.asanyarray(src)
+    idx = np.asarray(rows)
+    if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
+        raise ShapeError(f"gather_cast_into: rows must be a 1-D integer array, got {idx.dtype}{list(idx.shape)}")
+    if src.ndim == 0:
+        raise ShapeError("gather_cast_into: the source has no rows (it is 0-d)")
+    if out.shape != (idx.size,) + src.shape[1:]:
+        raise ShapeError(f"gather_cast_into: {idx.size} rows of source shape {src.shape} do not fit output "
+                         f"shape {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("gather_cast_into: the output array is read-only")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    kernel = table = None
+    if USE_COMPILED and HAVE_COMPILED and idx.size and out.size and out.flags.c_contiguous and out.flags.aligned \
+            and src.dtype != out.dtype:
+        kernel = _kernel_for(src.dtype, out.dtype, out.nbytes)
+        if kernel is not None and _backend in GATHER_BACKENDS:
+            table = _row_table(src)
+    if table is None:
+        _check_row_index(idx, src.shape[0])
+        if out.size == 0:
+            return
+        if src.dtype == out.dtype:
+            np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
+        else:
+            cast_into(src[idx], out)
+        return
+    index = idx
+    if idx.size > 1 and bool((idx[1:] < idx[:-1]).any()):
+        # Visit the source rows in ascending order, each written to its place: read in permuted order, rows
+        # cost the hardware prefetchers their stream (+20% on RoPE's q/k rows; see _ccasts.c).
+        order = np.argsort(idx, kind="stable")
+        index = np.stack([idx[order], order])
+    try:
+        _run_rows(kernel, table, out.reshape(-1), index)  # the kernel checks every index before reading
+        return
+    except IndexError as e:
+        error = e
+    _check_row_index(idx, src.shape[0])  # the same message on every path (outside `except`: no chained context)
+    raise error

@@ -24,6 +24,7 @@ from typing import Union
 
 import numpy as np
 
+from ..graph.gather import Gather, row_gather
 from ..graph.layout import nrows, row_size, view_of
 from ..graph.node import Node
 from ..graph.opcodes import GroupOp, Op, OpTable
@@ -46,6 +47,13 @@ def full_view(node: Node, cache: dict | None = None) -> np.ndarray | None:
     return view_of(node, real_base, cache)
 
 
+def gathered(node: Node, rows: Rows, cache: dict | None = None) -> Gather | None:
+    """Rows `rows` of `node` as units of a zero-copy view of a source picked by an index (a RoPE row
+    permutation over a memory map), or None when `node` is a view itself or not such a gather. The value
+    op above reads them in place (`kernels.casts.gather_cast_into`) instead of pulling a gathered copy."""
+    return row_gather(node, rows, real_base, cache)
+
+
 def _select(v: np.ndarray, rows: Rows) -> np.ndarray:
     if v.ndim == 0:
         return v
@@ -65,8 +73,13 @@ def pull(node: Node, rows: Rows, cache: dict | None = None) -> np.ndarray:
 
 @PULL.register(Op.CAST)
 def _pull_cast(node: Node, rows: Rows, cache) -> np.ndarray:
-    from ..kernels.casts import cast
+    from ..kernels.casts import cast, gather_cast_into
 
+    g = gathered(node.srcs[0], rows, cache)
+    if g is not None:
+        out = np.empty((len(rows),) + node.shape[1:], node.dtype.to_numpy())
+        gather_cast_into(g.windows, g.offsets, out.reshape(-1, g.unit))
+        return out
     return cast(pull(node.srcs[0], rows, cache), node.dtype.to_numpy())
 
 
@@ -260,10 +273,17 @@ def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = No
     """Compute rows `rows` of `node` straight into `dst` (shape `(len(rows),) + node.shape[1:]`).
 
     The value op on top writes into `dst` itself, so a source -> layout -> cast chain costs one read of
-    each source byte and one write of each output byte.
+    each source byte and one write of each output byte, gathered rows (`gathered`) included.
     """
-    from ..kernels.casts import cast_into
+    from ..kernels.casts import cast_into, gather_cast_into
 
+    # A gather under the cast (or a bare gather) goes straight from the map into `dst`, with no gathered
+    # copy in between. (`dst` must be contiguous: reshaping it must give a view, not a copy.)
+    if node.op in GroupOp.Layout or node.op is Op.CAST:
+        g = gathered(node.srcs[0] if node.op is Op.CAST else node, rows, cache) if dst.flags.c_contiguous else None
+        if g is not None:
+            gather_cast_into(g.windows, g.offsets, dst.reshape(-1, g.unit))
+            return
     if node.op is Op.CAST:
         cast_into(pull(node.srcs[0], rows, cache), dst)
         return

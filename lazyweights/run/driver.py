@@ -12,8 +12,8 @@ sure the cast kernels are loaded (the one place that decides whether to wait for
 `resolve_scheduler` is the one place a `scheduler=` argument is understood:
 
     "sync"        every task inline, in order, on the calling thread
-    "threads"     dask's threaded scheduler (the default): `workers` tasks at once; the kernels release
-                  the GIL, so blocks really run in parallel
+    "threads"     `workers` threads taking the tasks in order (the default); the kernels release the
+                  GIL, so blocks really run in parallel
     "reference"   the op-at-a-time numpy specification (`run/reference.py`); front-ends dispatch it
     Client        a dask.distributed Client; front-ends dispatch it (`run/distributed.py`, `formats/save.py`)
 
@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import errno
+import itertools
 import threading
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
@@ -47,11 +48,14 @@ SCHEDULERS = ("sync", "threads", "reference")
 
 
 class BlockTask(NamedTuple):
-    """One unit of work: rows `rows` of `step`, going where `target` says (the sink's business)."""
+    """One unit of work: rows `rows` of `step`, going where `target` says (the sink's business). `cache`
+    is the pull cache (`run/blocks.pull`) the blocks of one step share: views of the maps and gather
+    facts, worked out by the step's first block instead of by every block."""
 
     step: Step
     rows: range
     target: Any = None
+    cache: dict | None = None
 
 
 class Sink(Protocol):
@@ -60,6 +64,7 @@ class Sink(Protocol):
 
     label: str
     keep_views: bool  # True: zero-copy views of the sources are results as they are (no block to run)
+    in_place: bool  # True: blocks are computed into memory that keeps them (nothing reads them back)
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]: ...
     def run_block(self, task: BlockTask) -> int: ...  # returns the bytes it produced
@@ -88,7 +93,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
     if not isinstance(sched, str) or sched == "reference":
         raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
-                          keep_views=sink.keep_views)
+                          keep_views=sink.keep_views, in_place=sink.in_place)
     tasks = sink.tasks(steps)
     if prepare_kernels(steps):
         from ..kernels import casts
@@ -107,52 +112,65 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
 def run_tasks(tasks: Sequence[BlockTask], run_one: Callable[[BlockTask], int], *, scheduler="threads",
               workers: int | None = None, progress: Progress | None = None) -> None:
     """Run every task; `run_one` returns the bytes it produced (for progress). The first failure stops
-    the rest: tasks not yet started are skipped and the error propagates, naming the tensor."""
+    the rest: tasks not yet started are skipped, tasks already running finish, and only then does the
+    error propagate, naming the tensor (a late write must never reach a file the caller has closed:
+    tests/run/test_faults.py). With "threads", `workers` threads (the calling one among them) take the
+    tasks in order, so reads sweep each file forward and at most `workers` blocks are in flight."""
     cancelled = threading.Event()
-    # dask's get() raises as soon as one task fails while others may still be running; their late writes
-    # would go to a file descriptor the caller has already closed (or, reused, to an unrelated file). So
-    # running tasks are counted and this returns only when none is left (tests/run/test_faults.py).
-    idle = threading.Condition()
-    running = [0]
 
-    def guarded(i: int) -> int:
-        with idle:
-            if cancelled.is_set():
-                return 0
-            running[0] += 1
+    def guarded(i: int) -> None:
+        if cancelled.is_set():
+            return
         task = tasks[i]
         try:
-            try:
-                done = run_one(task)
-            except BaseException as e:
-                cancelled.set()
-                named = name_error(e, task)
-                raise named from (None if named is e else e)
-        finally:
-            with idle:
-                running[0] -= 1
-                idle.notify_all()
+            done = run_one(task)
+        except BaseException as e:
+            cancelled.set()
+            named = name_error(e, task)
+            raise named from (None if named is e else e)
         if progress is not None:
             progress.advance(done)
-        return done
 
     if scheduler == "sync" or len(tasks) <= 1:
         for i in range(len(tasks)):
             guarded(i)
         return
-    import dask
-    import dask.threaded
+    # The tasks are independent, so a shared counter is the whole scheduler. It replaced dask's threaded
+    # scheduler, whose graph bookkeeping cost about 70 us a block on the 2-core VM (W1's 637 blocks:
+    # 45 ms of a 0.5 s run) and whose import cost 0.13 s in a fresh process (benchmarks/RESULTS.md).
+    counter = itertools.count()  # next() on it is atomic: it holds the GIL throughout
+    errors: list[BaseException] = []
 
-    # One key per task, no dependencies: dask's local scheduler keeps at most num_workers running, which
-    # is what bounds bytes in flight.
-    dsk = {("lw-block", i): (guarded, i) for i in range(len(tasks))}
-    try:
-        dask.threaded.get(dsk, list(dsk), num_workers=workers or available_cpus())
-    finally:
-        with idle:
+    def worker() -> None:
+        try:
+            while not cancelled.is_set():
+                i = next(counter)
+                if i >= len(tasks):
+                    return
+                guarded(i)
+        except BaseException as e:  # the first one wins; guarded() has already cancelled the rest
             cancelled.set()
-            while running[0]:
-                idle.wait()
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, name=f"lazyweights-block-{k}", daemon=True)
+               for k in range(min(workers or available_cpus(), len(tasks)) - 1)]
+    for t in threads:
+        t.start()
+    interrupted = None
+    try:
+        worker()
+    finally:
+        for t in threads:  # wait for every block in flight, even through a ^C
+            while t.is_alive():
+                try:
+                    t.join()
+                except KeyboardInterrupt as e:
+                    cancelled.set()
+                    interrupted = e
+    if interrupted is not None:
+        raise interrupted
+    if errors:
+        raise errors[0]
 
 
 def name_error(e: BaseException, task: BlockTask) -> BaseException:

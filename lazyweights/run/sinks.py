@@ -46,6 +46,7 @@ class MemorySink:
 
     label = "materialize"
     keep_views = True
+    in_place = True  # blocks are computed straight into the results
 
     def __init__(self, outputs: Mapping[str, Node], out: Mapping[str, np.ndarray] | None = None):
         self.outputs = dict(outputs)
@@ -78,7 +79,8 @@ class MemorySink:
             for name in step.outputs:
                 self._result[name] = out[name] if name in out else shaped
             extra = [out[n].reshape(step.node.shape) for n in dsts[1:]]
-            tasks += [BlockTask(step, rows, (primary, extra)) for rows in step.blocks]
+            cache: dict = {}  # one per step, shared by its blocks (BlockTask.cache)
+            tasks += [BlockTask(step, rows, (primary, extra), cache) for rows in step.blocks]
         return tasks
 
     def before_kernels(self) -> None:
@@ -89,10 +91,10 @@ class MemorySink:
                 a.reshape(-1).view(np.uint8)[::4096] = 0
 
     def run_block(self, task: BlockTask) -> int:
-        step, rows, (primary, extra) = task
+        step, rows, (primary, extra), cache = task
         node = step.node
         check_unchanged_sources(step)
-        cache: dict = {}
+        cache = {} if cache is None else cache
         if not node.shape:
             tmp = np.empty((), node.dtype.to_numpy())
             write_rows(node, rows, tmp.reshape(()), cache)
@@ -137,6 +139,7 @@ class WriterSink:
 
     label = "save"
     keep_views = False  # bytes must move anyway: a view of the map is copied block by block
+    in_place = False  # each block is computed into a scratch buffer, then written out from it
 
     def __init__(self, targets: Mapping[str, list[tuple[Any, int]]], *, ordered: bool = False, label: str = "save"):
         self.targets = targets
@@ -145,8 +148,13 @@ class WriterSink:
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
         if self.ordered:
-            return [BlockTask(s, range(0, s.node.shape[0] if s.node.shape else 1), self._targets(s)) for s in steps]
-        return [BlockTask(s, rows, self._targets(s)) for s in steps for rows in s.blocks]
+            return [BlockTask(s, range(0, s.node.shape[0] if s.node.shape else 1), self._targets(s), {})
+                    for s in steps]
+        tasks = []
+        for s in steps:
+            targets, cache = self._targets(s), {}  # one cache per step, shared by its blocks
+            tasks += [BlockTask(s, rows, targets, cache) for rows in s.blocks]
+        return tasks
 
     def _targets(self, step: Step) -> list[tuple[Any, int]]:
         return [t for name in step.outputs for t in self.targets.get(name, ())]
@@ -156,28 +164,29 @@ class WriterSink:
 
     def run_block(self, task: BlockTask) -> int:
         if self.ordered:
-            return sum(write_block(BlockTask(task.step, rows, task.target)) for rows in task.step.blocks)
+            return sum(write_block(task._replace(rows=rows)) for rows in task.step.blocks)
         return write_block(task)
 
 
 def write_block(task: BlockTask) -> int:
     """Compute one block into a per-thread scratch buffer (or take it straight from the map when it is a
     contiguous view) and write it to each of the task's (writer, offset) targets."""
-    step, rows, targets = task
+    step, rows, targets, cache = task
     node = step.node
+    cache = {} if cache is None else cache
     check_unchanged_sources(step)
     row_bytes = node.nbytes // node.shape[0] if node.shape else node.nbytes
     start = rows.start * row_bytes if node.shape else 0
     block_shape = (len(rows),) + node.shape[1:] if node.shape else ()
     data = None
     if step.kind == "copy":
-        view = pull(node, rows, {})
+        view = pull(node, rows, cache)
         if view.flags.c_contiguous:
             data = view  # straight from the memory map to the file: no copy in between
     if data is None:
         nbytes = row_bytes * len(rows) if node.shape else node.nbytes
         data = scratch_block(nbytes).view(node.dtype.to_numpy()).reshape(block_shape)
-        write_rows(node, rows, data, {})
+        write_rows(node, rows, data, cache)
     for writer, offset in targets:
         writer.write(offset + start, data, tensor=step.outputs[0])
     return data.nbytes

@@ -312,14 +312,17 @@ def test_exception_in_a_kernel_stops_and_names_the_tensor(ckpt, tmp_path, monkey
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
     import lazyweights.run.blocks as blocks
 
+    import lazyweights.kernels.casts as casts
+
     real = blocks.PULL["take"]
     calls = []
 
-    def boom(node, rows, cache):
+    def boom(*args):
         calls.append(1)
         raise MemoryError("injected")
 
     monkeypatch.setitem(blocks.PULL, "take", boom)
+    monkeypatch.setattr(casts, "gather_cast_into", boom)  # the q/k permutations' kernel (a row-gather cast)
     with pytest.raises(lw.ExecutionError) as e:
         plan.save(tmp_path / "out", scheduler="threads", block_bytes=64)
     assert "layers.0.attention" in str(e.value) and "injected" in str(e.value)

@@ -8,10 +8,10 @@ from lazyweights.graph import ops
 from lazyweights.graph.opcodes import GroupOp, Op, OpTable
 
 # The modules that keep a per-op table; importing them registers their rules.
-TABLE_MODULES = ["lazyweights.graph.layout", "lazyweights.graph.rewrites", "lazyweights.compiler.steps",
-                 "lazyweights.compiler.gpu", "lazyweights.run.blocks", "lazyweights.run.reference",
-                 "lazyweights.render.explain"]
-EXPECTED = {"strided view", "row alignment", "rebuild", "whole input", "GPU split", "CPU pull",
+TABLE_MODULES = ["lazyweights.graph.layout", "lazyweights.graph.gather", "lazyweights.graph.rewrites",
+                 "lazyweights.compiler.steps", "lazyweights.compiler.gpu", "lazyweights.run.blocks",
+                 "lazyweights.run.reference", "lazyweights.render.explain"]
+EXPECTED = {"strided view", "row alignment", "row gather", "rebuild", "whole input", "GPU split", "CPU pull",
             "reference implementation", "explain text"}
 
 
