@@ -5,7 +5,7 @@ built at install time with the casts. They load in a millisecond where numba nee
 and, on a fresh machine, seconds to compile: the first GGUF conversion after an install is then as fast as
 the later ones. Same bits as the numba kernels and gguf-py (tests/kernels/test_quant_kernels.py runs every
 registered implementation against gguf-py). Without the extension (no compiler at install time, or
-LAZYWEIGHTS_KERNELS=numba), nothing is registered here and numba's kernels serve.
+LAZYWEIGHTS_CAST_KERNELS=numba), nothing is registered here and numba's kernels serve.
 
 Example:
     >>> from lazyweights.quant import implementation
