@@ -269,7 +269,7 @@ def _quant_q8_0(x, out):
 # --- registration ---------------------------------------------------------------------------------------
 
 
-#: encoding -> this module's quantizer, which `legacy_imatrix` wraps (whatever the registry holds by then).
+#: encoding -> this module's quantizer; `legacy_imatrix` wraps these with its importance-matrix path.
 QUANTIZERS = {
     Q.Q4_0: flat_runner(_quant_q4_0),
     Q.Q4_1: flat_runner(_quant_q4_1),

@@ -284,7 +284,9 @@ def test_tiny_max_module_loads_and_runs_on_cpu_with_lazy_weights():
     np.testing.assert_array_equal(got, ref)
 
 
-def test_load_max_module_materializes_each_tensor_once(monkeypatch):
+@pytest.fixture
+def materialized(monkeypatch):
+    """The output names of every lazyweights materialization the test triggers, in call order."""
     import lazyweights.run.materialize as mat
 
     seen = []
@@ -295,31 +297,26 @@ def test_load_max_module_materializes_each_tensor_once(monkeypatch):
         return real(outputs, *a, **k)
 
     monkeypatch.setattr(mat, "materialize", counting)
+    return seen
+
+
+def test_load_max_module_materializes_each_tensor_once(materialized):
     m = Tiny()
     load_max_module(m, tiny_state_dict())
-    assert sorted(seen) == sorted(m.raw_state_dict())
+    assert sorted(materialized) == sorted(m.raw_state_dict())
     assert all(isinstance(v, Buffer) for v in m.state_dict().values())
 
 
-def test_max_own_load_state_dict_fed_lazy_values_materializes_each_once(monkeypatch):
+def test_max_own_load_state_dict_fed_lazy_values_materializes_each_once(materialized):
     # Without load_max_module: MAX's Module.load_state_dict and InferenceSession.load export every value
     # through DLPack three times; a WeightData materializes on the first and shares that array after.
-    import lazyweights.run.materialize as mat
     from max.engine import InferenceSession
 
-    seen = []
-    real = mat.materialize
-
-    def counting(outputs, *a, **k):
-        seen.extend(outputs)
-        return real(outputs, *a, **k)
-
-    monkeypatch.setattr(mat, "materialize", counting)
     m = Tiny()
     m.load_state_dict(tiny_state_dict())
     graph = Graph("tiny", forward=m, input_types=[TensorType(MaxDType.float32, [4, 32], MaxDeviceRef.CPU())])
     InferenceSession(devices=[CPU()]).load(graph, weights_registry=m.state_dict())
-    assert sorted(seen) == ["a", "b", "c", "d"]
+    assert sorted(materialized) == ["a", "b", "c", "d"]
 
 
 RUN_DIRECTLY_FED = """
