@@ -6,7 +6,7 @@ seconds the test fails with every thread's stack (a deadlock shows where it wait
 
 Threads x iterations per test (the numbers quoted in the README's Hardening table):
     test_data_and_to_numpy_from_many_threads          16 x 30  (safetensors and GGUF: 960 reads each)
-    test_overlapping_plans_from_many_threads          12 x 6   (sync / threads / default dask, mixed: 72 plans)
+    test_overlapping_plans_from_many_threads          12 x 6   (sync / threads / default threads, mixed: 72 plans)
     test_concurrent_saves_are_byte_identical            8 x 3   (24 saves of overlapping plans)
     test_allocate_and_allocated_weights_from_many_threads  16 x 40 (640 allocate + 640 allocated_weights)
     test_load_weights_from_many_threads                16 x 10  (160 loads of one file: one shared map)
@@ -157,7 +157,7 @@ def test_data_and_to_numpy_from_many_threads(st_ckpt, gguf_ckpt):
 
 def test_overlapping_plans_from_many_threads(st_ckpt):
     """12 threads x 6 plans each: overlapping subsets of one adapter's outputs, materialized with the sync
-    scheduler, the threads scheduler (2 workers) and the default (dask threaded) scheduler, all at once."""
+    scheduler, the threads scheduler (2 workers) and the default (threads, one per CPU), all at once."""
     path, arrays = st_ckpt
     w = lw.load_weights(path)
     adapted = _adapter(w)
