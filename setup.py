@@ -1,6 +1,7 @@
 """Build hook for the compiled parts of lazyweights: the ahead-of-time kernels.
 
-- `lazyweights.kernels._ccasts`: the cast kernels and the common GGUF dequantizers;
+- `lazyweights.kernels._ccasts`: the cast kernels and the GGUF dequantizers of every block type (with ggml's grid
+  tables, `_ggml_dequant_grids.h`);
 - `lazyweights.kernels._cquant`: ggml's GGUF quantizers (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS).
 
 Everything else (metadata, dependencies, scripts) is in pyproject.toml. Both extensions are optional: without
@@ -19,15 +20,15 @@ from setuptools import Extension, setup
 # Never -ffast-math: the subnormal tricks need IEEE round-to-nearest and subnormals, and the quantizers ggml's
 # exact order of float32 operations.
 flags = [] if sys.platform == "win32" else ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c11"]
-# The quantizers are ggml's C, which llama.cpp builds without the -fwrapv that CPython's CFLAGS add: with it GCC
-# must allow for wrapping `int` indices and addresses the legacy types' loops element by element (Q4_1 ran at
-# 0.6x ggml's speed). ggml's code never relies on signed overflow.
+# Both extensions undo the -fwrapv that CPython's CFLAGS add (llama.cpp builds ggml without it): with it GCC must
+# allow for wrapping `int` indices and addresses loops element by element (the Q4_1 quantizer ran at 0.6x
+# ggml's speed). Neither ggml's code nor the casts rely on signed overflow.
 quant_flags = flags + ([] if sys.platform == "win32" else ["-fno-wrapv"])
 
 setup(
     ext_modules=[
-        Extension("lazyweights.kernels._ccasts", sources=["lazyweights/kernels/_ccasts.c"], extra_compile_args=flags,
-                  optional=True),
+        Extension("lazyweights.kernels._ccasts", sources=["lazyweights/kernels/_ccasts.c"], extra_compile_args=quant_flags,
+                  depends=["lazyweights/kernels/_ggml_dequant_grids.h"], optional=True),
         Extension("lazyweights.kernels._cquant", sources=["lazyweights/kernels/_cquant.c"],
                   extra_compile_args=quant_flags, optional=True),
     ]

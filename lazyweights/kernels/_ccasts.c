@@ -653,33 +653,79 @@ static inline float f16_to_f32(const uint8_t *p) {
     return float_of(widen_f16((uint32_t)p[0] | ((uint32_t)p[1] << 8), 0u));
 }
 
+/* Most loops here run in two passes: pass 1 decodes a super-block (or 8 small blocks) into int8 quants and
+ * one float scale per run of 16 or 32 values; pass 2 multiplies (and offsets) them in fixed-length runs. The
+ * float operations are ggml's, in ggml's order (`d * sc` first, then `dl * q - ml`); only integer decoding
+ * moved. The one-pass form, ggml's own loops, was not vectorized by GCC and ran at 0.12-0.5x numba's build of
+ * the same code on AVX2 (benchmarks/bench_dequant.py --every-type --with-numba). */
+#define LW_BYTES_01 0x0101010101010101ull
+
+static inline uint64_t signed_grid8(uint64_t grid, uint64_t sign_mask) {
+    return (grid ^ sign_mask) + (sign_mask & LW_BYTES_01);
+}
+
+/* 0xff in byte j where bit j of `bits` is set (the mask ksigns64 holds for 7-bit sign codes). */
+static inline uint64_t byte_mask_of_bits(uint8_t bits) {
+    uint64_t m = ((uint64_t)bits * LW_BYTES_01) & 0x8040201008040201ull;  /* byte j keeps only bit j */
+    m = ((m + 0x7f7f7f7f7f7f7f7full) | m) & 0x8080808080808080ull;         /* 0x80 where that bit was set */
+    return (m >> 7) * 0xff;
+}
+
+/* Pass 2 of the two-pass loops, over `runs` runs of GROUP values: y = dl * q, y = dl * q + m (Q4_1's order)
+ * or y = dl * q - m (the K-quants' order), dl and m per run. Fixed run lengths are what GCC vectorizes. */
+#define LW_SCALE_RUNS(GROUP)                                                                             \
+    static inline void scale_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,  \
+                                          int runs) {                                                    \
+        for (int g = 0; g < runs; g++)                                                                   \
+            for (int j = 0; j < (GROUP); j++)                                                            \
+                y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j];                                  \
+    }                                                                                                    \
+    static inline void scale_add_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,\
+                                              const float *m, int runs) {                                \
+        for (int g = 0; g < runs; g++)                                                                   \
+            for (int j = 0; j < (GROUP); j++)                                                            \
+                y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j] + m[g];                           \
+    }                                                                                                    \
+    static inline void scale_sub_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,\
+                                              const float *m, int runs) {                                \
+        for (int g = 0; g < runs; g++)                                                                   \
+            for (int j = 0; j < (GROUP); j++)                                                            \
+                y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j] - m[g];                           \
+    }
+LW_SCALE_RUNS(16)
+LW_SCALE_RUNS(32)
+
+/* Types with 32-value blocks are decoded 8 blocks (256 values) per pass-2 call. */
+#define LW_BATCH 8
+
 static LW_CLONES void dq_q4_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 18, y += 32) {
         const float d = f16_to_f32(s);
-        for (int j = 0; j < 16; j++) {
+        /* two loops of 16, not one with two stores: that is the form GCC vectorizes */
+        for (int j = 0; j < 16; j++)
             y[j] = (float)((int)(s[2 + j] & 0x0F) - 8) * d;
+        for (int j = 0; j < 16; j++)
             y[j + 16] = (float)((int)(s[2 + j] >> 4) - 8) * d;
-        }
     }
 }
 
 static LW_CLONES void dq_q4_1(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 20, y += 32) {
         const float d = f16_to_f32(s), m = f16_to_f32(s + 2);
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < 16; j++)
             y[j] = (float)(s[4 + j] & 0x0F) * d + m;
+        for (int j = 0; j < 16; j++)
             y[j + 16] = (float)(s[4 + j] >> 4) * d + m;
-        }
     }
 }
 
 static LW_CLONES void dq_q5_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 22, y += 32) {
         const float d = f16_to_f32(s);
         const uint32_t qh = (uint32_t)s[2] | ((uint32_t)s[3] << 8) | ((uint32_t)s[4] << 16) | ((uint32_t)s[5] << 24);
@@ -694,7 +740,7 @@ static LW_CLONES void dq_q5_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
 
 static LW_CLONES void dq_q5_1(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 24, y += 32) {
         const float d = f16_to_f32(s), m = f16_to_f32(s + 2);
         const uint32_t qh = (uint32_t)s[4] | ((uint32_t)s[5] << 8) | ((uint32_t)s[6] << 16) | ((uint32_t)s[7] << 24);
@@ -709,7 +755,7 @@ static LW_CLONES void dq_q5_1(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
 
 static LW_CLONES void dq_q8_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 34, y += 32) {
         const float d = f16_to_f32(s);
         for (int j = 0; j < 32; j++)
@@ -719,32 +765,29 @@ static LW_CLONES void dq_q8_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
 
 static LW_CLONES void dq_q2_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
-    for (Py_ssize_t b = 0; b < n; b++, s += 84) {
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 84, y += 256) {
         const uint8_t *sc = s, *q = s + 16;
         const float d = f16_to_f32(s + 80), mn = f16_to_f32(s + 82);
-        int is = 0;
-        for (int k = 0; k < 256; k += 128) {
-            int shift = 0;
-            for (int j = 0; j < 4; j++) {
-                uint8_t v = sc[is++];
-                float dl = d * (float)(v & 0xF), ml = mn * (float)(v >> 4);
-                for (int l = 0; l < 16; l++) *y++ = dl * (float)(int8_t)((q[l] >> shift) & 3) - ml;
-                v = sc[is++];
-                dl = d * (float)(v & 0xF); ml = mn * (float)(v >> 4);
-                for (int l = 0; l < 16; l++) *y++ = dl * (float)(int8_t)((q[l + 16] >> shift) & 3) - ml;
-                shift += 2;
-            }
-            q += 32;
+        int8_t v[256];
+        float dl[16], ml[16];
+        for (int g = 0; g < 16; g++) {
+            dl[g] = d * (float)(sc[g] & 0xF);
+            ml[g] = mn * (float)(sc[g] >> 4);
         }
+        for (int k = 0; k < 256; k += 128, q += 32)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    v[k + 32 * j + l] = (int8_t)((q[l] >> (2 * j)) & 3);
+        scale_sub_runs_16(y, v, dl, ml, 16);  /* ggml: dl * q - ml */
     }
 }
 
 static LW_CLONES void dq_q3_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     const uint32_t kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu;
-    for (Py_ssize_t b = 0; b < n; b++, s += 110) {
+    for (Py_ssize_t b = 0; b < n; b++, s += 110, y += 256) {
         const uint8_t *hm = s, *q = s + 32;
         const float d_all = f16_to_f32(s + 108);
         uint32_t aux[4];
@@ -755,22 +798,15 @@ static LW_CLONES void dq_q3_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
         aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
         aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
         const int8_t *scales = (const int8_t *)aux;
-        int is = 0;
-        uint8_t m = 1;
-        for (int k = 0; k < 256; k += 128) {
-            int shift = 0;
-            for (int j = 0; j < 4; j++) {
-                float dl = d_all * (float)(scales[is++] - 32);
-                for (int l = 0; l < 16; l++)
-                    *y++ = dl * (float)((int8_t)((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
-                dl = d_all * (float)(scales[is++] - 32);
-                for (int l = 0; l < 16; l++)
-                    *y++ = dl * (float)((int8_t)((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
-                shift += 2;
-                m <<= 1;
-            }
-            q += 32;
-        }
+        int8_t v[256];
+        float dl[16];
+        for (int g = 0; g < 16; g++)
+            dl[g] = d_all * (float)(scales[g] - 32);
+        for (int k = 0; k < 256; k += 128, q += 32)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++)
+                    v[k + 32 * j + l] = (int8_t)(((q[l] >> (2 * j)) & 3) - ((hm[l] >> (4 * (k / 128) + j)) & 1 ? 0 : 4));
+        scale_runs_16(y, v, dl, 16);  /* ggml: dl * (q - (hm ? 0 : 4)) */
     }
 }
 
@@ -786,7 +822,7 @@ static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 
 static LW_CLONES void dq_q4_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 144) {
         const float d = f16_to_f32(s), mn = f16_to_f32(s + 2);
         const uint8_t *scales = s + 4, *q = s + 16;
@@ -807,7 +843,7 @@ static LW_CLONES void dq_q4_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
 
 static LW_CLONES void dq_q5_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
     for (Py_ssize_t b = 0; b < n; b++, s += 176) {
         const float d = f16_to_f32(s), mn = f16_to_f32(s + 2);
         const uint8_t *scales = s + 4, *qh = s + 16, *ql = s + 48;
@@ -830,35 +866,230 @@ static LW_CLONES void dq_q5_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
 
 static LW_CLONES void dq_q6_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
-    const uint8_t *s = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;
-    for (Py_ssize_t b = 0; b < n; b++, s += 210) {
+    const uint8_t *restrict s = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, s += 210, y += 256) {
         const float d = f16_to_f32(s + 208);
         const uint8_t *ql = s, *qh = s + 128;
         const int8_t *sc = (const int8_t *)(s + 192);
-        for (int k = 0; k < 256; k += 128) {
+        int8_t v[256];
+        float dl[16];
+        for (int g = 0; g < 16; g++)
+            dl[g] = d * (float)sc[g];
+        for (int k = 0; k < 256; k += 128, ql += 64, qh += 32)
             for (int l = 0; l < 32; l++) {
-                const int is = l / 16;
-                const int8_t q1 = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                const int8_t q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                const int8_t q3 = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                const int8_t q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                y[l + 0] = d * (float)sc[is + 0] * (float)q1;
-                y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-                y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-                y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+                v[k + l + 0] = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                v[k + l + 32] = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                v[k + l + 64] = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                v[k + l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
             }
-            y += 128;
-            ql += 64;
-            qh += 32;
-            sc += 8;
+        scale_runs_16(y, v, dl, 16);  /* ggml: d * sc * q, as (d * sc) * q */
+    }
+}
+
+/* The grid and ternary types, MXFP4 and Q8_K: ggml's own dequantize_row_* functions and the tables they
+ * read, copied verbatim into _ggml_dequant_grids.h (where they come from, and why, is said there). These
+ * loops only adapt them to LoopFn, a bounded number of blocks per call because ggml indexes with `int`. */
+static inline float lw_half_bits_to_float(uint16_t h) { return float_of(widen_f16((uint32_t)h, 0u)); }
+
+#include "_ggml_dequant_grids.h"
+
+#define GGML_ROW_LOOP(LOOP, FN, BLOCK, VALUES)                                                           \
+    static LW_CLONES __attribute__((flatten)) void LOOP(const void *s_, void *o_, Py_ssize_t n,        \
+                                                        Py_ssize_t c, Py_ssize_t f,                     \
+                               Py_ssize_t st, const Extra *e) {                                          \
+        const BLOCK *x = s_; float *y = o_; (void)c; (void)f; (void)st; (void)e;                        \
+        for (int64_t done = 0; done < (int64_t)n; done += LW_GGML_CHUNK_BLOCKS) {                      \
+            const int64_t blocks = (int64_t)n - done < LW_GGML_CHUNK_BLOCKS ? (int64_t)n - done          \
+                                                                           : LW_GGML_CHUNK_BLOCKS;      \
+            FN(x + done, y + done * (VALUES), blocks * (VALUES));                                        \
+        }                                                                                                \
+    }
+
+GGML_ROW_LOOP(dq_tq1_0, dequantize_row_tq1_0, block_tq1_0, 256)
+GGML_ROW_LOOP(dq_tq2_0, dequantize_row_tq2_0, block_tq2_0, 256)
+GGML_ROW_LOOP(dq_iq1_s, dequantize_row_iq1_s, block_iq1_s, 256)
+GGML_ROW_LOOP(dq_iq1_m, dequantize_row_iq1_m, block_iq1_m, 256)
+GGML_ROW_LOOP(dq_q8_K, dequantize_row_q8_K, block_q8_K, 256)
+
+/* MXFP4, IQ4_NL and IQ4_XS: 4-bit codes through a 16-entry table; ggml's loops, each split in two runs of 16. */
+static LW_CLONES void dq_mxfp4(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                const Extra *e) {
+    const block_mxfp4 *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, y += QK_MXFP4) {
+        const float d = GGML_E8M0_TO_FP32_HALF(x[b].e);
+        for (int j = 0; j < QK_MXFP4 / 2; ++j)
+            y[j] = kvalues_mxfp4[x[b].qs[j] & 0x0F] * d;
+        for (int j = 0; j < QK_MXFP4 / 2; ++j)
+            y[j + QK_MXFP4 / 2] = kvalues_mxfp4[x[b].qs[j] >> 4] * d;
+    }
+}
+
+static LW_CLONES void dq_iq4_nl(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                 const Extra *e) {
+    const block_iq4_nl *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t b = 0; b < n; b++, y += QK4_NL) {
+        const float d = GGML_FP16_TO_FP32(x[b].d);
+        for (int j = 0; j < QK4_NL / 2; ++j)
+            y[j] = d * kvalues_iq4nl[x[b].qs[j] & 0xf];
+        for (int j = 0; j < QK4_NL / 2; ++j)
+            y[j + QK4_NL / 2] = d * kvalues_iq4nl[x[b].qs[j] >> 4];
+    }
+}
+
+static LW_CLONES void dq_iq4_xs(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                 const Extra *e) {
+    const block_iq4_xs *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        const uint8_t *qs = x[i].qs;
+        for (int ib = 0; ib < QK_K / 32; ++ib, qs += 16, y += 32) {
+            const int ls = ((x[i].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((x[i].scales_h >> 2 * ib) & 3) << 4);
+            const float dl = d * (ls - 32);
+            for (int j = 0; j < 16; ++j)
+                y[j] = dl * kvalues_iq4nl[qs[j] & 0xf];
+            for (int j = 0; j < 16; ++j)
+                y[j + 16] = dl * kvalues_iq4nl[qs[j] >> 4];
         }
     }
 }
 
+/* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S in two passes. ggml's loops compute, for each value,
+ * `db * grid[j] * (sign ? -1.f : 1.f)` with the sign looked up bit by bit; GCC vectorizes none of it (they ran
+ * at 1 GB/s, 0.12x numba's build of the same code). Here pass 1 writes each group of 8 signed grid values as one
+ * 64-bit store (the grid bytes with the signs applied bytewise), and pass 2 is `y = db * (float)q` over runs
+ * of 16 or 32, which GCC vectorizes. Same bits as ggml for every non-NaN scale: db * (float)(-g) is exactly
+ * -(db * g), which is what multiplying by -1.f gives (with a NaN scale only the NaN's sign may differ).
+ *
+ * Applying signs bytewise: for a sign mask s (0xff in the negated bytes), (g ^ s) + (s & 0x01..01) is the two's
+ * complement -g in each negated byte, with no carry from byte to byte as long as every grid byte is in
+ * 1..127; PyInit__ccasts checks that of every table these read. */
+
+static LW_CLONES void dq_iq2_xxs(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                  const Extra *e) {
+    const block_iq2_xxs *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++, y += QK_K) {
+        uint64_t q[QK_K / 8];
+        float db[QK_K / 32];
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+            uint32_t aux32[2];
+            memcpy(aux32, x[i].qs + 4 * ib32, 2 * sizeof(uint32_t));
+            const uint8_t *aux8 = (const uint8_t *)aux32;
+            db[ib32] = d * (0.5f + (aux32[1] >> 28)) * 0.25f;
+            for (int l = 0; l < 4; ++l)
+                q[4 * ib32 + l] = signed_grid8(iq2xxs_grid[aux8[l]], ksigns64[(aux32[1] >> 7 * l) & 127]);
+        }
+        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+    }
+}
+
+static LW_CLONES void dq_iq2_xs(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                 const Extra *e) {
+    const block_iq2_xs *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++, y += QK_K) {
+        uint64_t q[QK_K / 8];
+        float db[QK_K / 16];
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+            db[2 * ib32 + 0] = d * (0.5f + (x[i].scales[ib32] & 0xf)) * 0.25f;
+            db[2 * ib32 + 1] = d * (0.5f + (x[i].scales[ib32] >> 4)) * 0.25f;
+            for (int l = 0; l < 4; ++l) {
+                const uint16_t code = x[i].qs[4 * ib32 + l];
+                q[4 * ib32 + l] = signed_grid8(iq2xs_grid[code & 511], ksigns64[code >> 9]);
+            }
+        }
+        scale_runs_16(y, (const int8_t *)q, db, QK_K / 16);
+    }
+}
+
+static LW_CLONES void dq_iq2_s(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                const Extra *e) {
+    const block_iq2_s *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++, y += QK_K) {
+        uint64_t q[QK_K / 8];
+        float db[QK_K / 16];
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        const uint8_t *qs = x[i].qs, *qh = x[i].qh, *signs = qs + QK_K / 8;
+        for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+            db[2 * ib32 + 0] = d * (0.5f + (x[i].scales[ib32] & 0xf)) * 0.25f;
+            db[2 * ib32 + 1] = d * (0.5f + (x[i].scales[ib32] >> 4)) * 0.25f;
+            for (int l = 0; l < 4; ++l)
+                q[4 * ib32 + l] = signed_grid8(iq2s_grid[qs[l] | (qh[ib32] << (8 - 2 * l) & 0x300)],
+                                               byte_mask_of_bits(signs[l]));
+            qs += 4;
+            signs += 4;
+        }
+        scale_runs_16(y, (const int8_t *)q, db, QK_K / 16);
+    }
+}
+
+static LW_CLONES void dq_iq3_xxs(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                  const Extra *e) {
+    const block_iq3_xxs *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++, y += QK_K) {
+        uint64_t q[QK_K / 8];
+        float db[QK_K / 32];
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        const uint8_t *qs = x[i].qs, *scales_and_signs = qs + QK_K / 4;
+        for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+            uint32_t aux32;
+            memcpy(&aux32, scales_and_signs + 4 * ib32, sizeof(uint32_t));
+            db[ib32] = d * (0.5f + (aux32 >> 28)) * 0.5f;
+            for (int l = 0; l < 4; ++l) {
+                const uint64_t grid = iq3xxs_grid[qs[2 * l + 0]] | ((uint64_t)iq3xxs_grid[qs[2 * l + 1]] << 32);
+                q[4 * ib32 + l] = signed_grid8(grid, ksigns64[(aux32 >> 7 * l) & 127]);
+            }
+            qs += 8;
+        }
+        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+    }
+}
+
+static LW_CLONES void dq_iq3_s(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
+                                const Extra *e) {
+    const block_iq3_s *restrict x = s_; float *restrict y = o_; (void)c; (void)f; (void)st; (void)e;
+    for (Py_ssize_t i = 0; i < n; i++, y += QK_K) {
+        uint64_t q[QK_K / 8];
+        float db[QK_K / 32];
+        const float d = GGML_FP16_TO_FP32(x[i].d);
+        const uint8_t *qs = x[i].qs, *qh = x[i].qh, *signs = x[i].signs;
+        for (int ib32 = 0; ib32 < QK_K / 32; ib32 += 2) {
+            db[ib32 + 0] = d * (1 + 2 * (x[i].scales[ib32 / 2] & 0xf));
+            db[ib32 + 1] = d * (1 + 2 * (x[i].scales[ib32 / 2] >> 4));
+            for (int half = 0; half < 2; ++half) {
+                for (int l = 0; l < 4; ++l) {
+                    const uint64_t grid = iq3s_grid[qs[2 * l + 0] | ((qh[half] << (8 - 2 * l)) & 256)]
+                                          | ((uint64_t)iq3s_grid[qs[2 * l + 1] | ((qh[half] << (7 - 2 * l)) & 256)] << 32);
+                    q[4 * (ib32 + half) + l] = signed_grid8(grid, byte_mask_of_bits(signs[l]));
+                }
+                qs += 8;
+                signs += 4;
+            }
+            qh += 2;
+        }
+        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+    }
+}
+
+/* Every byte of every grid the two-pass loops read is in 1..127 (see signed_grid8); 0 if so. */
+static int grids_fit_signed_bytes(void) {
+    const struct { const void *table; size_t bytes; } grids[] = {
+        {iq2xxs_grid, sizeof iq2xxs_grid}, {iq2xs_grid, sizeof iq2xs_grid}, {iq2s_grid, sizeof iq2s_grid},
+        {iq3xxs_grid, sizeof iq3xxs_grid}, {iq3s_grid, sizeof iq3s_grid},
+    };
+    for (size_t t = 0; t < sizeof grids / sizeof grids[0]; t++)
+        for (size_t b = 0; b < grids[t].bytes; b++) {
+            const uint8_t v = ((const uint8_t *)grids[t].table)[b];
+            if (v == 0 || v > 127)
+                return -1;
+        }
+    return 0;
+}
+
 /* dequantize(src, out): whole blocks of 1-D uint8 `src` into 1-D float32 `out` (checked, GIL released,
- * SIGBUS-guarded like the casts). */
+ * SIGBUS-guarded like the casts). `src_align`: the alignment the loop reads the source with (1: bytewise). */
 static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_bytes, Py_ssize_t block_values,
-                             PyObject *const *args, Py_ssize_t nargs) {
+                             Py_ssize_t src_align, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer src, out;
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "%s() takes src, out", name);
@@ -870,6 +1101,8 @@ static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_byt
     const char *problem = NULL;
     if (src.len % block_bytes)
         problem = "the source is not a whole number of blocks";
+    else if ((uintptr_t)src.buf % (uintptr_t)src_align)
+        problem = src_align == 4 ? "the source is not aligned to 4 bytes" : "the source is not aligned to 2 bytes";
     else if ((uintptr_t)out.buf % sizeof(float))
         problem = "the output is not aligned to float32";
     else if (out.len / (Py_ssize_t)sizeof(float) != blocks * block_values || out.len % (Py_ssize_t)sizeof(float))
@@ -884,11 +1117,12 @@ static PyObject *run_dequant(const char *name, LoopFn loop, Py_ssize_t block_byt
     return run_released(loop, &src, &out, blocks > 0, blocks, 0, 0, 0, NULL);
 }
 
-#define DEQUANT_KERNEL(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES)                                         \
+#define DEQUANT_KERNEL_ALIGNED(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES, ALIGN)                         \
     static PyObject *PYNAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {               \
         (void)self;                                                                                   \
-        return run_dequant(#PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES, args, nargs);                    \
+        return run_dequant(#PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES, ALIGN, args, nargs);             \
     }
+#define DEQUANT_KERNEL(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES) DEQUANT_KERNEL_ALIGNED(PYNAME, LOOP, BLOCK_BYTES, BLOCK_VALUES, 1)
 
 DEQUANT_KERNEL(dq_Q4_0, dq_q4_0, 18, 32)
 DEQUANT_KERNEL(dq_Q4_1, dq_q4_1, 20, 32)
@@ -900,6 +1134,19 @@ DEQUANT_KERNEL(dq_Q3_K, dq_q3_k, 110, 256)
 DEQUANT_KERNEL(dq_Q4_K, dq_q4_k, 144, 256)
 DEQUANT_KERNEL(dq_Q5_K, dq_q5_k, 176, 256)
 DEQUANT_KERNEL(dq_Q6_K, dq_q6_k, 210, 256)
+DEQUANT_KERNEL(dq_MXFP4, dq_mxfp4, 17, 32)
+DEQUANT_KERNEL_ALIGNED(dq_TQ1_0, dq_tq1_0, 54, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_TQ2_0, dq_tq2_0, 66, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ2_XXS, dq_iq2_xxs, 66, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ2_XS, dq_iq2_xs, 74, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ2_S, dq_iq2_s, 82, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ3_XXS, dq_iq3_xxs, 98, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ3_S, dq_iq3_s, 110, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ1_S, dq_iq1_s, 50, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ1_M, dq_iq1_m, 56, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ4_NL, dq_iq4_nl, 18, 32, 2)
+DEQUANT_KERNEL_ALIGNED(dq_IQ4_XS, dq_iq4_xs, 136, 256, 2)
+DEQUANT_KERNEL_ALIGNED(dq_Q8_K, dq_q8_K, 292, 256, 4)
 
 #define METHOD(NAME, DOC) {#NAME, (PyCFunction)(void (*)(void))NAME, METH_FASTCALL, DOC}
 
@@ -928,6 +1175,19 @@ static PyMethodDef methods[] = {
     METHOD(dq_Q4_K, "Q4_K super-blocks -> float32."),
     METHOD(dq_Q5_K, "Q5_K super-blocks -> float32."),
     METHOD(dq_Q6_K, "Q6_K super-blocks -> float32."),
+    METHOD(dq_MXFP4, "MXFP4 blocks -> float32 (ggml's dequantize_row_mxfp4)."),
+    METHOD(dq_TQ1_0, "TQ1_0 super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_TQ2_0, "TQ2_0 super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ2_XXS, "IQ2_XXS super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ2_XS, "IQ2_XS super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ2_S, "IQ2_S super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ3_XXS, "IQ3_XXS super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ3_S, "IQ3_S super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ1_S, "IQ1_S super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ1_M, "IQ1_M super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ4_NL, "IQ4_NL blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_IQ4_XS, "IQ4_XS super-blocks -> float32 (source 2-byte aligned)."),
+    METHOD(dq_Q8_K, "Q8_K super-blocks -> float32 (source 4-byte aligned)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -939,6 +1199,11 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__ccasts(void) {
     pick_loops();
+    if (grids_fit_signed_bytes() != 0) {
+        PyErr_SetString(PyExc_ImportError, "_ccasts: an IQ2/IQ3 grid byte is outside 1..127, which the two-pass "
+                        "dequantizers assume (see signed_grid8)");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
