@@ -642,8 +642,9 @@ static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * GGUF block dequantizers: ggml's dequantize_row_* (ggml-quants.c), compiled ahead of time, so a fresh
- * process dequantizes without waiting for numba to compile `quant/legacy.py` and `quant/kquants.py`.
+ * GGUF block dequantizers, every block type: ggml's dequantize_row_* (ggml-quants.c), compiled ahead of time,
+ * so a fresh process dequantizes any GGUF without importing numba or waiting for it to compile the kernels
+ * under quant/ (which stay as the fallback for a machine without a compiler).
  * Same float32 operations in the same order as ggml (the sub-block scale first, `d * sc`, then
  * `dl * q - ml`; setup.py builds with -ffp-contract=off, so nothing is fused), hence the same bits as
  * gguf-py's dequantizers: tests/kernels/test_quant_kernels.py checks every type against gguf-py for every

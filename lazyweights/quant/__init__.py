@@ -2,14 +2,15 @@
 
 Each block family is one module that registers its kernels with `registry` at import. The kernels are numba
 loops over blocks (`nogil`, so threads working on different row ranges run in parallel) that reproduce
-gguf-py's `gguf.quants` results (and ggml's quantizers) bit for bit. The common dequantizers and every
-quantizer also exist ahead of time, as C extensions (`compiled`: the dequantizers of Q4_0 Q4_1 Q5_0 Q5_1
-Q8_0 Q2_K..Q6_K; `compiled_quantize`: ggml's own quantizers of those types and IQ4_NL, IQ4_XS): those are
+gguf-py's `gguf.quants` results (and ggml's quantizers) bit for bit. Every dequantizer and every quantizer
+but TQ1_0/TQ2_0's also exists ahead of time, in C extensions (`compiled`: the dequantizers of every block
+type; `compiled_quantize`: ggml's own quantizers of Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS): those are
 registered when this package is imported, and the numba modules are imported only when a kernel they alone
-have is first asked for, so dequantizing a typical GGUF, or quantizing to any preset, needs no numba at all.
+have is first asked for (or a listing of every kernel), so reading any GGUF, or quantizing to any preset,
+needs no numba at all; numba is the fallback for a machine without a compiler.
 
-    compiled  Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K      dequantize (C)
-    compiled_quantize  the same, IQ4_NL, IQ4_XS       quantize (C, ggml's code; optional importance matrix)
+    compiled  every GGUF block type           dequantize (C; ggml's tables in kernels/_ggml_dequant_grids.h)
+    compiled_quantize  Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS   quantize (C, ggml's code; optional imatrix)
     legacy    Q4_0 Q4_1 Q5_0 Q5_1 Q8_0        dequantize + quantize
     legacy_imatrix  the same five             quantize with an importance matrix (ggml's *_impl)
     kquants   Q2_K Q3_K Q4_K Q5_K Q6_K Q8_K   dequantize
