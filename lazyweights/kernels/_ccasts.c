@@ -654,11 +654,12 @@ static inline float f16_to_f32(const uint8_t *p) {
     return float_of(widen_f16((uint32_t)p[0] | ((uint32_t)p[1] << 8), 0u));
 }
 
-/* Most loops here run in two passes: pass 1 decodes a super-block (or 8 small blocks) into int8 quants and
- * one float scale per run of 16 or 32 values; pass 2 multiplies (and offsets) them in fixed-length runs. The
- * float operations are ggml's, in ggml's order (`d * sc` first, then `dl * q - ml`); only integer decoding
- * moved. The one-pass form, ggml's own loops, was not vectorized by GCC and ran at 0.12-0.5x numba's build of
- * the same code on AVX2 (benchmarks/bench_dequant.py --every-type --with-numba). */
+/* The super-block loops with sub-block scales (Q2_K, Q3_K, Q6_K, IQ2_*, IQ3_*) run in two passes: pass 1
+ * decodes a super-block into int8 quants and one float scale per run of 16 or 32 values; pass 2 multiplies
+ * (and offsets) them in fixed-length runs. The float operations are ggml's, in ggml's order (`d * sc` first,
+ * then `dl * q - ml`); only integer decoding moved. The one-pass form, ggml's own loops, was not vectorized by
+ * GCC and ran at 0.12-0.5x numba's build of the same code on AVX2 (benchmarks/bench_dequant.py --every-type
+ * --with-numba). The 32-value block types stay one pass, each loop split in two runs of 16. */
 #define LW_BYTES_01 0x0101010101010101ull
 
 static inline uint64_t signed_grid8(uint64_t grid, uint64_t sign_mask) {
@@ -672,32 +673,22 @@ static inline uint64_t byte_mask_of_bits(uint8_t bits) {
     return (m >> 7) * 0xff;
 }
 
-/* Pass 2 of the two-pass loops, over `runs` runs of GROUP values: y = dl * q, y = dl * q + m (Q4_1's order)
- * or y = dl * q - m (the K-quants' order), dl and m per run. Fixed run lengths are what GCC vectorizes. */
+/* Pass 2 of the two-pass loops, over one super-block's 256 values in runs of GROUP with a scale dl per run:
+ * y = dl * q, or y = dl * q - ml (the K-quants' order). Fixed run lengths are what GCC vectorizes. */
 #define LW_SCALE_RUNS(GROUP)                                                                             \
-    static inline void scale_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,  \
-                                          int runs) {                                                    \
-        for (int g = 0; g < runs; g++)                                                                   \
+    static inline void scale_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl) {\
+        for (int g = 0; g < 256 / (GROUP); g++)                                                          \
             for (int j = 0; j < (GROUP); j++)                                                            \
                 y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j];                                  \
-    }                                                                                                    \
-    static inline void scale_add_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,\
-                                              const float *m, int runs) {                                \
-        for (int g = 0; g < runs; g++)                                                                   \
-            for (int j = 0; j < (GROUP); j++)                                                            \
-                y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j] + m[g];                           \
-    }                                                                                                    \
-    static inline void scale_sub_runs_##GROUP(float *restrict y, const int8_t *restrict q, const float *dl,\
-                                              const float *m, int runs) {                                \
-        for (int g = 0; g < runs; g++)                                                                   \
-            for (int j = 0; j < (GROUP); j++)                                                            \
-                y[g * (GROUP) + j] = dl[g] * (float)q[g * (GROUP) + j] - m[g];                           \
     }
 LW_SCALE_RUNS(16)
 LW_SCALE_RUNS(32)
 
-/* Types with 32-value blocks are decoded 8 blocks (256 values) per pass-2 call. */
-#define LW_BATCH 8
+static inline void scale_sub_runs_16(float *restrict y, const int8_t *restrict q, const float *dl, const float *ml) {
+    for (int g = 0; g < 16; g++)
+        for (int j = 0; j < 16; j++)
+            y[g * 16 + j] = dl[g] * (float)q[g * 16 + j] - ml[g];
+}
 
 static LW_CLONES void dq_q4_0(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t c, Py_ssize_t f, Py_ssize_t st,
                                const Extra *e) {
@@ -780,7 +771,7 @@ static LW_CLONES void dq_q2_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
             for (int j = 0; j < 4; j++)
                 for (int l = 0; l < 32; l++)
                     v[k + 32 * j + l] = (int8_t)((q[l] >> (2 * j)) & 3);
-        scale_sub_runs_16(y, v, dl, ml, 16);  /* ggml: dl * q - ml */
+        scale_sub_runs_16(y, v, dl, ml);  /* ggml: dl * q - ml */
     }
 }
 
@@ -807,7 +798,7 @@ static LW_CLONES void dq_q3_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
             for (int j = 0; j < 4; j++)
                 for (int l = 0; l < 32; l++)
                     v[k + 32 * j + l] = (int8_t)(((q[l] >> (2 * j)) & 3) - ((hm[l] >> (4 * (k / 128) + j)) & 1 ? 0 : 4));
-        scale_runs_16(y, v, dl, 16);  /* ggml: dl * (q - (hm ? 0 : 4)) */
+        scale_runs_16(y, v, dl);  /* ggml: dl * (q - (hm ? 0 : 4)) */
     }
 }
 
@@ -883,7 +874,7 @@ static LW_CLONES void dq_q6_k(const void *s_, void *o_, Py_ssize_t n, Py_ssize_t
                 v[k + l + 64] = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
                 v[k + l + 96] = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
             }
-        scale_runs_16(y, v, dl, 16);  /* ggml: d * sc * q, as (d * sc) * q */
+        scale_runs_16(y, v, dl);  /* ggml: d * sc * q, as (d * sc) * q */
     }
 }
 
@@ -980,7 +971,7 @@ static LW_CLONES void dq_iq2_xxs(const void *s_, void *o_, Py_ssize_t n, Py_ssiz
             for (int l = 0; l < 4; ++l)
                 q[4 * ib32 + l] = signed_grid8(iq2xxs_grid[aux8[l]], ksigns64[(aux32[1] >> 7 * l) & 127]);
         }
-        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+        scale_runs_32(y, (const int8_t *)q, db);
     }
 }
 
@@ -999,7 +990,7 @@ static LW_CLONES void dq_iq2_xs(const void *s_, void *o_, Py_ssize_t n, Py_ssize
                 q[4 * ib32 + l] = signed_grid8(iq2xs_grid[code & 511], ksigns64[code >> 9]);
             }
         }
-        scale_runs_16(y, (const int8_t *)q, db, QK_K / 16);
+        scale_runs_16(y, (const int8_t *)q, db);
     }
 }
 
@@ -1020,7 +1011,7 @@ static LW_CLONES void dq_iq2_s(const void *s_, void *o_, Py_ssize_t n, Py_ssize_
             qs += 4;
             signs += 4;
         }
-        scale_runs_16(y, (const int8_t *)q, db, QK_K / 16);
+        scale_runs_16(y, (const int8_t *)q, db);
     }
 }
 
@@ -1042,7 +1033,7 @@ static LW_CLONES void dq_iq3_xxs(const void *s_, void *o_, Py_ssize_t n, Py_ssiz
             }
             qs += 8;
         }
-        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+        scale_runs_32(y, (const int8_t *)q, db);
     }
 }
 
@@ -1068,7 +1059,7 @@ static LW_CLONES void dq_iq3_s(const void *s_, void *o_, Py_ssize_t n, Py_ssize_
             }
             qh += 2;
         }
-        scale_runs_32(y, (const int8_t *)q, db, QK_K / 32);
+        scale_runs_32(y, (const int8_t *)q, db);
     }
 }
 

@@ -4,11 +4,11 @@
  *
  * Included by _ccasts.c only (it defines the static functions and tables it needs). Everything below the
  * "verbatim" line is copied without a change from llama-cpp-python 0.3.36, vendor/llama.cpp/ggml/src/:
- *   - the block layouts, iq1m_scale_t and the tables from ggml-common.h (kmask_iq2xs, ksigns_iq2xs,
- *     ksigns64, the iq2xxs/iq2xs/iq2s/iq3xxs/iq3s/iq1s grids, kvalues_iq4nl, kvalues_fp4);
+ *   - the block layouts, iq1m_scale_t and the tables from ggml-common.h (ksigns64, the
+ *     iq2xxs/iq2xs/iq2s/iq3xxs/iq3s/iq1s grids, kvalues_iq4nl, kvalues_fp4);
  *   - ggml_e8m0_to_fp32_half from ggml-impl.h;
  *   - dequantize_row_{tq1_0,tq2_0,iq1_s,iq1_m,q8_K} from ggml-quants.c, with `static` added. IQ2_XXS,
- *     IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS and MXFP4 are dequantized by _ccasts.c's two-pass
+ *     IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS and MXFP4 are dequantized by _ccasts.c's
  *     rewrites of ggml's functions instead (GCC does not vectorize ggml's versions: they ran at 0.12-0.7x
  *     numba's speed), from these tables.
  * Why copy rather than port: these are the functions llama.cpp itself dequantizes with, so the same C,
@@ -165,21 +165,6 @@ static_assert(sizeof(block_iq4_xs) == sizeof(ggml_half) + sizeof(uint16_t) + QK_
 
 #define GGML_TABLE_BEGIN(type, name, size) static const type name[size] = {
 #define GGML_TABLE_END() };
-
-GGML_TABLE_BEGIN(uint8_t, kmask_iq2xs, 8)
-    1, 2, 4, 8, 16, 32, 64, 128
-GGML_TABLE_END()
-
-GGML_TABLE_BEGIN(uint8_t, ksigns_iq2xs, 128)
-      0, 129, 130,   3, 132,   5,   6, 135, 136,   9,  10, 139,  12, 141, 142,  15,
-    144,  17,  18, 147,  20, 149, 150,  23,  24, 153, 154,  27, 156,  29,  30, 159,
-    160,  33,  34, 163,  36, 165, 166,  39,  40, 169, 170,  43, 172,  45,  46, 175,
-     48, 177, 178,  51, 180,  53,  54, 183, 184,  57,  58, 187,  60, 189, 190,  63,
-    192,  65,  66, 195,  68, 197, 198,  71,  72, 201, 202,  75, 204,  77,  78, 207,
-     80, 209, 210,  83, 212,  85,  86, 215, 216,  89,  90, 219,  92, 221, 222,  95,
-     96, 225, 226,  99, 228, 101, 102, 231, 232, 105, 106, 235, 108, 237, 238, 111,
-    240, 113, 114, 243, 116, 245, 246, 119, 120, 249, 250, 123, 252, 125, 126, 255,
-GGML_TABLE_END()
 
 GGML_TABLE_BEGIN(uint64_t, ksigns64, 128)
     0x0000000000000000, 0xff000000000000ff, 0xff0000000000ff00, 0x000000000000ffff,

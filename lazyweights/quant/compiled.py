@@ -1,9 +1,9 @@
 """The ahead-of-time compiled dequantizers (the `_ccasts` C extension), registered in front of numba's.
 
 `kernels/_ccasts.c` holds ggml's `dequantize_row_*` for every GGUF block type lazyweights reads, in C, built at
-install time with the casts: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K..Q6_K transcribed there, and the grid
-(IQ1_S..IQ4_XS), ternary (TQ1_0, TQ2_0), MXFP4 and Q8_K ones copied verbatim from ggml-quants.c with the tables
-they read (`kernels/_ggml_dequant_grids.h`). They load in a millisecond where numba needs about 0.5 s to import
+install time with the casts: TQ1_0, TQ2_0, IQ1_S, IQ1_M and Q8_K copied verbatim from ggml-quants.c, the others
+restructured there so GCC vectorizes them (the same float operations in ggml's order), all reading ggml's
+tables from `kernels/_ggml_dequant_grids.h`. They load in a millisecond where numba needs about 0.5 s to import
 and, on a fresh machine, seconds to compile: the first GGUF conversion after an install is then as fast as
 the later ones. Same bits as the numba kernels and gguf-py (tests/kernels/test_quant_kernels.py runs every
 registered implementation against gguf-py). Without the extension (no compiler at install time, or

@@ -5,7 +5,7 @@ The checkpoint is the shared benchmark's (`../shared/bench/make_ckpt.py`, defaul
 2.2 GB of bf16 in 3 shards), written once per session into pytest's temp dir and removed afterwards.
 The W1 adapter is `../shared/bench/workload.py`'s, written with WeightData ops.
 
-Page residency is measured with `mincore(2)` (through ctypes) on a fresh map of the file after the file
+Page residency is measured with `mincore(2)` (through ctypes, `_page_cache.py`) on a fresh map of the file after the file
 was dropped from the page cache with `posix_fadvise(POSIX_FADV_DONTNEED)`; that part runs in a
 subprocess, so nothing this test process touched earlier stays mapped.
 """
@@ -171,11 +171,13 @@ def test_materializing_one_adapted_tensor_is_correct(big_checkpoint):
 
 # --- (c) materializing one tensor touches only its pages ---------------------------------------------------
 RESIDENCY_SCRIPT = textwrap.dedent(r"""
-    import ctypes, json, mmap, os, sys
+    import json, os, sys
     import numpy as np
     import lazyweights as lw
     from lazyweights import DType
-    ckpt, shard_name, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    ckpt, shard_name, mode, helpers = sys.argv[1:5]
+    sys.path.insert(0, helpers)
+    from _page_cache import PAGE, drop_from_cache, resident_pages
     shard = os.path.join(ckpt, shard_name)
     # where each tensor of this shard lives (from the header); the target is the mlp.down_proj.weight
     # nearest the middle of the shard, so other tensors lie on both sides of it
@@ -186,32 +188,6 @@ RESIDENCY_SCRIPT = textwrap.dedent(r"""
     regions = {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in header.items()}
     size = os.path.getsize(shard)
     target = min((k for k in regions if k.endswith("mlp.down_proj.weight")), key=lambda k: abs(regions[k][0] - size / 2))
-    PAGE = os.sysconf("SC_PAGE_SIZE")
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    libc.mincore.restype = ctypes.c_int
-
-    def resident_pages(path):
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        addr = np.frombuffer(mm, dtype=np.uint8).ctypes.data   # no page is touched
-        n = (size + PAGE - 1) // PAGE
-        vec = (ctypes.c_ubyte * n)()
-        if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed")
-        out = np.frombuffer(vec, dtype=np.uint8) & 1
-        mm.close()
-        return out
-
-    def drop_from_cache(path):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
     weights = lw.load_weights(ckpt)              # headers read; their pages may stay cached
     drop_from_cache(shard)
     before = resident_pages(shard)
@@ -249,7 +225,8 @@ def test_materializing_one_tensor_touches_only_its_pages(big_checkpoint, tmp_pat
     shard = big_checkpoint.shards[0]  # 1 GB
     script = tmp_path / "residency.py"
     script.write_text(RESIDENCY_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(big_checkpoint.path), shard.name, mode],
+    proc = subprocess.run([sys.executable, str(script), str(big_checkpoint.path), shard.name, mode,
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, env=child_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -270,18 +270,27 @@ def tiny_state_dict():
             "w_q": lw.from_numpy(vals[3], "d").quantize(lw.QuantizationEncoding.Q4_0)}
 
 
-def test_tiny_max_module_loads_and_runs_on_cpu_with_lazy_weights():
+def load_tiny(m: Tiny):
+    """`m` compiled for MAX's CPU executor, its weights taken from `m.state_dict()`."""
     from max.engine import InferenceSession
 
-    sd = tiny_state_dict()
-    m = Tiny()
-    load_max_module(m, sd)
     graph = Graph("tiny", forward=m, input_types=[TensorType(MaxDType.float32, [4, 32], MaxDeviceRef.CPU())])
-    model = InferenceSession(devices=[CPU()]).load(graph, weights_registry=m.state_dict())
+    return InferenceSession(devices=[CPU()]).load(graph, weights_registry=m.state_dict())
+
+
+def assert_tiny_computes_with(model, sd) -> None:
+    """The loaded Tiny model's output is x times the sum of `sd`'s four weights, dequantized by lazyweights."""
     x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(4, 32)
     got = np.from_dlpack(model.execute(Buffer.from_numpy(x))[0])
     ref = x * sum(sd[k].dequantize(lw.DType.float32).to_numpy() for k in ("w_bf16", "w_f16", "w_f32", "w_q"))
     np.testing.assert_array_equal(got, ref)
+
+
+def test_tiny_max_module_loads_and_runs_on_cpu_with_lazy_weights():
+    sd = tiny_state_dict()
+    m = Tiny()
+    load_max_module(m, sd)
+    assert_tiny_computes_with(load_tiny(m), sd)
 
 
 @pytest.fixture
@@ -310,30 +319,20 @@ def test_load_max_module_materializes_each_tensor_once(materialized):
 def test_max_own_load_state_dict_fed_lazy_values_materializes_each_once(materialized):
     # Without load_max_module: MAX's Module.load_state_dict and InferenceSession.load export every value
     # through DLPack three times; a WeightData materializes on the first and shares that array after.
-    from max.engine import InferenceSession
-
     m = Tiny()
     m.load_state_dict(tiny_state_dict())
-    graph = Graph("tiny", forward=m, input_types=[TensorType(MaxDType.float32, [4, 32], MaxDeviceRef.CPU())])
-    InferenceSession(devices=[CPU()]).load(graph, weights_registry=m.state_dict())
+    load_tiny(m)
     assert sorted(materialized) == ["a", "b", "c", "d"]
 
 
 RUN_DIRECTLY_FED = """
 import sys
-import numpy as np
 sys.path.insert(0, sys.argv[1])
 from test_max import *
-from max.engine import InferenceSession
 sd = tiny_state_dict()
 m = Tiny()
 m.load_state_dict(sd)
-graph = Graph("tiny", forward=m, input_types=[TensorType(MaxDType.float32, [4, 32], MaxDeviceRef.CPU())])
-model = InferenceSession(devices=[CPU()]).load(graph, weights_registry=m.state_dict())
-x = np.linspace(-1, 1, 128, dtype=np.float32).reshape(4, 32)
-got = np.from_dlpack(model.execute(Buffer.from_numpy(x))[0])
-ref = x * sum(sd[k].dequantize(lw.DType.float32).to_numpy() for k in ("w_bf16", "w_f16", "w_f32", "w_q"))
-np.testing.assert_array_equal(got, ref)
+assert_tiny_computes_with(load_tiny(m), sd)
 print("same")
 """
 
