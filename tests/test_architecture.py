@@ -17,6 +17,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "lazyweights"
 # Layer of each top-level part of the package; equal numbers are one layer.
 LAYERS = {
     "core": 0,
+    "io": 1,
     "kernels": 1, "quant": 1,
     "graph": 2,
     "compiler": 3,
