@@ -26,6 +26,7 @@ from .core.errors import (
     MissingWeightError,
     ShapeError,
     SourceChangedError,
+    RemoteError,
     WriteError,
 )
 from .formats.checkpoint import WeightsFormat
@@ -47,7 +48,7 @@ from .core.version import __version__
 
 __all__ = [
     "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",
-    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError",
+    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError", "RemoteError",
     "Weight", "WeightData", "Weights", "WeightsFormat", "WriteError", "concat", "from_numpy", "load_weights",
     "plan", "split", "stack", "weights_format", "Module", "LayerList", "CheckReport", "check",
     "check_unique_renames", "load_into_torch", "SupportedArchitecture", "registry",

@@ -230,8 +230,9 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     """Open the checkpoint at `paths` lazily, run the adapter on it, return (adapted state dict, weights)."""
     from ..api.weights import load_weights
 
-    allow_pickle = extra_kwargs.pop("allow_pickle", None)  # a loader option, not an adapter keyword
-    weights = load_weights(paths, allow_pickle=allow_pickle) if allow_pickle else load_weights(paths)
+    allow_pickle = extra_kwargs.pop("allow_pickle", None)  # loader options, not adapter keywords
+    remote = {k: extra_kwargs.pop(k) for k in ("storage_options", "cache") if k in extra_kwargs}
+    weights = load_weights(paths, allow_pickle=allow_pickle, **remote)
     fn = load_adapter(spec, weights.format)
     kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}
     kwargs.update(extra_kwargs)

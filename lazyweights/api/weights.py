@@ -238,12 +238,18 @@ class Weights:
         raise TypeError("iterate over Weights.items() (the seed protocol), not the Weights object")
 
 
-def load_weights(paths, *, allow_pickle=None) -> Weights:
+def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None) -> Weights:
     """Open a checkpoint lazily: `.safetensors` file(s), a directory, a `model.safetensors.index.json`,
     or `.gguf` file(s) (split GGUF too). Reads and validates headers only.
+
+    Any of them may be a URL: `http(s)://` or `s3://` (an `s3://` prefix is listed). `storage_options`
+    (fsspec's names: `endpoint_url`, `key`, `secret`, `anon`, `headers`, `timeout`, `retries`, ...) reach the
+    object store; `cache="~/.cache/lazyweights"` keeps fetched byte ranges for the next run, keyed by URL,
+    ETag and length. Tensor bytes are fetched by exact byte range when a plan first needs them.
 
     Pickle checkpoints (`.bin`, `.pt`, `.pth`) are refused unless `allow_pickle="weights_only"`: then torch's
     restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    return Weights(_Shared(open_checkpoint(list(paths), allow_pickle=allow_pickle)))
+    return Weights(_Shared(open_checkpoint(list(paths), allow_pickle=allow_pickle, storage_options=storage_options,
+                                           cache=cache)))

@@ -14,6 +14,8 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     ├── LoadError              (also ValueError) load_state_dict found missing/unexpected/mismatched weights
     ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
     ├── UnknownPresetError     (also ValueError) a quantization preset name that is not supported
+    ├── RemoteError            (also OSError) an object-storage read failed: 403/404, a server that ignores
+    │                          Range, a truncated body or a timeout after retries; names the URL
     └── ExecutionError         a step failed while running a plan; names the output tensor
         └── WriteError         writing an output failed (disk full, permissions); names the file
 
@@ -77,6 +79,18 @@ class BudgetError(LazyWeightsError, ValueError):
 
 class UnknownPresetError(LazyWeightsError, ValueError):
     """A quantization preset (`Q4_K_M`, ...) that lazyweights does not know; lists the known ones."""
+
+
+class RemoteError(LazyWeightsError, OSError):
+    """Reading a checkpoint from object storage failed; `url` names the object, `status` the HTTP status."""
+
+    def __init__(self, message: str, url: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class ExecutionError(LazyWeightsError, RuntimeError):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Union
 
 from ..core.errors import FormatError, LazyWeightsError
+from ..io.remote import is_url
 from .source import SourceFile, TensorRecord
 
 PathLike = Union[str, os.PathLike]
@@ -40,7 +41,11 @@ class Checkpoint:
 
 
 def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
-    """Parse model.safetensors.index.json; every shard must exist inside the index's directory."""
+    """Parse model.safetensors.index.json; every shard must exist inside the index's directory.
+
+    A URL index names its shards relative to the index's URL (as the Hugging Face hub lays them out)."""
+    if is_url(index):
+        return _read_remote_index(str(index))
     try:
         doc = json.loads(index.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -65,6 +70,30 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
             if not target.is_file():
                 raise FormatError(f"{index}: shard {rel!r} (holding tensor {name!r}) is missing from {root}")
             shards[rel] = target
+        mapping[name] = shards[rel]
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return list(shards.values()), mapping, meta
+
+
+def _read_remote_index(url: str) -> tuple[list, dict, dict]:
+    from ..io.remote import fetch_small
+
+    try:
+        doc = json.loads(fetch_small(url).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FormatError(f"{url}: not a valid index file: {e}") from None
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise FormatError(f"{url}: 'weight_map' must be an object mapping tensor names to shard file names")
+    base = url.split("?", 1)[0].rsplit("/", 1)[0]
+    shards: dict[str, str] = {}
+    mapping: dict[str, str] = {}
+    for name, rel in weight_map.items():
+        if rel not in shards:
+            # the same confinement as for local indexes: no '..', no absolute names, no other host
+            if rel.startswith("/") or "://" in rel or any(part in ("..", "") for part in rel.split("/")):
+                raise FormatError(f"{url}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint's prefix {base}/")
+            shards[rel] = f"{base}/{rel}"
         mapping[name] = shards[rel]
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     return list(shards.values()), mapping, meta

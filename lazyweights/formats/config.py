@@ -36,6 +36,7 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
+from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 from ..core.errors import FormatError
 
 # GGUF architecture -> (HF model_type, HF architectures)
@@ -217,6 +218,18 @@ def config_from_metadata(fmt, metadata: Mapping[str, Any], files: Iterable[str] 
     if value == "gguf":
         return GGUFConfig(metadata, tensor_names)
     files = list(files or [])
+    if files and is_url(files[0]):
+        candidate = files[0].split("?", 1)[0].rsplit("/", 1)[0] + "/config.json"
+        with remote_options(*sibling_options(files[0])):
+            if not url_exists(candidate):
+                return None
+            try:
+                doc = json.loads(fetch_small(candidate).decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise FormatError(f"{candidate}: not a valid config.json: {e}") from None
+        if not isinstance(doc, dict):
+            raise FormatError(f"{candidate}: config.json holds a {type(doc).__name__}, expected an object")
+        return HFConfig(doc)
     if files:
         candidate = os.path.join(os.path.dirname(os.path.abspath(files[0])), "config.json")
         if os.path.isfile(candidate):

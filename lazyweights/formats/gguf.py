@@ -53,7 +53,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from ..core.dtype import DType
 from ..core.errors import FormatError, LazyWeightsError
 from ..core.quantization import QuantizationEncoding
-from .source import SourceFile, TensorRecord
+from ..io.remote import is_url
+from .source import SourceFile, TensorRecord, absolute_location, location_exists
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -262,14 +263,17 @@ class GGUFMetadata(dict):
 class _Cursor:
     """Bounds-checked little-endian reads over a file's bytes. Every length is checked against what is left."""
 
-    __slots__ = ("file", "where", "buf", "pos", "size")
+    __slots__ = ("file", "where", "buf", "pos", "size", "fetch")
 
     def __init__(self, file: SourceFile):
         self.file = file
         self.where = file.path
-        self.buf = memoryview(file.view(0, file.size))
+        # The whole file's bytes, unread: a local map, or a remote object's sparse mirror whose header bytes
+        # `fetch` brings in before they are parsed (None for local files, where every byte is present).
+        self.buf = memoryview(file.whole_view())
         self.pos = 0
         self.size = file.size
+        self.fetch = getattr(file, "ensure_header", None)
 
     def left(self) -> int:
         return self.size - self.pos
@@ -280,6 +284,8 @@ class _Cursor:
                 f"{self.where}: truncated header: {what} needs {n} bytes at offset {self.pos} "
                 f"but only {self.size - self.pos} remain in the file ({self.size} bytes)"
             )
+        if self.fetch is not None:
+            self.fetch(self.pos, n)
 
     def unpack(self, fmt: str, size: int, what: str):
         self.need(size, what)
@@ -300,6 +306,8 @@ class _Cursor:
                 f"{self.where}: {what} claims {n} bytes at offset {self.pos} but only "
                 f"{self.size - self.pos} remain in the file: corrupt or truncated header"
             )
+        if self.fetch is not None:
+            self.fetch(self.pos, n)
         s = self.buf[self.pos:self.pos + n]
         self.pos += n
         return s
@@ -346,12 +354,14 @@ def _read_array(cur: _Cursor, what: str, depth: int) -> GGUFArray:
     if sub in SCALAR_FORMATS:
         cur.pos += count * min_size  # bounded above
     elif sub is GGUFValueType.STRING:
-        buf, pos, size = cur.buf, cur.pos, cur.size
+        buf, pos, size, fetch = cur.buf, cur.pos, cur.size, cur.fetch
         unpack = struct.unpack_from
         for i in range(count):
             if pos + 8 > size:
                 cur.pos = pos
                 cur.need(8, f"the length of element {i} of {what}")
+            if fetch is not None:
+                fetch(pos, 8)
             (n,) = unpack("<Q", buf, pos)
             pos += 8
             if n > size - pos:
@@ -508,7 +518,7 @@ def _record(f: SourceFile, info: _Info, data_start: int, alignment: int) -> Tens
 # --- checkpoints (single and split) --------------------------------------------------------------------------
 def _split_siblings(path: str) -> list[str] | None:
     """All part paths for a split-named file, or None when the name is not `...-0000k-of-0000n.gguf`."""
-    d, base = os.path.split(os.path.abspath(path))
+    d, base = (path.rsplit("/", 1) if is_url(path) else os.path.split(os.path.abspath(path)))
     m = _SPLIT_NAME.match(base)
     if not m:
         return None
@@ -516,7 +526,8 @@ def _split_siblings(path: str) -> list[str] | None:
     if count < 1 or not 1 <= int(m["no"]) <= count:
         return None
     ext = base[-5:]  # keep the extension's spelling
-    return [os.path.join(d, split_part_name(m["prefix"], i, count)[:-5] + ext) for i in range(1, count + 1)]
+    join = (lambda a, b: f"{a}/{b}") if is_url(path) else os.path.join
+    return [join(d, split_part_name(m["prefix"], i, count)[:-5] + ext) for i in range(1, count + 1)]
 
 
 def read_gguf_checkpoint(files: list[str]):
@@ -531,7 +542,7 @@ def read_gguf_checkpoint(files: list[str]):
         raise LazyWeightsError("no GGUF files given")
     # Parse what was given; a part of a split (split.count > 1) pulls in its siblings by llama.cpp's naming.
     parsed: dict[str, tuple[list[TensorRecord], GGUFMetadata]] = {}
-    for p in [os.path.abspath(os.fspath(x)) for x in files]:
+    for p in [absolute_location(x) for x in files]:
         if p not in parsed:
             parsed[p] = read_gguf(p)
         count = parsed[p][1].get("split.count")
@@ -543,7 +554,7 @@ def read_gguf_checkpoint(files: list[str]):
         for i, sib in enumerate(siblings):
             if sib in parsed:
                 continue
-            if not os.path.exists(sib):
+            if not location_exists(sib):
                 raise FormatError(f"{sib}: missing part {i + 1} of {count} of the split GGUF {p}")
             parsed[sib] = read_gguf(sib)
     parts = [(p, recs, meta) for p, (recs, meta) in parsed.items()]

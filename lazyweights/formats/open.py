@@ -20,13 +20,15 @@ from typing import Iterable
 
 from ..core.errors import FormatError, LazyWeightsError
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
-from .source import SourceFile, TensorRecord
+from ..io.remote import current_options, is_url, list_prefix, remote_options
+from .source import SourceFile, TensorRecord, absolute_location
 
 
-def _as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+def _as_paths(paths: PathLike | Iterable[PathLike]) -> list:
+    """Local paths as `Path`s; URLs stay strings (a `Path` would fold their '//')."""
     if isinstance(paths, (str, os.PathLike)):
-        return [Path(paths)]
-    out = [Path(p) for p in paths]
+        paths = [paths]
+    out = [p if is_url(p) else Path(p) for p in paths]
     if not out:
         raise LazyWeightsError("load_weights() was given no paths")
     return out
@@ -34,8 +36,11 @@ def _as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:
 
 def _expand(paths: list[Path]) -> list[Path]:
     """Directories become their checkpoint files (the index if there is one)."""
-    out: list[Path] = []
+    out: list = []
     for p in paths:
+        if is_url(p):
+            out.extend(_expand_url(p))
+            continue
         if p.is_dir():
             index = sorted(p.glob("*.safetensors.index.json"))
             if index:
@@ -56,6 +61,24 @@ def _expand(paths: list[Path]) -> list[Path]:
     return out
 
 
+def _url_name(url: str) -> str:
+    return url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def _expand_url(url: str) -> list[str]:
+    """A checkpoint file's URL as it is; an `s3://` prefix becomes its index or its checkpoint files."""
+    if _url_name(url).endswith((".safetensors", ".json", ".gguf")) or not url.lower().startswith("s3://"):
+        return [url]
+    objects = list_prefix(url, current_options()[0])
+    names = [o for o in objects if "/" not in o[len(url.rstrip("/")) + 1:]]  # this level only
+    index = [o for o in names if o.endswith(".safetensors.index.json")]
+    found = index[:1] or [o for o in names if o.endswith(".safetensors")] or [o for o in names if o.endswith(".gguf")]
+    if not found:
+        raise FormatError(f"{url}: the prefix holds no .safetensors, .safetensors.index.json or .gguf objects "
+                          f"({len(objects)} objects listed)")
+    return found
+
+
 def weights_format(paths: PathLike | Iterable[PathLike]) -> WeightsFormat:
     """The format of a checkpoint, from its file names (and magic bytes where the name says nothing).
 
@@ -67,14 +90,23 @@ def weights_format(paths: PathLike | Iterable[PathLike]) -> WeightsFormat:
     return found.pop()
 
 
-def _format_of(p: Path) -> WeightsFormat:
-    name = p.name.lower()
+def _format_of(p) -> WeightsFormat:
+    name = _url_name(p) if is_url(p) else p.name.lower()
     if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
         return WeightsFormat.safetensors
     if name.endswith(".gguf"):
         return WeightsFormat.gguf
     if name.endswith((".bin", ".pt", ".pth", ".ckpt")):
         return WeightsFormat.pytorch
+    if is_url(p):
+        f = SourceFile.open(p)
+        head = f.read(0, min(9, f.size))
+        if head[:4] == b"GGUF":
+            return WeightsFormat.gguf
+        if len(head) == 9 and head[8:9] == b"{":
+            return WeightsFormat.safetensors
+        raise FormatError(f"{p}: not a recognised checkpoint (expected .safetensors, .safetensors.index.json or "
+                          f".gguf; the object starts with {head!r})")
     try:
         with open(p, "rb") as fh:
             head = fh.read(9)
@@ -87,14 +119,21 @@ def _format_of(p: Path) -> WeightsFormat:
     raise FormatError(f"{p}: not a recognised checkpoint (expected .safetensors, .safetensors.index.json or .gguf)")
 
 
-def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None) -> Checkpoint:
+def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, storage_options: dict | None = None,
+                    cache: str | None = None) -> Checkpoint:
     """Resolve `paths` to files, validate every header, and collect the tensor records.
 
-    Pickle checkpoints are refused unless `allow_pickle="weights_only"` (torch's restricted unpickler,
-    see `formats/torch_pickle.py`)."""
+    Any path may be a URL (`http(s)://`, `s3://`; an `s3://` prefix is listed), opened with `storage_options`
+    and, with `cache=DIR`, a persistent range cache (`io/remote.py`). Pickle checkpoints are refused unless
+    `allow_pickle="weights_only"` (torch's restricted unpickler, see `formats/torch_pickle.py`)."""
+    with remote_options(storage_options, cache):
+        return _open_checkpoint(paths, allow_pickle)
+
+
+def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
     from .torch_pickle import is_pickle_checkpoint, pickle_allowed, read_torch_checkpoint
 
-    if pickle_allowed(allow_pickle) and is_pickle_checkpoint(_as_paths(paths)):
+    if pickle_allowed(allow_pickle) and not any(is_url(p) for p in _as_paths(paths)) and is_pickle_checkpoint(_as_paths(paths)):
         return read_torch_checkpoint(_as_paths(paths))
     files = _expand(_as_paths(paths))
     fmt = weights_format(files)
@@ -118,7 +157,7 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
     index_map: dict[str, Path] | None = None
     index_meta: dict = {}
     for f in files:
-        if f.name.endswith(".index.json"):
+        if (_url_name(f) if is_url(f) else f.name).endswith(".index.json"):
             idx_shards, idx_map, index_meta = read_index(f)
             shard_files.extend(idx_shards)
             index_map = {**(index_map or {}), **idx_map}
@@ -130,9 +169,9 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
     seen_files: list[str] = []
     # de-duplicated by absolute path, order kept: a shard named both through the index and by its own
     # (relative) path is read once.
-    for shard in dict.fromkeys(Path(os.path.abspath(f)) for f in shard_files):
-        recs, meta = read_safetensors(str(shard))
-        seen_files.append(recs[0].file.path if recs else os.path.abspath(shard))
+    for shard in dict.fromkeys(absolute_location(f) for f in shard_files):
+        recs, meta = read_safetensors(shard)
+        seen_files.append(recs[0].file.path if recs else shard)
         if meta:
             metadata.setdefault("files", {})[str(shard)] = meta
             for k, v in meta.items():
@@ -148,7 +187,7 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
             rec = records.get(name)
             if rec is None:
                 raise FormatError(f"{shard}: the index names tensor {name!r} in this shard but the shard does not contain it")
-            if rec.file.path != os.path.abspath(shard):
+            if rec.file.path != absolute_location(shard):
                 raise FormatError(
                     f"tensor {name!r}: the index places it in {shard} but it is in {rec.file.path}"
                 )

@@ -33,6 +33,17 @@ import numpy as np
 from ..core.dtype import DType
 from ..core.errors import FormatError, SourceChangedError
 from ..core.quantization import QuantizationEncoding
+from ..io.remote import RemoteFile, current_options, is_url, url_exists
+
+
+def absolute_location(path) -> str:
+    """A path made absolute, or a URL as it is: the key files are known by."""
+    return path if is_url(path) else os.path.abspath(os.fspath(path))
+
+
+def location_exists(path) -> bool:
+    """Whether a local file or a remote object exists."""
+    return url_exists(path) if is_url(path) else os.path.exists(path)
 
 
 class SourceFile:
@@ -68,7 +79,12 @@ class SourceFile:
 
     @classmethod
     def open(cls, path: str) -> "SourceFile":
-        """The shared SourceFile for `path`, re-opened if the file on disk changed since it was cached."""
+        """The shared SourceFile for `path`, re-opened if the file on disk changed since it was cached.
+
+        A URL (`http(s)://`, `s3://`) opens a `RemoteFile` instead, with the `storage_options` and cache
+        of the `io.remote.remote_options` block in force (`load_weights` sets them): same interface."""
+        if is_url(path):
+            return RemoteFile.open(path, *current_options())  # type: ignore[return-value]
         key = os.path.abspath(path)
         with cls._cache_lock:
             f = cls._cache.get(key)
@@ -129,6 +145,10 @@ class SourceFile:
     def view(self, offset: int, length: int) -> np.ndarray:
         """A zero-copy, read-only uint8 view of [offset, offset+length) of the map."""
         return self._buffer[offset:offset + length]
+
+    def whole_view(self) -> np.ndarray:
+        """The whole map (header parsers index it directly)."""
+        return self._buffer
 
     def __repr__(self) -> str:
         return f"SourceFile({self.path!r}, {self.size} bytes)"

@@ -113,7 +113,8 @@ def _json_scalar_metadata(meta) -> dict:
 def cmd_inspect(args) -> int:
     from ..formats.open import open_checkpoint
 
-    ck = open_checkpoint(args.paths, allow_pickle=args.allow_pickle) if args.allow_pickle else open_checkpoint(args.paths)
+    ck = open_checkpoint(args.paths, allow_pickle=args.allow_pickle, storage_options=args.storage_options,
+                         cache=args.cache)
     names = _filter_names(list(ck.records), args.filter)
     if args.filter and not names:
         raise LazyWeightsError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
@@ -166,6 +167,16 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _json_object(text: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got a {type(doc).__name__}")
+    return doc
+
+
 # --- plan / convert / check share: open, adapt, plan ------------------------------------------------------------
 def _adapted_plan(args):
     from ..adapters.loader import run_adapter
@@ -176,6 +187,8 @@ def _adapted_plan(args):
         extra["tokenizer"] = False
     if getattr(args, "allow_pickle", None):
         extra["allow_pickle"] = args.allow_pickle
+    if getattr(args, "storage_options", None) or getattr(args, "cache", None):
+        extra["storage_options"], extra["cache"] = args.storage_options, args.cache
     adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
     p = Plan(adapted)
     pattern = getattr(args, "filter", None)
@@ -394,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
                        help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
                             "(torch.load(weights_only=True)); refused without it")
+        p.add_argument("--storage-options", metavar="JSON", type=_json_object, default=None,
+                       help="for http(s):// and s3:// paths: options as fsspec names them, e.g. "
+                            "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}'")
+        p.add_argument("--cache", metavar="DIR", default=None,
+                       help="keep byte ranges fetched from http(s):// and s3:// paths here for the next run")
 
     p = sub.add_parser("inspect", parents=[common], help="list a checkpoint's tensors (reads headers only)",
                        description="List names, dtypes, shapes, quantization and sizes, with totals per dtype.")

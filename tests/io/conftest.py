@@ -1,0 +1,115 @@
+"""Real servers for the remote-source tests, started by the tests on 127.0.0.1 only.
+
+- `nginx`: Debian's nginx serving a temporary folder, with Range and multi-range as nginx implements them
+  and an access log of (method, uri, status, body bytes sent) for counting what was fetched; skips where
+  nginx is not installed (`.ci/run` installs it).
+- `s3`: moto's S3 server (`moto[server]`), a real HTTP endpoint speaking the S3 protocol; skips without moto.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import types
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, proc: subprocess.Popen | None = None, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {seconds} s")
+
+
+class Nginx(types.SimpleNamespace):
+    """A running nginx: `root` (the served folder), `url(name)`, `log()` and `bytes_sent()`."""
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def log(self) -> list[tuple[str, str, int, int]]:
+        with open(self.access_log) as f:
+            rows = [line.split() for line in f if line.strip()]
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+
+    def bytes_sent(self, method: str = "GET") -> int:
+        """Body bytes the server sent for `method` requests since the log was last cleared."""
+        return sum(b for m, _, _, b in self.log() if m == method)
+
+    def clear_log(self) -> None:
+        open(self.access_log, "w").close()
+
+
+@pytest.fixture(scope="session")
+def nginx(tmp_path_factory):
+    exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+    if exe is None:
+        pytest.skip("nginx is not installed (apt-get install nginx; .ci/run does)")
+    base = tmp_path_factory.mktemp("nginx")
+    root = base / "root"
+    root.mkdir()
+    port = free_port()
+    conf = base / "nginx.conf"
+    # as root, nginx's workers would drop to 'nobody', who cannot read pytest's 0700 temporary folders
+    user = "user root root;" if os.geteuid() == 0 else ""
+    conf.write_text(f"""
+{user}
+daemon off;
+worker_processes 2;
+pid {base}/nginx.pid;
+error_log {base}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    log_format counted '$request_method $uri $status $body_bytes_sent';
+    access_log {base}/access.log counted;
+    client_body_temp_path {base}/body; proxy_temp_path {base}/proxy; fastcgi_temp_path {base}/fcgi;
+    uwsgi_temp_path {base}/uwsgi; scgi_temp_path {base}/scgi;
+    types {{ application/octet-stream safetensors gguf; application/json json; }}
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location /forbidden/ {{ return 403; }}
+    }}
+}}
+""")
+    proc = subprocess.Popen([exe, "-c", str(conf), "-p", str(base)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(port, proc)
+        yield Nginx(root=root, port=port, access_log=base / "access.log")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server on 127.0.0.1: `endpoint`, `client` (boto3), `options` (storage_options)."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (.ci/run installs it)")
+    boto3 = pytest.importorskip("boto3")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        _wait_for(port)
+        endpoint = f"http://127.0.0.1:{port}"
+        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "region_name": "us-east-1"}
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        yield types.SimpleNamespace(endpoint=endpoint, client=client, options=options)
+    finally:
+        server.stop()
