@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""W1 over HTTP from nginx: lazyweights against a plain 4-way ranged download and safetensors + fsspec.
+
+  python benchmarks/bench_remote.py CKPT [--reps 3] [--prime-gb 3]
+
+CKPT is a W1 checkpoint folder (`../shared/bench/make_ckpt.py`). The script starts Debian's nginx on
+127.0.0.1 serving it, then runs each contestant in a fresh process, with warm memory (a throwaway process
+touches and frees --prime-gb right before each) and a warm page cache on the server side:
+
+- `download4`: the floor: every shard fetched whole into memory by 4 concurrent range requests (requests).
+- `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
+- `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
+  with `safetensors.numpy.load`, then the W1 transform in numpy/ml_dtypes.
+- `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
+
+Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
+output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.environ.get("LAZYWEIGHTS_SHARED_BENCH", os.path.join(HERE, "..", "..", "shared", "bench"))
+PRIME = "import numpy as np, sys; a = np.empty(int(sys.argv[1]), np.uint8); a[::4096] = 1"
+
+
+# --- contestants (each runs in its own process: `bench_remote.py --contestant NAME URL CKPT`) -------------
+def _digest(arrays) -> dict:
+    import numpy as np
+
+    return {k: hashlib.sha256(np.ascontiguousarray(v).view(np.uint8).tobytes()).hexdigest()[:16]
+            for k, v in sorted(arrays.items())}
+
+
+def _config(ckpt):
+    import types
+
+    with open(os.path.join(ckpt, "config.json")) as f:
+        return types.SimpleNamespace(**json.load(f))
+
+
+def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
+    sys.path.insert(0, BENCH)
+    from memwatch import PeakMem
+
+    index = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
+    shards = sorted(set(index["weight_map"].values()))
+    out = None
+    with PeakMem() as mem:
+        t = time.perf_counter()
+        if name == "download4":
+            import requests
+            from concurrent.futures import ThreadPoolExecutor
+
+            out = {}
+
+            def part(url, buf, s, e):
+                with requests.get(url, headers={"Range": f"bytes={s}-{e - 1}"}, stream=True) as r:
+                    assert r.status_code == 206
+                    r.raw.readinto(memoryview(buf)[s:e])
+
+            with ThreadPoolExecutor(4) as pool:
+                for shard in shards:
+                    url = f"{base_url}/{shard}"
+                    size = int(requests.head(url).headers["Content-Length"])
+                    buf = bytearray(size)
+                    cuts = [size * i // 4 for i in range(5)]
+                    list(pool.map(lambda se: part(url, buf, *se), zip(cuts, cuts[1:])))
+                    out[shard] = buf
+            seconds = time.perf_counter() - t
+            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
+        if name.startswith("lazyweights"):
+            import lazyweights as lw
+            from lazyweights.adapters import w1
+
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache)
+            sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
+            out = lw.plan(sd).materialize()
+        elif name == "fsspec":
+            import fsspec
+            import ml_dtypes
+            import numpy as np
+            from safetensors.numpy import load
+            from workload import adapt_name, rope_perm, target_dtype
+
+            cfg = _config(ckpt)
+            heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+            hd = cfg.hidden_size // heads
+            perm = rope_perm(hd)
+            out = {}
+            for shard in shards:
+                with fsspec.open(f"{base_url}/{shard}", "rb") as f:
+                    tensors = load(f.read())
+                for k, v in tensors.items():
+                    n = adapt_name(k)
+                    if n is None:
+                        continue
+                    if n.endswith(("q_proj.weight", "k_proj.weight")):
+                        h = heads if "q_proj" in n else kv
+                        v = v.reshape(h, hd, -1)[:, perm, :].reshape(h * hd, -1)
+                    out[n] = v.astype(target_dtype(n))
+        seconds = time.perf_counter() - t
+    return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": _digest(out)}
+
+
+# --- the driver ---------------------------------------------------------------------------------------------
+def start_nginx(root: str):
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    base = tempfile.mkdtemp(prefix="bench-nginx-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    user = "user root root;" if os.geteuid() == 0 else ""
+    with open(os.path.join(base, "nginx.conf"), "w") as f:
+        f.write(f"""{user}
+daemon off; worker_processes 2; pid {base}/nginx.pid; error_log {base}/error.log warn;
+events {{ worker_connections 512; }}
+http {{ log_format counted '$request_method $uri $status $body_bytes_sent';
+  access_log {base}/access.log counted; sendfile on;
+  client_body_temp_path {base}/b; proxy_temp_path {base}/p; fastcgi_temp_path {base}/f; uwsgi_temp_path {base}/u;
+  scgi_temp_path {base}/s;
+  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+""")
+    proc = subprocess.Popen([exe, "-c", f"{base}/nginx.conf", "-p", base])
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, port, os.path.join(base, "access.log")
+
+
+def served_bytes(log: str) -> int:
+    with open(log) as f:
+        return sum(int(line.split()[3]) for line in f if line.startswith("GET"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("ckpt")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prime-gb", type=float, default=3.0)
+    ap.add_argument("--contestant", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    ckpt = os.path.abspath(args.ckpt)
+    if args.contestant:
+        print(json.dumps(contestant(args.contestant, args.url, ckpt, args.cache)))
+        return
+
+    root = os.path.dirname(ckpt)
+    proc, port, log = start_nginx(root)
+    url = f"http://127.0.0.1:{port}/{os.path.basename(ckpt)}"
+    total = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    subprocess.run(["sh", "-c", f"cat {ckpt}/*.safetensors > /dev/null"], check=True)  # server's page cache warm
+
+    def once(name, cache=None):
+        subprocess.run([sys.executable, "-c", PRIME, str(int(args.prime_gb * 2**30))], check=True)
+        open(log, "w").close()
+        cmd = [sys.executable, __file__, ckpt, "--contestant", name, "--url", url] + (["--cache", cache] if cache else [])
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        r["served"] = served_bytes(log)
+        return r
+
+    try:
+        import lazyweights as lw
+        from lazyweights.adapters import w1
+
+        local = lw.plan(w1.convert_safetensor_state_dict(dict(lw.load_weights([ckpt]).items()),
+                                                         huggingface_config=_config(ckpt))).materialize()
+        reference = _digest(local)
+        del local
+        results: dict[str, list] = {}
+        for _ in range(args.reps):
+            for name in ("download4", "lazyweights", "fsspec"):
+                r = once(name)
+                if r["digest"] is not None and r["digest"] != reference:
+                    raise SystemExit(f"{name}: output differs from the local materialization")
+                results.setdefault(name, []).append(r)
+        cache = tempfile.mkdtemp(prefix="bench-cache-")
+        first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
+        assert second["digest"] == reference
+        shutil.rmtree(cache)
+    finally:
+        proc.terminate()
+
+    floor = statistics.median(r["seconds"] for r in results["download4"])
+    print(f"W1 over HTTP (nginx on 127.0.0.1), {total / 1e9:.2f} GB in shards, medians of {args.reps}, warm memory")
+    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'served/ckpt':>13}{'peak RssAnon GB':>17}  identical")
+    for name, rs in results.items():
+        s = statistics.median(r["seconds"] for r in rs)
+        served = statistics.median(r["served"] for r in rs)
+        peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
+        same = "floor" if name == "download4" else "yes"
+        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{served / total:>13.4f}{peak:>17.2f}  {same}")
+    print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint, the second {second['served']} bytes")
+
+
+if __name__ == "__main__":
+    main()
