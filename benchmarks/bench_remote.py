@@ -10,7 +10,7 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
 - `download4`: the floor: every shard fetched whole into memory by 4 concurrent range requests (requests).
 - `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
 - `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
-  with `safetensors.numpy.load`, then the W1 transform in numpy/ml_dtypes.
+  with `safetensors.torch.load` (safetensors.numpy has no bf16), then the W1 transform in numpy/ml_dtypes.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
 
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
@@ -91,7 +91,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
             import fsspec
             import ml_dtypes
             import numpy as np
-            from safetensors.numpy import load
+            import torch
+            from safetensors.torch import load  # safetensors.numpy cannot hold bf16
             from workload import adapt_name, rope_perm, target_dtype
 
             cfg = _config(ckpt)
@@ -102,7 +103,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
             for shard in shards:
                 with fsspec.open(f"{base_url}/{shard}", "rb") as f:
                     tensors = load(f.read())
-                for k, v in tensors.items():
+                for k, tt in tensors.items():
+                    v = tt.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if tt.dtype == torch.bfloat16 else tt.numpy()
                     n = adapt_name(k)
                     if n is None:
                         continue

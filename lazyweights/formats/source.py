@@ -212,9 +212,16 @@ class TensorRecord:
     def __hash__(self):
         return hash(self._key())
 
-    def array(self, check: bool = True) -> np.ndarray:
-        """The tensor as a zero-copy, read-only numpy view of the map (after an identity check)."""
+    def array(self, check: bool = True, fetch: bool = True) -> np.ndarray:
+        """The tensor as a zero-copy, read-only numpy view of the map (after an identity check).
+
+        For a remote file the bytes are fetched first; `fetch=False` skips that and gives the mirror as it
+        is, holes included: only for the executors, which fetch each step's exact byte ranges beforehand
+        (`run/fetch.py`), so a rank reads only its slice."""
         if check:
             self.file.check_unchanged(self.name)
+        if not fetch:
+            raw = self.file.whole_view()[self.offset:self.offset + self.nbytes]
+            return raw.view(self.dtype.to_numpy()).reshape(self.shape)
         raw = self.file.view(self.offset, self.nbytes)
         return raw.view(self.dtype.to_numpy()).reshape(self.shape)

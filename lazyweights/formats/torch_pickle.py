@@ -122,7 +122,7 @@ class TorchTensorRecord:
     offset: Any = None
     extra: Any = field(default=None)
 
-    def array(self, check: bool = True) -> np.ndarray:
+    def array(self, check: bool = True, fetch: bool = True) -> np.ndarray:  # local: always present
         return self.node.arg.array
 
 

@@ -64,6 +64,7 @@ from ..core.errors import RemoteError, SourceChangedError
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10
 DEFAULT_PART_SIZE = 8 << 20
+MULTI_RANGE = 200  # ranges per multi-range request: about 5 KB of Range header, under nginx's 8 KB limit
 
 
 def is_url(path: Any) -> bool:
@@ -238,6 +239,53 @@ class _HTTP:
             raise _Transient(f"truncated body: {e}") from None
 
 
+    def get_many(self, ranges: list[tuple[int, int]], size: int, etag: str | None) -> list[bytes] | None:
+        """Several small ranges in one multi-range request (`multipart/byteranges`), each part checked against
+        what was asked; None when the server does not do multi-range (the caller then asks one by one)."""
+        import requests
+        import urllib3
+
+        headers = {"Range": "bytes=" + ",".join(f"{s}-{e - 1}" for s, e in ranges), "Accept-Encoding": "identity"}
+        if etag and not etag.startswith("W/"):
+            headers["If-Match"] = etag
+        try:
+            with self._session().get(self.url, headers=headers, stream=True, timeout=self.timeout) as r:
+                if r.status_code in (412, 416):
+                    raise SourceChangedError(f"{self.url}: the object changed after it was opened (HTTP "
+                                             f"{r.status_code}). Reload it with load_weights().")
+                if r.status_code >= 500:
+                    raise _Transient(f"HTTP {r.status_code} {r.reason}")
+                kind = r.headers.get("Content-Type", "")
+                if r.status_code != 206 or not kind.startswith("multipart/byteranges"):
+                    return None  # a whole object, or only a single range: not multi-range capable
+                boundary = kind.split("boundary=", 1)[1].strip().strip('"').encode()
+                body = r.raw.read(decode_content=False)
+        except requests.Timeout:
+            raise _Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, OSError,
+                urllib3.exceptions.HTTPError) as e:
+            raise _Transient(f"multi-range body failed: {e}") from None
+        parts, pos = [], 0
+        for s, e in ranges:
+            head = body.find(b"--" + boundary, pos)
+            blank = body.find(b"\r\n\r\n", head)
+            if head < 0 or blank < 0:
+                raise _Transient(f"truncated multi-range body: {len(parts)} of {len(ranges)} parts arrived")
+            got = None
+            for line in body[head:blank].split(b"\r\n"):
+                if line.lower().startswith(b"content-range:"):
+                    got = _content_range(line.split(b":", 1)[1].strip().decode())
+            if got is None or got[:2] != (s, e) or got[2] not in (-1, size):
+                raise SourceChangedError(f"{self.url}: a multi-range part for bytes [{s}, {e}) came back as {got}: "
+                                         "the object changed or the server reordered the parts")
+            data = body[blank + 4:blank + 4 + (e - s)]
+            if len(data) != e - s:
+                raise _Transient(f"truncated multi-range body: part [{s}, {e}) has {len(data)} bytes")
+            parts.append(data)
+            pos = blank + 4 + (e - s)
+        return parts
+
+
 def _read_body(read, out: memoryview, start: int, end: int) -> None:
     pos, want = 0, end - start
     while pos < want:
@@ -388,6 +436,7 @@ class RemoteFile:
         self._have = RangeSet()
         self._inflight: list[tuple[int, int, threading.Event]] = []
         self._prefix_end = 0  # bytes [0, _prefix_end) are known to be present
+        self._multi_range = True  # until the server answers a multi-range request with something else
         self._pool: ThreadPoolExecutor | None = None
         self._open_mirror()
 
@@ -511,6 +560,55 @@ class RemoteFile:
         if error is not None:
             raise error
 
+    def ensure_ranges(self, ranges: list[tuple[int, int]], small: int = 256 << 10) -> None:
+        """Make many byte ranges present (a rank's strided slice: one run per row). Large ranges go through
+        `ensure`; small missing ones are fetched with multi-range requests of up to `MULTI_RANGE` ranges where
+        the server does multi-range (nginx does; S3 does not), else one request each, concurrently."""
+        with self._lock:
+            missing = [m for s, e in ranges for m in self._have.missing(s, min(e, self.size))]
+        big = [(s, e) for s, e in missing if e - s >= small]
+        little = [(s, e) for s, e in missing if e - s < small]
+        for s, e in big:
+            self.ensure(s, e - s)
+        if not little:
+            return
+        batches = [little[i:i + MULTI_RANGE] for i in range(0, len(little), MULTI_RANGE)]
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lazyweights-fetch")
+        futures = [self._pool.submit(self._fetch_batch, b) for b in batches]
+        error = None
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
+            raise error
+
+    def _fetch_batch(self, batch: list[tuple[int, int]]) -> None:
+        get_many = getattr(self._backend, "get_many", None)
+        parts = None
+        if get_many is not None and self._multi_range and len(batch) > 1:
+            parts = self._retrying(get_many, f"{len(batch)} ranges from byte {batch[0][0]}", batch, self.size, self.etag)
+            if parts is None:
+                self._multi_range = False
+        if parts is None:
+            for s, e in batch:
+                self._fetch_part(s, e)
+                with self._lock:
+                    self._have.add(s, e)
+        else:
+            with self._lock:
+                for (s, e), data in zip(batch, parts):
+                    os.pwrite(self._fd, data, s)
+                    self._have.add(s, e)
+                    self.bytes_fetched += e - s
+                self.requests += 1
+        with self._lock:
+            self._save_meta()
+
     def ensure_header(self, offset: int, length: int) -> None:
         """`ensure` for a parser that reads many small fields (GGUF's metadata): reads ahead to the next
         256 KiB boundary, so a header costs a few requests, not one per field."""
@@ -525,7 +623,8 @@ class RemoteFile:
 
     # --- the SourceFile interface ------------------------------------------------------------------------
     def whole_view(self) -> np.ndarray:
-        """The whole mirror, holes included: only for parsers that `ensure_header` each range first."""
+        """The whole mirror, holes included: only for readers that `ensure` or `ensure_header` each range first
+        (header parsers; the executors, which fetch each step's exact ranges first: `run/fetch.py`)."""
         return self._buffer
 
     def read(self, offset: int, length: int) -> bytes:

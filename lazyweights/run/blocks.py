@@ -36,8 +36,11 @@ PULL = OpTable("CPU pull", skip=GroupOp.Leaf)
 
 
 def real_base(node: Node) -> np.ndarray:
-    """A leaf's actual bytes: a source's read-only memory-map view (after its identity check), a constant."""
-    return node.arg.array() if node.op is Op.SOURCE else node.arg.array
+    """A leaf's actual bytes: a source's read-only memory-map view (after its identity check), a constant.
+
+    A remote source's mirror is taken as it is (`fetch=False`): the sinks fetched the step's exact byte
+    ranges before its first block (`run/fetch.fetch_step_sources`)."""
+    return node.arg.array(fetch=False) if node.op is Op.SOURCE else node.arg.array
 
 
 def full_view(node: Node, cache: dict | None = None) -> np.ndarray | None:

@@ -84,6 +84,7 @@ from ..compiler.gpu import (
 )
 from ..compiler.steps import outputs_of
 from .blocks import write_rows
+from .fetch import fetch_step_sources
 from .driver import name_error
 from .progress import Progress
 
@@ -448,6 +449,7 @@ def _fill(task, pinned: np.ndarray) -> None:
     try:
         for r in step.sources:
             r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check before touching pages
+        fetch_step_sources(step, None)  # a remote mirror holds only what was fetched: the step's ranges first
         host = g.host
         nbytes = len(rows) * g.host_row_bytes
         buf = pinned[:nbytes].view(host.dtype.to_numpy())

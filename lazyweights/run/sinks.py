@@ -30,6 +30,7 @@ from ..core.errors import DTypeError, LazyWeightsError, ShapeError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
+from .fetch import fetch_step_sources
 
 
 def check_unchanged_sources(step: Step) -> None:
@@ -62,6 +63,7 @@ class MemorySink:
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
             if step.kind == "view" and not dsts:
+                fetch_step_sources(step, None)  # a remote mirror holds only what was fetched
                 view = full_view(step.node)
                 for name in step.outputs:
                     self._result[name] = view
@@ -95,6 +97,7 @@ class MemorySink:
         node = step.node
         check_unchanged_sources(step)
         cache = {} if cache is None else cache
+        fetch_step_sources(step, cache)
         if not node.shape:
             tmp = np.empty((), node.dtype.to_numpy())
             write_rows(node, rows, tmp.reshape(()), cache)
@@ -175,6 +178,7 @@ def write_block(task: BlockTask) -> int:
     node = step.node
     cache = {} if cache is None else cache
     check_unchanged_sources(step)
+    fetch_step_sources(step, cache)
     row_bytes = node.nbytes // node.shape[0] if node.shape else node.nbytes
     start = rows.start * row_bytes if node.shape else 0
     block_shape = (len(rows),) + node.shape[1:] if node.shape else ()
