@@ -27,6 +27,7 @@ from .core.errors import (
     ShapeError,
     SourceChangedError,
     RemoteError,
+    UsageError,
     WriteError,
 )
 from .formats.checkpoint import WeightsFormat
@@ -39,6 +40,7 @@ from .interop.torch_load import load_into_torch  # imports torch only when calle
 from .adapters.registry import SupportedArchitecture
 from .adapters import registry
 from .api.plan import Plan, plan
+from .api.shard import shard
 from .core.quantization import QuantizationEncoding
 from .api.weight import Weight
 from .api.weight_data import WeightData, concat, from_numpy, split, stack
@@ -48,7 +50,7 @@ from .core.version import __version__
 
 __all__ = [
     "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",
-    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError", "RemoteError",
+    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError", "RemoteError", "UsageError", "shard",
     "Weight", "WeightData", "Weights", "WeightsFormat", "WriteError", "concat", "from_numpy", "load_weights",
     "plan", "split", "stack", "weights_format", "Module", "LayerList", "CheckReport", "check",
     "check_unique_renames", "load_into_torch", "SupportedArchitecture", "registry",

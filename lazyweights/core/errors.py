@@ -8,6 +8,7 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     │   ├── SourceChangedError a file changed size or identity after it was opened
     │   └── ImatrixFormatError an importance-matrix file is truncated or malformed
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
+    ├── UsageError             (also ValueError) a call whose arguments cannot work
     ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
     │   └── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
@@ -55,6 +56,10 @@ class MissingWeightError(LazyWeightsError, KeyError):
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message with quotes
         return self.message
+
+
+class UsageError(LazyWeightsError, ValueError):
+    """A call with arguments that cannot work (a rank outside the world, an unknown option value)."""
 
 
 class ShapeError(LazyWeightsError, ValueError):
