@@ -561,18 +561,50 @@ class RemoteFile:
             raise error
 
     def ensure_ranges(self, ranges: list[tuple[int, int]], small: int = 256 << 10) -> None:
-        """Make many byte ranges present (a rank's strided slice: one run per row). Large ranges go through
-        `ensure`; small missing ones are fetched with multi-range requests of up to `MULTI_RANGE` ranges where
-        the server does multi-range (nginx does; S3 does not), else one request each, concurrently."""
-        with self._lock:
-            missing = [m for s, e in ranges for m in self._have.missing(s, min(e, self.size))]
-        big = [(s, e) for s, e in missing if e - s >= small]
-        little = [(s, e) for s, e in missing if e - s < small]
-        for s, e in big:
-            self.ensure(s, e - s)
+        """Make many byte ranges present (a rank's strided slice: one run per row). What is missing and not
+        in flight elsewhere is claimed, then fetched: large pieces in `part_size` parts, small ones with
+        multi-range requests of up to `MULTI_RANGE` ranges where the server does multi-range (nginx does; S3
+        does not), else one request each, concurrently. Pieces another thread is fetching are waited for."""
+        while True:
+            with self._lock:
+                missing = [m for s, e in ranges for m in self._have.missing(s, min(e, self.size))]
+                if not missing:
+                    return
+                mine, waiting = [], []
+                for s, e in missing:
+                    busy = [ev for a, b, ev in self._inflight if a < e and b > s]
+                    if busy:
+                        waiting += busy
+                        continue
+                    claim = (s, e, threading.Event())
+                    self._inflight.append(claim)
+                    mine.append(claim)
+            try:
+                if mine:
+                    self._fetch_claimed([(s, e) for s, e, _ in mine], small)
+            finally:
+                with self._lock:
+                    for claim in mine:
+                        self._inflight.remove(claim)
+                        claim[2].set()
+            for ev in waiting:
+                ev.wait()
+
+    def _fetch_claimed(self, pieces: list[tuple[int, int]], small: int) -> None:
+        big = [(s, e) for s, e in pieces if e - s >= small]
+        little = [(s, e) for s, e in pieces if e - s < small]
+        if big:
+            self._fetch_ranges(big)
+            with self._lock:
+                for s, e in big:
+                    self._have.add(s, e)
+                self._save_meta()
         if not little:
             return
         batches = [little[i:i + MULTI_RANGE] for i in range(0, len(little), MULTI_RANGE)]
+        if len(batches) == 1:
+            self._fetch_batch(batches[0])
+            return
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
@@ -642,12 +674,16 @@ class RemoteFile:
         return self._buffer[offset:offset + length]
 
     def prefetch(self, offset: int, length: int) -> None:
-        """Start fetching [offset, offset+length) in the background; returns at once."""
-        if self._pool is None:
-            with self._lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lazyweights-fetch")
-        self._pool.submit(self.ensure, offset, length)
+        """Start fetching [offset, offset+length) in the background; returns at once. (Its own thread: the
+        fetch pool's workers never wait on the fetch pool.)"""
+        threading.Thread(target=self._quiet_ensure, args=(offset, length), daemon=True,
+                         name="lazyweights-prefetch").start()
+
+    def _quiet_ensure(self, offset: int, length: int) -> None:
+        try:
+            self.ensure(offset, length)
+        except BaseException:  # a hint only: the read that needs these bytes reports the failure
+            pass
 
     def changed(self) -> str | None:
         """Always None: every fetch is checked against the ETag and length the object had when opened."""

@@ -41,6 +41,7 @@ from ..compiler.steps import Step, compile_steps
 from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError
 from ..core.units import available_cpus
 from ..graph.node import Node
+from .fetch import prefetch_remote
 from .progress import Progress
 from ..graph.opcodes import Op
 
@@ -94,6 +95,15 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
         raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
                           keep_views=sink.keep_views, in_place=sink.in_place)
+    prefetching = prefetch_remote(steps)  # remote sources: keep the network busy while blocks compute
+    try:
+        return _execute(steps, sink, sched, workers, progress)
+    finally:
+        if prefetching is not None:
+            prefetching.set()
+
+
+def _execute(steps, sink: Sink, sched: str, workers, progress):
     tasks = sink.tasks(steps)
     if prepare_kernels(steps):
         from ..kernels import casts

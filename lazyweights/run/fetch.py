@@ -108,3 +108,29 @@ def fetch_step_sources(step, cache: dict | None) -> None:
         for file, ranges in remote_ranges(step.node).items():
             file.ensure_ranges(sorted(ranges))
         cache[_DONE] = True
+
+
+def prefetch_remote(steps) -> threading.Event | None:
+    """Start fetching, in step order on one background thread, the remote bytes `steps` read, so the network
+    stays busy while blocks compute; returns an event that stops it (None when no source is remote).
+
+    The bytes land in the mirrors' sparse files, not in process memory. A block that gets to a step first
+    fetches for itself, and waits for ranges the prefetcher has in flight instead of fetching them twice; a
+    failure here is left for that block's own fetch to report."""
+    remote = [s for s in steps if any(_is_remote(r) for r in s.sources)]
+    if not remote:
+        return None
+    stop = threading.Event()
+
+    def run() -> None:
+        for step in remote:
+            if stop.is_set():
+                return
+            try:
+                for file, ranges in remote_ranges(step.node).items():
+                    file.ensure_ranges(sorted(ranges))
+            except BaseException:  # reported by the block that needs these bytes
+                return
+
+    threading.Thread(target=run, daemon=True, name="lazyweights-prefetch").start()
+    return stop
