@@ -11,6 +11,8 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
 - `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
 - `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
   with `safetensors.torch.load` (safetensors.numpy has no bf16), then the W1 transform in numpy/ml_dtypes.
+- `rank0of4`: `shard(..., rank=0, world_size=4)` of the same checkpoint, materialized: its slices must equal
+  the same slices of the local checkpoint, and the server's bytes are its share.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
 
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
@@ -80,7 +82,12 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
                     out[shard] = buf
             seconds = time.perf_counter() - t
             return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
-        if name.startswith("lazyweights"):
+        if name == "rank0of4":
+            import lazyweights as lw
+
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
+            out = lw.plan(lw.shard({k: v.data() for k, v in weights.items()}, 0, 4)).materialize()
+        elif name.startswith("lazyweights"):
             import lazyweights as lw
             from lazyweights.adapters import w1
 
@@ -192,6 +199,14 @@ def main():
                 if r["digest"] is not None and r["digest"] != reference:
                     raise SystemExit(f"{name}: output differs from the local materialization")
                 results.setdefault(name, []).append(r)
+        local_rank = lw.plan(lw.shard({k: v.data() for k, v in lw.load_weights([ckpt]).items()}, 0, 4)).materialize()
+        rank_reference = _digest(local_rank)
+        del local_rank
+        for _ in range(args.reps):
+            r = once("rank0of4")
+            if r["digest"] != rank_reference:
+                raise SystemExit("rank0of4: a slice differs from the same slice of the local checkpoint")
+            results.setdefault("rank0of4", []).append(r)
         cache = tempfile.mkdtemp(prefix="bench-cache-")
         first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
         assert second["digest"] == reference
@@ -206,7 +221,7 @@ def main():
         s = statistics.median(r["seconds"] for r in rs)
         served = statistics.median(r["served"] for r in rs)
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-        same = "floor" if name == "download4" else "yes"
+        same = "floor" if name == "download4" else "yes (rank 0's slices)" if name == "rank0of4" else "yes"
         print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{served / total:>13.4f}{peak:>17.2f}  {same}")
     print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint, the second {second['served']} bytes")
 

@@ -121,6 +121,21 @@ class RangeSet:
             j += 1
         self.ranges[i:j] = [(start, end)]
 
+    def add_many(self, ranges: list[tuple[int, int]]) -> None:
+        """Add many ranges in one merge (O(n + m)); `add` one by one would be O(n) each.
+
+        >>> r = RangeSet([(0, 4)]); r.add_many([(10, 12), (2, 6), (12, 14)]); r.ranges
+        [(0, 6), (10, 14)]
+        """
+        merged: list[tuple[int, int]] = []
+        for s, e in sorted(self.ranges + [r for r in ranges if r[1] > r[0]]):
+            if merged and s <= merged[-1][1]:
+                if e > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], e)
+            else:
+                merged.append((s, e))
+        self.ranges = merged
+
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
         out, pos = [], start
         i = max(0, bisect.bisect_right(self.ranges, (start, start)) - 1)
@@ -134,6 +149,27 @@ class RangeSet:
             pos = max(pos, e)
         if pos < end:
             out.append((pos, end))
+        return out
+
+    def missing_many(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """`missing` for many sorted ranges in one sweep (O(n + m)).
+
+        >>> RangeSet([(0, 10), (20, 30)]).missing_many([(5, 12), (15, 25), (28, 40)])
+        [(10, 12), (15, 20), (30, 40)]
+        """
+        out, have, i = [], self.ranges, 0
+        for start, end in ranges:
+            pos = start
+            while i < len(have) and have[i][1] <= pos:
+                i += 1
+            j = i
+            while j < len(have) and have[j][0] < end:
+                if have[j][0] > pos:
+                    out.append((pos, have[j][0]))
+                pos = max(pos, have[j][1])
+                j += 1
+            if pos < end:
+                out.append((pos, end))
         return out
 
     def total(self) -> int:
@@ -561,32 +597,38 @@ class RemoteFile:
             raise error
 
     def ensure_ranges(self, ranges: list[tuple[int, int]], small: int = 256 << 10) -> None:
-        """Make many byte ranges present (a rank's strided slice: one run per row). What is missing and not
+        """Make many sorted byte ranges present (a rank's strided slice: one run per row). What is missing and not
         in flight elsewhere is claimed, then fetched: large pieces in `part_size` parts, small ones with
         multi-range requests of up to `MULTI_RANGE` ranges where the server does multi-range (nginx does; S3
         does not), else one request each, concurrently. Pieces another thread is fetching are waited for."""
         while True:
             with self._lock:
-                missing = [m for s, e in ranges for m in self._have.missing(s, min(e, self.size))]
+                missing = self._have.missing_many([(s, min(e, self.size)) for s, e in ranges])
                 if not missing:
                     return
-                mine, waiting = [], []
+                # Claims are hulls (first byte, last byte) of what one caller fetches, so a rank slice's
+                # thousands of runs are one claim, and the overlap test stays cheap (a few claims at a time).
+                # A hull is conservative: a piece inside another caller's hull waits, then is re-checked.
+                claims = sorted(self._inflight)
+                free, waiting = [], set()
                 for s, e in missing:
-                    busy = [ev for a, b, ev in self._inflight if a < e and b > s]
+                    i = bisect.bisect_left(claims, (e,))
+                    busy = [c for c in claims[max(0, i - len(claims)):i] if c[1] > s]
                     if busy:
-                        waiting += busy
-                        continue
-                    claim = (s, e, threading.Event())
-                    self._inflight.append(claim)
-                    mine.append(claim)
+                        waiting.update(c[2] for c in busy)
+                    else:
+                        free.append((s, e))
+                mine = (free[0][0], free[-1][1], threading.Event()) if free else None
+                if mine is not None:
+                    self._inflight.append(mine)
             try:
-                if mine:
-                    self._fetch_claimed([(s, e) for s, e, _ in mine], small)
+                if mine is not None:
+                    self._fetch_claimed(free, small)
             finally:
-                with self._lock:
-                    for claim in mine:
-                        self._inflight.remove(claim)
-                        claim[2].set()
+                if mine is not None:
+                    with self._lock:
+                        self._inflight.remove(mine)
+                        mine[2].set()
             for ev in waiting:
                 ev.wait()
 
@@ -596,8 +638,7 @@ class RemoteFile:
         if big:
             self._fetch_ranges(big)
             with self._lock:
-                for s, e in big:
-                    self._have.add(s, e)
+                self._have.add_many(big)
                 self._save_meta()
         if not little:
             return
@@ -629,14 +670,13 @@ class RemoteFile:
         if parts is None:
             for s, e in batch:
                 self._fetch_part(s, e)
-                with self._lock:
-                    self._have.add(s, e)
         else:
-            with self._lock:
-                for (s, e), data in zip(batch, parts):
-                    os.pwrite(self._fd, data, s)
-                    self._have.add(s, e)
-                    self.bytes_fetched += e - s
+            for (s, e), data in zip(batch, parts):
+                os.pwrite(self._fd, data, s)
+        with self._lock:
+            self._have.add_many(batch)
+            if parts is not None:
+                self.bytes_fetched += sum(e - s for s, e in batch)
                 self.requests += 1
         with self._lock:
             self._save_meta()
