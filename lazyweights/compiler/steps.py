@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..core.errors import BudgetError, LazyWeightsError
 from ..core.units import available_cpus, parse_size
+from ..io.source import SourceRecord
 from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
 from ..graph.opcodes import GroupOp, Op, OpTable
@@ -63,7 +64,7 @@ class Step:
         return self.node.nbytes
 
     @property
-    def sources(self) -> list:
+    def sources(self) -> list[SourceRecord]:
         return [n.arg for n in self.nodes if n.op is Op.SOURCE]
 
     @property

@@ -77,7 +77,7 @@ def _fmt(dtype: DType, shape) -> str:
 
 # --- leaves -----------------------------------------------------------------------------------------
 def source(record) -> Node:
-    """A stored tensor. `record` is a `formats.source.TensorRecord`."""
+    """A stored tensor. `record` is an `io.source.SourceRecord` (the readers' `formats.source.TensorRecord`)."""
     return Node(Op.SOURCE, (), record, record.dtype, record.shape)
 
 

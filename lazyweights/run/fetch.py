@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from ..graph.layout import view_of
+from ..io.source import SourceRecord, is_remote
 from ..graph.node import Node
 from ..graph.opcodes import GroupOp, Op
 
@@ -26,8 +27,8 @@ def _unfetched_base(node: Node) -> np.ndarray:
     return node.arg.array(check=False, fetch=False) if node.op is Op.SOURCE else node.arg.array
 
 
-def _is_remote(record) -> bool:
-    return hasattr(record.file, "ensure_ranges")
+def _is_remote(record: SourceRecord) -> bool:
+    return is_remote(record.file)
 
 
 def view_byte_ranges(v: np.ndarray, base: np.ndarray) -> list[tuple[int, int]]:

@@ -328,3 +328,29 @@ def test_a_tensor_parallel_rank_fetches_only_its_slices(nginx, served, world):
     assert nginx.bytes_sent() <= (0.3 if world == 4 else 0.55) * checkpoint
     multi = [r for r in nginx.log() if r[0] == "GET"]
     assert len(multi) < 40  # runs batched into multi-range requests, not one request per row
+
+
+def test_cli_inspects_and_converts_a_url(nginx, served, tmp_path, capsys):
+    from lazyweights.io.source import ByteSource, SourceRecord
+    from lazyweights.tools.cli import main
+
+    _fresh()
+    url = nginx.url("ckpt/model.safetensors.index.json")
+    weights = lw.load_weights([url])
+    record = weights.model.layers[0].self_attn.q_proj.weight.data().node.arg  # what a SOURCE node holds
+    assert isinstance(record, SourceRecord) and isinstance(record.file, ByteSource)
+    assert main(["inspect", url]) == 0
+    out = capsys.readouterr().out
+    assert "model.layers.2.mlp.down_proj.weight" in out and "bfloat16" in out
+    (served / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2,
+                                                    "hidden_size": 256}))
+    try:
+        assert main(["convert", "lazyweights.adapters.w1:convert", url, "-o", str(tmp_path / "remote"), "--no-progress",
+                     "--cache", str(tmp_path / "cache")]) == 0
+        assert main(["convert", "lazyweights.adapters.w1:convert", str(served), "-o", str(tmp_path / "local"),
+                     "--no-progress"]) == 0
+    finally:
+        (served / "config.json").unlink()
+    names = sorted(os.listdir(tmp_path / "local"))
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "local", tmp_path / "remote", names, shallow=False)
+    assert not mismatch and not errors
