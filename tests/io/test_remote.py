@@ -354,3 +354,23 @@ def test_cli_inspects_and_converts_a_url(nginx, served, tmp_path, capsys):
     names = sorted(os.listdir(tmp_path / "local"))
     _, mismatch, errors = filecmp.cmpfiles(tmp_path / "local", tmp_path / "remote", names, shallow=False)
     assert not mismatch and not errors
+
+
+def test_dask_distributed_conversion_reads_from_the_object_store(nginx, served, tmp_path):
+    """Worker processes re-open each remote file themselves (RemoteFile pickles as its URL and options) and
+    fetch what their blocks need; the saved checkpoint equals the local save."""
+    distributed = pytest.importorskip("distributed")
+    _fresh()
+    url = nginx.url("ckpt/model.safetensors.index.json")
+    remote_plan = lw.plan(_adapted([url]))
+    with distributed.Client(distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                                     dashboard_address=None)) as client:
+        nginx.clear_log()
+        files_d = remote_plan.save(tmp_path / "dist", max_shard_size="1MB", scheduler=client)
+        served_bytes = nginx.bytes_sent()
+    files_l = lw.plan(_adapted([str(served)])).save(tmp_path / "local", max_shard_size="1MB")
+    assert [os.path.basename(f) for f in files_d] == [os.path.basename(f) for f in files_l] and len(files_l) > 2
+    for a, b in zip(files_d, files_l):
+        assert open(a, "rb").read() == open(b, "rb").read(), a
+    checkpoint = sum(os.path.getsize(p) for p in served.glob("*.safetensors"))
+    assert 0.99 * checkpoint <= served_bytes <= 1.1 * checkpoint, (served_bytes, checkpoint)  # the workers fetched it all, once
