@@ -58,6 +58,7 @@ __all__ = [
     "cuda_chain_expr",
     "cuda_preamble",
     "cast_kernel",
+    "cast_kernel_parts",
     "storage_dtype",
     "NVRTC_OPTIONS",
 ]
@@ -440,6 +441,22 @@ _C_UINT = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int"}
 _CUPY_UINT = {1: "uint8", 2: "uint16", 4: "uint32"}
 
 
+def cast_kernel_parts(chain: Chain) -> tuple[str, str, str, str, str]:
+    """(in_params, out_params, operation, name, preamble): the ElementwiseKernel arguments `cast_kernel`
+    gives CuPy for `chain` (`kernels/cuda_units.py` renders them into the unit CuPy compiles).
+
+    Example:
+        >>> from lazyweights.core.dtype import DType
+        >>> cast_kernel_parts(((DType.bfloat16, DType.float32),))[:4]
+        ('uint16 x', 'uint32 y', 'y = (unsigned int)(((((unsigned int)x)) << 16u));', 'lw_cast_bf16_f32')
+    """
+    _check_chain(chain)
+    src_size, dst_size = chain[0][0].size_in_bytes, chain[-1][1].size_in_bytes
+    name = "lw_cast_" + "_".join(f"{a.short}_{b.short}" for a, b in chain)
+    body = f"y = ({_C_UINT[dst_size]})({cuda_chain_expr(chain, '((unsigned int)x)')});"
+    return f"{_CUPY_UINT[src_size]} x", f"{_CUPY_UINT[dst_size]} y", body, name, cuda_preamble()
+
+
 @functools.lru_cache(maxsize=None)
 def cast_kernel(chain: Chain):
     """A CuPy ElementwiseKernel `k(x, y)` converting the storage-dtype array `x` (unsigned ints of the
@@ -447,11 +464,5 @@ def cast_kernel(chain: Chain):
     Imports CuPy (call only when a GPU is in use)."""
     import cupy
 
-    _check_chain(chain)
-    src_size, dst_size = chain[0][0].size_in_bytes, chain[-1][1].size_in_bytes
-    name = "lw_cast_" + "_".join(f"{a.short}_{b.short}" for a, b in chain)
-    body = f"y = ({_C_UINT[dst_size]})({cuda_chain_expr(chain, '((unsigned int)x)')});"
-    return cupy.ElementwiseKernel(
-        f"{_CUPY_UINT[src_size]} x", f"{_CUPY_UINT[dst_size]} y", body, name,
-        preamble=cuda_preamble(), options=NVRTC_OPTIONS,
-    )
+    in_params, out_params, body, name, preamble = cast_kernel_parts(chain)
+    return cupy.ElementwiseKernel(in_params, out_params, body, name, preamble=preamble, options=NVRTC_OPTIONS)
