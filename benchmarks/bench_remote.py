@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """W1 over HTTP from nginx: lazyweights against a plain 4-way ranged download and safetensors + fsspec.
 
-  python benchmarks/bench_remote.py CKPT [--reps 3] [--prime-gb 3]
+  python benchmarks/bench_remote.py CKPT [--reps 3] [--prime-gb 3] [--s3]
 
 CKPT is a W1 checkpoint folder (`../shared/bench/make_ckpt.py`). The script starts Debian's nginx on
 127.0.0.1 serving it, then runs each contestant in a fresh process, with warm memory (a throwaway process
@@ -13,7 +13,15 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
   with `safetensors.torch.load` (safetensors.numpy has no bf16), then the W1 transform in numpy/ml_dtypes.
 - `rank0of4`: `shard(..., rank=0, world_size=4)` of the same checkpoint, materialized: its slices must equal
   the same slices of the local checkpoint, and the server's bytes are its share.
+- `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
+  sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
+
+With `--s3`, the same checkpoint is also put in moto's S3 server (`moto_server`, 127.0.0.1) and read by:
+`s3-download4` (boto3, 4 concurrent ranged GETs per shard: the floor on that server), `s3-lazyweights`,
+`s3-runai` (runai-model-streamer's `SafetensorsStreamer` on the s3:// shards, then the W1 transform in
+numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-fsspec` (s3fs + safetensors).
+moto is a Python server, so these times measure the clients against a slow server, side by side.
 
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
 output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
@@ -43,6 +51,44 @@ def _digest(arrays) -> dict:
 
     return {k: hashlib.sha256(np.ascontiguousarray(v).view(np.uint8).tobytes()).hexdigest()[:16]
             for k, v in sorted(arrays.items())}
+
+
+def _s3_endpoint() -> str:
+    return os.environ["BENCH_S3_ENDPOINT"]
+
+
+def _s3_boto_options() -> dict:
+    return {"endpoint_url": _s3_endpoint(), "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+            "region_name": "us-east-1"}
+
+
+def _s3_fsspec_options() -> dict:
+    return {"endpoint_url": _s3_endpoint(), "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"}}
+
+
+def _w1_numpy(tensors, ckpt) -> dict:
+    """The W1 transform as people write it by hand: renames, q/k RoPE row permutation, dtype casts, in
+    numpy/ml_dtypes over (name, torch tensor) pairs."""
+    import ml_dtypes
+    import torch
+    from workload import adapt_name, rope_perm, target_dtype
+
+    cfg = _config(ckpt)
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
+    hd = cfg.hidden_size // heads
+    perm = rope_perm(hd)
+    out = {}
+    for k, tt in tensors:
+        v = tt.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if tt.dtype == torch.bfloat16 else tt.numpy()
+        n = adapt_name(k)
+        if n is None:
+            continue
+        if n.endswith(("q_proj.weight", "k_proj.weight")):
+            h = heads if "q_proj" in n else kv
+            v = v.reshape(h, hd, -1)[:, perm, :].reshape(h * hd, -1)
+        out[n] = v.astype(target_dtype(n))
+    return out
 
 
 def _config(ckpt):
@@ -87,38 +133,64 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
 
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
             out = lw.plan(lw.shard({k: v.data() for k, v in weights.items()}, 0, 4)).materialize()
-        elif name.startswith("lazyweights"):
+        elif name == "rank0of4-w1":
             import lazyweights as lw
             from lazyweights.adapters import w1
 
-            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache)
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
+            sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
+            out = lw.plan(lw.shard(sd, 0, 4)).materialize()
+        elif name.startswith(("lazyweights", "s3-lazyweights")):
+            import lazyweights as lw
+            from lazyweights.adapters import w1
+
+            options = _s3_fsspec_options() if name.startswith("s3-") else None
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache,
+                                      storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(sd).materialize()
-        elif name == "fsspec":
+        elif name in ("fsspec", "s3-fsspec"):
             import fsspec
-            import ml_dtypes
-            import numpy as np
-            import torch
             from safetensors.torch import load  # safetensors.numpy cannot hold bf16
-            from workload import adapt_name, rope_perm, target_dtype
 
-            cfg = _config(ckpt)
-            heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
-            hd = cfg.hidden_size // heads
-            perm = rope_perm(hd)
+            opts = _s3_fsspec_options() if name == "s3-fsspec" else {}
             out = {}
             for shard in shards:
-                with fsspec.open(f"{base_url}/{shard}", "rb") as f:
-                    tensors = load(f.read())
-                for k, tt in tensors.items():
-                    v = tt.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if tt.dtype == torch.bfloat16 else tt.numpy()
-                    n = adapt_name(k)
-                    if n is None:
-                        continue
-                    if n.endswith(("q_proj.weight", "k_proj.weight")):
-                        h = heads if "q_proj" in n else kv
-                        v = v.reshape(h, hd, -1)[:, perm, :].reshape(h * hd, -1)
-                    out[n] = v.astype(target_dtype(n))
+                with fsspec.open(f"{base_url}/{shard}", "rb", **opts) as f:
+                    out.update(_w1_numpy(load(f.read()).items(), ckpt))
+        elif name == "s3-runai":
+            from runai_model_streamer import SafetensorsStreamer
+
+            out = {}
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_files([f"{base_url}/{shard}" for shard in shards])
+                out.update(_w1_numpy(streamer.get_tensors(), ckpt))
+        elif name == "s3-download4":
+            import boto3
+            from concurrent.futures import ThreadPoolExecutor
+
+            bucket, prefix = base_url[len("s3://"):].split("/", 1)
+            client = boto3.client("s3", **_s3_boto_options())
+            out = {}
+
+            def s3_part(key, buf, s, e):
+                body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={s}-{e - 1}")["Body"]
+                view, done = memoryview(buf)[s:e], 0
+                while done < e - s:
+                    n = body._raw_stream.readinto(view[done:])
+                    assert n, "short read"
+                    done += n
+
+            with ThreadPoolExecutor(4) as pool:
+                for shard in shards:
+                    key = f"{prefix}/{shard}"
+                    size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+                    buf = bytearray(size)
+                    cuts = [size * i // 4 for i in range(5)]
+                    list(pool.map(lambda se: s3_part(key, buf, *se), zip(cuts, cuts[1:])))
+                    out[shard] = buf
+            seconds = time.perf_counter() - t
+            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
         seconds = time.perf_counter() - t
     return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": _digest(out)}
 
@@ -156,6 +228,45 @@ def served_bytes(log: str) -> int:
         return sum(int(line.split()[3]) for line in f if line.startswith("GET"))
 
 
+def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
+    """Put the checkpoint in a moto S3 server and run the S3 contestants; their outputs must equal `reference`."""
+    import boto3
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    exe = shutil.which("moto_server") or "moto_server"
+    server = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, BENCH_S3_ENDPOINT=endpoint, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+               RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket="models")
+        for f in sorted(os.listdir(ckpt)):
+            if f.endswith((".safetensors", ".json")):
+                client.upload_file(os.path.join(ckpt, f), "models", f"w1/{f}")
+        results: dict[str, list] = {}
+        for _ in range(reps):
+            for name in ("s3-download4", "s3-lazyweights", "s3-runai", "s3-fsspec"):
+                r = once(name, base="s3://models/w1", env=env)
+                if r["digest"] is not None and r["digest"] != reference:
+                    raise SystemExit(f"{name}: output differs from the local materialization")
+                results.setdefault(name, []).append(r)
+        return results
+    finally:
+        server.terminate()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ckpt")
@@ -164,6 +275,7 @@ def main():
     ap.add_argument("--contestant", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--s3", action="store_true", help="also run the S3 contestants against moto_server")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     if args.contestant:
@@ -176,11 +288,14 @@ def main():
     total = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
     subprocess.run(["sh", "-c", f"cat {ckpt}/*.safetensors > /dev/null"], check=True)  # server's page cache warm
 
-    def once(name, cache=None):
+    def once(name, cache=None, base=url, env=None):
         subprocess.run([sys.executable, "-c", PRIME, str(int(args.prime_gb * 2**30))], check=True)
         open(log, "w").close()
-        cmd = [sys.executable, __file__, ckpt, "--contestant", name, "--url", url] + (["--cache", cache] if cache else [])
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        cmd = [sys.executable, __file__, ckpt, "--contestant", name, "--url", base] + (["--cache", cache] if cache else [])
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if done.returncode:
+            raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+        r = json.loads(done.stdout.strip().splitlines()[-1])
         r["served"] = served_bytes(log)
         return r
 
@@ -207,6 +322,16 @@ def main():
             if r["digest"] != rank_reference:
                 raise SystemExit("rank0of4: a slice differs from the same slice of the local checkpoint")
             results.setdefault("rank0of4", []).append(r)
+        local_w1_rank = lw.plan(lw.shard(w1.convert_safetensor_state_dict(dict(lw.load_weights([ckpt]).items()),
+                                                                          huggingface_config=_config(ckpt)), 0, 4))
+        w1_rank_reference = _digest(local_w1_rank.materialize())
+        for _ in range(args.reps):
+            r = once("rank0of4-w1")
+            if r["digest"] != w1_rank_reference:
+                raise SystemExit("rank0of4-w1: a slice differs from the same slice of the local W1 result")
+            results.setdefault("rank0of4-w1", []).append(r)
+        if args.s3:
+            s3_results = run_s3(ckpt, once, reference, args.reps)
         cache = tempfile.mkdtemp(prefix="bench-cache-")
         first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
         assert second["digest"] == reference
@@ -221,9 +346,17 @@ def main():
         s = statistics.median(r["seconds"] for r in rs)
         served = statistics.median(r["served"] for r in rs)
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-        same = "floor" if name == "download4" else "yes (rank 0's slices)" if name == "rank0of4" else "yes"
+        same = "floor" if name == "download4" else "yes (rank 0's slices)" if name.startswith("rank0of4") else "yes"
         print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{served / total:>13.4f}{peak:>17.2f}  {same}")
     print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint, the second {second['served']} bytes")
+    if args.s3:
+        s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
+        print(f"\nW1 from moto's S3 server (127.0.0.1), medians of {args.reps}, warm memory")
+        print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'peak RssAnon GB':>17}  identical")
+        for name, rs in s3_results.items():
+            s = statistics.median(r["seconds"] for r in rs)
+            peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
+            print(f"{name:<22}{s:>9.3f}{s / s3_floor:>9.2f}{peak:>17.2f}  {'floor' if name == 's3-download4' else 'yes'}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from ..io.source import SourceRecord
 from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
 from ..graph.opcodes import GroupOp, Op, OpTable
-from ..graph.rewrites import merge_leading_axes, sink_casts
+from ..graph.rewrites import merge_leading_axes, sink_casts, sink_slices
 
 DEFAULT_BUDGET = 512 << 20
 DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3
@@ -118,7 +118,7 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
         if node in by_node:
             by_node[node].outputs.append(name)
             continue
-        step = _build_step([name], sink_casts(node), view_cache, keep_views)
+        step = _build_step([name], sink_slices(sink_casts(node)), view_cache, keep_views)
         if merge_rows:
             step = _merge_big_rows(step, per_worker, target, view_cache, keep_views)
         by_node[node] = step

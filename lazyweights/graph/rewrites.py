@@ -19,6 +19,8 @@ Example:
 """
 from __future__ import annotations
 
+import math
+
 from .elementwise import binary
 from .layout import strided_layout
 from .opcodes import GroupOp, Op, OpTable
@@ -42,6 +44,97 @@ def sink_casts(root: Node) -> Node:
                 new = ops.cast(ops.concat([s.srcs[0] for s in new.srcs], new.arg), new.dtype)
         done[n] = new
     return done[root]
+
+
+def sink_slices(root: Node) -> Node:
+    """`root` with every slice moved down its chain as far as it goes exactly (same values, same bytes).
+
+    Why: a tensor-parallel rank slices the adapter's output (`lazyweights.shard`), but the adapter has
+    already reshaped, permuted and gathered the source (the q/k RoPE row permutation is a reshape, a take
+    and a reshape back). A slice left on top reads the whole source and then keeps a quarter; sunk to the
+    source it reads only the rank's rows, which over object storage is the whole point. The slice passes:
+    a permute (its ranges permuted), a take (its indices sliced), a cast or a dequantize (elementwise per
+    row; a dequantize's last axis must stay whole), another slice (composed), and a reshape when only axis 0
+    is sliced, with step 1, on boundaries that are whole rows of the reshape's input.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.graph import ops
+        >>> w = ops.const(np.arange(8 * 4, dtype=np.float32).reshape(8, 4))
+        >>> heads = ops.reshape(ops.take(ops.reshape(w, (2, 4, 4)), [0, 2, 1, 3], 1), (8, 4))  # a RoPE-like permute
+        >>> sunk = sink_slices(ops.slice_(heads, ((0, 4, 1), (0, 4, 1))))
+        >>> [n.op for n in toposort([sunk])], sunk.shape
+        (['const', 'slice', 'reshape', 'take', 'reshape'], (4, 4))
+    """
+    done: dict[Node, Node] = {}
+    for n in toposort([root]):
+        srcs = tuple(done[s] for s in n.srcs)
+        new = n if srcs == n.srcs else _rebuild(n, srcs)
+        if new.op is Op.SLICE:
+            new = _slice_below(new.srcs[0], new.arg)
+        done[n] = new
+    assert done[root].shape == root.shape and done[root].dtype is root.dtype, (done[root], root)
+    return done[root]
+
+
+def _full(x: Node, axis: int) -> tuple[int, int, int]:
+    return (0, x.shape[axis], 1)
+
+
+def _slice_below(x: Node, slices: tuple) -> Node:
+    """`ops.slice_(x, slices)` (normalized ranges), built with the slice as close to the sources as it goes."""
+    slices = tuple(slices)
+    if all(r == _full(x, i) for i, r in enumerate(slices)):
+        return x
+    op, src = x.op, (x.srcs[0] if x.srcs else None)
+    if op is Op.PERMUTE:
+        inner = [None] * x.ndim
+        for out_axis, in_axis in enumerate(x.arg):
+            inner[in_axis] = slices[out_axis]
+        return ops.permute(_slice_below(src, tuple(inner)), x.arg)
+    if op is Op.TAKE:
+        axis, index = x.arg
+        start, stop, step = slices[axis]
+        inner = slices[:axis] + (_full(src, axis),) + slices[axis + 1:]
+        return ops.take(_slice_below(src, inner), index.array[start:stop:step], axis)
+    if op is Op.CAST:
+        return ops.cast(_slice_below(src, slices), x.dtype)
+    if op is Op.DEQUANTIZE and slices[-1] == _full(x, x.ndim - 1):
+        return ops.dequantize(_slice_below(src, slices[:-1] + (_full(src, src.ndim - 1),)), *x.arg)
+    if op is Op.SLICE:
+        composed = []
+        for (s0, _, st0), (s1, e1, st1) in zip(x.arg, slices):
+            count = (e1 - s1) // st1 if st1 == 1 else len(range(s1, e1, st1))
+            start = s0 + s1 * st0
+            composed.append((start, start + count * st0 * st1, st0 * st1))
+        return _slice_below(src, tuple(composed))
+    if op is Op.RESHAPE and x.ndim and src.ndim and slices[0][2] == 1 and all(
+            r == _full(x, i) for i, r in enumerate(slices) if i):
+        inner = _reshape_box(src.shape, slices[0][0] * math.prod(x.shape[1:]), slices[0][1] * math.prod(x.shape[1:]))
+        if inner is not None:
+            return ops.reshape(_slice_below(src, inner), (slices[0][1] - slices[0][0],) + x.shape[1:])
+    return ops.slice_(x, slices)
+
+
+def _reshape_box(shape: tuple, flat_start: int, flat_stop: int) -> tuple | None:
+    """The slice of an array of `shape` holding exactly its C-order elements [flat_start, flat_stop), or
+    None if they are not one box: one index on the leading axes, a range on one axis, the rest whole
+    (rows [0, 32) of a [128, D] reshape of [2, 64, D] are head 0's rows [0, 32))."""
+    if flat_stop <= flat_start:
+        return None
+    for j in range(len(shape)):
+        inner = math.prod(shape[j + 1:])
+        outer = inner * shape[j]
+        if inner == 0 or flat_start % inner or flat_stop % inner or flat_start // outer != (flat_stop - 1) // outer:
+            continue
+        lead, rest = [], flat_start // outer
+        for dim in reversed(shape[:j]):
+            rest, index = divmod(rest, dim)
+            lead.append((index, index + 1, 1))
+        first = (flat_start // inner) % shape[j]
+        axis_j = (first, first + (flat_stop - flat_start) // inner, 1)
+        return tuple(reversed(lead)) + (axis_j,) + tuple((0, d, 1) for d in shape[j + 1:])
+    return None
 
 
 # Each op rebuilt over new inputs through its validating constructor (so rewrites keep every build-time check).

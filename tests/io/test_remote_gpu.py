@@ -1,0 +1,121 @@
+"""The GPU executor on remote sources and rank slices, on the fake numpy device (no GPU needed).
+
+The GPU path's host side (`run/gpu._fill`) gathers each block's source rows into pinned staging; with a
+remote source it must first fetch exactly those ranges, and then not care where the bytes came from. Each
+test compares the device result with the CPU executor on the local files, bit for bit, and counts what
+nginx sent.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lazyweights as lw
+from lazyweights import DType
+from lazyweights.run.gpu import materialize_gpu
+from test_remote import CFG, _checkpoint, _fresh
+from lazyweights.adapters import w1
+
+
+def _fake_gpu():
+    """tests/run/fake_gpu.py, loaded by path (it lives beside the GPU tests, another folder)."""
+    path = Path(__file__).resolve().parents[1] / "run" / "fake_gpu.py"
+    spec = importlib.util.spec_from_file_location("fake_gpu_for_remote", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NumpyDevice = _fake_gpu().NumpyDevice
+
+
+@pytest.fixture(scope="module")
+def served(nginx, write_safetensors):
+    folder = nginx.root / "gpu-ckpt"
+    _checkpoint(folder, write_safetensors)
+    return folder
+
+
+def _bits(arr, dtype: DType) -> bytes:
+    arr = np.asarray(arr)
+    return np.ascontiguousarray(arr if arr.dtype == dtype.to_numpy() else arr.view(dtype.to_numpy())).tobytes()
+
+
+def _adapted(paths):
+    weights = lw.load_weights(paths)
+    sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=CFG)
+    # bf16 -> f16 on the device for every matrix, as a GPU serving engine would load them
+    return {k: (v.astype(DType.float16) if v.dtype is DType.bfloat16 and len(v.shape) == 2 else v)
+            for k, v in sd.items()}
+
+
+def test_gpu_path_on_a_remote_checkpoint_equals_local_cpu(nginx, served):
+    """RoPE-permuted, renamed, cast on the device, read over HTTP in small blocks on 3 streams."""
+    _fresh()
+    want = lw.plan(_adapted([str(served)])).materialize()
+    nginx.clear_log()
+    plan = lw.plan(_adapted([nginx.url("gpu-ckpt/model.safetensors.index.json")]))
+    opened = nginx.bytes_sent()
+    backend = NumpyDevice(seed=3)
+    got = materialize_gpu(plan, "gpu:0", backend=backend, block_bytes=16 << 10, streams=3)
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        assert got.dtypes[name].to_numpy() == ref.dtype, name
+        assert _bits(got[name], got.dtypes[name]) == np.ascontiguousarray(ref).tobytes(), name
+    checkpoint = sum(os.path.getsize(p) for p in served.glob("*.safetensors"))
+    assert nginx.bytes_sent() - opened <= 1.05 * checkpoint  # each byte fetched once
+    assert backend.held == 0
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_gpu_path_on_a_remote_rank_slice(nginx, served, rank):
+    """One rank of four on the fake device: its slices equal the same slices of the local CPU result, and the
+    server sent only the rank's rows: the shard's slices sink below the adapter's RoPE permutation
+    (`graph.rewrites.sink_slices`), so q/k read their heads' rows, not the whole tensors."""
+    _fresh()
+    world = 4
+    local = lw.shard(_adapted([str(served)]), rank, world)
+    want = lw.plan(local).materialize()
+    weights_url = nginx.url("gpu-ckpt/model.safetensors.index.json")
+    sd = _adapted([weights_url])
+    nginx.clear_log()
+    got = materialize_gpu(lw.plan(lw.shard(sd, rank, world)), "gpu:0", backend=NumpyDevice(), block_bytes=8 << 10)
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        assert _bits(got[name], got.dtypes[name]) == np.ascontiguousarray(ref).tobytes(), name
+    # What the rank needs from the source: its slices' bf16 bytes, except k_proj, where a quarter of the 2
+    # KV heads is half a head and the RoPE gather reads that whole head; plus each down_proj row's part
+    # framing in the multi-range replies. The whole checkpoint would be 3x more.
+    share = sum(np.asarray(v).size * (4 if np.asarray(v).dtype == np.float32 else 2) for v in want.values())
+    k_rows = sum(np.asarray(v).nbytes for k, v in want.items() if "k_proj" in k)
+    framing = 3 * 256 * 128
+    checkpoint = sum(os.path.getsize(p) for p in served.glob("*.safetensors"))
+    assert nginx.bytes_sent() <= share + k_rows + framing, (nginx.bytes_sent(), share, k_rows)
+    assert nginx.bytes_sent() <= 0.35 * checkpoint
+
+
+def test_gpu_dequantizes_a_remote_gguf(nginx):
+    """Packed GGUF blocks fetched over HTTP, dequantized (and cast to f16) by the device kernels' numpy
+    twins: equal to the CPU executor and to gguf-py's dequantizer."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(11)
+    values = (rng.standard_normal((64, 512)) + 0.2).astype(np.float32)
+    path = nginx.root / "gpu-q.gguf"
+    packed = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    _fresh()
+    nginx.clear_log()
+    remote = lw.load_weights([nginx.url("gpu-q.gguf")])
+    plan = lw.plan({"f32": remote["w"].data().dequantize(),
+                    "f16": remote["w"].data()[8:40].dequantize(DType.float16)})
+    got = materialize_gpu(plan, "gpu:0", backend=NumpyDevice(seed=1), block_bytes=4 << 10, streams=2)
+    reference = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q8_0)
+    np.testing.assert_array_equal(np.asarray(got["f32"]), reference)
+    np.testing.assert_array_equal(np.asarray(got["f16"]).view(np.float16), reference[8:40].astype(np.float16))
+    assert nginx.bytes_sent() <= path.stat().st_size
