@@ -633,7 +633,7 @@ def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
             path = getattr(getattr(src, "file", None), "path", None) or getattr(src, "path", None)
             if isinstance(path, str):
                 return os.path.dirname(os.path.abspath(path))
-            stack.extend(getattr(n, "src", ()) or ())
+            stack.extend(n.srcs)
         break
     return None
 

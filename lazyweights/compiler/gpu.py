@@ -38,9 +38,15 @@ UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.ui
 
 # Where each op runs in the GPU executor: "device" ops may join the device program (`split_chain` checks
 # dtypes, block types and ranks); every other op is part of the host part, read into pinned memory.
+# Listed op by op, not filled by a loop, so a new op without a decision here fails `tests/graph/test_opcodes.py`.
 GPU_SPLIT = OpTable("GPU split")
-for _op in Op:
-    GPU_SPLIT[_op] = "device" if _op in (Op.CAST, Op.BITCAST, Op.DEQUANTIZE) else "host"
+GPU_SPLIT.update({
+    Op.SOURCE: "host", Op.CONST: "host",
+    Op.RESHAPE: "host", Op.PERMUTE: "host", Op.SLICE: "host", Op.TAKE: "host", Op.CONCAT: "host",
+    Op.CAST: "device", Op.BITCAST: "device", Op.DEQUANTIZE: "device",
+    Op.QUANTIZE: "host",   # llama.cpp's quantizers run on the CPU
+    Op.BINARY: "host",     # arithmetic between tensors (scales, LoRA deltas) stays on the host
+})
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each distinct output node becomes one `Step` (outputs that are the same node, like tied embeddings, share
 it and are computed once). A step's chain is rewritten so casts sit above layout ops, then split into
 blocks of rows along axis 0; each block is one task that reads its source rows once and writes its output
-rows once (see `execute/blocks.py`). Where one row is too big for a block (a stacked MoE expert), the step
+rows once (see `run/blocks.py`). Where one row is too big for a block (a stacked MoE expert), the step
 is computed over the output with its two leading axes merged (`merge_leading_axes`), as often as needed.
 Block size comes from the budget: at most `workers` blocks are in flight, each needing about
 `work_per_row * rows` bytes, and that product must fit the budget.

@@ -9,7 +9,7 @@ renamed to the same name. `str(report)` is a table in which layer indices are fo
 `module` may be a `lazyweights.Module`, a `{name: Weight}` dict (what `raw_state_dict()` returns), or a
 `torch.nn.Module` (its persistent parameters and buffers). `Module.load_state_dict` and
 `lazyweights.interop.torch_load.load_into_torch` run exactly this validation before they read anything.
-`lazyweights check ADAPTER PATH... --module MOD:CLASS` (lazyweights/cli.py) prints `report.table()`.
+`lazyweights check ADAPTER PATH... --module MOD:CLASS` (`lazyweights/tools/cli.py`) prints `report.table()`.
 
 What "two tensors renamed to the same name" means and what can be detected: an adapter builds a plain
 dict, so when two checkpoint names map to one new name the second assignment silently replaces the

@@ -384,7 +384,7 @@ _ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "bi
 
 
 def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None = None) -> int:
-    """Peak bytes of arrays the reference executor (`execute.reference.evaluate`) holds at once.
+    """Peak bytes of arrays the reference executor (`run.reference.evaluate`) holds at once.
 
     It evaluates nodes in topological order, frees an intermediate after its last use and keeps every
     output until the end. Sources are views of the memory map (not counted); reshape, permute, slice and

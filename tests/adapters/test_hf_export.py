@@ -362,3 +362,22 @@ def test_llama3_rope_params_recovered_from_factors():
     assert llama3_rope_params(np.ones(64, np.float32), 500000.0, 128) is None
     with pytest.raises(GGUFConfigError, match="rope_freqs.weight"):
         llama3_rope_params(np.ones(63, np.float32), 500000.0, 128)
+
+
+def test_config_is_found_beside_the_source_under_ops(tiny_llama, tmp_path):
+    """With no config given, convert_hf_to_gguf finds config.json beside the files the tensors read, also when
+    every value is an op over its source (here a cast), not the source itself."""
+    import json
+
+    from lazyweights import load_weights
+    from lazyweights.adapters import convert_hf_to_gguf
+
+    tiny_llama(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(model_type="llama", num_hidden_layers=2, intermediate_size=16, vocab_size=6, rms_norm_eps=1e-5,
+               max_position_embeddings=64)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    state = {k: v.data().astype("float32") for k, v in load_weights([str(tmp_path)]).items() if "k_scale" not in k}
+    adapted = convert_hf_to_gguf(state, None, tokenizer=False)
+    assert adapted.gguf_metadata["general.architecture"].value == "llama"
+    assert adapted.gguf_metadata["llama.block_count"].value == 2

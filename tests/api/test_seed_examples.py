@@ -149,13 +149,7 @@ def test_seed_print_the_checkpoint(checkpoint, capsys):
 
 # ---- "Print the module state dictionary" -----------------------------------------------------------------
 def test_seed_print_module_raw_state_dict(capsys):
-    Module = getattr(lazyweights, "Module", None)
-    LayerList = getattr(lazyweights, "LayerList", None)
-    if Module is None or LayerList is None:
-        try:
-            from lazyweights.interop.module import LayerList, Module
-        except ImportError:
-            pytest.skip("lazyweights.Module / LayerList not available in this build")
+    Module, LayerList = lazyweights.Module, lazyweights.LayerList  # the seed's own names, always exported
     Weight = lazyweights.Weight
 
     class Attention(Module):

@@ -139,11 +139,17 @@ def test_same_dtype_is_a_gather():
 
 @pytest.mark.parametrize("dst", [F16, F32, BF16])
 def test_empty_index(dst):
+    """No rows asked for: nothing written, no error; an empty index for a one-row output is a shape error
+    that writes nothing."""
     base = edge_values((8, 16), BF16)
     out = np.empty((0, 16), dst)
-    gather_cast_into(base, np.array([], np.int64), out)
-    gather_cast_into(base[:0], [], out)  # no rows at all, none asked for
-    gather_cast_into(base, np.array([], np.int32), out)
+    for src, rows in ((base, np.array([], np.int64)), (base[:0], []), (base, np.array([], np.int32))):
+        assert gather_cast_into(src, rows, out) is None
+        assert out.shape == (0, 16) and out.dtype == dst
+    one_row = np.full((1, 16), 7, dst)
+    with pytest.raises((ValueError, IndexError), match="0|1"):
+        gather_cast_into(base, np.array([], np.int64), one_row)
+    assert (one_row == 7).all()
 
 
 @pytest.mark.parametrize("bad,why", [([3, -1], "-1 \\(at position 1 of 2\\) is negative"),
