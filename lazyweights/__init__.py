@@ -16,20 +16,8 @@ Example:
 """
 from .core.device import DeviceRef
 from .core.dtype import DType
-from .core.errors import (
-    BudgetError,
-    DTypeError,
-    ExecutionError,
-    FormatError,
-    LazyWeightsError,
-    LoadError,
-    MissingWeightError,
-    ShapeError,
-    SourceChangedError,
-    RemoteError,
-    UsageError,
-    WriteError,
-)
+from .core.errors import *  # noqa: F401,F403  (every error class; core/errors.__all__ lists them)
+from .core import errors as _errors
 from .formats.checkpoint import WeightsFormat
 from .formats.open import weights_format
 from .formats.config import GGUFConfig, HFConfig, load_hf_config
@@ -48,10 +36,9 @@ from .api.weights import Weights, load_weights
 
 from .core.version import __version__
 
-__all__ = [
-    "BudgetError", "DTypeError", "DeviceRef", "DType", "ExecutionError", "FormatError", "LazyWeightsError",
-    "LoadError", "MissingWeightError", "Plan", "QuantizationEncoding", "ShapeError", "SourceChangedError", "RemoteError", "UsageError", "shard",
-    "Weight", "WeightData", "Weights", "WeightsFormat", "WriteError", "concat", "from_numpy", "load_weights",
+__all__ = [name for name in _errors.__all__ if name != "did_you_mean"] + [
+    "DeviceRef", "DType", "Plan", "QuantizationEncoding", "shard",
+    "Weight", "WeightData", "Weights", "WeightsFormat", "concat", "from_numpy", "load_weights",
     "plan", "split", "stack", "weights_format", "Module", "LayerList", "CheckReport", "check",
     "check_unique_renames", "load_into_torch", "SupportedArchitecture", "registry",
     "GGUFConfig", "HFConfig", "load_hf_config", "save_gguf",

@@ -14,7 +14,7 @@ Example:
 """
 from __future__ import annotations
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import ConfigError
 
 # HF architecture class -> HF model_type(s) it accepts (see hf_export.SUPPORTED)
 BUILTIN: dict[str, tuple[str, ...]] = {
@@ -48,7 +48,7 @@ def _checked(name: str, fn):
     def adapter(state_dict, huggingface_config=None, **kwargs):
         mt = _model_type(huggingface_config) if huggingface_config is not None else None
         if mt is not None and mt not in accepted:
-            raise LazyWeightsError(f"architecture {name!r} expects model_type {' or '.join(map(repr, accepted))}, "
+            raise ConfigError(f"architecture {name!r} expects model_type {' or '.join(map(repr, accepted))}, "
                                    f"but the checkpoint's config says {mt!r}")
         return fn(state_dict, huggingface_config=huggingface_config, **kwargs)
 

@@ -54,7 +54,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import LazyWeightsError, ShapeError
+from ..core.errors import (ConfigError, DTypeError, MissingWeightError, ShapeError, UnmappedTensorError, UnsupportedArchitectureError)
 from ..graph import ops
 from ..api.weight_data import WeightData
 
@@ -142,7 +142,7 @@ _HF_TOP_RE = re.compile(r"^(model\.embed_tokens|model\.norm|lm_head)\.(weight|bi
 def _check_arch(arch: str) -> dict[str, str]:
     table = LAYER_NAMES.get(arch)
     if table is None:
-        raise LazyWeightsError(
+        raise UnsupportedArchitectureError(
             f"no GGUF <-> Hugging Face name mapping for architecture {arch!r} "
             f"(supported: {', '.join(sorted(LAYER_NAMES))})"
         )
@@ -182,14 +182,14 @@ def _arch_of(config, arch: str | None) -> str:
     if arch:
         return arch
     if config is None:
-        raise LazyWeightsError("the GGUF <-> HF name mapping needs a config (or arch=...) to know the architecture")
+        raise ConfigError("the GGUF <-> HF name mapping needs a config (or arch=...) to know the architecture")
     gguf_arch = _get(config, "architecture")
     if isinstance(gguf_arch, str):
         return gguf_arch
     model_type = _get(config, "model_type")
     if isinstance(model_type, str) and model_type in _MODEL_TYPE_ARCH:
         return _MODEL_TYPE_ARCH[model_type]
-    raise LazyWeightsError(
+    raise ConfigError(
         f"cannot tell the architecture from the config (model_type={model_type!r}); pass arch='llama' or similar"
     )
 
@@ -215,14 +215,14 @@ def _heads(config) -> tuple[int, int]:
     config = _text_config(config)
     n_head = _get(config, "num_attention_heads")
     if not isinstance(n_head, int) or n_head <= 0:
-        raise LazyWeightsError(
+        raise ConfigError(
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
         )
     n_kv = _get(config, "num_key_value_heads", None)
     if n_kv is None:
         n_kv = n_head
     if not isinstance(n_kv, int) or n_kv <= 0:
-        raise LazyWeightsError(
+        raise ConfigError(
             f"num_key_value_heads must be a positive integer (a per-layer list is not supported here), got {n_kv!r}"
         )
     return n_head, n_kv
@@ -274,7 +274,7 @@ def _add_scalar(wd: WeightData, value: float) -> WeightData:
     from ..graph.elementwise import binary
 
     if wd.quantization_encoding is not None or not wd.dtype.is_float:
-        raise LazyWeightsError(f"cannot add {value} to {wd.name!r} ({wd.dtype.name}); dequantize it first")
+        raise DTypeError(f"cannot add {value} to {wd.name!r} ({wd.dtype.name}); dequantize it first")
     const = ops.const(np.full((1,) * wd.ndim, value, dtype=wd.dtype.to_numpy()))
     return WeightData.wrap(binary("add", wd.node, const), wd.name, None)
 
@@ -299,7 +299,7 @@ def _name_or_unknown(new: str | None, name: str, strict: bool, unknown: list[str
 def _refuse_unknown(unknown: list[str], what: str, kept_under: str) -> None:
     """Raise for the tensors a strict rename found no name for (the first eight named)."""
     if unknown:
-        raise LazyWeightsError(
+        raise UnmappedTensorError(
             f"{what} for {len(unknown)} tensor(s): "
             f"{', '.join(repr(u) for u in unknown[:8])}{' ...' if len(unknown) > 8 else ''} "
             f"(pass strict=False to keep them under {kept_under})"
@@ -445,7 +445,7 @@ def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:
         n = max(members) + 1
         gaps = [e for e in range(n) if e not in members]
         if gaps:
-            raise LazyWeightsError(f"layer {layer}: expert tensor {part} has no expert {gaps[0]} "
+            raise MissingWeightError(f"layer {layer}: expert tensor {part} has no expert {gaps[0]} "
                                    f"(experts present: {sorted(members)})")
         g = f"blk.{layer}.{part}.{kind}"
         rest[g] = stack([_as_wd(members[e][1], members[e][0]) for e in range(n)])

@@ -58,7 +58,7 @@ from typing import Any, Iterable, Mapping
 
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
-from ..core.errors import LazyWeightsError
+from ..core.errors import (ConfigError, DTypeError, FormatError, GGUFConfigError, LazyWeightsError, UnsupportedArchitectureError, UsageError, WriteError)
 from .gguf_names import gguf_to_hf
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class)
@@ -83,16 +83,8 @@ _GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYP
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
-class GGUFConfigError(LazyWeightsError, ValueError):
-    """GGUF metadata lacks keys a Hugging Face config needs; `missing` lists them."""
-
-    def __init__(self, message: str, missing: Iterable[str] = ()):
-        super().__init__(message)
-        self.missing = list(missing)
 
 
-class UnsupportedArchitectureError(LazyWeightsError, ValueError):
-    """An architecture with no config mapping; the message lists the supported ones."""
 
 
 def _unsupported(what: str, value) -> UnsupportedArchitectureError:
@@ -545,7 +537,7 @@ def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
         return _FILE_TYPE_BY_ENCODING[top], quantized
     if top in _FILE_TYPE_BY_DTYPE:
         return _FILE_TYPE_BY_DTYPE[top], quantized
-    raise LazyWeightsError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
+    raise DTypeError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
 
 
 # --- adapters ---------------------------------------------------------------------------------------------------
@@ -601,7 +593,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
     if tokenizer:
         if folder is None:
-            raise LazyWeightsError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
+            raise UsageError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
                                    "from; pass folder=... (or tokenizer=False)")
         md.update(gguf_tokenizer_metadata(folder, arch))
     out = ConvertedStateDict(adapted)
@@ -643,7 +635,7 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
         if folder and os.path.isfile(os.path.join(folder, "config.json")):
             with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
                 return json.load(fh)
-        raise LazyWeightsError("convert_hf_to_gguf needs the checkpoint's config.json (none beside it; "
+        raise ConfigError("convert_hf_to_gguf needs the checkpoint's config.json (none beside it; "
                                "pass --hf-config FILE)")
     if isinstance(huggingface_config, Mapping):
         return dict(huggingface_config)
@@ -738,7 +730,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
         old = None
         if os.path.exists(final):
             if not os.path.isdir(final):
-                raise LazyWeightsError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
+                raise WriteError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
             old = os.path.join(parent, f".{os.path.basename(final)}.old-{secrets.token_hex(4)}")
             os.rename(final, old)
         os.rename(tmp, final)
@@ -765,7 +757,7 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
 
     w = load_weights([os.fspath(gguf_path)] if isinstance(gguf_path, (str, os.PathLike)) else gguf_path)
     if getattr(w.format, "value", w.format) != "gguf":
-        raise LazyWeightsError(f"{gguf_path}: export_hf_folder reads GGUF files, this is {w.format.value}")
+        raise FormatError(f"{gguf_path}: export_hf_folder reads GGUF files, this is {w.format.value}")
     state = dict(w.items())
     adapted = gguf_to_hf(state, w.config, dequantize_to=dtype)
     out = with_hf_files(adapted, w.config, state, tokenizer=tokenizer)
@@ -801,6 +793,6 @@ def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=No
         lazyweights convert lazyweights.adapters:convert_gguf_state_dict model.gguf -o model-hf/
     """
     if huggingface_config is None:
-        raise LazyWeightsError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
+        raise ConfigError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
     adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)
     return with_hf_files(adapted, huggingface_config, state_dict, tokenizer=unused_kwargs.get("tokenizer", True))

@@ -31,7 +31,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import AdapterError, ConfigError, FormatError, LazyWeightsError, UsageError
 
 DEFAULT_FUNCTIONS = {
     "safetensors": "convert_safetensor_state_dict",
@@ -46,7 +46,7 @@ def _looks_like_file(mod: str) -> bool:
 def _import_file(path: str):
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise LazyWeightsError(f"no such file: {path}")
+        raise AdapterError(f"no such file: {path}")
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
     name = f"_lazyweights_user_{stem}_{abs(hash(path)) % 10**8}"
     if name in sys.modules:
@@ -56,17 +56,17 @@ def _import_file(path: str):
         sys.path.insert(0, folder)  # so the file can import its neighbours, as when run as a script
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise LazyWeightsError(f"cannot load {path} as Python")
+        raise AdapterError(f"cannot load {path} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
         sys.modules.pop(name, None)
-        raise LazyWeightsError(f"{path}:{e.lineno}: syntax error: {e.msg}") from e
+        raise AdapterError(f"{path}:{e.lineno}: syntax error: {e.msg}") from e
     except ImportError as e:
         sys.modules.pop(name, None)
-        raise LazyWeightsError(f"{path}: {type(e).__name__}: {e}") from e
+        raise AdapterError(f"{path}: {type(e).__name__}: {e}") from e
     except BaseException:
         sys.modules.pop(name, None)
         raise
@@ -81,13 +81,13 @@ def _import_module(mod: str):
         return importlib.import_module(mod)
     except ModuleNotFoundError as e:
         if e.name and (mod == e.name or mod.startswith(e.name + ".")):
-            raise LazyWeightsError(f"cannot import {mod!r}: no module named {e.name!r} "
+            raise AdapterError(f"cannot import {mod!r}: no module named {e.name!r} "
                                    "(give 'package.module:function' or 'path/to/file.py:function')") from e
-        raise LazyWeightsError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
+        raise AdapterError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
     except ImportError as e:
-        raise LazyWeightsError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
+        raise AdapterError(f"importing {mod!r} failed: {type(e).__name__}: {e}") from e
     except SyntaxError as e:
-        raise LazyWeightsError(f"importing {mod!r} failed: {e.filename}:{e.lineno}: syntax error: {e.msg}") from e
+        raise AdapterError(f"importing {mod!r} failed: {e.filename}:{e.lineno}: syntax error: {e.msg}") from e
 
 
 def load_module(mod: str):
@@ -116,7 +116,7 @@ def _getattr_path(module, attr: str, spec: str):
             public = sorted(n for n in dir(module) if not n.startswith("_")
                             and inspect.isfunction(inspect.unwrap(getattr(module, n))))
             listing = f" (its functions: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
-            raise LazyWeightsError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
+            raise AdapterError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
                                    f"{listing}.{did_you_mean(part, public)}") from None
     return obj
 
@@ -124,10 +124,10 @@ def _getattr_path(module, attr: str, spec: str):
 def load_object(spec: str, what: str = "object"):
     """'module:name' or 'file.py:name' (dotted names allowed after the colon) -> the object."""
     if not isinstance(spec, str) or not spec.strip():
-        raise LazyWeightsError(f"empty {what} name")
+        raise UsageError(f"empty {what} name")
     mod, attr = _split(spec)
     if attr is None:
-        raise LazyWeightsError(f"{what} {spec!r}: expected 'module:name' or 'path/to/file.py:name'")
+        raise UsageError(f"{what} {spec!r}: expected 'module:name' or 'path/to/file.py:name'")
     return _getattr_path(load_module(mod), attr, spec)
 
 
@@ -136,7 +136,7 @@ def load_adapter(spec, fmt=None) -> Callable:
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise LazyWeightsError("no adapter given")
+        raise UsageError("no adapter given")
     fmt_value = getattr(fmt, "value", fmt)
     mod, attr = _split(spec)
     if attr is None:
@@ -150,7 +150,7 @@ def load_adapter(spec, fmt=None) -> Callable:
                 arch = None
             if arch is not None:
                 if fmt is None:
-                    raise LazyWeightsError(f"architecture {mod!r}: the checkpoint format is unknown")
+                    raise FormatError(f"architecture {mod!r}: the checkpoint format is unknown")
                 return arch.adapter_for(fmt)
             if "." not in mod:
                 try:
@@ -160,7 +160,7 @@ def load_adapter(spec, fmt=None) -> Callable:
                     from ..core.errors import did_you_mean
 
                     known = sorted(registry.architectures())
-                    raise LazyWeightsError(
+                    raise AdapterError(
                         f"adapter {mod!r} is neither a registered architecture (known: {', '.join(known)}) nor an "
                         f"importable module ({e}).{did_you_mean(mod, known)}") from None
         module = load_module(mod)
@@ -170,12 +170,12 @@ def load_adapter(spec, fmt=None) -> Callable:
             fn = getattr(module, name, None)
             if callable(fn):
                 return fn
-        raise LazyWeightsError(
+        raise AdapterError(
             f"adapter {spec!r}: no function named {' or '.join(repr(n) for n in names)} in it; "
             f"name one as '{spec}:function'")
     fn = _getattr_path(load_module(mod), attr, spec)
     if not callable(fn):
-        raise LazyWeightsError(f"adapter {spec!r} is a {type(fn).__name__}, not a function")
+        raise AdapterError(f"adapter {spec!r} is a {type(fn).__name__}, not a function")
     return fn
 
 
@@ -208,7 +208,7 @@ def _simple_config(path: str):
     with open(path, encoding="utf-8") as fh:
         doc = json.load(fh)
     if not isinstance(doc, dict):
-        raise LazyWeightsError(f"{path}: config.json holds a {type(doc).__name__}, expected an object")
+        raise ConfigError(f"{path}: config.json holds a {type(doc).__name__}, expected an object")
     return SimpleNamespace(**doc)
 
 
@@ -238,7 +238,7 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     kwargs.update(extra_kwargs)
     adapted = call_adapter(fn, dict(weights.items()), **kwargs)
     if not isinstance(adapted, Mapping):
-        raise LazyWeightsError(
+        raise AdapterError(
             f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "
             f"{type(adapted).__name__}, expected a dict of name -> WeightData")
     # A dict subclass keeps what it carries besides tensors (hf_export.ConvertedStateDict's metadata/files).

@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ..core.errors import LazyWeightsError, did_you_mean
+from ..core.errors import (AdapterError, ArgumentTypeError, NoAdapterError, UnknownArchitectureError, UsageError, did_you_mean)
 from ..formats.checkpoint import WeightsFormat
 from ..formats.open import weights_format
 
@@ -45,15 +45,8 @@ __all__ = ["SupportedArchitecture", "UnknownArchitectureError", "NoAdapterError"
            "architectures", "adapt", "architecture_from_config"]
 
 
-class UnknownArchitectureError(LazyWeightsError, KeyError):
-    """No architecture is registered under that name (also a KeyError)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
-class NoAdapterError(LazyWeightsError, ValueError):
-    """The architecture has no weight adapter for the checkpoint's format."""
 
 
 class SupportedArchitecture:
@@ -69,18 +62,18 @@ class SupportedArchitecture:
                  example_repo_ids: Iterable[str] = (), default_weights_format: WeightsFormat | str | None = None,
                  module: Callable | None = None, **extra):
         if not isinstance(name, str) or not name:
-            raise LazyWeightsError(f"an architecture needs a non-empty name, got {name!r}")
+            raise UsageError(f"an architecture needs a non-empty name, got {name!r}")
         self.name = name
         self.weight_adapters: dict[WeightsFormat, Callable] = {}
         for fmt, fn in (weight_adapters or {}).items():
             try:
                 fmt = WeightsFormat(fmt)
             except ValueError:
-                raise LazyWeightsError(
+                raise UsageError(
                     f"architecture {name!r}: {fmt!r} is not a WeightsFormat "
                     f"({', '.join(f.value for f in WeightsFormat)})") from None
             if not callable(fn):
-                raise LazyWeightsError(f"architecture {name!r}: the {fmt.value} adapter is a {type(fn).__name__}, "
+                raise ArgumentTypeError(f"architecture {name!r}: the {fmt.value} adapter is a {type(fn).__name__}, "
                                        "not a function")
             self.weight_adapters[fmt] = fn
         self.example_repo_ids = list(example_repo_ids)
@@ -117,13 +110,13 @@ _LOCK = threading.Lock()
 def register(arch: SupportedArchitecture, *, replace: bool = False) -> SupportedArchitecture:
     """Add `arch` to the registry. Registering another architecture under a taken name needs replace=True."""
     if not isinstance(arch, SupportedArchitecture):
-        raise LazyWeightsError(f"register() takes a SupportedArchitecture, got {type(arch).__name__}")
+        raise ArgumentTypeError(f"register() takes a SupportedArchitecture, got {type(arch).__name__}")
     _ensure_builtins()
     with _LOCK:
         old = _REGISTRY.get(arch.name)
         # A built-in architecture is a default: registering the same name replaces it.
         if old is not None and old is not arch and not replace and not old.extra.get("builtin"):
-            raise LazyWeightsError(f"an architecture named {arch.name!r} is already registered; "
+            raise UsageError(f"an architecture named {arch.name!r} is already registered; "
                                    "pass replace=True to replace it")
         _REGISTRY[arch.name] = arch
     return arch
@@ -207,7 +200,7 @@ def adapt(arch: str | SupportedArchitecture | None, paths, **kwargs) -> dict:
     if isinstance(arch, str):
         arch = get(arch)
     elif not isinstance(arch, SupportedArchitecture):
-        raise LazyWeightsError(f"adapt() takes an architecture name or a SupportedArchitecture, got "
+        raise ArgumentTypeError(f"adapt() takes an architecture name or a SupportedArchitecture, got "
                                f"{type(arch).__name__}")
     fmt = weights_format(paths)
     if fmt is WeightsFormat.pytorch:
@@ -216,12 +209,12 @@ def adapt(arch: str | SupportedArchitecture | None, paths, **kwargs) -> dict:
     weights = load_weights(paths)
     adapted = adapter(dict(weights.items()), **kwargs)
     if not isinstance(adapted, Mapping):
-        raise LazyWeightsError(f"architecture {arch.name!r}: the {fmt.value} adapter returned a "
+        raise AdapterError(f"architecture {arch.name!r}: the {fmt.value} adapter returned a "
                                f"{type(adapted).__name__}, not a dict of name -> WeightData")
     out = {}
     for key, value in adapted.items():
         if not isinstance(key, str):
-            raise LazyWeightsError(f"architecture {arch.name!r}: the {fmt.value} adapter returned a non-string key "
+            raise AdapterError(f"architecture {arch.name!r}: the {fmt.value} adapter returned a non-string key "
                                    f"{key!r}")
         out[key] = as_weight_data(value, key)
     return out

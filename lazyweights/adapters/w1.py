@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import LazyWeightsError
+from ..core.errors import ConfigError
 
 UNUSED_SUFFIXES = (".k_scale", ".v_scale")
 
@@ -52,7 +52,7 @@ def convert_safetensor_state_dict(state_dict, huggingface_config=None, **unused_
     """The W1 transform of a checkpoint state dict (`dict(weights.items())`) -> dict of lazy WeightData."""
     cfg = huggingface_config
     if cfg is None:
-        raise LazyWeightsError("the W1 adapter needs huggingface_config (num_attention_heads, hidden_size); "
+        raise ConfigError("the W1 adapter needs huggingface_config (num_attention_heads, hidden_size); "
                                "put a config.json beside the checkpoint")
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads

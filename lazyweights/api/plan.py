@@ -18,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import ArgumentTypeError, UsageError
 from ..graph.node import Node, toposort
 from .weight_data import WeightData, as_weight_data
 
@@ -28,11 +28,11 @@ class Plan:
 
     def __init__(self, state_dict: Mapping[str, object]):
         if not isinstance(state_dict, Mapping):
-            raise LazyWeightsError(f"plan() needs a dict of name -> WeightData, got {type(state_dict).__name__}")
+            raise ArgumentTypeError(f"plan() needs a dict of name -> WeightData, got {type(state_dict).__name__}")
         self.tensors: dict[str, WeightData] = {}
         for name, value in state_dict.items():
             if not isinstance(name, str):
-                raise LazyWeightsError(f"state dict keys must be strings, got {name!r}")
+                raise ArgumentTypeError(f"state dict keys must be strings, got {name!r}")
             self.tensors[name] = as_weight_data(value, name)
 
     @property
@@ -69,7 +69,7 @@ class Plan:
         if quant is not None:
             fmt = (format or "").lower()
             if fmt != "gguf" and not str(path).endswith(".gguf"):
-                raise LazyWeightsError(f"quant={quant!r} writes GGUF: give a .gguf path or format='gguf'")
+                raise UsageError(f"quant={quant!r} writes GGUF: give a .gguf path or format='gguf'")
             quantized, metadata = self.quantize(quant, metadata, imatrix=imatrix, with_metadata=True)
             return quantized.save(path, format="gguf", budget=budget, scheduler=scheduler, progress=progress,
                                   metadata=metadata, workers=workers, block_bytes=block_bytes)

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LazyWeightsError, ShapeError
+from ..core.errors import ArgumentTypeError, DTypeError, ShapeError
 from ..graph import ops
 from ..graph.node import Node
 from ..core.quantization import QuantizationEncoding
@@ -510,6 +510,6 @@ def as_weight_data(value, name: str) -> WeightData:
         return _foreign_weight_data(value, name)
     if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
         return WeightData(value, name)
-    raise LazyWeightsError(
+    raise ArgumentTypeError(
         f"state dict value for {name!r} is a {type(value).__name__}; expected WeightData (or an array)"
     )

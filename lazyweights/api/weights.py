@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LazyWeightsError, ShapeError, missing_weight
+from ..core.errors import DTypeError, ShapeError, missing_weight
 from ..formats.checkpoint import Checkpoint, WeightsFormat
 from ..formats.open import open_checkpoint
 from ..graph import ops

@@ -24,10 +24,9 @@ Example:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from ..core.errors import BudgetError, LazyWeightsError
+from ..core.errors import BudgetError
 from ..core.units import available_cpus, parse_size
 from ..io.source import SourceRecord
 from ..graph.layout import row_alignment, strided_layout

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import LazyWeightsError
+from .errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class DeviceRef:
             kind = {"cuda": "gpu"}.get(kind, kind)
             if kind in ("cpu", "gpu") and (idx == "" or idx.isdigit()):
                 return cls(kind, int(idx or 0))
-        raise LazyWeightsError(f"unknown device {value!r}; use 'cpu', 'gpu' or 'gpu:N'")
+        raise UsageError(f"unknown device {value!r}; use 'cpu', 'gpu' or 'gpu:N'")
 
     def __repr__(self) -> str:
         return f"DeviceRef.{self.kind.upper()}({self.id if self.kind == 'gpu' else ''})"

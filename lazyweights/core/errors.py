@@ -4,21 +4,35 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
 `KeyError`, a mismatch at load is a `ValueError`), so code written against the seed system keeps working.
 
     LazyWeightsError
-    ├── FormatError            a file is not what it claims (bad magic, header, offsets, truncation)
+    ├── FormatError            (also ValueError) a file is not what it claims (bad magic, header, offsets, truncation)
     │   ├── SourceChangedError a file changed size or identity after it was opened
     │   └── ImatrixFormatError an importance-matrix file is truncated or malformed
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
-    ├── UsageError             (also ValueError) a call whose arguments cannot work
+    ├── UnmappedTensorError    (also KeyError) tensors an adapter has no target name for
+    ├── UsageError             (also ValueError) a call whose argument values cannot work
+    ├── ArgumentTypeError      (also TypeError) an argument, or an adapter's result, of the wrong Python type
     ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
     │   └── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
+    ├── ConfigError            (also ValueError) a model config (config.json, GGUF metadata) missing or lacking a key
+    │   └── GGUFConfigError    GGUF metadata lacking keys a Hugging Face config needs
+    ├── UnsupportedArchitectureError (also ValueError) an architecture a conversion does not know
+    ├── UnknownArchitectureError (also KeyError) an architecture name not in the registry
+    ├── AdapterError           (also ValueError) an adapter cannot be loaded, found or used
+    │   └── NoAdapterError     a registered architecture with no adapter for this checkpoint format
     ├── LoadError              (also ValueError) load_state_dict found missing/unexpected/mismatched weights
+    │   └── TorchLoadError     (also RuntimeError) the same, loading into a torch.nn.Module
     ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
     ├── UnknownPresetError     (also ValueError) a quantization preset name that is not supported
+    ├── TokenizerConversionError (also ValueError) a tokenizer llama.cpp's converter could not convert
+    │   └── MissingTokenizerError (also FileNotFoundError) no tokenizer files beside the checkpoint
+    ├── VerifyError            (also ValueError) a checkpoint that does not match its manifest
+    ├── DependencyError        (also ImportError) a package or program this call needs is not installed
+    ├── DeviceError            (also RuntimeError) a GPU that cannot be used (no driver, no such device)
     ├── RemoteError            (also OSError) an object-storage read failed: 403/404, a server that ignores
     │                          Range, a truncated body or a timeout after retries; names the URL
-    └── ExecutionError         a step failed while running a plan; names the output tensor
-        └── WriteError         writing an output failed (disk full, permissions); names the file
+    └── ExecutionError         (also RuntimeError) a step failed while running a plan; names the output tensor
+        └── WriteError         (also OSError) writing an output failed (disk full, permissions); names the file
 
 Example:
     >>> from lazyweights import LazyWeightsError, MissingWeightError
@@ -28,6 +42,39 @@ Example:
 from __future__ import annotations
 
 from typing import Iterable
+
+__all__ = [
+    "LazyWeightsError",
+    "FormatError",
+    "SourceChangedError",
+    "ImatrixFormatError",
+    "MissingWeightError",
+    "UsageError",
+    "ArgumentTypeError",
+    "UnmappedTensorError",
+    "ConfigError",
+    "GGUFConfigError",
+    "UnsupportedArchitectureError",
+    "UnknownArchitectureError",
+    "AdapterError",
+    "NoAdapterError",
+    "DependencyError",
+    "DeviceError",
+    "TokenizerConversionError",
+    "MissingTokenizerError",
+    "VerifyError",
+    "ShapeError",
+    "ImatrixShapeError",
+    "DTypeError",
+    "LoadError",
+    "TorchLoadError",
+    "BudgetError",
+    "UnknownPresetError",
+    "RemoteError",
+    "ExecutionError",
+    "WriteError",
+    "did_you_mean",
+]
 
 
 class LazyWeightsError(Exception):
@@ -62,6 +109,78 @@ class UsageError(LazyWeightsError, ValueError):
     """A call with arguments that cannot work (a rank outside the world, an unknown option value)."""
 
 
+class ArgumentTypeError(LazyWeightsError, TypeError):
+    """An argument of the wrong Python type (a list where a state dict goes), or an adapter that returned one."""
+
+
+class UnmappedTensorError(LazyWeightsError, KeyError):
+    """Tensors an adapter or name mapping has no target name for; lists them."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(LazyWeightsError, ValueError):
+    """A model configuration (config.json, GGUF metadata, `huggingface_config=`) is missing, or lacks or
+    contradicts a key the conversion needs; names the key."""
+
+
+class GGUFConfigError(ConfigError):
+    """GGUF metadata lacks keys a Hugging Face config needs; `missing` lists them."""
+
+    def __init__(self, message: str, missing: Iterable[str] = ()):
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class UnsupportedArchitectureError(LazyWeightsError, ValueError):
+    """An architecture (model_type, GGUF general.architecture) a conversion has no mapping for."""
+
+
+class UnknownArchitectureError(LazyWeightsError, KeyError):
+    """An architecture name that is not registered; lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AdapterError(LazyWeightsError, ValueError):
+    """An adapter that cannot be loaded (no such file or module, a syntax or import error in it), found (no
+    such function) or used (it returned something other than a state dict)."""
+
+
+class NoAdapterError(AdapterError):
+    """A registered architecture has no adapter for this checkpoint's format."""
+
+
+class DependencyError(LazyWeightsError, ImportError):
+    """A package or program this call needs is not installed (CuPy, torch, Graphviz's dot); says how to get it."""
+
+
+class DeviceError(LazyWeightsError, RuntimeError):
+    """A GPU that cannot be used: no usable driver, no such device, an array on another device."""
+
+
+class TokenizerConversionError(LazyWeightsError, ValueError):
+    """A tokenizer that llama.cpp's converter could not convert either (it names the file and the reason)."""
+
+
+class MissingTokenizerError(TokenizerConversionError, FileNotFoundError):
+    """No tokenizer files beside the checkpoint (llama.cpp cannot run a GGUF without a tokenizer)."""
+
+
+class VerifyError(LazyWeightsError, ValueError):
+    """A checkpoint that does not match its manifest (or has none); `report` holds the details."""
+
+    def __init__(self, message: str, report=None):
+        super().__init__(message)
+        self.report = report
+
+
 class ShapeError(LazyWeightsError, ValueError):
     """An op whose shapes do not fit; raised when the node is built, with both shapes in the message."""
 
@@ -76,6 +195,11 @@ class DTypeError(LazyWeightsError, TypeError, ValueError):
 
 class LoadError(LazyWeightsError, ValueError):
     """`load_state_dict` found missing, unexpected or mismatched weights (all are listed in one message)."""
+
+
+class TorchLoadError(LoadError, RuntimeError):
+    """`load_into_torch` found missing, unexpected or mismatched weights (a RuntimeError, as torch's own
+    `load_state_dict` raises)."""
 
 
 class BudgetError(LazyWeightsError, ValueError):

@@ -8,14 +8,14 @@ Example:
 from __future__ import annotations
 
 from .dtype import DType
-from .errors import LazyWeightsError
+from .errors import DTypeError, DependencyError
 
 
 def import_torch():
     try:
         import torch
     except ImportError:  # pragma: no cover - exercised only without torch
-        raise LazyWeightsError("PyTorch interop needs torch: pip install 'lazyweights[torch]'") from None
+        raise DependencyError("PyTorch interop needs torch: pip install 'lazyweights[torch]'") from None
     return torch
 
 
@@ -46,6 +46,6 @@ def dtype_to_torch(dtype: DType):
     for t, d in torch_dtype_table(torch).items():
         if d is dtype:
             return t
-    raise LazyWeightsError(f"torch {torch.__version__} has no dtype for {dtype.name}")
+    raise DTypeError(f"torch {torch.__version__} has no dtype for {dtype.name}")
 
 

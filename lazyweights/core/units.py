@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import LazyWeightsError
+from .errors import UsageError
 
 
 def parse_size(value) -> int | None:
@@ -22,20 +22,20 @@ def parse_size(value) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise LazyWeightsError(f"invalid size {value!r}")
+        raise UsageError(f"invalid size {value!r}")
     if isinstance(value, int):
         if value <= 0:
-            raise LazyWeightsError(f"size must be positive, got {value}")
+            raise UsageError(f"size must be positive, got {value}")
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*", str(value), re.IGNORECASE)
     if not m:
-        raise LazyWeightsError(f"invalid size {value!r}; use bytes or e.g. '512MB', '1GB', '4GiB'")
+        raise UsageError(f"invalid size {value!r}; use bytes or e.g. '512MB', '1GB', '4GiB'")
     number, unit, binary, _ = m.groups()
     base = 1024 if binary or not unit else 1000
     power = " kmgt".index(unit.lower() or " ")
     size = int(float(number) * base ** power)
     if size <= 0:
-        raise LazyWeightsError(f"size must be positive, got {value!r}")
+        raise UsageError(f"size must be positive, got {value!r}")
     return size
 
 

@@ -13,11 +13,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Union
 
-from ..core.errors import FormatError, LazyWeightsError
+from ..core.errors import FormatError
 from ..io.remote import is_url
-from .source import SourceFile, TensorRecord
+from .source import TensorRecord
 
 PathLike = Union[str, os.PathLike]
 

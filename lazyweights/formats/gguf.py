@@ -51,7 +51,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtype import DType
-from ..core.errors import FormatError, LazyWeightsError
+from ..core.errors import FormatError, UsageError
 from ..core.quantization import QuantizationEncoding
 from ..io.remote import is_url
 from .source import SourceFile, TensorRecord, absolute_location, location_exists
@@ -539,7 +539,7 @@ def read_gguf_checkpoint(files: list[str]):
     from .checkpoint import Checkpoint, WeightsFormat
 
     if not files:
-        raise LazyWeightsError("no GGUF files given")
+        raise UsageError("no GGUF files given")
     # Parse what was given; a part of a split (split.count > 1) pulls in its siblings by llama.cpp's naming.
     parsed: dict[str, tuple[list[TensorRecord], GGUFMetadata]] = {}
     for p in [absolute_location(x) for x in files]:

@@ -31,7 +31,7 @@ import os
 from typing import Mapping, NamedTuple
 
 from ..core.dtype import DType
-from ..core.errors import ImatrixShapeError, LazyWeightsError
+from ..core.errors import ConfigError, ImatrixShapeError
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.node import Node
@@ -85,11 +85,11 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
     metadata = metadata.copy() if hasattr(metadata, "copy") else dict(metadata or {})
     arch = _meta_value(metadata, "general.architecture")
     if not arch:
-        raise LazyWeightsError("quantizing to a preset needs the GGUF metadata's general.architecture")
+        raise ConfigError("quantizing to a preset needs the GGUF metadata's general.architecture")
     arch = str(arch)
     n_layer = _meta_int(metadata, f"{arch}.block_count")
     if n_layer is None:
-        raise LazyWeightsError(f"quantizing to a preset needs {arch}.block_count in the GGUF metadata "
+        raise ConfigError(f"quantizing to a preset needs {arch}.block_count in the GGUF metadata "
                                "(llama.cpp's type rules count layers)")
     n_expert = _meta_int(metadata, f"{arch}.expert_count", 0) or 0
     heads = _meta_int(metadata, f"{arch}.attention.head_count", 1) or 1

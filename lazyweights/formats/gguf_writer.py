@@ -37,17 +37,16 @@ Example:
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LazyWeightsError, ShapeError, WriteError
+from ..core.errors import ArgumentTypeError, DTypeError, MissingWeightError, ShapeError, UsageError, WriteError
 from ..core.quantization import QuantizationEncoding
 from ..graph.node import Node
 from .source import TensorRecord
@@ -271,7 +270,7 @@ def _tensor_meta(name: str, value) -> TensorMeta:
     if isinstance(value, tuple) and len(value) in (2, 3):
         enc = value[2] if len(value) == 3 else None
         return TensorMeta(DType.parse(value[0]), tuple(value[1]), QuantizationEncoding.parse(enc))
-    raise LazyWeightsError(f"GGUF layout: tensor {name!r}: cannot tell dtype/shape of a {type(value).__name__}")
+    raise ArgumentTypeError(f"GGUF layout: tensor {name!r}: cannot tell dtype/shape of a {type(value).__name__}")
 
 
 def node_encoding(node) -> QuantizationEncoding | None:
@@ -347,7 +346,7 @@ class GGUFLayout:
                 md_align = md_align.value
             alignment = int(md_align) if md_align is not None else DEFAULT_ALIGNMENT
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment >= 2**32:
-            raise LazyWeightsError(f"GGUF alignment must be a power of two below 2**32, got {alignment!r}")
+            raise UsageError(f"GGUF alignment must be a power of two below 2**32, got {alignment!r}")
         for k in SPLIT_KEYS:
             metadata.pop(k, None)
         if alignment != DEFAULT_ALIGNMENT or "general.alignment" in metadata:
@@ -356,7 +355,7 @@ class GGUFLayout:
         kv_parts = []
         for key, value in metadata.items():
             if not isinstance(key, str):
-                raise LazyWeightsError(f"GGUF metadata keys must be strings, got {key!r}")
+                raise ArgumentTypeError(f"GGUF metadata keys must be strings, got {key!r}")
             kv_parts.append(encode_kv(key, value, types.get(key)))
 
         planned = []
@@ -364,7 +363,7 @@ class GGUFLayout:
         info_parts = []
         for name, value in tensors_meta.items():
             if not isinstance(name, str):
-                raise LazyWeightsError(f"GGUF tensor names must be strings, got {name!r}")
+                raise ArgumentTypeError(f"GGUF tensor names must be strings, got {name!r}")
             meta = _tensor_meta(name, value)
             gt, ne = _slot_type(name, meta)
             block, type_size = GGML_QUANT_SIZES[gt]
@@ -442,7 +441,7 @@ class GGUFStreamWriter:
     def _slot(self, name: str) -> GGUFTensorSlot:
         slot = self.layout.slots.get(name)
         if slot is None:
-            raise LazyWeightsError(f"{self.path}: tensor {name!r} is not in the GGUF layout")
+            raise MissingWeightError(f"{self.path}: tensor {name!r} is not in the GGUF layout")
         return slot
 
     def write_tensor(self, name: str, data) -> None:

@@ -41,7 +41,7 @@ import os
 import re
 from typing import Any, Mapping
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import MissingTokenizerError, TokenizerConversionError
 
 # gguf.TokenType values (gguf-py constants): kept literal so this module imports no gguf at GGUF -> HF time.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -49,12 +49,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 TOKENIZER_FILES = ("tokenizer.json",)
 
 
-class TokenizerConversionError(LazyWeightsError, ValueError):
-    """The tokenizer cannot be converted (unsupported model type, missing keys, missing files)."""
 
 
-class MissingTokenizerError(TokenizerConversionError, FileNotFoundError):
-    """A Hugging Face folder has no tokenizer.json; pass tokenizer=False (`--no-tokenizer`) to convert without one."""
 
 
 # --- shared tables ------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from ..core.errors import FormatError, LazyWeightsError
+from ..core.errors import FormatError, UsageError
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from ..io.remote import current_options, is_url, list_prefix, remote_options
 from .source import SourceFile, TensorRecord, absolute_location
@@ -30,7 +30,7 @@ def _as_paths(paths: PathLike | Iterable[PathLike]) -> list:
         paths = [paths]
     out = [p if is_url(p) else Path(p) for p in paths]
     if not out:
-        raise LazyWeightsError("load_weights() was given no paths")
+        raise UsageError("load_weights() was given no paths")
     return out
 
 

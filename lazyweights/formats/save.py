@@ -30,7 +30,7 @@ import threading
 from typing import Mapping
 
 from ..compiler.steps import outputs_of
-from ..core.errors import LazyWeightsError
+from ..core.errors import ExecutionError, UsageError
 from ..core.units import parse_size
 from ..graph.node import Node
 from ..run.driver import execute, resolve_scheduler
@@ -71,12 +71,12 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
                                  progress=progress, workers=workers, block_bytes=block_bytes,
                                  tensor_meta=tensor_meta)
     if fmt != "safetensors":
-        raise LazyWeightsError(f"unknown output format {format!r}; use 'safetensors' or 'gguf'")
+        raise UsageError(f"unknown output format {format!r}; use 'safetensors' or 'gguf'")
     max_shard = parse_size(max_shard_size)
     shards = shard_names(outputs, max_shard)
     if path.endswith(".safetensors"):
         if len(shards) > 1:
-            raise LazyWeightsError(
+            raise UsageError(
                 f"{path}: max_shard_size={max_shard_size} splits the output into {len(shards)} shards; "
                 "give a directory path to write shards and an index"
             )
@@ -188,7 +188,7 @@ def write_shards_distributed(outputs: Mapping[str, Node], client, files: list[st
         raise
     missing = [p for p in written if not os.path.exists(p)]
     if missing:
-        raise LazyWeightsError(f"workers reported shards the client cannot see: {missing} (no shared file system?)")
+        raise ExecutionError(f"workers reported shards the client cannot see: {missing} (no shared file system?)")
 
 
 def save_gguf_outputs(outputs: Mapping[str, Node], path, *, metadata: Mapping | None = None, budget=None,

@@ -38,7 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import DTypeError, FormatError, LazyWeightsError
+from ..core.errors import DTypeError, DependencyError, FormatError, UsageError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 INDEX_SUFFIX = ".bin.index.json"
@@ -51,7 +51,7 @@ def pickle_allowed(allow_pickle) -> bool:
         return False
     if isinstance(allow_pickle, str) and allow_pickle == WEIGHTS_ONLY:
         return True
-    raise LazyWeightsError(
+    raise UsageError(
         f"allow_pickle={allow_pickle!r}: the only opt-in is allow_pickle='weights_only' (torch's restricted "
         "unpickler); full unpickling runs arbitrary code and lazyweights never does it"
     )
@@ -197,7 +197,7 @@ def read_torch_checkpoint(paths: list[Path]):
     try:
         import torch
     except ImportError:
-        raise LazyWeightsError(
+        raise DependencyError(
             "allow_pickle='weights_only' needs PyTorch (its restricted unpickler reads the file): pip install torch"
         ) from None
     dtypes = _torch_dtypes(torch)

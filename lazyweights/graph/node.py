@@ -115,6 +115,13 @@ class Node:
     """An immutable graph node. Build nodes with the functions in `lazyweights.graph.ops`."""
 
     __slots__ = ("op", "srcs", "arg", "dtype", "shape", "_hash")
+    # The slots' types, for type checkers (set once in __init__ through object.__setattr__).
+    op: Op
+    srcs: tuple["Node", ...]
+    arg: Any
+    dtype: DType
+    shape: tuple[int, ...]
+    _hash: int
 
     def __init__(self, op: Op, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
         op = Op(op)

@@ -44,7 +44,7 @@ import numpy as np
 from ..core.dtype import DType
 from ..core.torch_dtypes import import_torch, torch_dtype_table
 from ..core.names import split_numbers as _split_numbers, suggest_all
-from ..core.errors import DTypeError, LazyWeightsError, LoadError, ShapeError
+from ..core.errors import ArgumentTypeError, DTypeError, LazyWeightsError, LoadError, ShapeError, UsageError
 from ..core.quantization import QuantizationEncoding
 from ..api.weight_data import WeightData
 from ..graph.opcodes import Op
@@ -417,7 +417,7 @@ def slots_of(module) -> list[Slot]:
         return torch_slots(module)
     if isinstance(module, Mapping):
         return slots_from_weights(module.items())
-    raise LazyWeightsError(
+    raise ArgumentTypeError(
         f"check() needs a lazyweights Module, a {{name: Weight}} dict or a torch.nn.Module, got {type(module).__name__}"
     )
 
@@ -428,7 +428,7 @@ def slots_from_weights(items: Iterable[tuple[str, Any]]) -> list[Slot]:
     slots: list[Slot] = []
     for name, w in items:
         if not hasattr(w, "dtype") or not hasattr(w, "shape"):
-            raise LazyWeightsError(f"expected weight {name!r} is a {type(w).__name__}, not a Weight")
+            raise ArgumentTypeError(f"expected weight {name!r} is a {type(w).__name__}, not a Weight")
         slot = by_id.get(id(w))
         if slot is not None:
             slot.names = slot.names + (name,)
@@ -601,7 +601,7 @@ def _pairs(renames) -> list[tuple[str, str]]:
         try:
             a, b = item
         except (TypeError, ValueError):
-            raise LazyWeightsError(f"renames must be (checkpoint_name, new_name) pairs, got {item!r}") from None
+            raise UsageError(f"renames must be (checkpoint_name, new_name) pairs, got {item!r}") from None
         pairs.append((str(a), str(b)))
     return pairs
 

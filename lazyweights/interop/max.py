@@ -63,7 +63,7 @@ from ..api.weight_data import WeightData, as_weight_data
 from ..api.weights import Weights, load_weights
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LazyWeightsError, LoadError, did_you_mean
+from ..core.errors import DTypeError, LoadError, UsageError, did_you_mean
 from ..core.quantization import QuantizationEncoding
 from ..graph.opcodes import Op
 
@@ -224,7 +224,7 @@ def to_max_state_dict(state_dict: Mapping[str, Any], *, device=None, budget=None
     "ml_dtypes" (canonical quiet NaN) or "max" (see `max_nan_payloads`)."""
     max_modules()  # fail here, before any work, if MAX is absent
     if nan_payloads not in ("ml_dtypes", "max"):
-        raise LazyWeightsError(f"nan_payloads must be 'ml_dtypes' or 'max', got {nan_payloads!r}")
+        raise UsageError(f"nan_payloads must be 'ml_dtypes' or 'max', got {nan_payloads!r}")
     p = Plan(state_dict)
     encodings = {}
     for name, wd in p.tensors.items():  # metadata first: an unsupported encoding fails before any read
@@ -385,7 +385,7 @@ def reopen_lazily(state_dict: Mapping[str, Any], pipeline_config=None, *, reopen
 
     `reopen`: "auto" (paths, then private, then buffers), or one of "paths", "private", "buffers"."""
     if reopen not in ("auto", "paths", "private", "buffers"):
-        raise LazyWeightsError(f"reopen must be 'auto', 'paths', 'private' or 'buffers', got {reopen!r}")
+        raise UsageError(f"reopen must be 'auto', 'paths', 'private' or 'buffers', got {reopen!r}")
     names = list(state_dict)
     if all(isinstance(v, Weights) for v in state_dict.values()):
         return dict(state_dict), "lazyweights"
@@ -403,7 +403,7 @@ def reopen_lazily(state_dict: Mapping[str, Any], pipeline_config=None, *, reopen
             if _names_hold(weights, names):
                 return {n: weights[n] for n in names}, route
         if reopen != "auto":
-            raise LazyWeightsError(f"reopen={route!r}: cannot find MAX's checkpoint files that way")
+            raise UsageError(f"reopen={route!r}: cannot find MAX's checkpoint files that way")
     raise AssertionError("unreachable")  # pragma: no cover - "buffers" always returns
 
 

@@ -66,7 +66,7 @@ import numpy as np
 
 from .check import CheckReport, Slot, check, load_error_message, validate
 from ..core.dtype import DType
-from ..core.errors import LazyWeightsError, LoadError
+from ..core.errors import ArgumentTypeError, LoadError, UsageError
 from ..api.weight import Weight
 
 __all__ = ["Module", "LayerList", "aligned_empty"]
@@ -118,7 +118,7 @@ class Module:
             holder = self._layer_weights.get(wname)
             if holder is not None and holder is not value:
                 other = next((a for a, n in self._weight_attrs.items() if n == wname), "?")
-                raise LazyWeightsError(
+                raise UsageError(
                     f"{type(self).__name__}.{name}: a different Weight named {wname!r} is already declared "
                     f"(attribute {other!r}). A weight's full name is the module path plus the Weight's own "
                     f"name, so give it a distinct name (e.g. Weight({name + '.' + wname!r}, ...)) or put it "
@@ -181,7 +181,7 @@ class Module:
                 full = prefix + wname
                 other = seen.get(full)
                 if other is not None and other is not w:
-                    raise LazyWeightsError(f"two different Weights have the full name {full!r}")
+                    raise UsageError(f"two different Weights have the full name {full!r}")
                 if other is None:
                     seen[full] = w
                     out.append((full, w, wname in mod._shared_weights))
@@ -297,7 +297,7 @@ class LayerList(Module):
 
     def append(self, layer: Module) -> None:
         if not isinstance(layer, Module):
-            raise LazyWeightsError(f"LayerList holds Modules, got {type(layer).__name__}")
+            raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.append(layer)
         self._sublayers[str(len(self.layers) - 1)] = layer
 
@@ -307,7 +307,7 @@ class LayerList(Module):
 
     def insert(self, index: int, layer: Module) -> None:
         if not isinstance(layer, Module):
-            raise LazyWeightsError(f"LayerList holds Modules, got {type(layer).__name__}")
+            raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.insert(index, layer)
         self._renumber()
 
@@ -318,7 +318,7 @@ class LayerList(Module):
 
     def __setitem__(self, index: int, layer: Module) -> None:
         if not isinstance(layer, Module):
-            raise LazyWeightsError(f"LayerList holds Modules, got {type(layer).__name__}")
+            raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers[index] = layer
         self._renumber()
 

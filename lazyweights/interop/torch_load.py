@@ -36,16 +36,14 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from ..core.torch_dtypes import dtype_to_torch, import_torch, torch_dtype_table, torch_dtype_to_dtype
-from .check import Slot, fold_rows, torch_slots, validate
+from .check import fold_rows, torch_slots, validate
 from ..core.dtype import DType
-from ..core.errors import LazyWeightsError, LoadError
+from ..core.errors import ArgumentTypeError, TorchLoadError
 
 __all__ = ["load_into_torch", "TorchLoadError", "IncompatibleKeys", "torch_dtype_to_dtype", "dtype_to_torch",
            "torch_slots"]
 
 
-class TorchLoadError(LoadError, RuntimeError):
-    """`load_into_torch` found problems; worded as torch's load_state_dict errors. `.report` has the details."""
 
 
 class IncompatibleKeys(NamedTuple):
@@ -148,7 +146,7 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
     (fused, no extra copy) instead of reporting a dtype mismatch. Returns (missing_keys, unexpected_keys)."""
     torch = import_torch()
     if not isinstance(torch_module, torch.nn.Module):
-        raise LazyWeightsError(f"load_into_torch needs a torch.nn.Module, got {type(torch_module).__name__}")
+        raise ArgumentTypeError(f"load_into_torch needs a torch.nn.Module, got {type(torch_module).__name__}")
     slots = torch_slots(torch_module)
     for slot in slots:
         if slot.target.device.type == "meta":

@@ -43,7 +43,6 @@ import functools
 
 import numpy as np
 
-from ..core.dtype import DType
 from ..core.quantization import QuantizationEncoding as Q
 from .cuda_casts import NVRTC_OPTIONS, U, widen_f16, cuda_chain_expr, cuda_preamble, reference_chain
 

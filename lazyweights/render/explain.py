@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import UsageError
 from ..core.units import format_bytes
 from ..compiler.steps import compile_steps
 from ..graph.opcodes import Op, OpTable
@@ -318,7 +318,7 @@ def filter_outputs(outputs: Mapping[str, Node], pattern: str | None) -> dict[str
     kept = {k: v for k, v in outputs.items() if fnmatch.fnmatchcase(k, pattern)}
     if not kept and outputs:
         sample = ", ".join(repr(k) for k in list(outputs)[:3])
-        raise LazyWeightsError(f"filter {pattern!r} matches none of the {len(outputs)} outputs (e.g. {sample})")
+        raise UsageError(f"filter {pattern!r} matches none of the {len(outputs)} outputs (e.g. {sample})")
     return kept
 
 

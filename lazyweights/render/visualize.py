@@ -34,7 +34,7 @@ import os
 import shutil
 import subprocess
 
-from ..core.errors import LazyWeightsError
+from ..core.errors import DependencyError, ExecutionError, UsageError
 from .explain import (
     compile_outputs,
     View,
@@ -322,7 +322,7 @@ def _dot_node(n: dict, indent: str) -> str:
 def _render_with_dot(dot_text: str, path: str, fmt: str) -> None:
     exe = shutil.which("dot")
     if exe is None:
-        raise LazyWeightsError(
+        raise DependencyError(
             f"drawing {os.path.basename(path)} needs Graphviz's `dot` program, which is not on PATH. "
             "Install Graphviz (apt-get install graphviz, conda install graphviz, or brew install graphviz), "
             "or write a .dot, .mmd or .html file instead."
@@ -335,10 +335,10 @@ def _render_with_dot(dot_text: str, path: str, fmt: str) -> None:
         proc = subprocess.run(args + ["-o", tmp], input=dot_text.encode("utf-8"), capture_output=True, timeout=600)
         if proc.returncode != 0:
             msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise LazyWeightsError(f"Graphviz dot failed for {path}: {msg[-1] if msg else 'exit ' + str(proc.returncode)}")
+            raise ExecutionError(f"Graphviz dot failed for {path}: {msg[-1] if msg else 'exit ' + str(proc.returncode)}")
         os.replace(tmp, path)
     except subprocess.TimeoutExpired:
-        raise LazyWeightsError(f"Graphviz dot took over 10 minutes for {path}; try the .html view or a --filter") from None
+        raise ExecutionError(f"Graphviz dot took over 10 minutes for {path}; try the .html view or a --filter") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -762,7 +762,7 @@ def visualize(plan, path, group_layers: bool = True) -> str:
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in SUFFIXES:
-        raise LazyWeightsError(
+        raise UsageError(
             f"cannot draw a plan as {suffix or 'a file without a suffix'!r} ({path}); "
             "use .dot, .svg, .png (Graphviz), .mmd (Mermaid) or .html"
         )

@@ -19,7 +19,6 @@ Example:
 """
 from __future__ import annotations
 
-import math
 from typing import Union
 
 import numpy as np

@@ -13,7 +13,6 @@ Example (not run here: it starts processes):
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 

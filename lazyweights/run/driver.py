@@ -38,7 +38,7 @@ import threading
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from ..compiler.steps import Step, compile_steps
-from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError
+from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError, UsageError
 from ..core.units import available_cpus
 from ..graph.node import Node
 from .fetch import prefetch_remote
@@ -82,7 +82,7 @@ def resolve_scheduler(scheduler):
         return "reference"
     if type(scheduler).__name__ == "Client" and hasattr(scheduler, "submit"):
         return scheduler
-    raise LazyWeightsError(f"unknown scheduler {scheduler!r}; use 'sync', 'threads' or a dask.distributed Client")
+    raise UsageError(f"unknown scheduler {scheduler!r}; use 'sync', 'threads' or a dask.distributed Client")
 
 
 def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", budget=None,
@@ -92,7 +92,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
     `scheduler` must resolve to "sync" or "threads" (front-ends dispatch "reference" and Clients first)."""
     sched = resolve_scheduler(scheduler)
     if not isinstance(sched, str) or sched == "reference":
-        raise LazyWeightsError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
+        raise UsageError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
                           keep_views=sink.keep_views, in_place=sink.in_place)
     prefetching = prefetch_remote(steps)  # remote sources: keep the network busy while blocks compute

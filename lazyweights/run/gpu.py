@@ -59,7 +59,6 @@ Example (needs a CUDA GPU and cupy, so not run as a doctest):
 from __future__ import annotations
 
 import os
-import random
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -69,11 +68,9 @@ import numpy as np
 
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import BudgetError, DTypeError, ExecutionError, LazyWeightsError, ShapeError
-from ..core.units import available_cpus, parse_size
-from ..graph.node import Node
-from ..kernels.cuda_casts import DEVICE_CASTS, storage_dtype
-from ..kernels.cuda_dequant import DEVICE_DEQUANT
+from ..core.errors import (DTypeError, DependencyError, DeviceError, ExecutionError, LazyWeightsError, ShapeError, UsageError)
+from ..core.units import available_cpus
+from ..kernels.cuda_casts import storage_dtype
 from ..compiler.gpu import (
     DEFAULT_GPU_BLOCK_BYTES,
     UINT_OF_SIZE,
@@ -172,7 +169,7 @@ def import_cupy():
     try:
         import cupy
     except Exception as e:  # ImportError, or a broken install failing to load its CUDA libraries
-        raise LazyWeightsError(
+        raise DependencyError(
             f"materialize(device='gpu:N') needs CuPy and CUDA, and CuPy could not be imported "
             f"({type(e).__name__}: {e}). Install it with: {INSTALL_HINT}"
         ) from None
@@ -189,12 +186,12 @@ class CupyDevice:
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:
-            raise LazyWeightsError(
+            raise DeviceError(
                 f"CuPy is installed but no CUDA device is usable ({type(e).__name__}: {e}); check the NVIDIA "
                 f"driver, or install the CuPy build for your CUDA version ({INSTALL_HINT})"
             ) from None
         if not 0 <= device_id < count:
-            raise LazyWeightsError(f"gpu:{device_id} requested, but this machine has {count} CUDA device(s)")
+            raise DeviceError(f"gpu:{device_id} requested, but this machine has {count} CUDA device(s)")
         self.cupy = cupy
         self.id = device_id
         self.device = cupy.cuda.Device(device_id)
@@ -274,7 +271,7 @@ class CupyDevice:
                 if tname != dtype.name and not (tname == "float4_e2m1fn_x2" and dtype is DType.float4_e2m1fn):
                     raise DTypeError(f"destination for {name!r} is torch.{tname}, the plan produces {dtype.name}")
                 if value.device.type != "cuda":
-                    raise LazyWeightsError(f"destination for {name!r} is on {value.device}, not on gpu:{self.id}")
+                    raise DeviceError(f"destination for {name!r} is on {value.device}, not on gpu:{self.id}")
                 import torch
 
                 signed = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
@@ -286,7 +283,7 @@ class CupyDevice:
                 raise DTypeError(f"destination for {name!r} must be a CuPy array (or a CUDA DLPack tensor), "
                                  f"got {type(value).__name__}")
         if arr.device.id != self.id:
-            raise LazyWeightsError(f"destination for {name!r} is on gpu:{arr.device.id}, not gpu:{self.id}")
+            raise DeviceError(f"destination for {name!r} is on gpu:{arr.device.id}, not gpu:{self.id}")
         return check_device_destination(name, arr, dtype, shape)
 
 
@@ -358,7 +355,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     device = DeviceRef.parse(device)
     if backend is None:
         if not device.is_gpu:
-            raise LazyWeightsError(f"materialize_gpu needs a GPU device, got {device}")
+            raise UsageError(f"materialize_gpu needs a GPU device, got {device}")
         backend = CupyDevice(device.id)
     outputs = outputs_of(plan)
     streams = max(1, int(streams))
@@ -366,7 +363,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     out = dict(out or {})
     for name in out:
         if name not in outputs:
-            raise LazyWeightsError(f"destination given for {name!r}, which is not an output of the plan")
+            raise UsageError(f"destination given for {name!r}, which is not an output of the plan")
 
     # The compiler cuts blocks by this executor's cost model: staging (pinned + device copies of the
     # SOURCE rows) per slot, checked against the budget before any work (`compiler/gpu.py`).

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..compiler.steps import Step
-from ..core.errors import DTypeError, LazyWeightsError, ShapeError
+from ..core.errors import DTypeError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
@@ -54,7 +54,7 @@ class MemorySink:
         self.out = dict(out or {})
         for name in self.out:
             if name not in self.outputs:
-                raise LazyWeightsError(f"destination given for {name!r}, which is not an output of the plan")
+                raise UsageError(f"destination given for {name!r}, which is not an output of the plan")
         self._result: dict[str, np.ndarray] = {}
         self._fresh: list[np.ndarray] = []
 
@@ -121,7 +121,7 @@ def check_destination(name: str, node: Node, dst: np.ndarray) -> None:
     if dst.size != node.size or (dst.shape != node.shape and not dst.flags.c_contiguous):
         raise ShapeError(f"destination for {name!r} has shape {list(dst.shape)}, the plan produces {list(node.shape)}")
     if not dst.flags.writeable:
-        raise LazyWeightsError(f"destination for {name!r} is read-only")
+        raise UsageError(f"destination for {name!r} is read-only")
 
 
 _scratch = threading.local()

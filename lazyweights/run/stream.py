@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..core.errors import LazyWeightsError, did_you_mean
+from ..core.errors import UsageError, did_you_mean
 from ..core.units import parse_size
 from ..graph.node import Node
 from .driver import execute, resolve_scheduler
@@ -41,10 +41,10 @@ def _groups(outputs: Mapping[str, Node], order) -> list[list[str]]:
     for group in groups:
         for name in group:
             if name not in outputs:
-                raise LazyWeightsError(f"stream order names {name!r}, which is not an output of the plan."
+                raise UsageError(f"stream order names {name!r}, which is not an output of the plan."
                                        f"{did_you_mean(name, list(outputs))}")
             if name in seen:
-                raise LazyWeightsError(f"stream order names {name!r} twice")
+                raise UsageError(f"stream order names {name!r} twice")
             seen.add(name)
     return groups
 

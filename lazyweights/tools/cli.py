@@ -26,7 +26,7 @@ import sys
 from typing import Sequence
 
 from ..core import units
-from ..core.errors import LazyWeightsError
+from ..core.errors import DependencyError, LazyWeightsError, UsageError
 from ..core.units import format_bytes
 
 PROG = "lazyweights"
@@ -117,7 +117,7 @@ def cmd_inspect(args) -> int:
                          cache=args.cache)
     names = _filter_names(list(ck.records), args.filter)
     if args.filter and not names:
-        raise LazyWeightsError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
+        raise UsageError(f"--filter {args.filter!r} matches none of the {len(ck.records)} tensors")
     totals: dict[str, list[int]] = {}
     tensors = []
     for name in names:
@@ -213,7 +213,7 @@ def cmd_plan(args) -> int:
 def cmd_convert(args) -> int:
     p, _ = _adapted_plan(args)
     if not hasattr(p, "save"):
-        raise LazyWeightsError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
+        raise DependencyError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
     from ..adapters.hf_export import save_converted
 
     carried = getattr(p, "adapted", None)
@@ -227,7 +227,7 @@ def cmd_convert(args) -> int:
     if args.quant is not None:
         quant = {"quant": args.quant, "imatrix": args.imatrix}
     elif args.imatrix is not None:
-        raise LazyWeightsError("--imatrix is used with --quant PRESET")
+        raise UsageError("--imatrix is used with --quant PRESET")
     files = save_converted(target, args.output, format=args.format, max_shard_size=args.max_shard_size,
                            budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress,
                            workers=args.workers, **quant)
@@ -263,7 +263,7 @@ def cmd_check(args) -> int:
     try:
         from ..interop.check import check
     except ImportError:
-        raise LazyWeightsError("this build of lazyweights has no lazyweights.interop.check") from None
+        raise DependencyError("this build of lazyweights has no lazyweights.interop.check") from None
     p, weights = _adapted_plan(args)
     module_obj = load_object(args.module, what="module")
     module = _instantiate_module(module_obj, load_config(weights, args.paths, args.hf_config))
@@ -508,7 +508,7 @@ def cmd_verify(args) -> int:
     from .verify import verify, write_manifest
 
     if not os.path.exists(args.path):
-        raise LazyWeightsError(f"{args.path}: no such file or directory")
+        raise UsageError(f"{args.path}: no such file or directory")
     if args.write:
         target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
         with open(target, encoding="utf-8") as fh:

@@ -46,7 +46,7 @@ from ..api.plan import Plan
 from ..api.weights import load_weights
 from ..compiler.steps import outputs_of
 from ..core.dtype import DType
-from ..core.errors import ExecutionError, LazyWeightsError
+from ..core.errors import ExecutionError, UsageError, VerifyError
 from ..formats.atomic import write_file_atomically
 from ..run.driver import execute, resolve_scheduler
 from ..run.reference import materialize_reference
@@ -58,12 +58,6 @@ HASH_NAME = "blake2b-256"
 HASH_DEFINITION = "BLAKE2b-256 over b'<dtype name>:<comma-separated shape>\\n' + the tensor's C-order bytes"
 
 
-class VerifyError(LazyWeightsError):
-    """A checkpoint does not match its manifest (or has none). `report` holds the details."""
-
-    def __init__(self, message: str, report: "VerifyReport | None" = None):
-        super().__init__(message)
-        self.report = report
 
 
 def _header(dtype_name: str, shape) -> bytes:
@@ -154,7 +148,7 @@ def write_manifest(plan_or_checkpoint, path=None, *, scheduler=None, budget=None
     path (hashed as it is on disk now; `path` defaults to it). Returns the manifest's path."""
     if isinstance(plan_or_checkpoint, Plan):
         if path is None:
-            raise LazyWeightsError("write_manifest(plan, path): give the checkpoint path the plan was saved to")
+            raise UsageError("write_manifest(plan, path): give the checkpoint path the plan was saved to")
         plan, files = plan_or_checkpoint, _checkpoint_files(path)
     else:
         path = plan_or_checkpoint if path is None else path
