@@ -17,11 +17,11 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
 
-With `--s3`, the same checkpoint is also put in moto's S3 server (`moto_server`, 127.0.0.1) and read by:
+With `--s3`, the same checkpoint is also read through the S3 protocol (path-style GetObject/HeadObject, served
+by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
 `s3-download4` (boto3, 4 concurrent ranged GETs per shard: the floor on that server), `s3-lazyweights`,
 `s3-runai` (runai-model-streamer's `SafetensorsStreamer` on the s3:// shards, then the W1 transform in
 numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-fsspec` (s3fs + safetensors).
-moto is a Python server, so these times measure the clients against a slow server, side by side.
 
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
 output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
@@ -229,32 +229,23 @@ def served_bytes(log: str) -> int:
 
 
 def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
-    """Put the checkpoint in a moto S3 server and run the S3 contestants; their outputs must equal `reference`."""
-    import boto3
+    """Serve the checkpoint to S3 clients and run the S3 contestants; their outputs must equal `reference`.
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    exe = shutil.which("moto_server") or "moto_server"
-    server = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    The endpoint is nginx answering S3's path-style GetObject/HeadObject (`GET /bucket/key` with Range,
+    `HEAD`, ETag and If-Match are plain HTTP; nginx ignores the SigV4 headers), serving bucket `models`, key
+    prefix `w1/` from a folder of symlinks to the checkpoint. Not moto: moto's server reads the whole object for
+    every ranged GET, so a client that fetches in parts (runai, lazyweights) would be timed on moto's cost, not
+    its own (moto stays the S3 server of the correctness tests, `tests/io/`)."""
+    root = tempfile.mkdtemp(prefix="bench-s3-")
+    os.makedirs(os.path.join(root, "models", "w1"))
+    for f in os.listdir(ckpt):
+        os.symlink(os.path.join(ckpt, f), os.path.join(root, "models", "w1", f))
+    proc, port, _ = start_nginx(root)
     endpoint = f"http://127.0.0.1:{port}"
     env = dict(os.environ, BENCH_S3_ENDPOINT=endpoint, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
                AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
                RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket="models")
-        for f in sorted(os.listdir(ckpt)):
-            if f.endswith((".safetensors", ".json")):
-                client.upload_file(os.path.join(ckpt, f), "models", f"w1/{f}")
         results: dict[str, list] = {}
         for _ in range(reps):
             for name in ("s3-download4", "s3-lazyweights", "s3-runai", "s3-fsspec"):
@@ -264,7 +255,8 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
                 results.setdefault(name, []).append(r)
         return results
     finally:
-        server.terminate()
+        proc.terminate()
+        shutil.rmtree(root)
 
 
 def main():
@@ -275,7 +267,7 @@ def main():
     ap.add_argument("--contestant", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
-    ap.add_argument("--s3", action="store_true", help="also run the S3 contestants against moto_server")
+    ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     if args.contestant:
@@ -351,7 +343,7 @@ def main():
     print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint, the second {second['served']} bytes")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
-        print(f"\nW1 from moto's S3 server (127.0.0.1), medians of {args.reps}, warm memory")
+        print(f"\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), medians of {args.reps}, warm memory")
         print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'peak RssAnon GB':>17}  identical")
         for name, rs in s3_results.items():
             s = statistics.median(r["seconds"] for r in rs)
