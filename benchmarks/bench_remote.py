@@ -214,6 +214,7 @@ http {{ log_format counted '$request_method $uri $status $body_bytes_sent';
   server {{ listen 127.0.0.1:{port}; root {root}; }} }}
 """)
     proc = subprocess.Popen([exe, "-c", f"{base}/nginx.conf", "-p", base])
+    proc.folder = base  # its config, log and pid file: removed by stop_nginx
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
@@ -221,6 +222,13 @@ http {{ log_format counted '$request_method $uri $status $body_bytes_sent';
         except OSError:
             time.sleep(0.05)
     return proc, port, os.path.join(base, "access.log")
+
+
+def stop_nginx(proc) -> None:
+    """Stop a server from `start_nginx` and remove its folder."""
+    proc.terminate()
+    proc.wait(timeout=30)
+    shutil.rmtree(proc.folder, ignore_errors=True)
 
 
 def served_bytes(log: str) -> int:
@@ -255,7 +263,7 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
                 results.setdefault(name, []).append(r)
         return results
     finally:
-        proc.terminate()
+        stop_nginx(proc)
         shutil.rmtree(root)
 
 
@@ -329,7 +337,7 @@ def main():
         assert second["digest"] == reference
         shutil.rmtree(cache)
     finally:
-        proc.terminate()
+        stop_nginx(proc)
 
     floor = statistics.median(r["seconds"] for r in results["download4"])
     print(f"W1 over HTTP (nginx on 127.0.0.1), {total / 1e9:.2f} GB in shards, medians of {args.reps}, warm memory")
