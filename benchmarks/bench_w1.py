@@ -109,7 +109,7 @@ def main():
     size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(ckpt, "*.safetensors")))
     run(["sh", "-c", f"cat {ckpt}/*.safetensors > /dev/null"])  # warm the page cache
     modes = a.modes.split(",")
-    # Warm-up (discarded): numba loads or compiles its kernel cache, the page cache holds the checkpoint.
+    # Warm-up (discarded): the page cache holds the checkpoint, the kernels are loaded and self-checked.
     lazy(ckpt, "serve-into")
     res = {k: [] for k in ("eager_serve", "lazy_serve", "lazy_serve_into", "alloc_floor", "copy_floor", "eager_convert",
                            "lazy_convert", "cp")}

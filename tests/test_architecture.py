@@ -147,8 +147,7 @@ def test_no_private_names_across_modules():
     assert not bad, "private names taken across modules:\n" + "\n".join(sorted(set(bad)))
 
 
-@pytest.mark.parametrize("module", ["lazyweights.kernels._cast_numba", "lazyweights.kernels._ccasts",
-                                    "lazyweights.kernels._cquant"])
+@pytest.mark.parametrize("module", ["lazyweights.kernels._ccasts", "lazyweights.kernels._cquant"])
 def test_private_modules_are_not_imported_from_outside_their_folder(module):
     folder = module.rsplit(".", 1)[0]
     users = [m for m in MODULES if not m.startswith(folder) for t, _, _ in imports_of(m) if t == module]

@@ -1,22 +1,21 @@
 /*
- * lazyweights.kernels._ccasts: the cast kernels of `_cast_numba.py`, compiled ahead of time.
+ * lazyweights.kernels._ccasts: the cast kernels and the GGUF dequantizers, compiled when lazyweights is installed.
  *
- * Why this file exists: numba costs about 0.85 s per process before its first kernel runs (importing
- * numba, then its CPU target loading the cached machine code). Serving a 2.2 GB checkpoint takes about
- * half a second of actual work, so that start-up was most of a fresh process's time. A C extension built
- * at install time loads in about a millisecond. `casts.py` uses these kernels when the extension was
- * built, numba's when it was not (no compiler at install time), numpy's when neither is there.
+ * Why C, built at install: these kernels are most of a conversion's work, and they must start at once. A C
+ * extension loads in about a millisecond (the numba build lazyweights had before cost a fresh process about
+ * 0.85 s, more than serving a 2.2 GB checkpoint takes), vectorizes with per-CPU clones, and can guard its
+ * reads against SIGBUS. setup.py requires it; `casts.py` uses numpy's own casts only when
+ * LAZYWEIGHTS_CAST_KERNELS=numpy switches these off.
  *
- * The contract and the algorithms are exactly those of `_cast_numba.py` (read its comments for the why of
- * each bit trick): every result, NaN payloads included, equals numpy/ml_dtypes `astype`. `casts.py` checks
- * each kernel against astype on first use, and tests/kernels/test_casts.py checks every 16-bit and 8-bit source
- * pattern and about three million float32 patterns against it, for this backend and numba's alike.
+ * The contract: every result, NaN payloads included, equals numpy/ml_dtypes `astype`. `casts.py` checks each
+ * kernel against astype on first use, and tests/kernels/test_casts.py checks every 16-bit and 8-bit source
+ * pattern and about three million float32 patterns against it.
  *
- * Every kernel has the numba kernels' signature:
+ * Every kernel has the signature:
  *     kernel(src, out, rows, cols, first, stride, *extra)
  * converting `rows` rows of `cols` elements, row r of the 1-D contiguous buffer `src` starting at element
  * ``first + r * stride`` (stride may be negative or larger than cols), densely into the 1-D contiguous
- * buffer `out`. Here (not in numba's build) `rows` may instead be an int64 row index: a 1-D array `index`
+ * buffer `out`. `rows` may instead be an int64 row index: a 1-D array `index`
  * (a gather: output row i is source row index[i], starting at element ``first + index[i] * stride``), or
  * a (2, n) array of pairs (output row pairs[1][k] is source row pairs[0][k]). That is how a row
  * permutation (RoPE's q/k rows) is cast in one pass, straight from the memory map, with no gathered copy
@@ -24,8 +23,7 @@
  * order: measured on 64 MB of bf16 -> f16 with RoPE's stride-2 rows, reading rows in permuted order cost
  * 20% more than a plain cast (the hardware prefetchers lose the stream at each 4 KB row; software
  * prefetching the next rows won back half of it), while reading them in order and writing them to their
- * permuted places cost nothing measurable. Unlike numba's unchecked indexing, every index
- * range is checked against the buffers first (ValueError; IndexError for a negative or out-of-range row
+ * permuted places cost nothing measurable. Every index range is checked against the buffers first (ValueError; IndexError for a negative or out-of-range row
  * index), never a stray read or write. The GIL is released while converting. A source page that
  * cannot be read (a memory-mapped file truncated mid-read) raises OSError(EFAULT) instead of killing the
  * process with SIGBUS (the guard below).
@@ -49,7 +47,7 @@
 /* On x86-64 GCC, build each loop for AVX-512 (x86-64-v4) and AVX2 as well as the baseline (SSE2) and pick
  * at load time: a wheel built here must run on any x86-64, and on the development machine (AMD EPYC with
  * AVX-512) bf16 -> f16 ran at 4 GB/s unvectorized, 14.6 GB/s with SSE2 lanes and 34 GB/s with the v4
- * clone, the same as numba's host-tuned code. */
+ * clone, the speed of LLVM's host-tuned code for the same loops. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && __GNUC__ >= 11
 #define LW_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -73,8 +71,11 @@ static inline uint32_t widen_f16(uint32_t h, uint32_t quiet_bit) {
     return r | ((h & 0x8000u) << 16);
 }
 
-/* float32 bits -> bits of a narrower IEEE-like format (float16, fp8), round-to-nearest-even; see
- * `_narrow` in _cast_numba.py. Every format parameter is a compile-time constant at each call site. */
+/* float32 bits -> bits of a narrower IEEE-like format (float16, fp8), round-to-nearest-even. Every format
+ * parameter is a compile-time constant at each call site (runtime parameters in the loop cost up to 3x).
+ * Magnitude codes above `max_code` become `ovf_code`. A NaN becomes
+ * `nan_base | (payload >> (23 - mant_bits)) & nan_payload_mask`, then `| nan_zero_fix` if that is still
+ * `nan_base` (how numpy keeps a float16 NaN from turning into infinity). */
 static inline uint32_t narrow(uint32_t x, uint32_t mant_bits, uint32_t bias, uint32_t max_code,
                               uint32_t ovf_code, uint32_t sign_shift, uint32_t nan_base,
                               uint32_t nan_payload_mask, uint32_t nan_zero_fix) {
@@ -84,8 +85,10 @@ static inline uint32_t narrow(uint32_t x, uint32_t mant_bits, uint32_t bias, uin
     uint32_t t = a - ((127u - bias) << 23);
     t = t + ((1u << (shift - 1u)) - 1u);
     uint32_t normal = (t + lsb) >> shift;
-    /* Below the smallest normal, adding a power of two whose ulp is the target's subnormal step makes
-     * the FPU's round-to-nearest-even round the subnormal. */
+    /* Below the smallest normal, adding a "magic" power of two whose ulp is the target's subnormal step
+     * makes the FPU's own round-to-nearest-even round the subnormal (the classic float_to_half trick).
+     * Immune to FTZ/DAZ: the sum is a normal number, and inputs DAZ would zero round to zero anyway. It
+     * relies on the default round-to-nearest mode, which nothing in a numpy process changes. */
     uint32_t magic = ((127u - bias) + shift + 1u) << 23;
     uint32_t subnormal = bits_of(float_of(a) + float_of(magic)) - magic;
     uint32_t r = a >= ((128u - bias) << 23) ? normal : subnormal;
@@ -642,13 +645,11 @@ static PyObject *k_lut(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * GGUF block dequantizers, every block type: ggml's dequantize_row_* (ggml-quants.c), compiled ahead of time,
- * so a fresh process dequantizes any GGUF without importing numba or waiting for it to compile the kernels
- * under quant/ (which stay as the fallback for a machine without a compiler).
+ * GGUF block dequantizers, every block type: ggml's dequantize_row_* (ggml-quants.c), compiled ahead of time
+ * (registered by quant/c_kernels.py).
  * Same float32 operations in the same order as ggml (the sub-block scale first, `d * sc`, then
  * `dl * q - ml`; setup.py builds with -ffp-contract=off, so nothing is fused), hence the same bits as
- * gguf-py's dequantizers: tests/kernels/test_quant_kernels.py checks every type against gguf-py for every
- * registered implementation. Each loop converts `rows` whole blocks of 1-D `src` bytes into `out` floats. */
+ * gguf-py's dequantizers: tests/kernels/test_quant_kernels.py checks every type against gguf-py. Each loop converts `rows` whole blocks of 1-D `src` bytes into `out` floats. */
 
 static inline float f16_to_f32(const uint8_t *p) {
     return float_of(widen_f16((uint32_t)p[0] | ((uint32_t)p[1] << 8), 0u));
@@ -658,8 +659,7 @@ static inline float f16_to_f32(const uint8_t *p) {
  * decodes a super-block into int8 quants and one float scale per run of 16 or 32 values; pass 2 multiplies
  * (and offsets) them in fixed-length runs. The float operations are ggml's, in ggml's order (`d * sc` first,
  * then `dl * q - ml`); only integer decoding moved. The one-pass form, ggml's own loops, was not vectorized by
- * GCC and ran at 0.12-0.5x numba's build of the same code on AVX2 (benchmarks/bench_dequant.py --every-type
- * --with-numba). The 32-value block types stay one pass, each loop split in two runs of 16. */
+ * GCC and ran at 0.12-0.5x the speed of the numba build lazyweights then had, on AVX2. The 32-value block types stay one pass, each loop split in two runs of 16. */
 #define LW_BYTES_01 0x0101010101010101ull
 
 static inline uint64_t signed_grid8(uint64_t grid, uint64_t sign_mask) {
@@ -947,7 +947,7 @@ static LW_CLONES void dq_iq4_xs(const void *s_, void *o_, Py_ssize_t n, Py_ssize
 
 /* IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S in two passes. ggml's loops compute, for each value,
  * `db * grid[j] * (sign ? -1.f : 1.f)` with the sign looked up bit by bit; GCC vectorizes none of it (they ran
- * at 1 GB/s, 0.12x numba's build of the same code). Here pass 1 writes each group of 8 signed grid values as one
+ * at 1 GB/s, 0.12x LLVM's build of the same loops). Here pass 1 writes each group of 8 signed grid values as one
  * 64-bit store (the grid bytes with the signs applied bytewise), and pass 2 is `y = db * (float)q` over runs
  * of 16 or 32, which GCC vectorizes. Same bits as ggml for every non-NaN scale: db * (float)(-g) is exactly
  * -(db * g), which is what multiplying by -1.f gives (with a NaN scale only the NaN's sign may differ).

@@ -1,11 +1,11 @@
 /*
  * lazyweights.kernels._cquant: ggml's GGUF quantizers (float32 -> blocks), compiled ahead of time.
  *
- * Why this file exists: the quantizers used to be numba ports of ggml-quants.c (quant/legacy.py,
- * legacy_imatrix.py, kquants_encode.py, iq4_encode.py). A fresh machine paid about 49 s of numba compilation
- * before its first quantized tensor, and numba's builds of three importance-matrix kernels ran at 0.54-0.75x
+ * Why this file exists: the quantizers were numba ports of ggml-quants.c once. A fresh machine paid about 49 s
+ * of compilation before its first quantized tensor, and three importance-matrix kernels ran at 0.54-0.75x
  * ggml's speed. This extension is ggml's own C, built at install time: it loads in a millisecond and runs as
- * fast as ggml (benchmarks/RESULTS.md, "Quantizer throughput per thread against ggml").
+ * fast as ggml (benchmarks/RESULTS.md, "Quantizer throughput per thread against ggml"). Types: Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0.
  *
  * The file has three parts. The middle one is ggml's code, copied verbatim from
  *     llama-cpp-python 0.3.36, vendor/llama.cpp/ggml/src/ggml-quants.c
@@ -122,6 +122,8 @@ typedef struct {
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; ggml_half d; } block_q6_K;
 typedef struct { ggml_half d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
 typedef struct { ggml_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+typedef struct { uint8_t qs[(QK_K - 4 * QK_K / 64) / 5]; uint8_t qh[QK_K / 64]; ggml_half d; } block_tq1_0;
+typedef struct { uint8_t qs[QK_K / 4]; ggml_half d; } block_tq2_0;
 
 static_assert(sizeof(block_q4_0) == 18, "block_q4_0");
 static_assert(sizeof(block_q4_1) == 20, "block_q4_1");
@@ -135,14 +137,17 @@ static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
 static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
 static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl");
 static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs");
+static_assert(sizeof(block_tq1_0) == 54, "block_tq1_0");
+static_assert(sizeof(block_tq2_0) == 66, "block_tq2_0");
 
 static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 /* ggml_row_size for the types here: bytes of a row of n values. */
 enum { GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
-       GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
-static const size_t type_block_bytes[] = {18, 20, 22, 24, 34, 84, 110, 144, 176, 210};
-static const int64_t type_block_values[] = {32, 32, 32, 32, 32, 256, 256, 256, 256, 256};
+       GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+       GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0 };
+static const size_t type_block_bytes[] = {18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 54, 66};
+static const int64_t type_block_values[] = {32, 32, 32, 32, 32, 256, 256, 256, 256, 256, 256, 256};
 
 static inline size_t ggml_row_size(int type, int64_t n) {
     return type_block_bytes[type] * (size_t)(n / type_block_values[type]);
@@ -1857,6 +1862,120 @@ static LW_CLONES size_t quantize_q8_0(const float * GGML_RESTRICT src, void * GG
     return nrow * row_size;
 }
 
+// ====================== Ternary-packing (TQ1_0, TQ2_0)
+
+static void quantize_row_tq1_0_ref(const float * GGML_RESTRICT x, block_tq1_0 * GGML_RESTRICT y, int64_t k) {
+    assert(k % QK_K == 0);
+    const int64_t nb = k / QK_K;
+
+    for (int64_t i = 0; i < nb; i++) {
+        float amax = 0.0f; // absolute max
+
+        for (int j = 0; j < QK_K; j++) {
+            const float v = x[j];
+            amax = MAX(amax, fabsf(v));
+        }
+
+        const float d = amax;
+        const float id = d ? 1.0f/d : 0.0f;
+
+        y[i].d = GGML_FP32_TO_FP16(d);
+
+        // 5 elements per byte, along 32 bytes
+        for (size_t j = 0; j < sizeof(y->qs) - sizeof(y->qs) % 32; j += 32) {
+            for (size_t m = 0; m < 32; ++m) {
+                uint8_t q = 0;
+                for (size_t n = 0; n < 5; ++n) {
+                    int xi = lroundf(x[m + n*32] * id) + 1; // -1, 0, 1 -> 0, 1, 2
+                    q *= 3;
+                    q += xi;
+                }
+                // ceiling division (243 == pow(3, 5))
+                q = ((uint16_t)q * 256 + (243 - 1)) / 243;
+                y[i].qs[j + m] = q;
+            }
+            x += 5*32;
+        }
+        // along 16 bytes
+        for (size_t j = sizeof(y->qs) - sizeof(y->qs) % 32; j < sizeof(y->qs); j += 16) {
+            for (size_t m = 0; m < 16; ++m) {
+                uint8_t q = 0;
+                for (size_t n = 0; n < 5; ++n) {
+                    int xi = lroundf(x[m + n*16] * id) + 1; // -1, 0, 1 -> 0, 1, 2
+                    q *= 3;
+                    q += xi;
+                }
+                // ceiling division (243 == pow(3, 5))
+                q = ((uint16_t)q * 256 + (243 - 1)) / 243;
+                y[i].qs[j + m] = q;
+            }
+            x += 5*16;
+        }
+        // 4 elements per byte
+        for (size_t j = 0; j < sizeof(y->qh); ++j) {
+            uint8_t q = 0;
+            for (size_t m = 0; m < 4; ++m) {
+                // -1, 0, 1 -> 0, 1, 2
+                int xi = lroundf(x[j + m*sizeof(y->qh)] * id) + 1;
+                q *= 3;
+                q += xi;
+            }
+            // shift the first value to the most significant trit
+            q *= 3;
+            // ceiling division (243 == pow(3, 5))
+            q = ((uint16_t)q * 256 + (243 - 1)) / 243;
+            y[i].qh[j] = q;
+        }
+        x += 4*sizeof(y->qh);
+    }
+}
+
+static void quantize_row_tq2_0_ref(const float * GGML_RESTRICT x, block_tq2_0 * GGML_RESTRICT y, int64_t k) {
+    assert(k % QK_K == 0);
+    const int64_t nb = k / QK_K;
+
+    for (int64_t i = 0; i < nb; i++) {
+        float amax = 0.0f; // absolute max
+
+        for (int j = 0; j < QK_K; j++) {
+            const float v = x[j];
+            amax = MAX(amax, fabsf(v));
+        }
+
+        const float d = amax;
+        const float id = d ? 1.0f/d : 0.0f;
+
+        y[i].d = GGML_FP32_TO_FP16(d);
+
+        for (size_t j = 0; j < sizeof(y->qs); j += 32) {
+            for (size_t m = 0; m < 32; ++m) {
+                uint8_t q = 0;
+                for (size_t n = 0; n < 4; ++n) {
+                    // -1, 0, 1 -> 0, 1, 2
+                    int xi = lroundf(x[m + n*32] * id) + 1;
+                    q += (xi & 3) << (2*n);
+                }
+                y[i].qs[j + m] = q;
+            }
+            x += 4*32;
+        }
+    }
+}
+
+static size_t quantize_tq1_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrow, int64_t n_per_row, const float * quant_weights) {
+    (void)quant_weights; // not used
+    const size_t row_size = ggml_row_size(GGML_TYPE_TQ1_0, n_per_row);
+    quantize_row_tq1_0_ref(src, dst, (int64_t)nrow*n_per_row);
+    return nrow * row_size;
+}
+
+static size_t quantize_tq2_0(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrow, int64_t n_per_row, const float * quant_weights) {
+    (void)quant_weights; // not used
+    const size_t row_size = ggml_row_size(GGML_TYPE_TQ2_0, n_per_row);
+    quantize_row_tq2_0_ref(src, dst, (int64_t)nrow*n_per_row);
+    return nrow * row_size;
+}
+
 // ============================ 4-bit non-linear quants
 
 static LW_CLONES void quantize_row_iq4_nl_impl(const int super_block_size, const int block_size, const float * GGML_RESTRICT x,
@@ -2031,7 +2150,7 @@ typedef size_t (*ChunkFn)(const float *src, void *dst, int64_t nrow, int64_t n_p
  * the order matters (MAX(a, NaN) is NaN, and MAX(NaN, b) is b: the fold restarts after the last NaN). Without
  * a NaN in the block, every order gives the same value (all |v| >= +0, so no signed-zero ties either): eight
  * lanes folded in any order equal ggml's chain. A block with a NaN runs ggml's own row, verbatim. The rest is
- * ggml's code. This ran 1.5 GB/s, ggml's speed, before; numba's port (whose NaN handling is not ggml's) ran
+ * ggml's code. This ran 1.5 GB/s, ggml's speed, before; the numba port lazyweights had then (whose NaN handling was not ggml's) ran
  * 4.8 GB/s. tests/kernels/test_quantize_compiled.py holds it to ggml's quantize_q8_0 (quantize_Q8_0_sequential)
  * and to libggml with NaNs at every position. */
 static LW_CLONES size_t quantize_q8_0_lanes(const float * GGML_RESTRICT src, void * GGML_RESTRICT dst, int64_t nrow,
@@ -2255,6 +2374,8 @@ QUANTIZE_KERNEL(Q5_K, quantize_q5_K, 176, 256)
 QUANTIZE_KERNEL(Q6_K, quantize_q6_K, 210, 256)
 QUANTIZE_KERNEL(IQ4_NL, quantize_iq4_nl, 18, 32)
 QUANTIZE_KERNEL(IQ4_XS, quantize_iq4_xs, 136, 256)
+QUANTIZE_KERNEL(TQ1_0, quantize_tq1_0, 54, 256)
+QUANTIZE_KERNEL(TQ2_0, quantize_tq2_0, 66, 256)
 
 #define SIGNATURE "(src, out, n_per_row, imatrix=None)\n--\n\n"
 #define METHOD(TYPE, DOC) \
@@ -2277,6 +2398,10 @@ static PyMethodDef methods[] = {
     METHOD(Q6_K, "float32 rows -> Q6_K super-blocks: ggml's quantize_q6_K."),
     METHOD(IQ4_NL, "float32 rows -> IQ4_NL blocks: ggml's quantize_iq4_nl."),
     METHOD(IQ4_XS, "float32 rows -> IQ4_XS super-blocks: ggml's quantize_iq4_xs."),
+    METHOD(TQ1_0, "float32 rows -> TQ1_0 super-blocks: ggml's quantize_tq1_0 (the importance matrix is ignored, "
+                  "as there)."),
+    METHOD(TQ2_0, "float32 rows -> TQ2_0 super-blocks: ggml's quantize_tq2_0 (the importance matrix is ignored, "
+                  "as there)."),
     {NULL, NULL, 0, NULL},
 };
 
@@ -2288,7 +2413,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cquant(void) {
     /* PyCapsule_Import finds the capsule by attribute lookup from the top package, so _ccasts must be
-     * imported first. Without it (not built) the kernels run unguarded, as numba's do. */
+     * imported first. Without it (not importable) the kernels run unguarded. */
     PyObject *ccasts = PyImport_ImportModule("lazyweights.kernels._ccasts");
     const GuardApi *api = ccasts ? PyCapsule_Import("lazyweights.kernels._ccasts._guard_api", 0) : NULL;
     Py_XDECREF(ccasts);

@@ -10,7 +10,7 @@
  *   - dequantize_row_{tq1_0,tq2_0,iq1_s,iq1_m,q8_K} from ggml-quants.c, with `static` added. IQ2_XXS,
  *     IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS and MXFP4 are dequantized by _ccasts.c's
  *     rewrites of ggml's functions instead (GCC does not vectorize ggml's versions: they ran at 0.12-0.7x
- *     numba's speed), from these tables.
+ *     LLVM's speed for the same loops), from these tables.
  * Why copy rather than port: these are the functions llama.cpp itself dequantizes with, so the same C,
  * compiled without FMA (setup.py's -ffp-contract=off), gives ggml's float32 bits, and a reader can diff
  * this file against the source. tests/kernels/test_quant_kernels.py holds every one to gguf-py bit for bit

@@ -13,28 +13,22 @@ the F16C instruction instead, about 14 GB/s under load against a 26 GB/s copy: s
 
 The kernels are branch-free loops over contiguous *unsigned integer* views (bf16 and fp8 bits need no
 dtype support), which the compiler vectorizes, and they release the GIL, so the threaded executor runs
-several at once. They come in two builds of the same algorithms (bit for bit):
+several at once. They are ``_ccasts.c``, a C extension compiled when lazyweights is installed (with per-CPU
+clones for AVX-512 and AVX2; setup.py fails the install when it cannot build them): it loads in about a
+millisecond, so every process and every plan, however small, uses it. Its reads are guarded: a source page
+lost under a memory map (a file truncated mid-read) raises OSError(EFAULT) instead of SIGBUS, which the
+executors report as SourceChangedError.
 
-- ``_ccasts.c``, a C extension compiled when lazyweights is installed (with per-CPU clones for AVX-512
-  and AVX2): it loads in about a millisecond, so every process and every plan, however small, uses it.
-  Its reads are guarded: a source page lost under a memory map (a file truncated mid-read) raises
-  OSError(EFAULT) instead of SIGBUS, which the executors report as SourceChangedError;
-- ``_cast_numba.py``, numba, used when the extension was not built (no C compiler at install time).
-  numba costs about 0.85 s per process before its first kernel runs (importing numba, then its CPU
-  target loading the cached machine code; the first compile on a machine takes about 5 s), so it is
-  loaded only when worth it: an executor running a plan that casts more than 256 MiB waits for it
-  (`warm_up`, overlapped with pre-faulting the outputs), and any process that has cast 4 GiB through
-  numpy starts loading it in the background. Until then casts run through numpy.
-
-``LAZYWEIGHTS_CAST_KERNELS`` picks one: ``c``, ``numba``, ``numpy`` (no compiled kernels), or ``auto``
-(the default: C, else numba). `kernel_backend()` says which one casts are using.
+``LAZYWEIGHTS_CAST_KERNELS=numpy`` turns the compiled casts off (numpy's ``copyto`` does every cast; for
+chasing a suspected kernel bug); ``auto`` and ``c`` (the default) use them. `kernel_backend()` says which
+one casts are using. The block-quantization kernels are C in every case (``quant/c_kernels.py``).
 Strided sources never produce a full-size temporary: blocks of about 512 KB are copied into a scratch
 buffer and converted from there, except that rows which are contiguous and nearly adjacent (a column slice
 dropping a few columns, broadcast rows) are read in place.
 
 `gather_cast_into(src, rows, out)` casts rows picked by an index array (a RoPE row permutation, any
 `take` along axis 0) in the same single pass: the C kernels take the row index themselves and read each
-row where it lies, so no gathered copy is made; other builds gather first, with the same bits.
+row where it lies, so no gathered copy is made; numpy's path gathers first, with the same bits.
 
 Bit-exactness is the contract, not an approximation: every result, including NaN bit patterns, negative
 zero, subnormals and overflow, equals ``src.astype(dst)`` as numpy and ml_dtypes compute it. The reference
@@ -56,7 +50,7 @@ Because the reference is whatever numpy/ml_dtypes are installed, each compiled p
 for float32 sources); a path that disagrees is switched off with a RuntimeWarning and numpy is used instead.
 One-byte sources (fp8, fp4) use a 256-entry table computed by ml_dtypes itself, exact by construction.
 
-Pairs without a kernel, and every pair when no compiled kernels are available or allowed
+Pairs without a kernel, and every pair when the compiled casts are switched off
 (``LAZYWEIGHTS_CAST_KERNELS=numpy``, or `USE_COMPILED` set to False), go through
 ``np.copyto(out, src, casting="unsafe")``, which uses the same cast loops as ``astype`` and buffers strided
 input internally, so it is exact and never allocates a full-size temporary either; it is simply slower.
@@ -74,7 +68,6 @@ Example:
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import warnings
@@ -83,54 +76,64 @@ from typing import Any, Iterator, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ..core.errors import DTypeError, ShapeError
+from ..core.errors import DependencyError, DTypeError, ShapeError
 
 __all__ = ["cast", "cast_into", "gather_cast_into", "compiled_kernels", "compiled_quantizers", "has_fast_path",
-           "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C", "HAVE_NUMBA", "HAVE_COMPILED", "ASYNC_WARMUP"]
+           "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C"]
 
 
 def _backend_choice() -> str:
     choice = os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "").strip().lower() or "auto"
-    if choice not in ("auto", "c", "numba", "numpy"):
-        warnings.warn(f"lazyweights: LAZYWEIGHTS_CAST_KERNELS={choice!r} is not one of auto, c, numba, numpy; "
-                      "using auto", RuntimeWarning, stacklevel=2)
+    if choice not in ("auto", "c", "numpy"):
+        warnings.warn(f"lazyweights: LAZYWEIGHTS_CAST_KERNELS={choice!r} is not one of auto, c, numpy; "
+                      "using auto (the C casts)", RuntimeWarning, stacklevel=2)
         choice = "auto"
-    if os.environ.get("LAZYWEIGHTS_NO_NUMBA", "").strip() not in ("", "0") and choice in ("auto", "numba"):
-        choice = "c" if choice == "auto" else "numpy"  # the older switch, still honoured
     return choice
 
 
 _CHOICE = _backend_choice()
-#: Whether the ahead-of-time compiled kernels (the ``_ccasts`` extension) were built and are allowed.
-HAVE_C = _CHOICE in ("auto", "c") and importlib.util.find_spec(f"{__package__}._ccasts") is not None
-#: Whether numba is installed and allowed (it is imported only when loaded; see `warm_up`).
-HAVE_NUMBA = _CHOICE in ("auto", "numba") and importlib.util.find_spec("numba") is not None
-HAVE_COMPILED = HAVE_C or HAVE_NUMBA
+#: Whether casts may use the compiled kernels (``LAZYWEIGHTS_CAST_KERNELS`` is not ``numpy``).
+HAVE_C = _CHOICE in ("auto", "c")
+
+_MISSING_BUILD = ("lazyweights.kernels.{name} is not built ({why}): lazyweights' kernels are C compiled at "
+                  "install time; reinstall with a C compiler present (`pip install --force-reinstall "
+                  "--no-binary lazyweights lazyweights`, or `pip install -e .` in a checkout)")
 
 
 def compiled_kernels():
-    """The ahead-of-time compiled extension module (`_ccasts`: casts and GGUF dequantizers), or None when
-    it was not built or LAZYWEIGHTS_CAST_KERNELS forbids it."""
-    if not HAVE_C:
-        return None
-    from . import _ccasts
+    """The compiled extension with the casts and every GGUF dequantizer (`_ccasts`). A `DependencyError`
+    says how to rebuild it when it is missing (an install whose build was skipped or removed).
 
+    Example:
+        >>> from lazyweights.kernels.casts import compiled_kernels
+        >>> hasattr(compiled_kernels(), "dq_Q4_K")
+        True
+    """
+    try:
+        from . import _ccasts
+    except ImportError as e:
+        raise DependencyError(_MISSING_BUILD.format(name="_ccasts", why=e)) from e
     return _ccasts
 
 
 def compiled_quantizers():
-    """The ahead-of-time compiled GGUF quantizers (the `_cquant` extension, ggml's C), or None when it was
-    not built or LAZYWEIGHTS_CAST_KERNELS forbids C kernels (``numba``, ``numpy``). Here, next to
-    `compiled_kernels`, because one switch decides for every C kernel."""
-    if _CHOICE not in ("auto", "c") or importlib.util.find_spec(f"{__package__}._cquant") is None:
-        return None
-    from . import _cquant
+    """The compiled extension with ggml's GGUF quantizers (`_cquant`). A `DependencyError` says how to
+    rebuild it when it is missing.
 
+    Example:
+        >>> from lazyweights.kernels.casts import compiled_quantizers
+        >>> hasattr(compiled_quantizers(), "quantize_TQ1_0")
+        True
+    """
+    try:
+        from . import _cquant
+    except ImportError as e:
+        raise DependencyError(_MISSING_BUILD.format(name="_cquant", why=e)) from e
     return _cquant
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.
-USE_COMPILED: bool = HAVE_COMPILED
+USE_COMPILED: bool = HAVE_C
 
 # Bytes of a strided source copied into a contiguous buffer at a time: large enough that the per-block
 # Python overhead (a few microseconds) is small, about L2-sized so the kernel reads the copy from cache.
@@ -166,13 +169,10 @@ class _Kernel(NamedTuple):
     def run(self, src: np.ndarray, out_flat: np.ndarray, rows: int | np.ndarray = 1, cols: int = -1,
             first: int = 0, stride: int = 0) -> None:
         """Convert `rows` rows of `cols` elements of the 1-D contiguous `src`, row r starting at element
-        ``first + r * stride``, into `out_flat`. By default all of `src` is one row. With the C kernels
-        (`GATHER_BACKENDS`), `rows` may be an int64 row index instead (1-D: output row i is source row
-        rows[i]; (2, n): output row rows[1, k] is source row rows[0, k]; see `_ccasts.c`)."""
+        ``first + r * stride``, into `out_flat`. By default all of `src` is one row. `rows` may be an
+        int64 row index instead (1-D: output row i is source row rows[i]; (2, n): output row rows[1, k] is
+        source row rows[0, k]; see `_ccasts.c`)."""
         s = src.view(self.src_view)
-        # One compiled specialization per kernel: numba types read-only and writable arrays differently,
-        # and sources are usually read-only memory maps.
-        s.flags.writeable = False
         if cols < 0:
             cols = s.size
         rows = rows if isinstance(rows, np.ndarray) else int(rows)
@@ -269,47 +269,24 @@ def _verify(key, kernel: _Kernel) -> _Kernel | None:
 # The six pairs a checkpoint conversion spends its time in: loaded and checked by the warm-up thread.
 _HOT = ((_BF16, _F16), (_BF16, _F32), (_F32, _F16), (_F16, _F32), (_F32, _BF16), (_F16, _BF16))
 
-#: Whether the first casts of a process run through numpy while numba loads in the background (True), or
-#: wait for numba (False; also LAZYWEIGHTS_SYNC_KERNELS=1). Either way the bits are the same.
-ASYNC_WARMUP: bool = os.environ.get("LAZYWEIGHTS_SYNC_KERNELS", "").strip() in ("", "0")
-
-_K = None  # the kernel module (_ccasts or _cast_numba), once loaded
-_backend = "numpy"  # which one it is
+_K = None  # the kernel module (_ccasts), once loaded
 _ready = threading.Event()  # set when loading finished (successfully or not)
-_warm_thread: threading.Thread | None = None
-_load_once = threading.Lock()  # serializes synchronous loads of the C kernels
+_load_once = threading.Lock()  # serializes the load
 _load_error: BaseException | None = None
 
 
-def _import_backend(name: str):
-    if name == "c":
-        from . import _ccasts as K
-    else:
-        from . import _cast_numba as K
-    return K
-
-
-def _load_kernels(prefer: str | None = None) -> None:
-    """Import the kernel module (C if built, else numba; or `prefer`), build the pair table, load and
-    check the hot pairs. Runs once per process (tests may call it again through `_use_backend`)."""
-    global _K, _table, _load_error, _backend
-    order = [prefer] if prefer else (["c"] if HAVE_C else []) + (["numba"] if HAVE_NUMBA else [])
-    errors = []
+def _load_kernels() -> None:
+    """Import the C kernels, build the pair table, load and check the hot pairs. Runs once per process
+    (tests may run it again through `_reload`)."""
+    global _K, _table, _load_error
     try:
-        for name in order:
-            try:
-                K = _import_backend(name)
-            except Exception as e:  # a broken build or numba: try the next, numpy does the rest
-                errors.append(e)
-                continue
-            table = _build_table(K)
-            with _lock:
-                _K, _table, _backend = K, table, name
-            for src, dst in _HOT:
-                _resolve((src, dst))
-            return
-        raise errors[-1] if errors else RuntimeError("no compiled cast kernels allowed")
-    except Exception as e:  # no backend loaded, or a check failed to run: numpy does every cast, correctly
+        K = compiled_kernels()
+        table = _build_table(K)
+        with _lock:
+            _K, _table = K, table
+        for src, dst in _HOT:
+            _resolve((src, dst))
+    except Exception as e:  # a check failed to run: numpy does every cast, correctly
         _load_error = e
         with _lock:
             if _table is None:
@@ -318,83 +295,53 @@ def _load_kernels(prefer: str | None = None) -> None:
         _ready.set()
 
 
-def _use_backend(name: str) -> str:
-    """Forget the loaded kernels and load `name` ("c" or "numba") instead, for tests and benchmarks that
-    compare the two builds. Returns the backend in use afterwards ("numpy" if `name` could not load)."""
-    global _K, _table, _warm_thread, _load_error, _backend
+def _reload() -> str:
+    """Forget the loaded kernels and their checks, then load them again (for tests that break a kernel on
+    purpose). Returns `kernel_backend()`."""
+    global _K, _table, _load_error
     with _lock:
-        _K, _table, _warm_thread, _load_error, _backend = None, None, None, None, "numpy"
+        _K, _table, _load_error = None, None, None
         _disabled.clear()
         _verified.clear()
         _ready.clear()
-    _load_kernels(name)
     return kernel_backend()
 
 
 def kernel_backend() -> str:
-    """Which kernels casts use right now: "c" (ahead-of-time compiled), "numba", or "numpy" (none loaded
-    yet, none available, or `USE_COMPILED` is False). Loads the C kernels if they are available.
+    """Which kernels casts use right now: "c" (ahead-of-time compiled) or "numpy" (switched off by
+    ``LAZYWEIGHTS_CAST_KERNELS=numpy`` or `USE_COMPILED`, or the kernels failed to load).
 
     Example:
         >>> from lazyweights.kernels.casts import kernel_backend
-        >>> kernel_backend() in ("c", "numba", "numpy")
+        >>> kernel_backend() in ("c", "numpy")
         True
     """
-    if HAVE_C:
-        warm_up(wait=True)
-    if not (USE_COMPILED and _ready.is_set() and _load_error is None):
-        return "numpy"
-    return _backend
+    return "c" if warm_up() else "numpy"
 
 
 def warm_up(wait: bool = True) -> bool:
-    """Start loading the compiled kernels (once per process); with `wait`, block until they are ready.
-    Returns whether the compiled kernels are in use. The C kernels load at once, on the calling thread
-    (about a millisecond, plus checking the hot pairs against astype); numba's load on a background thread,
-    which `wait` joins. Casts are bit-identical either way; this only moves numba's start-up (about 0.85 s)
-    off the critical path, or forces it onto it (tests, benchmarks).
+    """Load the compiled casts (once per process: about a millisecond, plus checking the hot pairs against
+    astype). Returns whether they are in use. `wait` is kept for callers of the older API; loading is always
+    synchronous now.
 
     Example:
-        >>> from lazyweights.kernels.casts import warm_up, USE_COMPILED, HAVE_COMPILED
-        >>> warm_up() == (USE_COMPILED and HAVE_COMPILED)
+        >>> from lazyweights.kernels.casts import warm_up, USE_COMPILED, HAVE_C
+        >>> warm_up() == (USE_COMPILED and HAVE_C)
         True
     """
-    global _warm_thread
-    if not (USE_COMPILED and HAVE_COMPILED):
+    if not (USE_COMPILED and HAVE_C):
         return False
-    if HAVE_C:
-        if not _ready.is_set():
-            with _load_once:
-                if not _ready.is_set():
-                    _load_kernels()
-        return _load_error is None
-    with _lock:
-        if _warm_thread is None:
-            _warm_thread = threading.Thread(target=_load_kernels, name="lazyweights-numba-warmup", daemon=True)
-            _warm_thread.start()
-    if wait:
-        _ready.wait()
-    return _ready.is_set() and _load_error is None
-
-
-# Bytes cast through numpy while numba was not loaded; past this, loading numba starts in the background.
-_numpy_bytes = 0
-NUMPY_BYTES_BEFORE_WARMUP = 4 << 30
-
-
-def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype, nbytes: int = 0) -> _Kernel | None:
-    """The verified kernel for a pair, or None (numpy does the cast). Numba is loaded when an executor
-    asks (`warm_up`, for big plans), when ASYNC_WARMUP is off, or in the background once a process has cast
-    NUMPY_BYTES_BEFORE_WARMUP through numpy: short jobs never pay numba's start-up."""
-    global _numpy_bytes
     if not _ready.is_set():
-        if HAVE_C or not ASYNC_WARMUP:
-            warm_up(wait=True)
-        else:
-            _numpy_bytes += nbytes
-            if _numpy_bytes >= NUMPY_BYTES_BEFORE_WARMUP:
-                warm_up(wait=False)
-            return None
+        with _load_once:
+            if not _ready.is_set():
+                _load_kernels()
+    return _load_error is None
+
+
+def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
+    """The verified kernel for a pair, or None (numpy does the cast)."""
+    if not _ready.is_set():
+        warm_up()
     return _resolve((src_dtype, dst_dtype))
 
 
@@ -442,13 +389,13 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
     float16 and float32; float32/bfloat16/float16 to float8_e4m3fn and float8_e5m2; any one-byte float format
     to float32/float16/bfloat16/float64 or another one-byte float), while compiled kernels are in use.
     Other pairs still cast correctly, through numpy. Accepts numpy dtypes, anything ``np.dtype()`` accepts,
-    or `DType`. Loads the compiled kernels if needed (waiting for numba's); a kernel that later fails its
-    first-use self-check turns this False.
+    or `DType`. Loads the compiled kernels if needed; a kernel that fails its first-use self-check turns
+    this False.
 
     Example:
         >>> import numpy as np, ml_dtypes
-        >>> from lazyweights.kernels.casts import has_fast_path, USE_COMPILED, HAVE_COMPILED
-        >>> has_fast_path(ml_dtypes.bfloat16, np.float16) == (USE_COMPILED and HAVE_COMPILED)
+        >>> from lazyweights.kernels.casts import has_fast_path, USE_COMPILED, HAVE_C
+        >>> has_fast_path(ml_dtypes.bfloat16, np.float16) == (USE_COMPILED and HAVE_C)
         True
         >>> has_fast_path("float32", "float32"), has_fast_path(np.float64, np.float16)
         (True, False)
@@ -456,7 +403,7 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
     src, dst = _as_dtype(src_dtype), _as_dtype(dst_dtype)
     if src == dst:
         return True
-    if not (USE_COMPILED and HAVE_COMPILED) or not warm_up(wait=True):
+    if not warm_up():
         return False
     return (src, dst) in _table and (src, dst) not in _disabled
 
@@ -586,9 +533,8 @@ def cast_into(src: np.ndarray, out: np.ndarray) -> None:
     if src.dtype == dst_dtype:
         np.copyto(out, src)
         return
-    # Tiny casts are not worth a kernel call (nor waking numba for, nor waiting for it).
-    kernel = _kernel_for(src.dtype, dst_dtype, out.nbytes) if USE_COMPILED and HAVE_COMPILED and out.size >= 4096 \
-        else None
+    # Tiny casts are not worth a kernel call.
+    kernel = _kernel_for(src.dtype, dst_dtype) if USE_COMPILED and HAVE_C and out.size >= 4096 else None
     if kernel is None or not (out.flags.c_contiguous and out.flags.aligned):
         if not np.can_cast(src.dtype, dst_dtype, casting="unsafe"):
             raise DTypeError(f"cast_into: numpy has no cast from {src.dtype} to {dst_dtype}")
@@ -625,10 +571,6 @@ def cast(src: np.ndarray, dtype) -> np.ndarray:
 # --------------------------------------------------------------------------------------------------------
 # Row gathers.
 
-#: Kernel builds whose kernels take a row index (a gather) in place of a row count: only the C extension.
-GATHER_BACKENDS = ("c",)
-
-
 def _row_table(src: np.ndarray) -> np.ndarray | None:
     """`src` as a 2-D (rows, elements per row) view whose rows are contiguous and evenly spaced, without
     copying; None if it is not one (or is misaligned)."""
@@ -662,7 +604,7 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
     pass, the GIL released. `src`: any array whose rows (axis 0) are each contiguous and evenly spaced;
     `rows`: 1-D integers in ``[0, len(src))`` (negative ones are an IndexError, not counted from the end
     as numpy would); `out`: C-contiguous, writable, shape ``(len(rows),) + src.shape[1:]``.
-    Where the C kernels are not in use (numba's or numpy's casts), for pairs without a kernel, and for
+    Where the C kernels are switched off (numpy's casts), for pairs without a kernel, and for
     sources whose rows are not contiguous, the rows are gathered first and cast with `cast_into`: the same
     bits, one more pass. Same-dtype gathers are ``np.take(..., out=out)``, one pass too.
 
@@ -696,10 +638,10 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         raise ValueError("gather_cast_into: the output array is read-only")
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     kernel = table = None
-    if USE_COMPILED and HAVE_COMPILED and idx.size and out.size and out.flags.c_contiguous and out.flags.aligned \
+    if USE_COMPILED and HAVE_C and idx.size and out.size and out.flags.c_contiguous and out.flags.aligned \
             and src.dtype != out.dtype:
-        kernel = _kernel_for(src.dtype, out.dtype, out.nbytes)
-        if kernel is not None and _backend in GATHER_BACKENDS:
+        kernel = _kernel_for(src.dtype, out.dtype)
+        if kernel is not None:
             table = _row_table(src)
     if table is None:
         _check_row_index(idx, src.shape[0])

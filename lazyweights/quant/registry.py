@@ -1,8 +1,9 @@
-"""The block-quantization registry: one table from `QuantizationEncoding` to its kernels.
+"""The block-quantization registry: one table from (verb, encoding, backend) to a kernel.
 
-Each block family lives in its own module (`legacy`, `kquants`, `iquants`, `ternary`, `mxfp4`) and calls
-`register` at import; `lazyweights.quant` imports them all. Everything else in lazyweights goes through
-the four functions here, which validate shapes and dtypes once so the kernels can trust their inputs.
+A backend module registers its kernels at import (`quant/c_kernels.py`: ggml's C, compiled when lazyweights
+is installed); a lookup takes the first backend in `BACKENDS` that has the kernel. Everything else in
+lazyweights goes through the four functions here, which validate shapes and dtypes once so the kernels can
+trust their inputs.
 
 Conventions (the same as the seed system's and gguf-py's byte view of a quantized tensor):
   * packed data is `uint8` of shape `[rows, row_bytes]`, `row_bytes` a whole number of blocks;
@@ -22,96 +23,75 @@ Example:
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import numpy as np
 
-from ..core.errors import DTypeError, ImatrixShapeError, ShapeError
+from ..core.errors import UsageError, DTypeError, ImatrixShapeError, ShapeError
 from ..core.quantization import QuantizationEncoding
 
 # A dequantizer writes float32 [rows, n] from uint8 [rows, row_bytes]; a quantizer the reverse. Both get
-# validated, C-contiguous 2-D arrays and return nothing.
-Kernel = Callable[[np.ndarray, np.ndarray], None]
+# validated, C-contiguous 2-D arrays and return nothing (a quantizer also takes an optional imatrix).
+Kernel = Callable[..., None]
 
-_DEQUANTIZE: dict[QuantizationEncoding, Kernel] = {}
-_QUANTIZE: dict[QuantizationEncoding, Kernel] = {}
-# How each registered function is implemented ("c", "numba" or a short note, e.g. "numba (ggml ... port)").
-_IMPLEMENTATION: dict[tuple[str, QuantizationEncoding], str] = {}
+#: The kernel backends in order of preference: a lookup takes the first one that has the kernel. One CPU
+#: backend today, ggml's C compiled at install time (`quant/c_kernels.py`); the key leaves room for another
+#: (a GPU one, a vendor library) without a second table.
+BACKENDS: tuple[str, ...] = ("c",)
+VERBS = ("dequantize", "quantize")
+
+# (verb, encoding, backend) -> kernel. Filled at import by the backend modules, read by everything else.
+_KERNELS: dict[tuple[str, QuantizationEncoding, str], Kernel] = {}
 
 
-def register(
-    encoding: QuantizationEncoding,
-    *,
-    dequantize: Kernel | None = None,
-    quantize: Kernel | None = None,
-    implementation: str = "numba",
-):
-    """Register kernels for `encoding`. Usable as a plain call or as a decorator.
+def register(encoding, *, backend: str, dequantize: Kernel | None = None, quantize: Kernel | None = None) -> None:
+    """Register `backend`'s kernels for `encoding` (a backend module calls this once per type at import).
 
-    Plain: `register(Q.Q8_0, dequantize=fn, quantize=fn2)`. As a decorator with neither given, the
-    decorated function becomes the dequantizer: `@register(Q.Q8_0)`.
-    Each kernel is `fn(src, out) -> None` over validated 2-D arrays (see the module docstring).
+    Each kernel is `fn(src, out)` over validated, C-contiguous 2-D arrays (see the module docstring); a
+    quantizer that takes an importance matrix is `fn(src, out, imatrix)` and has `takes_imatrix = True`.
+    Registering again replaces that backend's kernel; other backends' stay.
 
     Example:
-        >>> import numpy as np
-        >>> from lazyweights.quant.registry import register, _DEQUANTIZE
+        >>> from lazyweights.quant.registry import register, kernel
         >>> from lazyweights.core.quantization import QuantizationEncoding as Q
-        >>> old, how = _DEQUANTIZE.get(Q.Q8_0), implementation(Q.Q8_0)
-        >>> @register(Q.Q8_0)
-        ... def fake(src, out):
-        ...     out[...] = 0
-        >>> _DEQUANTIZE[Q.Q8_0] is fake
+        >>> fn = kernel("dequantize", Q.Q8_0)
+        >>> register(Q.Q8_0, backend="c", dequantize=fn)  # the same kernel again: nothing changes
+        >>> kernel("dequantize", Q.Q8_0) is fn
         True
-        >>> register(Q.Q8_0, dequantize=old, implementation=how)  # put the real one back
     """
     encoding = QuantizationEncoding.parse(encoding)
-    if not encoding.is_gguf:
+    if encoding is None or not encoding.is_gguf:
         raise DTypeError(f"{encoding} is not a block type; it cannot have block kernels")
+    if backend not in BACKENDS:
+        raise UsageError(f"register {encoding.name}: backend {backend!r} is not one of {', '.join(BACKENDS)}")
     if dequantize is None and quantize is None:
-        def decorator(fn: Kernel) -> Kernel:
-            register(encoding, dequantize=fn, implementation=implementation)
-            return fn
+        raise UsageError(f"register {encoding.name}: give a dequantize or a quantize kernel (got neither)")
+    for verb, fn in (("dequantize", dequantize), ("quantize", quantize)):
+        if fn is not None:
+            _KERNELS[(verb, encoding, backend)] = fn
 
-        return decorator
-    if dequantize is not None:
-        _DEQUANTIZE[encoding] = dequantize
-        _IMPLEMENTATION[("dequantize", encoding)] = implementation
-    if quantize is not None:
-        _QUANTIZE[encoding] = quantize
-        _IMPLEMENTATION[("quantize", encoding)] = implementation
+
+def _found(verb: str, encoding: QuantizationEncoding) -> tuple[str, Kernel] | None:
+    """The preferred backend's (name, kernel) for `verb` of `encoding`, or None."""
+    for backend in BACKENDS:
+        fn = _KERNELS.get((verb, encoding, backend))
+        if fn is not None:
+            return backend, fn
     return None
 
 
-# The numba kernel modules are imported on first need, not with the package: a plan whose block types the
-# ahead-of-time C kernels cover (`quant/compiled.py`) never imports numba (about 0.5 s) nor compiles
-# anything. `quant/__init__.py` installs the loader; it imports every numba module (they register on
-# import) and then puts the C kernels back in front.
-_LOADER = None
-_LOADED = False
-_LOADING = False
-_LOAD_LOCK = threading.RLock()  # the executor's threads may all miss at once; one loads, the rest wait
+def kernel(verb: str, encoding, backend: str | None = None) -> Kernel:
+    """The kernel that `verb` ("dequantize" or "quantize") of `encoding` runs: `backend`'s, or by default
+    the first of `BACKENDS` that has one. A `DTypeError` names the supported types when there is none.
 
-
-def set_kernel_loader(loader) -> None:
-    """Install the function that imports the numba kernel modules (called once, on the first miss)."""
-    global _LOADER
-    _LOADER = loader
-
-
-def _load_all() -> None:
-    global _LOADED, _LOADING
-    if _LOADED or _LOADER is None:
-        return
-    with _LOAD_LOCK:  # other threads wait here until the kernels are registered
-        if _LOADED or _LOADING:  # (_LOADING: a kernel module looking a kernel up while it loads)
-            return
-        _LOADING = True
-        try:
-            _LOADER()
-            _LOADED = True
-        finally:
-            _LOADING = False
+    Example:
+        >>> from lazyweights.quant.registry import kernel
+        >>> kernel("quantize", "Q4_K").__name__
+        'quantize_q4_k'
+    """
+    if verb not in VERBS:
+        raise UsageError(f"kernel: verb must be one of {', '.join(VERBS)}, got {verb!r}")
+    return _lookup(verb, encoding, backend)[1]
 
 
 def supported_dequantize() -> set[QuantizationEncoding]:
@@ -123,8 +103,7 @@ def supported_dequantize() -> set[QuantizationEncoding]:
         >>> Q.Q4_K in supported_dequantize()
         True
     """
-    _load_all()
-    return set(_DEQUANTIZE)
+    return {enc for verb, enc, _ in _KERNELS if verb == "dequantize"}
 
 
 def supported_quantize() -> set[QuantizationEncoding]:
@@ -133,48 +112,39 @@ def supported_quantize() -> set[QuantizationEncoding]:
     Example:
         >>> from lazyweights.quant import supported_quantize
         >>> from lazyweights.core.quantization import QuantizationEncoding as Q
-        >>> Q.Q8_0 in supported_quantize(), Q.Q4_K in supported_quantize(), Q.IQ2_XS in supported_quantize()
+        >>> Q.Q8_0 in supported_quantize(), Q.TQ1_0 in supported_quantize(), Q.IQ2_XS in supported_quantize()
         (True, True, False)
     """
-    _load_all()
-    return set(_QUANTIZE)
+    return {enc for verb, enc, _ in _KERNELS if verb == "quantize"}
 
 
-def registered_dequantizer(encoding: QuantizationEncoding) -> Kernel | None:
-    """The dequantize kernel registered for `encoding` now, or None (no loading, no error)."""
-    return _DEQUANTIZE.get(QuantizationEncoding.parse(encoding))
+def implementation(encoding, kind: str = "dequantize") -> str:
+    """Which backend serves `kind` ("dequantize" or "quantize") of `encoding`: a name from `BACKENDS`
+    ("c"), or "unsupported".
+
+    Example:
+        >>> from lazyweights.quant import implementation
+        >>> implementation("Q4_K"), implementation("Q4_K", "quantize"), implementation("IQ2_XS", "quantize")
+        ('c', 'c', 'unsupported')
+    """
+    found = _found(kind, QuantizationEncoding.parse(encoding))
+    return found[0] if found else "unsupported"
 
 
-def registered_quantizer(encoding: QuantizationEncoding, *, load: bool = True) -> Kernel | None:
-    """The quantize kernel registered for `encoding` (for modules that wrap one, e.g. with an imatrix path).
-
-    With `load=False`, the one registered now or None: no numba module is loaded and nothing is raised (what
-    `quant/compiled_quantize.py` needs at import, where loading numba is what it exists to avoid)."""
-    if not load:
-        return _QUANTIZE.get(QuantizationEncoding.parse(encoding))
-    return _lookup(_QUANTIZE, encoding, "quantize")[1]
-
-
-def implementation(encoding: QuantizationEncoding, kind: str = "dequantize") -> str:
-    """How a registered kernel is implemented: "c" (the ahead-of-time C kernels), "numba", or a note such as
-    "numba (ggml quantize_iq4_nl port)"."""
-    encoding = QuantizationEncoding.parse(encoding)
-    if (kind, encoding) not in _IMPLEMENTATION:
-        _load_all()
-    return _IMPLEMENTATION.get((kind, encoding), "unsupported")
-
-
-def _lookup(table: dict, encoding, verb: str) -> tuple[QuantizationEncoding, Kernel]:
+def _lookup(verb: str, encoding, backend: str | None = None) -> tuple[QuantizationEncoding, Kernel]:
     enc = QuantizationEncoding.parse(encoding)  # DTypeError for unknown names
     if enc is None:
         raise DTypeError(f"cannot {verb}: no quantization encoding given (got None)")
-    fn = table.get(enc)
+    if backend is None:
+        found = _found(verb, enc)
+        fn = found[1] if found else None
+    else:
+        fn = _KERNELS.get((verb, enc, backend))
     if fn is None:
-        _load_all()
-        fn = table.get(enc)
-    if fn is None:
-        names = ", ".join(sorted(e.name for e in table)) or "none"
-        raise DTypeError(f"cannot {verb} {enc.name}: no {verb} kernel is registered for it (supported: {names})")
+        names = ", ".join(sorted({e.name for v, e, b in _KERNELS if v == verb and backend in (None, b)})) or "none"
+        where = f" in backend {backend!r}" if backend else ""
+        raise DTypeError(f"cannot {verb} {enc.name}: no {verb} kernel is registered for it{where} "
+                         f"(supported: {names})")
     return enc, fn
 
 
@@ -228,7 +198,7 @@ def dequantize_into(encoding, src: np.ndarray, out: np.ndarray) -> None:
         >>> out[0, :4]
         array([0., 1., 2., 3.], dtype=float32)
     """
-    enc, fn = _lookup(_DEQUANTIZE, encoding, "dequantize")
+    enc, fn = _lookup("dequantize", encoding)
     _check_into(enc, "dequantize", src, np.uint8, enc.block_bytes, "bytes", out, np.float32, enc.block_elements)
     if src.size == 0:
         return
@@ -245,7 +215,7 @@ def dequantize(encoding, src: np.ndarray) -> np.ndarray:
         >>> dequantize(Q.Q4_0, np.zeros((3, 18 * 2), np.uint8)).shape
         (3, 64)
     """
-    enc, _ = _lookup(_DEQUANTIZE, encoding, "dequantize")
+    enc, _ = _lookup("dequantize", encoding)
     if isinstance(src, np.ndarray) and src.ndim == 1:
         return dequantize(enc, src.reshape(1, -1)).reshape(-1)
     _check_2d(src, "src", enc, np.dtype(np.uint8), "dequantize")
@@ -263,14 +233,13 @@ def dequantize(encoding, src: np.ndarray) -> np.ndarray:
 def quantize_into(encoding, src: np.ndarray, out: np.ndarray, *, imatrix=None, name: str | None = None) -> None:
     """Quantize float32 `src` [rows, n] into packed blocks `out` (uint8 [rows, n // block_elements * block_bytes]).
 
-    The bytes equal what ggml's `ggml_quantize_chunk` writes for the type: the C kernels are ggml's code
-    (`compiled_quantize`). Without them, numba's ports serve; their legacy types follow gguf-py's
-    `gguf.quants.quantize` (ggml's `quantize_row_*_ref` but for two corner cases: a Q4_0/Q5_0 block of zeros
-    led by -0.0, a Q4_1/Q5_1 block of +inf). Both arrays C-contiguous; `out` writable. Releases the GIL.
+    The bytes equal what ggml's `ggml_quantize_chunk` writes for the type: the kernels are ggml's own C
+    (`quant/c_kernels.py`). Both arrays C-contiguous; `out` writable. Releases the GIL.
 
-    `imatrix` (K-quants and IQ4 only) is an importance matrix: one float32 weight per column, as llama.cpp's
-    imatrix files store them (`lazyweights.formats.imatrix.read_imatrix`); None takes ggml's
-    no-importance-matrix path. A length other than n raises `ImatrixShapeError` naming `name` (the tensor).
+    `imatrix` is an importance matrix: one float32 weight per column, as llama.cpp's imatrix files store them
+    (`lazyweights.formats.imatrix.read_imatrix`); None takes ggml's no-importance-matrix path. ggml's Q8_0,
+    TQ1_0 and TQ2_0 quantizers ignore it, as here. A length other than n raises `ImatrixShapeError` naming
+    `name` (the tensor).
 
     Example:
         >>> import numpy as np
@@ -281,7 +250,7 @@ def quantize_into(encoding, src: np.ndarray, out: np.ndarray, *, imatrix=None, n
         >>> out[0, :4].tolist()  # d = +1.0 as fp16, then codes 0 (= -8 after the +8 offset)
         [0, 60, 0, 0]
     """
-    enc, fn = _lookup(_QUANTIZE, encoding, "quantize")
+    enc, fn = _lookup("quantize", encoding)
     _check_into(enc, "quantize", src, np.float32, enc.block_elements, "values", out, np.uint8, enc.block_bytes)
     n = src.shape[1]
     weights = None
@@ -320,7 +289,7 @@ def quantize(encoding, src: np.ndarray, *, imatrix=None, name: str | None = None
         >>> quantize(Q.Q5_0, np.ones((4, 64), np.float32)).shape
         (4, 44)
     """
-    enc, _ = _lookup(_QUANTIZE, encoding, "quantize")
+    enc, _ = _lookup("quantize", encoding)
     if not isinstance(src, np.ndarray):
         raise DTypeError(f"quantize {enc.name}: src must be a numpy array, got {type(src).__name__}")
     if src.ndim == 1:

@@ -41,9 +41,9 @@ from ..compiler.steps import Step, compile_steps
 from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError, UsageError
 from ..core.units import available_cpus
 from ..graph.node import Node
+from ..kernels import casts
 from .fetch import prefetch_remote
 from .progress import Progress
-from ..graph.opcodes import Op
 
 SCHEDULERS = ("sync", "threads", "reference")
 
@@ -60,8 +60,7 @@ class BlockTask(NamedTuple):
 
 
 class Sink(Protocol):
-    """Where a run's blocks go. `execute` calls `tasks`, then (only if it waits for kernels) `before_kernels`,
-    then `run_block` for every task, on worker threads."""
+    """Where a run's blocks go. `execute` calls `tasks`, then `run_block` for every task, on worker threads."""
 
     label: str
     keep_views: bool  # True: zero-copy views of the sources are results as they are (no block to run)
@@ -69,7 +68,6 @@ class Sink(Protocol):
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]: ...
     def run_block(self, task: BlockTask) -> int: ...  # returns the bytes it produced
-    def before_kernels(self) -> None: ...
 
 
 def resolve_scheduler(scheduler):
@@ -105,11 +103,7 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
 
 def _execute(steps, sink: Sink, sched: str, workers, progress):
     tasks = sink.tasks(steps)
-    if prepare_kernels(steps):
-        from ..kernels import casts
-
-        sink.before_kernels()  # e.g. first-touch fresh outputs while numba loads on another thread
-        casts.warm_up(wait=True)
+    casts.warm_up()  # load and self-check the C casts once, here rather than in the first worker
     bar = Progress(sum(task_bytes(t) for t in tasks), sink.label) if progress else None
     try:
         run_tasks(tasks, sink.run_block, scheduler=sched, workers=workers, progress=bar)
@@ -223,32 +217,6 @@ def source_fault_error(e: BaseException, step) -> SourceChangedError | None:
         f"read ({cause.strerror}); the file may have been truncated and restored meanwhile. "
         "Reload it with load_weights()."
     )
-
-
-# With numba's kernels (the C extension not built), plans that cast at least this much wait for them
-# (about 0.85 s to load per process, then 30 GB/s); smaller ones cast with numpy (about 3 GB/s per thread)
-# and never load numba. Waiting pays early because loading overlaps the first touch of the fresh output
-# memory (`MemorySink.before_kernels`), which every in-memory result pays anyway: on the 2.2 GB W1
-# workload, numba-with-prefault served in a median 1.55 s against 2.54 s for numpy alone
-# (benchmarks/RESULTS.md). The C kernels load in a millisecond, so every plan uses them and nothing is
-# pre-faulted: the worker threads first-touch their own output blocks in parallel. The bits are the same.
-NUMBA_WAIT_BYTES = 256 << 20
-
-
-def prepare_kernels(steps) -> bool:
-    """Whether the caller should wait for the compiled kernels, doing what it can meanwhile (pre-faulting
-    outputs): True only when numba's kernels are still loading and this plan casts enough to be worth
-    waiting for them, in which case loading has started. The C kernels are loaded here, at once."""
-    from ..kernels import casts
-
-    if casts.HAVE_C:
-        casts.warm_up(wait=True)
-        return False
-    cast_bytes = sum(n.nbytes for s in steps for n in s.nodes if n.op is Op.CAST)
-    if cast_bytes < NUMBA_WAIT_BYTES:
-        return False
-    casts.warm_up(wait=False)
-    return True
 
 
 def task_bytes(task: BlockTask) -> int:

@@ -56,7 +56,6 @@ class MemorySink:
             if name not in self.outputs:
                 raise UsageError(f"destination given for {name!r}, which is not an output of the plan")
         self._result: dict[str, np.ndarray] = {}
-        self._fresh: list[np.ndarray] = []
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
         out, tasks = self.out, []
@@ -74,7 +73,6 @@ class MemorySink:
                 primary = out[dsts[0]].reshape(step.node.shape)
             else:
                 primary = np.empty(step.node.shape, step.node.dtype.to_numpy())
-                self._fresh.append(primary)
             # (step.node may have the output's leading axes merged: the same bytes, so a reshape is a view)
             shape = self.outputs[step.outputs[0]].shape
             shaped = primary if primary.shape == shape else primary.reshape(shape)
@@ -84,13 +82,6 @@ class MemorySink:
             cache: dict = {}  # one per step, shared by its blocks (BlockTask.cache)
             tasks += [BlockTask(step, rows, (primary, extra), cache) for rows in step.blocks]
         return tasks
-
-    def before_kernels(self) -> None:
-        """Touch one byte per page of the fresh outputs, so the kernel backs them now (while numba loads on
-        another thread) rather than during the casts. Releases the GIL (a strided numpy store)."""
-        for a in self._fresh:
-            if a.nbytes >= (1 << 20):
-                a.reshape(-1).view(np.uint8)[::4096] = 0
 
     def run_block(self, task: BlockTask) -> int:
         step, rows, (primary, extra), cache = task
@@ -161,9 +152,6 @@ class WriterSink:
 
     def _targets(self, step: Step) -> list[tuple[Any, int]]:
         return [t for name in step.outputs for t in self.targets.get(name, ())]
-
-    def before_kernels(self) -> None:
-        pass
 
     def run_block(self, task: BlockTask) -> int:
         if self.ordered:

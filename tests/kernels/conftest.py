@@ -1,7 +1,7 @@
 """Fixtures shared by the quantizer tests of this folder.
 
-- `gguf_py_rows`: which rows gguf-py's legacy quantizers (and lazyweights' numba ports of them) cannot code
-  as ggml does.
+- `gguf_py_rows`: which rows gguf-py's legacy quantizers cannot code as ggml does (the tests that use gguf-py
+  as a reference for lazyweights' quantizers, which are ggml's code, set those rows aside).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 
 def gguf_py_differs_from_ggml(t: str, x: np.ndarray, imatrix=None) -> np.ndarray:
-    """A bool per row of float32 `x` [rows, n]: where gguf-py's `quantize_blocks` for Q4_0/Q4_1/Q5_0/Q5_1,
-    which the numba kernels of `quant/legacy.py` follow, writes other bytes than ggml's `quantize_row_*_ref`.
+    """A bool per row of float32 `x` [rows, n]: where gguf-py's `quantize_blocks` for Q4_0/Q4_1/Q5_0/Q5_1
+    writes other bytes than ggml's `quantize_row_*_ref`.
     Both start their running extremes differently: ggml from fixed values, gguf-py from the block's first one.
 
     * Q4_0, Q5_0: a block of zeros whose first value is -0.0. ggml's signed max starts at +0.0 and stays
@@ -19,8 +19,7 @@ def gguf_py_differs_from_ggml(t: str, x: np.ndarray, imatrix=None) -> np.ndarray
     * Q4_1, Q5_1: a block of all +inf. ggml's min starts at FLT_MAX and stays there (d = inf); gguf-py's
       min is +inf (d = inf - inf = NaN).
 
-    Only the paths without an importance matrix follow gguf-py; the C kernels (ggml's code) have neither
-    difference."""
+    gguf-py has no importance-matrix path, so rows quantized with one are never set aside."""
     rows = np.zeros(x.shape[0], bool)
     if imatrix is not None or t not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
         return rows

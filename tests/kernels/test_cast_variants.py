@@ -6,8 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import ml_dtypes
-import numpy as np
 import pytest
 
 from lazyweights.kernels import casts

@@ -1,7 +1,7 @@
 """lazyweights.kernels.casts: every fast path is bit-identical to numpy/ml_dtypes astype.
 
-Every test here runs once per compiled backend present (the C extension and numba; see the `backend`
-fixture), so both builds of the kernels meet the same contract. Exhaustive over every bf16, f16 and
+The kernels are the C extension's (`_ccasts.c`); `test_no_compiled_flag` holds numpy's path (compiled casts
+switched off) to the same contract. Exhaustive over every bf16, f16 and
 8-bit source pattern; for float32 sources about three million patterns that cover every exponent, NaN
 payloads, the overflow threshold and subnormal boundary of each destination, and round-to-nearest-even
 ties. Results are compared as unsigned integers, so NaN bit patterns, -0.0 and
@@ -26,19 +26,6 @@ from lazyweights.kernels import casts
 from lazyweights.kernels.casts import cast, cast_into, has_fast_path
 
 
-BACKENDS = [b for b, present in (("c", casts.HAVE_C), ("numba", casts.HAVE_NUMBA)) if present]
-
-
-@pytest.fixture(autouse=True, scope="module", params=BACKENDS or ["numpy"])
-def backend(request):
-    """Run the module once per compiled backend, with that backend's kernels loaded before the first cast
-    (numba's normally load in the background while the first casts of a process run through numpy)."""
-    if request.param != "numpy":
-        assert casts._use_backend(request.param) == request.param
-    yield request.param
-    if BACKENDS:
-        casts._use_backend(BACKENDS[0])
-
 REPO = Path(__file__).resolve().parents[2]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
@@ -48,7 +35,7 @@ HALVES = [BF16, F16]
 FLOAT_FAST = [F32, F16, BF16, E4M3, E5M2]
 BYTE_FLOATS = list(casts._BYTE_FLOATS)
 
-needs_compiled = pytest.mark.skipif(not casts.HAVE_COMPILED, reason="no compiled kernels (C extension or numba)")
+needs_compiled = pytest.mark.skipif(not casts.HAVE_C, reason="compiled casts switched off (LAZYWEIGHTS_CAST_KERNELS)")
 
 
 def name(d) -> str:
@@ -353,35 +340,32 @@ def run_fresh(code: str, **env) -> str:
     return result.stdout.strip()
 
 
-def test_numpy_only_env_var(backend):
-    if BACKENDS and backend != BACKENDS[0]:
-        pytest.skip("a fresh process: once is enough")
+def test_numpy_only_env_var():
     code = (
         "import sys, numpy as np, ml_dtypes\n"
         "from lazyweights.kernels import casts\n"
-        "assert not casts.HAVE_COMPILED and not casts.USE_COMPILED\n"
+        "assert not casts.HAVE_C and not casts.USE_COMPILED\n"
         "assert not casts.has_fast_path(ml_dtypes.bfloat16, np.float16)\n"
         "x = np.arange(65536, dtype=np.uint16).view(ml_dtypes.bfloat16).reshape(256, 256).T\n"
         "with np.errstate(all='ignore'):\n"
         "    ref = x.astype(np.float16)\n"
         "assert np.array_equal(casts.cast(x, np.float16).view(np.uint16), ref.view(np.uint16))\n"
-        "print(casts.kernel_backend(), 'numba' in sys.modules)\n"
+        "print(casts.kernel_backend())\n"
     )
-    assert run_fresh(code, LAZYWEIGHTS_CAST_KERNELS="numpy") == "numpy False"
-    # The older switch still turns numba off (C kernels, if built, stay on).
-    assert run_fresh("from lazyweights.kernels import casts; print(casts.HAVE_NUMBA)", LAZYWEIGHTS_NO_NUMBA="1") \
-        == "False"
-    with_bad = run_fresh("import warnings; warnings.simplefilter('error')\n"
-                         "try:\n    from lazyweights.kernels import casts\nexcept RuntimeWarning as e:\n    print(e)",
-                         LAZYWEIGHTS_CAST_KERNELS="fortran")
-    assert "LAZYWEIGHTS_CAST_KERNELS='fortran' is not one of auto, c, numba, numpy" in with_bad
+    assert run_fresh(code, LAZYWEIGHTS_CAST_KERNELS="numpy") == "numpy"
+    # A value from before numba was removed (or a typo) warns and keeps the C casts.
+    for value in ("numba", "fortran"):
+        with_bad = run_fresh("import warnings; warnings.simplefilter('error')\n"
+                             "try:\n    from lazyweights.kernels import casts\nexcept RuntimeWarning as e:\n"
+                             "    print(e)", LAZYWEIGHTS_CAST_KERNELS=value)
+        assert f"LAZYWEIGHTS_CAST_KERNELS={value!r} is not one of auto, c, numpy; using auto" in with_bad
+    assert run_fresh("from lazyweights.kernels import casts; print(casts.kernel_backend())",
+                     LAZYWEIGHTS_CAST_KERNELS="numba") == "c"
 
 
-@pytest.mark.skipif(not casts.HAVE_C, reason="the C extension was not built")
-def test_c_kernels_serve_a_plan_without_numba(backend):
-    # The point of the C build: a fresh process casts at full speed without ever importing numba.
-    if backend != "c":
-        pytest.skip("a fresh process: once is enough")
+def test_a_plan_casts_with_c_and_imports_no_jit():
+    # A fresh process casts at full speed with the C kernels, and nothing imports numba (no longer a
+    # dependency: a leftover import would be an ImportError on a clean install).
     code = (
         "import sys, numpy as np, ml_dtypes, lazyweights as lw\n"
         "x = (np.arange(1 << 22, dtype=np.float32) * np.float32(1e-3)).reshape(2048, 2048)\n"
@@ -395,47 +379,30 @@ def test_c_kernels_serve_a_plan_without_numba(backend):
     assert run_fresh(code) == "c False"
 
 
-@pytest.mark.skipif(not casts.HAVE_NUMBA, reason="numba unavailable")
-def test_numba_backend_loads_only_for_big_plans(backend):
-    # Without the C extension: a plan casting less than NUMBA_WAIT_BYTES never imports numba (numpy casts
-    # it), a bigger one waits for numba's kernels (pre-faulting its outputs meanwhile). Same bits either way.
-    if backend != BACKENDS[0]:
-        pytest.skip("a fresh process: once is enough")
-    code = (
-        "import sys, numpy as np, ml_dtypes, lazyweights as lw\n"
-        "import lazyweights.run.driver as ex\n"
-        "from lazyweights.kernels import casts\n"
-        "ex.NUMBA_WAIT_BYTES = 1 << 20\n"
-        "def run(n):\n"
-        "    x = (np.arange(n * 512, dtype=np.float32) * np.float32(3e-3)).reshape(n, 512)\n"
-        "    wd = lw.WeightData.from_numpy(x.astype(ml_dtypes.bfloat16), 'w').T.astype(lw.DType.float16)\n"
-        "    got = lw.plan({'w': wd}).materialize()['w']\n"
-        "    ref = x.astype(ml_dtypes.bfloat16).T.astype(np.float16)\n"
-        "    assert np.array_equal(got.view(np.uint16), ref.view(np.uint16))\n"
-        "    return casts.kernel_backend(), 'numba' in sys.modules\n"
-        "print(*run(256), *run(4096))\n"
-    )
-    assert run_fresh(code, LAZYWEIGHTS_CAST_KERNELS="numba") == "numpy False numba True"
+def test_a_missing_build_is_a_dependency_error(monkeypatch):
+    # The extensions are required (setup.py fails the install without a compiler); an install whose .so was
+    # removed gets a DependencyError that says how to rebuild, not a bare ImportError deep in a plan.
+    import builtins
 
+    from lazyweights.core.errors import DependencyError
 
-def test_c_extension_is_built_where_a_compiler_is(backend):
-    # setup.py marks the extension optional, so a failed build would pass silently and leave every
-    # process paying numba's start-up. Where a C compiler exists (CI, this machine), it must have built.
-    import shutil
-    import sysconfig
+    real_import = builtins.__import__
 
-    if os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "auto") not in ("", "auto", "c"):
-        pytest.skip("C kernels switched off by LAZYWEIGHTS_CAST_KERNELS")
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not shutil.which(compiler):
-        pytest.skip(f"no C compiler ({compiler}) here")
-    assert casts.HAVE_C, "lazyweights/kernels/_ccasts.c was not built: reinstall with `pip install -e .`"
+    def no_ccasts(name, globals=None, locals=None, fromlist=(), level=0):
+        if fromlist and "_ccasts" in fromlist:
+            raise ImportError("No module named 'lazyweights.kernels._ccasts'")
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.delitem(sys.modules, "lazyweights.kernels._ccasts")
+    monkeypatch.setattr(builtins, "__import__", no_ccasts)
+    with pytest.raises(DependencyError, match=r"_ccasts is not built .*reinstall with a C compiler"):
+        casts.compiled_kernels()
 
 
 @pytest.mark.skipif(not casts.HAVE_C, reason="the C extension was not built")
 def test_c_kernels_check_their_arguments():
-    # numba's kernels trust casts.py; the C ones check every range themselves: a bad call is a ValueError,
-    # never a read or write outside the buffers.
+    # The C kernels check every range themselves: a bad call is a ValueError, never a read or write outside
+    # the buffers.
     from lazyweights.kernels import _ccasts as C
 
     src = np.arange(100, dtype=np.uint16)
@@ -493,7 +460,7 @@ def test_two_threads_match():
 
 @pytest.mark.parametrize("use_compiled", [True, False], ids=["compiled", "numpy"])
 def test_strided_cast_allocates_no_full_size_temporary(monkeypatch, use_compiled):
-    if use_compiled and not casts.HAVE_COMPILED:
+    if use_compiled and not casts.HAVE_C:
         pytest.skip("no compiled kernels")
     monkeypatch.setattr(casts, "USE_COMPILED", use_compiled)
     src = random_values((2048, 2048), BF16).T  # 8 MB, transposed

@@ -3,7 +3,7 @@
 The contract: ``gather_cast_into(src, rows, out)`` leaves in `out` exactly the bits of
 ``src[rows].astype(out.dtype)`` (numpy/ml_dtypes are the reference), for every source layout whose rows
 are contiguous (read-only memory maps, row and column slices, reversed rows, 3-D rows), on every kernel
-build: the C kernels gather in place; numba's and numpy's gather into a temporary first. A negative or
+path: the C kernels gather in place; numpy's path (compiled casts off) gathers into a temporary first. A negative or
 out-of-range row index is an IndexError with the same message on every path, never a stray read.
 Results are compared as unsigned integers, so NaN payloads, -0.0 and infinities must match exactly.
 """
@@ -23,23 +23,18 @@ UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 BF16, E4M3 = np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)
 
-# Each kernel build, and numpy alone (compiled kernels switched off).
-BUILDS = [b for b, present in (("c", casts.HAVE_C), ("numba", casts.HAVE_NUMBA)) if present] + ["numpy"]
+# The C kernels, and numpy alone (compiled casts switched off).
+BUILDS = (["c"] if casts.HAVE_C else []) + ["numpy"]
 
 
 @pytest.fixture(autouse=True, scope="module", params=BUILDS)
 def build(request):
-    """Run the module once per kernel build, that build's kernels loaded before the first cast."""
-    if request.param != "numpy":
-        assert casts._use_backend(request.param) == request.param
+    """Run the module once with the C kernels and once with numpy's path."""
     saved = casts.USE_COMPILED
     casts.USE_COMPILED = request.param != "numpy"
+    assert casts.kernel_backend() == request.param
     yield request.param
     casts.USE_COMPILED = saved
-    if casts.HAVE_C:
-        casts._use_backend("c")
-    elif casts.HAVE_NUMBA:
-        casts._use_backend("numba")
 
 
 def name(d) -> str:

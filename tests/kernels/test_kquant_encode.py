@@ -41,6 +41,7 @@ tm = _load_fixture_module("tiny_model")
 
 NEW_TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 LEGACY = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+TERNARY = ["TQ1_0", "TQ2_0"]
 HAVE_LLAMA = mf.find_libggml_base() is not None
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama_cpp (llama-cpp-python) is not installed")
 
@@ -50,13 +51,11 @@ def fixtures():
     return np.load(FIXTURES / "inputs.npz"), np.load(FIXTURES / "expected.npz")
 
 
-def _compare(t: str, x: np.ndarray, imatrix, want: np.ndarray, gguf_py_rows) -> list[str]:
+def _compare(t: str, x: np.ndarray, imatrix, want: np.ndarray) -> list[str]:
     with np.errstate(all="ignore"):
         got = quantize(t, x, imatrix=imatrix)
     assert got.shape == want.shape and got.dtype == np.uint8
     bad = (got != want).any(1)
-    if implementation(t, "quantize") != "c":  # numba's legacy kernels follow gguf-py in two corner cases
-        bad &= ~gguf_py_rows(t, x, imatrix)
     return [f"row {r}: first differing byte {int(np.argmax(got[r] != want[r]))}" for r in np.nonzero(bad)[0]]
 
 
@@ -64,8 +63,8 @@ def _compare(t: str, x: np.ndarray, imatrix, want: np.ndarray, gguf_py_rows) -> 
 
 
 @pytest.mark.parametrize("mode", ["none", "imatrix"])
-@pytest.mark.parametrize("t", NEW_TYPES + LEGACY)
-def test_bytes_equal_ggml_fixtures(fixtures, gguf_py_rows, t, mode):
+@pytest.mark.parametrize("t", NEW_TYPES + LEGACY + TERNARY)
+def test_bytes_equal_ggml_fixtures(fixtures, t, mode):
     inputs, expected = fixtures
     imatrix = inputs["imatrix"] if mode == "imatrix" else None
     failures = {}
@@ -78,7 +77,7 @@ def test_bytes_equal_ggml_fixtures(fixtures, gguf_py_rows, t, mode):
             assert np.count_nonzero(want) > want.size // 4, (t, cls, mode)
         elif cls in ("constant", "specials"):
             assert np.count_nonzero(want) > 0, (t, cls, mode)
-        bad = _compare(t, inputs[cls], imatrix, want, gguf_py_rows)
+        bad = _compare(t, inputs[cls], imatrix, want)
         if bad:
             failures[cls] = bad[:3]
     assert not failures, f"{t} ({mode}) differs from ggml_quantize_chunk: {failures}"
@@ -86,7 +85,7 @@ def test_bytes_equal_ggml_fixtures(fixtures, gguf_py_rows, t, mode):
 
 def test_fixtures_cover_every_type_class_and_mode(fixtures):
     _, expected = fixtures
-    want = {f"{t}/{c}/{m}" for t in NEW_TYPES + LEGACY for c in mf.CLASSES for m in ("none", "imatrix")}
+    want = {f"{t}/{c}/{m}" for t in NEW_TYPES + LEGACY + TERNARY for c in mf.CLASSES for m in ("none", "imatrix")}
     assert set(expected.files) == want
     total = sum(p.stat().st_size for p in FIXTURES.iterdir() if p.is_file())
     assert total < 1_000_000
@@ -106,7 +105,7 @@ def test_imatrix_changes_the_bytes(fixtures):
 
 @needs_llama
 @pytest.mark.parametrize("t", NEW_TYPES + LEGACY)
-def test_bytes_equal_live_ggml(gguf_py_rows, t):
+def test_bytes_equal_live_ggml(t):
     inputs = mf.make_inputs(seed=1234)  # other values than the committed fixtures
     rng = np.random.default_rng(99)
     imatrices = {
@@ -120,7 +119,7 @@ def test_bytes_equal_live_ggml(gguf_py_rows, t):
         for name, w in imatrices.items():
             with np.errstate(all="ignore"):
                 want = mf.ggml_quantize(t, inputs[cls], w)
-            bad = _compare(t, inputs[cls], w, want, gguf_py_rows)
+            bad = _compare(t, inputs[cls], w, want)
             if bad:
                 failures[f"{cls}/{name}"] = bad[:3]
     assert not failures, f"{t} differs from live ggml: {failures}"
@@ -172,17 +171,15 @@ def test_round_trip_of_zero_and_constant_rows():
 # --- the API around the kernels --------------------------------------------------------------------------
 
 
-def test_registered_and_nogil():
+def test_registered_and_take_an_imatrix():
+    # Every type takes an importance matrix (Q8_0 ignores it, as ggml's quantizer does); the C kernels
+    # release the GIL around their loops (test_quantize_compiled.py measures it).
     assert {Q[t] for t in NEW_TYPES + LEGACY} <= supported_quantize()
-    from lazyweights.quant import compiled_quantize, registry
+    from lazyweights.quant import registry
 
     for t in NEW_TYPES + LEGACY:
-        fn = registry._QUANTIZE[Q[t]]
-        assert fn.takes_imatrix, t
-        # the C kernels release the GIL around their loops (test_quantize_compiled.py measures it); the numba
-        # kernels, registered or displaced by C, are compiled nogil
-        numba_fn = compiled_quantize.DISPLACED[Q[t]] if implementation(t, "quantize") == "c" else fn
-        assert numba_fn.takes_imatrix and numba_fn.kernel.targetoptions.get("nogil") is True, t
+        fn = registry.kernel("quantize", Q[t])
+        assert fn.takes_imatrix and implementation(t, "quantize") == "c", t
 
 
 @pytest.mark.parametrize("t", NEW_TYPES)
@@ -212,8 +209,11 @@ def test_imatrix_length_mismatch_names_tensor_and_both_lengths():
     with pytest.raises(ImatrixShapeError, match=r"'blk\.3\.ffn_down\.weight' has 256 entries but its rows have 512"):
         quantize("Q4_K", x, imatrix=np.ones(256, np.float32), name="blk.3.ffn_down.weight")
     assert issubclass(ImatrixShapeError, LazyWeightsError) and issubclass(ImatrixShapeError, ValueError)
-    with pytest.raises(DTypeError, match="TQ1_0.*importance"):
-        quantize("TQ1_0", np.zeros((1, 256), np.float32), imatrix=np.ones(256, np.float32))
+    # ggml's TQ1_0 quantizer takes and ignores an importance matrix (as llama-quantize does with --imatrix)
+    x = np.random.default_rng(2).standard_normal((2, 256)).astype(np.float32)
+    assert np.array_equal(quantize("TQ1_0", x, imatrix=np.ones(256, np.float32)), quantize("TQ1_0", x))
+    with pytest.raises(ImatrixShapeError, match="TQ1_0"):  # but its length is still checked
+        quantize("TQ1_0", x, imatrix=np.ones(255, np.float32))
 
 
 def test_shape_errors_name_the_shapes():
@@ -393,8 +393,8 @@ def test_doctests_of_the_new_modules():
     import doctest
 
     from lazyweights.formats import imatrix
-    from lazyweights.quant import _ggml_math, iq4_encode, kquants_encode, legacy_imatrix, presets, registry
+    from lazyweights.quant import c_kernels, presets, registry
 
-    for mod in (_ggml_math, kquants_encode, iq4_encode, legacy_imatrix, presets, registry, imatrix):
+    for mod in (c_kernels, presets, registry, imatrix):
         res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert res.failed == 0 and res.attempted > 0, mod.__name__

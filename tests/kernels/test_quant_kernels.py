@@ -16,8 +16,7 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from lazyweights.quant import compiled  # noqa: E402
-
+from lazyweights.quant import c_kernels, registry  # noqa: E402
 from lazyweights.core.errors import DTypeError, LazyWeightsError, ShapeError  # noqa: E402
 from lazyweights.quant import (  # noqa: E402
     dequantize,
@@ -29,11 +28,10 @@ from lazyweights.quant import (  # noqa: E402
     supported_dequantize,
     supported_quantize,
 )
-from lazyweights.quant._bits import floats_to_halves, halves_to_floats  # noqa: E402
 from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
-COMPILED_DEQUANT = sorted(compiled.COMPILED, key=lambda e: e.name)
+COMPILED_DEQUANT = sorted(c_kernels.DEQUANTIZED, key=lambda e: e.name)
 
 # Byte offsets of each block type's fp16 scale fields. Random bytes there are often inf/nan (or
 # tiny), which would make a comparison pass for the wrong reason; the tests overwrite them with finite,
@@ -127,34 +125,7 @@ def test_every_gguf_block_type_is_registered():
     assert {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0} <= supported_quantize()
     assert set(FP16_FIELDS) >= supported_dequantize()
     for enc in supported_dequantize():
-        assert implementation(enc) in ("c", "numba"), enc
-
-
-# --- fp16 conversion helpers ------------------------------------------------------------------------------
-
-
-def test_half_to_float_exhaustive():
-    h = np.arange(65536, dtype=np.uint16)
-    want = h.view(np.float16).astype(np.float32)
-    got = halves_to_floats(h)
-    finite = np.isfinite(want)
-    assert np.array_equal(_bits(got)[finite], _bits(want)[finite])
-    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(got[np.isinf(want)], want[np.isinf(want)])
-
-
-def test_float_to_half_matches_numpy_round_to_nearest_even():
-    rng = np.random.default_rng(1)
-    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float64)
-    halves = np.sort(halves[np.isfinite(halves)])
-    mids = ((halves[1:] + halves[:-1]) / 2).astype(np.float32)  # exact ties: round-to-even decides
-    near = np.concatenate([mids, np.nextafter(mids, np.float32(np.inf)), np.nextafter(mids, np.float32(-np.inf))])
-    rand = rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    edge = np.array([0.0, -0.0, 65504, 65519.99, 65520, -65520, 1e30, np.inf, -np.inf, 6e-8, 2.98e-8, 2.99e-8], np.float32)
-    x = np.concatenate([near, rand, edge])
-    x = x[~np.isnan(x)]
-    with np.errstate(over="ignore"):
-        want = x.astype(np.float16).view(np.uint16)
-    assert np.array_equal(floats_to_halves(x), want)
+        assert implementation(enc) == "c", enc
 
 
 # --- dequantize: random blocks ----------------------------------------------------------------------------
@@ -301,8 +272,8 @@ def test_quantize_bytes_equal_gguf(enc, gguf_py_rows):
     assert got.dtype == np.uint8 and got.shape == want.shape
     # The C kernels are ggml's code, which gguf-py does not follow in two corner cases (tests/kernels/
     # conftest.py; here row 10's block of -0.0 for Q4_0 and Q5_0): those rows are held to ggml instead, in
-    # test_quantize_compiled.py. numba's kernels follow gguf-py there too.
-    ggml_rows = gguf_py_rows(enc.name, x) if implementation(enc, "quantize") == "c" else np.zeros(len(x), bool)
+    # test_quantize_compiled.py.
+    ggml_rows = gguf_py_rows(enc.name, x)
     bad = np.argwhere((got != want) & ~ggml_rows[:, None])
     assert bad.size == 0, f"{enc.name}: {len(bad)} bytes differ, first at {tuple(bad[0])}"
     out = np.zeros_like(want)
@@ -400,40 +371,41 @@ def test_empty_inputs():
     assert dequantize(Q.Q8_0, np.zeros((3, 0), np.uint8)).shape == (3, 0)
 
 
-def test_register_as_decorator_and_plain_call():
+def test_registry_is_keyed_by_backend():
+    # One table keyed by (verb, encoding, backend), one preference order: registering a backend's kernel
+    # replaces that backend's entry only; an unknown backend, a non-block type or no kernel at all is refused.
+    c_fn = registry.kernel("dequantize", Q.Q8_0)
+    assert registry.kernel("dequantize", Q.Q8_0, backend="c") is c_fn and c_fn.kernel is not None
     calls = []
-    old = {"d": None}
-    from lazyweights.quant import registry
 
-    old["d"] = registry._DEQUANTIZE[Q.Q8_0]
-    old_impl = registry.implementation(Q.Q8_0)
+    def fake(src, out):
+        calls.append(src.shape)
+        out[...] = 1.0
+
     try:
-        @register(Q.Q8_0)
-        def fake(src, out):
-            calls.append(src.shape)
-            out[...] = 1.0
-
-        assert dequantize(Q.Q8_0, np.zeros((2, 34), np.uint8)).sum() == 64
-        assert calls == [(2, 34)]
+        register(Q.Q8_0, backend="c", dequantize=fake)
+        assert dequantize(Q.Q8_0, np.zeros((2, 34), np.uint8)).sum() == 64 and calls == [(2, 34)]
+        assert registry.kernel("quantize", Q.Q8_0).__name__ == "quantize_q8_0"  # the other verb untouched
     finally:
-        register(Q.Q8_0, dequantize=old["d"], implementation=old_impl)
+        register(Q.Q8_0, backend="c", dequantize=c_fn)
     assert dequantize(Q.Q8_0, np.zeros((2, 34), np.uint8)).sum() == 0
+    with pytest.raises(LazyWeightsError, match="backend 'numba' is not one of c"):
+        register(Q.Q8_0, backend="numba", dequantize=fake)
     with pytest.raises(DTypeError, match="GPTQ"):
-        register(Q.GPTQ, dequantize=lambda s, o: None)
+        register(Q.GPTQ, backend="c", dequantize=fake)
+    with pytest.raises(ValueError, match="neither"):
+        register(Q.Q8_0, backend="c")
+    with pytest.raises(DTypeError, match=r"cannot quantize IQ2_XS: no quantize kernel is registered for it "
+                                         r"\(supported: IQ4_NL, .*TQ2_0\)"):
+        registry.kernel("quantize", Q.IQ2_XS)
+    with pytest.raises(DTypeError, match="in backend 'cuda'"):
+        registry.kernel("dequantize", Q.Q8_0, backend="cuda")
 
 
-def test_kernels_are_nogil_numba():
-    # Every registered kernel is a numba function compiled with nogil=True, so the threads of the
-    # executor dequantize different row ranges in parallel (test_dequantize_in_parallel_threads_matches
-    # checks the results).
-    from lazyweights.quant import registry
-
-    registry._load_all()
-    for table in (registry._DEQUANTIZE, registry._QUANTIZE):
-        for enc, fn in table.items():
-            if registry.implementation(enc, "dequantize" if table is registry._DEQUANTIZE else "quantize") == "c":
-                continue  # the C kernels release the GIL around their loops (Py_BEGIN_ALLOW_THREADS)
-            assert fn.kernel.targetoptions.get("nogil") is True, enc
+def test_the_registry_module_holds_no_test_state():
+    # No table that only tests read (the old DISPLACED dicts): the module's state is the kernel table.
+    state = {k for k, v in vars(registry).items() if isinstance(v, (dict, list, set)) and not k.startswith("__")}
+    assert state == {"_KERNELS"}, state
 
 
 # ggml's grid types flip signs with `x * (neg ? -1.f : 1.f)`: x86's mulss returns a NaN operand unchanged, so a
@@ -442,20 +414,12 @@ NAN_SIGN_FROM_GGML = {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S}
 
 
 @pytest.mark.parametrize("enc", COMPILED_DEQUANT, ids=lambda e: e.name)
-def test_compiled_dequantizers_equal_numba_and_gguf_py(enc):
-    # Both implementations of the types the C extension covers, held to gguf-py on random bytes (random fp16
-    # scales include subnormals, inf and NaN), whichever of them dequantize() is using.
-    from lazyweights.quant import registry
-
-    registry._load_all()
-    if implementation(enc) != "c":
-        pytest.skip("the C extension is not built here: numba's kernel is the one in use (tested above)")
+def test_dequantizers_equal_gguf_py_on_raw_bytes(enc):
+    # Random bytes everywhere, the fp16 scales too: subnormals, inf and NaN scales, held to gguf-py bit for bit.
     raw = np.random.default_rng(5).integers(0, 256, size=(257, enc.block_bytes * 3), dtype=np.uint8)
     ref = _reference_dequantize(enc, raw).astype(np.float32)
     c_out = np.empty(ref.shape, np.float32)
-    registry.registered_dequantizer(enc)(raw, c_out)
-    numba_out = np.empty(ref.shape, np.float32)
-    compiled.DISPLACED[enc](raw, numba_out)
+    registry.kernel("dequantize", enc)(raw, c_out)
     nan = np.isnan(ref)
     assert nan.any() or enc is Q.MXFP4  # its E8M0 scale has no NaN in ggml's reading
     assert np.count_nonzero(ref[~nan]) > ref.size // 4  # NaN scales and real values both tested
@@ -465,80 +429,20 @@ def test_compiled_dequantizers_equal_numba_and_gguf_py(enc):
         assert np.array_equal(_bits(c_out)[~nan], _bits(ref)[~nan])
     else:
         assert np.array_equal(_bits(c_out), _bits(ref))  # every bit, NaN payloads included
-    # numba's loops may pick the other operand's NaN payload (x*d + m with both NaN); values equal otherwise
-    assert np.array_equal(_bits(numba_out)[~nan], _bits(ref)[~nan])
-    assert np.array_equal(np.isnan(numba_out), nan)
 
 
-@pytest.mark.parametrize("enc", sorted(compiled.SOURCE_ALIGNMENT, key=lambda e: e.name), ids=lambda e: e.name)
+@pytest.mark.parametrize("enc", sorted(c_kernels.SOURCE_ALIGNMENT, key=lambda e: e.name), ids=lambda e: e.name)
 def test_compiled_dequantizers_take_a_misaligned_source(enc):
     # ggml's functions read uint16/float fields through typed pointers: the C entry point refuses a source that
     # is not aligned for them (naming the rule), and dequantize() copies such a source to aligned memory first.
     from lazyweights.kernels.casts import compiled_kernels
-    from lazyweights.quant import registry
 
-    registry._load_all()
-    if implementation(enc) != "c":
-        pytest.skip("the C extension is not built here")
     src = _random_blocks(enc, rows=3, blocks_per_row=2, seed=11)
     backing = np.empty(src.size + 1, np.uint8)
     misaligned = backing[1:].reshape(src.shape)
     misaligned[...] = src
-    assert misaligned.ctypes.data % compiled.SOURCE_ALIGNMENT[enc]
+    assert misaligned.ctypes.data % c_kernels.SOURCE_ALIGNMENT[enc]
     assert_bit_identical(dequantize(enc, misaligned), _reference_dequantize(enc, src), enc.name)
     raw_kernel = getattr(compiled_kernels(), f"dq_{enc.name}")
-    with pytest.raises(ValueError, match=f"aligned to {compiled.SOURCE_ALIGNMENT[enc]} bytes"):
+    with pytest.raises(ValueError, match=f"aligned to {c_kernels.SOURCE_ALIGNMENT[enc]} bytes"):
         raw_kernel(misaligned.reshape(-1), np.empty(src.shape[0] * 2 * enc.block_elements, np.float32))
-
-
-NO_NUMBA_DEQUANT_SCRIPT = r"""
-import sys, numpy as np
-from lazyweights.quant import dequantize, implementation
-from lazyweights.quant.compiled import COMPILED
-rng = np.random.default_rng(0)
-for enc in COMPILED:
-    out = dequantize(enc, rng.integers(0, 256, (2, 2 * enc.block_bytes), dtype=np.uint8))
-    assert out.shape == (2, 2 * enc.block_elements) and implementation(enc) == "c", enc
-print(len(COMPILED), "numba" in sys.modules)
-"""
-
-
-def test_dequantizing_every_type_never_imports_numba(child_env):
-    # Every GGUF block type has a C dequantizer now: a fresh process reads any GGUF without numba's import
-    # (about 0.5 s) or, on a fresh machine, its compilation.
-    import subprocess
-    import sys
-
-    from lazyweights.kernels.casts import compiled_kernels
-
-    if compiled_kernels() is None:
-        pytest.skip("the C extension is not built here")
-    r = subprocess.run([sys.executable, "-c", NO_NUMBA_DEQUANT_SCRIPT], capture_output=True, text=True,
-                       env=child_env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == [str(len(compiled.COMPILED)), "False"], r.stdout
-    assert set(compiled.COMPILED) == set(supported_dequantize())  # no type is left to numba
-
-
-def test_first_lookups_from_many_threads_wait_for_the_kernels(child_env):
-    # In a fresh process the numba kernel modules load on the first lookup the C kernels cannot serve. The
-    # executor's threads all miss at once: every one of them must wait for the loading, not find an empty
-    # table (it once reported "no quantize kernel is registered ... (supported: none)").
-    import subprocess
-    import sys
-
-    script = (
-        "import threading, numpy as np\n"
-        "from lazyweights.quant import quantize\n"
-        "from lazyweights.core.quantization import QuantizationEncoding as Q\n"
-        "x = np.ones((4, 64), np.float32); errors = []\n"
-        "def work():\n"
-        "    try: quantize(Q.Q8_0, x)\n"
-        "    except Exception as e: errors.append(repr(e))\n"
-        "ts = [threading.Thread(target=work) for _ in range(8)]\n"
-        "[t.start() for t in ts]; [t.join() for t in ts]\n"
-        "print('errors', errors)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "errors []" in r.stdout, r.stdout

@@ -1,15 +1,13 @@
-"""The ahead-of-time C quantizers (kernels/_cquant.c, quant/compiled_quantize.py) and the numba kernels they
-displace, both held to ggml's bytes.
+"""The C quantizers (kernels/_cquant.c, registered by quant/c_kernels.py), held to ggml's bytes.
 
 References, as in test_kquant_encode.py: the committed `ggml_quantize_chunk` bytes in quant_fixtures/ (every
 type, eight input classes, with and without an importance matrix) and, where llama_cpp is importable, live
 libggml through ctypes on wider random inputs. Every comparison is of whole byte rows. Also here: the C entry
-points' argument checks, the GIL being released, the SIGBUS guard, and that quantizing never imports numba.
+points' argument checks, the GIL being released, the SIGBUS guard, and the plan path.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import signal
 import subprocess
 import sys
@@ -22,12 +20,10 @@ import pytest
 
 from lazyweights.core.quantization import QuantizationEncoding as Q
 from lazyweights.kernels.casts import compiled_quantizers
-from lazyweights.quant import compiled_quantize, implementation, quantize, registry
+from lazyweights.quant import c_kernels, implementation, quantize, registry
 
 FIXTURES = Path(__file__).parent / "quant_fixtures"
 C = compiled_quantizers()
-needs_c = pytest.mark.skipif(C is None, reason="the _cquant extension is not built (or LAZYWEIGHTS_CAST_KERNELS "
-                                                "forbids C kernels)")
 
 
 def _load_make_fixtures():
@@ -39,7 +35,7 @@ def _load_make_fixtures():
 
 
 mf = _load_make_fixtures()
-TYPES = [e.name for e in compiled_quantize.COMPILED]
+TYPES = [e.name for e in c_kernels.QUANTIZED]
 HAVE_LLAMA = mf.find_libggml_base() is not None
 needs_llama = pytest.mark.skipif(not HAVE_LLAMA, reason="llama_cpp (llama-cpp-python) is not installed")
 
@@ -48,36 +44,11 @@ def test_covers_every_fixture_type():
     assert set(TYPES) == set(mf.TYPES)
 
 
-def test_c_extension_is_built_where_a_compiler_is():
-    # setup.py marks _cquant optional, so a failed build would pass silently and leave every fresh machine
-    # compiling numba's quantizers for about a minute. Where a C compiler exists, it must have built.
-    import shutil
-    import sysconfig
-
-    if os.environ.get("LAZYWEIGHTS_CAST_KERNELS", "auto").strip().lower() not in ("", "auto", "c"):
-        pytest.skip("C kernels switched off by LAZYWEIGHTS_CAST_KERNELS")
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not shutil.which(compiler):
-        pytest.skip(f"no C compiler ({compiler}) here")
-    assert C is not None, "lazyweights/kernels/_cquant.c was not built: reinstall with `pip install -e .`"
-
-
-def kernels(t: str) -> dict:
-    """{"c": the C runner, "numba": the numba runner} for type t (each only where it exists)."""
-    registry._load_all()  # imports the numba modules, which fills compiled_quantize.DISPLACED
-    compiled_quantize.register_compiled_quantizers()  # idempotent; puts C in front if a test displaced it
-    enc = Q[t]
-    current = registry.registered_quantizer(enc)
-    if implementation(enc, "quantize") == "c":
-        return {"c": current, "numba": compiled_quantize.DISPLACED[enc]}
-    return {"numba": current}
-
-
-def kernel(t: str, impl: str):
-    found = kernels(t)
-    if impl not in found:
-        pytest.skip(f"no {impl} quantizer here for {t}")
-    return found[impl]
+def kernel(t: str):
+    """The registered quantizer of type t (the C runner), checked to wrap the extension's function."""
+    fn = registry.kernel("quantize", Q[t])
+    assert implementation(Q[t], "quantize") == "c" and fn.kernel is getattr(C, f"quantize_{t}"), t
+    return fn
 
 
 def quantize_with(fn, t: str, x: np.ndarray, imatrix=None) -> np.ndarray:
@@ -104,12 +75,11 @@ def fixtures():
     return np.load(FIXTURES / "inputs.npz"), np.load(FIXTURES / "expected.npz")
 
 
-@pytest.mark.parametrize("impl", ["c", "numba"])
 @pytest.mark.parametrize("mode", ["none", "imatrix"])
 @pytest.mark.parametrize("t", TYPES)
-def test_bytes_equal_ggml_fixtures(fixtures, gguf_py_rows, t, mode, impl):
+def test_bytes_equal_ggml_fixtures(fixtures, t, mode):
     inputs, expected = fixtures
-    fn = kernel(t, impl)
+    fn = kernel(t)
     imatrix = inputs["imatrix"] if mode == "imatrix" else None
     failures = {}
     for cls in mf.CLASSES:
@@ -117,39 +87,25 @@ def test_bytes_equal_ggml_fixtures(fixtures, gguf_py_rows, t, mode, impl):
         if cls in ("normal", "student_t", "small"):  # ggml wrote real data here, not zero blocks
             assert np.count_nonzero(want) > want.size // 4, (t, cls, mode)
         got = quantize_with(fn, t, x, imatrix)
-        # numba's legacy kernels follow gguf-py in two corner cases (conftest.py); C is ggml everywhere
-        allowed = gguf_py_rows(t, x, imatrix) if impl == "numba" else np.zeros(x.shape[0], bool)
-        bad = differing_rows(got, want, allowed)
+        bad = differing_rows(got, want, np.zeros(x.shape[0], bool))
         if bad:
             failures[cls] = bad[:4]
-    assert not failures, f"{impl} {t} ({mode}) differs from ggml_quantize_chunk in rows {failures}"
+    assert not failures, f"{t} ({mode}) differs from ggml_quantize_chunk in rows {failures}"
 
 
-@needs_c
-def test_c_and_numba_are_different_functions():
-    # otherwise the parametrized tests above would test one implementation twice
-    for t in TYPES:
-        found = kernels(t)
-        assert set(found) == {"c", "numba"}, t
-        assert found["c"].kernel is getattr(C, f"quantize_{t}"), t
-        assert found["numba"].kernel is not found["c"].kernel and hasattr(found["numba"].kernel, "targetoptions"), t
-        assert found["c"].takes_imatrix and found["numba"].takes_imatrix, t
-
-
-@needs_c
 def test_c_kernels_equal_ggml_where_gguf_py_does_not(fixtures, gguf_py_rows):
-    # The corner cases where numba's legacy kernels code as gguf-py does: C writes ggml's bytes there. (The
+    # The corner cases where gguf-py's legacy quantizers are not ggml's: C writes ggml's bytes there. (The
     # committed fixtures have the all +inf blocks; a block of zeros led by -0.0 is spelled out here.)
     inputs, expected = fixtures
     x = inputs["specials"]
     for t in ("Q4_1", "Q5_1"):
         assert gguf_py_rows(t, x).any()
-        assert np.array_equal(quantize_with(kernels(t)["c"], t, x), expected[f"{t}/specials/none"]), t
+        assert np.array_equal(quantize_with(kernel(t), t, x), expected[f"{t}/specials/none"]), t
     z = np.zeros((2, 64), np.float32)
     z[0, :32:3] = -0.0  # block 0 of row 0 is led by -0.0
     for t, block_bytes in (("Q4_0", 18), ("Q5_0", 22)):
         assert gguf_py_rows(t, z).tolist() == [True, False]
-        got = quantize_with(kernels(t)["c"], t, z)
+        got = quantize_with(kernel(t), t, z)
         assert got[0, :2].tolist() == [0x00, 0x80], t  # d = +0.0 / -8 = -0.0, as ggml_compute_fp32_to_fp16 gives
         assert got[0, block_bytes:block_bytes + 2].tolist() == [0x00, 0x80] and got[1, :2].tolist() == [0x00, 0x80]
         if HAVE_LLAMA:
@@ -179,21 +135,19 @@ def _wide_inputs(t: str, seed: int):
 
 
 @needs_llama
-@pytest.mark.parametrize("impl", ["c", "numba"])
 @pytest.mark.parametrize("t", TYPES)
-def test_bytes_equal_live_ggml_on_wide_random_inputs(gguf_py_rows, t, impl):
-    fn = kernel(t, impl)
+def test_bytes_equal_live_ggml_on_wide_random_inputs(t):
+    fn = kernel(t)
     failures = []
     for seed in range(6):
         x, imatrices = _wide_inputs(t, 1000 * seed + TYPES.index(t))
         for k, w in enumerate(imatrices):
             with np.errstate(all="ignore"):
                 want = mf.ggml_quantize(t, x, w)
-            allowed = gguf_py_rows(t, x, w) if impl == "numba" else np.zeros(x.shape[0], bool)
-            bad = differing_rows(quantize_with(fn, t, x, w), want, allowed)
+            bad = differing_rows(quantize_with(fn, t, x, w), want, np.zeros(x.shape[0], bool))
             if bad:
                 failures.append((seed, x.shape[1], k, bad[:3]))
-    assert not failures, f"{impl} {t} differs from live ggml (seed, n, imatrix kind, rows): {failures}"
+    assert not failures, f"{t} differs from live ggml (seed, n, imatrix kind, rows): {failures}"
 
 
 def _rows_with_specials(t: str, seed: int) -> np.ndarray:
@@ -220,7 +174,6 @@ def _rows_with_specials(t: str, seed: int) -> np.ndarray:
     return x
 
 
-@needs_c
 def test_c_q8_0_lanes_equal_ggml_sequential_amax():
     # quantize_Q8_0 finds each block's amax in eight lanes and falls back to ggml's chain for a block with a
     # NaN (_cquant.c, quantize_q8_0_lanes): every block must equal ggml's quantize_q8_0 as written.
@@ -235,13 +188,11 @@ def test_c_q8_0_lanes_equal_ggml_sequential_amax():
         assert np.isnan(x).any() and want[5].any()
 
 
-@needs_c
 @needs_llama
 @pytest.mark.parametrize("t", TYPES)
 def test_c_bytes_equal_live_ggml_with_nan_and_inf_everywhere(t):
-    # ggml's code in C codes NaN and inf as ggml does (numba's ports follow gguf-py's NaN handling in the
-    # legacy types: not checked here).
-    fn = kernels(t)["c"]
+    # ggml's code in C codes NaN and inf as ggml does.
+    fn = kernel(t)
     rng = np.random.default_rng(3)
     for seed in range(3):
         x = _rows_with_specials(t, seed)
@@ -255,7 +206,6 @@ def test_c_bytes_equal_live_ggml_with_nan_and_inf_everywhere(t):
 # --- the C entry points' checks -----------------------------------------------------------------------------
 
 
-@needs_c
 def test_c_entry_points_check_their_buffers():
     f = C.quantize_Q4_K
     x = np.ones((2, 256), np.float32)
@@ -301,7 +251,6 @@ def test_c_entry_points_check_their_buffers():
     C.quantize_Q8_0(np.zeros((0, 32), np.float32), np.zeros((0, 34), np.uint8), 32)
 
 
-@needs_c
 def test_runner_stages_unaligned_arrays():
     # The registry accepts any C-contiguous array; the C side refuses unaligned ones, so the runner copies.
     rng = np.random.default_rng(7)
@@ -315,11 +264,10 @@ def test_runner_stages_unaligned_arrays():
     out_raw = np.zeros(want.nbytes + 1, np.uint8)
     out = out_raw[1:].reshape(want.shape)
     assert out.ctypes.data % 2 == 1 and out.flags.c_contiguous
-    kernels("Q3_K")["c"](src, out, w)
+    kernel("Q3_K")(src, out, w)
     assert np.array_equal(out, want)
 
 
-@needs_c
 def test_c_quantizers_hold_no_fused_multiply_add():
     # ggml's bytes need each float32 product rounded before its sum: no FMA in any clone (_cquant.c builds an
     # AVX2 clone of each function; the "avx2" target excludes FMA and setup.py passes -ffp-contract=off).
@@ -337,7 +285,6 @@ def test_c_quantizers_hold_no_fused_multiply_add():
 # --- threads, faults, imports -------------------------------------------------------------------------------
 
 
-@needs_c
 def test_c_kernels_release_the_gil():
     # While one thread runs a long quantize, the main thread keeps running Python. With the GIL held for the
     # whole call, the main thread would stop for the whole call once the worker took the GIL (a few ms after
@@ -380,7 +327,6 @@ print("first page ok")
 """
 
 
-@needs_c
 @pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="no SIGBUS on this platform")
 def test_c_kernels_turn_sigbus_into_oserror(tmp_path, child_env):
     # A memory-mapped source truncated mid-read: OSError(EFAULT) from the call, as the casts and dequantizers
@@ -395,41 +341,18 @@ def test_c_kernels_turn_sigbus_into_oserror(tmp_path, child_env):
     assert r.stdout.split() == ["caught", str(errno.EFAULT), "first", "page", "ok"], r.stdout
 
 
-NO_NUMBA_SCRIPT = r"""
-import sys, numpy as np
-import lazyweights as lw
-from lazyweights.quant import implementation, quantize
-from lazyweights.quant.compiled_quantize import COMPILED
-rng = np.random.default_rng(0)
-x = rng.standard_normal((4, 512)).astype(np.float32)
-w = rng.random(512).astype(np.float32)
-for enc in COMPILED:
-    assert quantize(enc, x).shape == quantize(enc, x, imatrix=w).shape, enc
-    assert implementation(enc, "quantize") == "c", enc
-# and through a plan, as a save with a preset runs them
-wd = lw.WeightData.from_numpy(x.astype(np.float16), "w")
-got = lw.plan({"w": wd.astype(lw.DType.float32).quantize(lw.QuantizationEncoding.Q4_K)}).materialize()["w"]
-assert np.array_equal(np.asarray(got).reshape(4, -1), quantize("Q4_K", x.astype(np.float16).astype(np.float32)))
-print(len(COMPILED), "numba" in sys.modules)
-"""
+def test_every_type_quantizes_through_a_plan():
+    # What a save with a preset runs: quantize nodes in a plan, with and without an importance matrix, equal
+    # to the registry's own call.
+    import lazyweights as lw
 
-
-@needs_c
-def test_quantizing_covered_types_never_imports_numba(child_env):
-    r = subprocess.run([sys.executable, "-c", NO_NUMBA_SCRIPT], capture_output=True, text=True, env=child_env,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == [str(len(TYPES)), "False"], r.stdout
-
-
-def test_numba_switch_falls_back_to_numba(child_env):
-    # LAZYWEIGHTS_CAST_KERNELS=numba turns every C kernel off: the numba quantizers serve, the same bytes.
-    code = ("import numpy as np\nfrom lazyweights.quant import implementation, quantize\n"
-            "x = np.linspace(-1, 1, 512, dtype=np.float32).reshape(2, 256)\n"
-            "print(implementation('Q4_K', 'quantize').split()[0], quantize('Q4_K', x).tobytes().hex())")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                       env=dict(child_env, LAZYWEIGHTS_CAST_KERNELS="numba"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    impl, hexbytes = r.stdout.split()
-    x = np.linspace(-1, 1, 512, dtype=np.float32).reshape(2, 256)
-    assert impl == "numba" and bytes.fromhex(hexbytes) == quantize("Q4_K", x).tobytes()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 512)).astype(np.float32)
+    w = rng.random(512).astype(np.float32)
+    for enc in c_kernels.QUANTIZED:
+        assert quantize(enc, x).shape == quantize(enc, x, imatrix=w).shape, enc
+    wd = lw.WeightData.from_numpy(x.astype(np.float16), "w")
+    for t in ("Q4_K", "TQ1_0"):
+        got = lw.plan({"w": wd.astype(lw.DType.float32).quantize(lw.QuantizationEncoding[t])}).materialize()["w"]
+        want = quantize(t, x.astype(np.float16).astype(np.float32))
+        assert np.array_equal(np.asarray(got).reshape(want.shape), want), t

@@ -1,4 +1,4 @@
-"""Regenerate the K-quant / IQ4 reference bytes from real ggml (llama-cpp-python's libggml-base).
+"""Regenerate the quantizers' reference bytes from real ggml (llama-cpp-python's libggml-base).
 
 Run from the repository root after `pip install llama-cpp-python`:
 
@@ -46,6 +46,9 @@ TYPES = {
     "Q5_0": (6, 22, 32),
     "Q5_1": (7, 24, 32),
     "Q8_0": (8, 34, 32),
+    # the ternary types (BitNet b1.58 and TriLM checkpoints)
+    "TQ1_0": (34, 54, 256),
+    "TQ2_0": (35, 66, 256),
 }
 ROWS, N_PER_ROW = 8, 512
 CLASSES = ("normal", "student_t", "zero", "constant", "small", "tiny", "huge", "specials")
