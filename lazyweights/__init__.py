@@ -14,27 +14,26 @@ Example:
     >>> lw.plan(adapted).materialize()["norm.weight"].dtype.name
     'bfloat16'
 """
-from .core.device import DeviceRef
-from .core.dtype import DType
-from .core.errors import *  # noqa: F401,F403  (every error class; core/errors.__all__ lists them)
-from .core import errors as _errors
-from .formats.checkpoint import WeightsFormat
-from .formats.open import weights_format
-from .formats.config import GGUFConfig, HFConfig, load_hf_config
-from .api.gguf import save_gguf
-from .interop.module import LayerList, Module
-from .interop.check import CheckReport, check, check_unique_renames
-from .interop.torch_load import load_into_torch  # imports torch only when called
-from .adapters.registry import SupportedArchitecture
 from .adapters import registry
+from .adapters.registry import SupportedArchitecture
+from .api.gguf import save_gguf
 from .api.plan import Plan, plan
 from .api.shard import shard
-from .core.quantization import QuantizationEncoding
 from .api.weight import Weight
 from .api.weight_data import WeightData, concat, from_numpy, split, stack
 from .api.weights import Weights, load_weights
-
-from .core.version import __version__
+from .core import errors as _errors
+from .core.device import DeviceRef
+from .core.dtype import DType
+from .core.errors import *  # noqa: F401,F403  (every error class; core/errors.__all__ lists them)
+from .core.quantization import QuantizationEncoding
+from .core.version import __version__ as __version__
+from .formats.checkpoint import WeightsFormat
+from .formats.config import GGUFConfig, HFConfig, load_hf_config
+from .formats.open import weights_format
+from .interop.check import CheckReport, check, check_unique_renames
+from .interop.module import LayerList, Module
+from .interop.torch_load import load_into_torch  # imports torch only when called
 
 __all__ = [name for name in _errors.__all__ if name != "did_you_mean"] + [
     "DeviceRef", "DType", "Plan", "QuantizationEncoding", "shard",

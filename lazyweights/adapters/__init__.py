@@ -17,14 +17,15 @@ from .gguf_names import (
     gguf_to_hf,
     hf_name_to_gguf,
     hf_to_gguf,
-    rope_permute,
     rope_permutation,
+    rope_permute,
     rope_unpermute,
 )
 from .hf_export import convert_gguf_state_dict, convert_hf_to_gguf, export_gguf, export_hf_folder
 
 __all__ = [
     "convert_hf_to_gguf", "export_gguf", "export_hf_folder",
-    "convert_gguf_state_dict", "gguf_metadata_from_config", "gguf_name_to_hf", "gguf_to_hf", "hf_name_to_gguf", "hf_to_gguf",
+    "convert_gguf_state_dict", "gguf_metadata_from_config", "gguf_name_to_hf", "gguf_to_hf", "hf_name_to_gguf",
+    "hf_to_gguf",
     "rope_permute", "rope_permutation", "rope_unpermute",
 ]

@@ -53,10 +53,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core.dtype import DType
-from ..core.errors import (ConfigError, DTypeError, MissingWeightError, ShapeError, UnmappedTensorError, UnsupportedArchitectureError)
-from ..graph import ops
 from ..api.weight_data import WeightData
+from ..core.dtype import DType
+from ..core.errors import (
+    ConfigError,
+    DTypeError,
+    MissingWeightError,
+    ShapeError,
+    UnmappedTensorError,
+    UnsupportedArchitectureError,
+)
+from ..graph import ops
 
 # --- name tables ------------------------------------------------------------------------------------------
 _LAYER_COMMON: dict[str, str] = {
@@ -251,7 +258,8 @@ def _rows_perm(wd: WeightData, n_head: int, inverse: bool) -> WeightData:
     rest = wd.shape[1:]
     if wd.quantization_encoding is not None:
         if wd.ndim < 2:
-            raise ShapeError(f"RoPE permutation of {wd.name!r}: quantized data needs rows of blocks, got {list(wd.shape)}")
+            raise ShapeError(f"RoPE permutation of {wd.name!r}: quantized data needs rows of blocks, got "
+                             f"{list(wd.shape)}")
         perm = rope_permutation(rows, n_head)
         return wd[np.argsort(perm) if inverse else perm]
     if inverse:  # gguf -> hf: rows are (head, half, two); swap back to (head, two, half)

@@ -58,7 +58,16 @@ from typing import Any, Iterable, Mapping
 
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
-from ..core.errors import (ConfigError, DTypeError, FormatError, GGUFConfigError, LazyWeightsError, UnsupportedArchitectureError, UsageError, WriteError)
+from ..core.errors import (
+    ConfigError,
+    DTypeError,
+    FormatError,
+    GGUFConfigError,
+    LazyWeightsError,
+    UnsupportedArchitectureError,
+    UsageError,
+    WriteError,
+)
 from .gguf_names import gguf_to_hf
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class)
@@ -323,7 +332,8 @@ def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:
     orig = float(low_wl)
     if abs(orig - round(orig)) < 1e-3 * max(1.0, orig):
         orig = int(round(orig))
-    cand = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": float(low_wl / high_wl),
+    cand = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": float(low_wl / high_wl),
             "original_max_position_embeddings": orig}
     if fits(cand):
         nice = dict(cand, high_freq_factor=float(f"{cand['high_freq_factor']:.4g}"))
@@ -394,8 +404,9 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         >>> md = gguf_metadata_from_hf({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
         ...     "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 256,
         ...     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "vocab_size": 100})
-        >>> md["general.architecture"].value, md["llama.rope.dimension_count"].value, md["llama.attention.head_count_kv"].value
-        ('llama', 16, 4)
+        >>> [md[k].value for k in ("general.architecture", "llama.rope.dimension_count",
+        ...                        "llama.attention.head_count_kv")]
+        ['llama', 16, 4]
     """
     from gguf.constants import GGUFValueType as T
 
@@ -523,7 +534,7 @@ def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
     """
     weight: dict[str, int] = {}
     quantized = False
-    for name, wd in state.items():
+    for _name, wd in state.items():
         enc = getattr(wd, "quantization_encoding", None)
         quantized = quantized or enc is not None
         if len(wd.shape) < 2:
@@ -560,8 +571,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     Example (the command line):
         lazyweights convert lazyweights.adapters:convert_hf_to_gguf model-hf/ -o model.gguf
     """
-    from .gguf_names import hf_to_gguf
     from ..formats.hf_tokenizer import gguf_tokenizer_metadata
+    from .gguf_names import hf_to_gguf
 
     if folder is None:
         folder = _source_folder(state_dict)
@@ -742,7 +753,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     return [os.path.join(final, os.path.basename(f)) for f in files]
 
 
-# --- the API ------------------------------------------------------------------------------------------------------------
+# --- the API ---------------------------------------------------------------------------------------------------
 def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = True, **save_kwargs) -> list[str]:
     """Convert a GGUF file into a complete Hugging Face folder (weights dequantized to `dtype`, config,
     generation config, tokenizer) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(out_dir)`
@@ -752,8 +763,8 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
         >>> from lazyweights.adapters import export_hf_folder           # doctest: +SKIP
         >>> export_hf_folder("gemma-3-270m-q4_k_m.gguf", "gemma-hf/")   # doctest: +SKIP
     """
-    from .gguf_names import gguf_to_hf
     from ..api.weights import load_weights
+    from .gguf_names import gguf_to_hf
 
     w = load_weights([os.fspath(gguf_path)] if isinstance(gguf_path, (str, os.PathLike)) else gguf_path)
     if getattr(w.format, "value", w.format) != "gguf":

@@ -115,7 +115,8 @@ def _getattr_path(module, attr: str, spec: str):
 
             public = sorted(n for n in dir(module) if not n.startswith("_")
                             and inspect.isfunction(inspect.unwrap(getattr(module, n))))
-            listing = f" (its functions: {', '.join(public[:12])}{', ...' if len(public) > 12 else ''})" if public else ""
+            more = ", ..." if len(public) > 12 else ""
+            listing = f" (its functions: {', '.join(public[:12])}{more})" if public else ""
             raise AdapterError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
                                    f"{listing}.{did_you_mean(part, public)}") from None
     return obj
@@ -156,8 +157,8 @@ def load_adapter(spec, fmt=None) -> Callable:
                 try:
                     module = load_module(mod)
                 except LazyWeightsError as e:
-                    from . import registry
                     from ..core.errors import did_you_mean
+                    from . import registry
 
                     known = sorted(registry.architectures())
                     raise AdapterError(

@@ -37,7 +37,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ..core.errors import (AdapterError, ArgumentTypeError, NoAdapterError, UnknownArchitectureError, UsageError, did_you_mean)
+from ..core.errors import (
+    AdapterError,
+    ArgumentTypeError,
+    NoAdapterError,
+    UnknownArchitectureError,
+    UsageError,
+    did_you_mean,
+)
 from ..formats.checkpoint import WeightsFormat
 from ..formats.open import weights_format
 

@@ -25,11 +25,11 @@ import numpy as np
 
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, ShapeError
+from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.node import Node
-from ..core.quantization import QuantizationEncoding
-from .dlpack import export_dlpack, exportable
 from ..graph.opcodes import Op
+from .dlpack import export_dlpack, exportable
 
 
 class WeightData:
@@ -56,7 +56,8 @@ class WeightData:
             if dtype is not node.dtype:
                 if dtype.size_in_bytes != node.dtype.size_in_bytes:
                     raise DTypeError(
-                        f"WeightData {name!r}: data is {node.dtype.name} but dtype={dtype.name} has a different item size"
+                        f"WeightData {name!r}: data is {node.dtype.name} but dtype={dtype.name} has a different item "
+                        "size"
                     )
                 node = ops.bitcast(node, dtype)
         if shape is not None:
@@ -372,7 +373,7 @@ def is_foreign_weight_data(value) -> bool:
     if isinstance(value, WeightData) or not all(
             hasattr(value, a) for a in ("data", "name", "dtype", "shape", "quantization_encoding")):
         return False
-    data = getattr(value, "data")
+    data = value.data
     return data is not value and not callable(data) and hasattr(data, "__dlpack__")
 
 
@@ -473,7 +474,8 @@ def _index(node: Node, key, name: str) -> Node:
             if arr.ndim != 1:
                 raise ShapeError(f"indexing {name!r}: array indices must be 1-D, got shape {list(arr.shape)}")
             if array_axis is not None:
-                raise ShapeError(f"indexing {name!r}: only one array index per indexing expression is supported; index twice")
+                raise ShapeError(f"indexing {name!r}: only one array index per indexing expression is supported; index "
+                                 "twice")
             array_axis = axis
             takes.append((axis, arr))
             ranges.append((0, dim, 1))
@@ -503,7 +505,7 @@ def as_weight_data(value, name: str) -> WeightData:
     """Accept WeightData, a Weights accessor (its `.data()`), or an array (wrapped with from_numpy)."""
     if isinstance(value, WeightData):
         return value
-    if hasattr(value, "data") and callable(getattr(value, "data")) and hasattr(value, "exists"):
+    if hasattr(value, "data") and callable(value.data) and hasattr(value, "exists"):
         data = value.data()  # a Weights accessor, ours or another library's (MAX's)
         return data if isinstance(data, WeightData) else as_weight_data(data, name)
     if is_foreign_weight_data(value):  # MAX's WeightData: its bytes (zero copy), labels and block encoding

@@ -30,10 +30,10 @@ import numpy as np
 from ..core.device import DeviceRef
 from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError, missing_weight
+from ..core.quantization import QuantizationEncoding
 from ..formats.checkpoint import Checkpoint, WeightsFormat
 from ..formats.open import open_checkpoint
 from ..graph import ops
-from ..core.quantization import QuantizationEncoding
 from .weight import Weight
 from .weight_data import WeightData
 

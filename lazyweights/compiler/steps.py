@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 from ..core.errors import BudgetError
 from ..core.units import available_cpus, parse_size
-from ..io.source import SourceRecord
 from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
 from ..graph.opcodes import GroupOp, Op, OpTable
 from ..graph.rewrites import merge_leading_axes, sink_casts, sink_slices
+from ..io.source import SourceRecord
 
 DEFAULT_BUDGET = 512 << 20
 DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3

@@ -8,7 +8,7 @@ Example:
 from __future__ import annotations
 
 from .dtype import DType
-from .errors import DTypeError, DependencyError
+from .errors import DependencyError, DTypeError
 
 
 def import_torch():

@@ -110,7 +110,8 @@ class AtomicFile:
                 view, offset = view[n:], offset + n
         except OSError as e:
             about = f" (tensor {tensor!r})" if tensor else ""
-            raise WriteError(f"{self.path}: write failed{about}: {e.strerror or e}", path=self.path, tensor=tensor) from e
+            raise WriteError(f"{self.path}: write failed{about}: {e.strerror or e}", path=self.path,
+                             tensor=tensor) from e
 
     def commit(self) -> str:
         """fsync, rename to the final name, fsync the directory. Returns the final path."""

@@ -53,7 +53,8 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{index}: not a valid index file: {e}") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
         raise FormatError(f"{index}: 'weight_map' must be an object mapping tensor names to shard file names")
     # Containment is checked on the lexical path (normpath, no symlink resolution), so the Hugging Face hub
     # cache layout works (snapshots/<rev>/model-0000x.safetensors are symlinks to ../../blobs/<sha>). What
@@ -66,7 +67,8 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
         if rel not in shards:
             target = Path(os.path.normpath(os.path.join(root, rel)))
             if os.path.isabs(rel) or root not in target.parents:
-                raise FormatError(f"{index}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint directory {root}")
+                raise FormatError(f"{index}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint "
+                                  f"directory {root}")
             if not target.is_file():
                 raise FormatError(f"{index}: shard {rel!r} (holding tensor {name!r}) is missing from {root}")
             shards[rel] = target
@@ -83,7 +85,8 @@ def _read_remote_index(url: str) -> tuple[list, dict, dict]:
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{url}: not a valid index file: {e}") from None
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
         raise FormatError(f"{url}: 'weight_map' must be an object mapping tensor names to shard file names")
     base = url.split("?", 1)[0].rsplit("/", 1)[0]
     shards: dict[str, str] = {}
@@ -92,7 +95,8 @@ def _read_remote_index(url: str) -> tuple[list, dict, dict]:
         if rel not in shards:
             # the same confinement as for local indexes: no '..', no absolute names, no other host
             if rel.startswith("/") or "://" in rel or any(part in ("..", "") for part in rel.split("/")):
-                raise FormatError(f"{url}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint's prefix {base}/")
+                raise FormatError(f"{url}: tensor {name!r} names shard {rel!r}, which lies outside the checkpoint's "
+                                  f"prefix {base}/")
             shards[rel] = f"{base}/{rel}"
         mapping[name] = shards[rel]
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}

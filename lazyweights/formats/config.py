@@ -36,8 +36,8 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
-from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 from ..core.errors import FormatError
+from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 
 # GGUF architecture -> (HF model_type, HF architectures)
 _HF_ARCH: dict[str, tuple[str, list[str]]] = {

@@ -402,7 +402,8 @@ def read_gguf(path: str) -> tuple[list[TensorRecord], GGUFMetadata]:
         if swapped in SUPPORTED_VERSIONS:
             raise FormatError(f"{where}: big-endian GGUF (version {swapped}) is not supported")
         if version == 1:
-            raise FormatError(f"{where}: GGUF version 1 is obsolete (32-bit counts); only versions 2 and 3 are supported")
+            raise FormatError(f"{where}: GGUF version 1 is obsolete (32-bit counts); only versions 2 and 3 are "
+                              "supported")
         raise FormatError(f"{where}: unsupported GGUF version {version} (supported: 2, 3)")
     tensor_count = cur.u64("the tensor count")
     kv_count = cur.u64("the metadata key/value count")

@@ -142,8 +142,12 @@ def imatrix_metadata(im, given=None) -> dict:
     Example:
         >>> meta = imatrix_metadata(type("I", (), {"path": "m.dat", "datasets": ["wiki"], "chunk_count": 8,
         ...                                         "__len__": lambda self: 3})())
-        >>> {k: v.value for k, v in meta.items()}
-        {'quantize.imatrix.file': 'm.dat', 'quantize.imatrix.dataset': 'wiki', 'quantize.imatrix.entries_count': 3, 'quantize.imatrix.chunks_count': 8}
+        >>> for k, v in meta.items():
+        ...     print(k, v.value)
+        quantize.imatrix.file m.dat
+        quantize.imatrix.dataset wiki
+        quantize.imatrix.entries_count 3
+        quantize.imatrix.chunks_count 8
     """
     from gguf.constants import GGUFValueType
 

@@ -49,10 +49,10 @@ from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, MissingWeightError, ShapeError, UsageError, WriteError
 from ..core.quantization import QuantizationEncoding
 from ..graph.node import Node
-from .source import TensorRecord
-from .atomic import AtomicFile
-from .gguf import SCALAR_FORMATS, DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SPLIT_KEYS, GGUFArray
 from ..graph.opcodes import Op
+from .atomic import AtomicFile
+from .gguf import DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SCALAR_FORMATS, SPLIT_KEYS, GGUFArray
+from .source import TensorRecord
 
 GGUF_WRITE_VERSION = 3
 GGML_MAX_DIMS = 4  # llama.cpp refuses tensors with more dimensions
@@ -410,7 +410,8 @@ def _as_bytes(name: str, slot: GGUFTensorSlot, data) -> memoryview:
     try:
         mv = memoryview(data)
     except TypeError:
-        raise DTypeError(f"GGUF tensor {name!r}: cannot write a {type(data).__name__}; give an array or bytes") from None
+        raise DTypeError(f"GGUF tensor {name!r}: cannot write a {type(data).__name__}; "
+                         "give an array or bytes") from None
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 

@@ -193,7 +193,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
                 merges = generate_merges(vocab, dict(zip(tokens, (float(s) for s in scores))))
             tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
             if arch == "phi3":
-                tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+                tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                       normalizers.Replace(" ", "\u2581")])
                 tok.pre_tokenizer = None
             else:
                 tok.normalizer = None

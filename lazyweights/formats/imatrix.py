@@ -34,10 +34,10 @@ Example:
     ('dat', ['blk.0.attn_q.weight'], [1.0, 2.0, 3.0, 4.0], 10)
     >>> im.for_tensor("blk.0.attn_q.weight", 4).shape
     (4,)
-    >>> im.for_tensor("blk.0.attn_q.weight", 8)
+    >>> im.for_tensor("blk.0.attn_q.weight", 8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lazyweights.core.errors.ImatrixShapeError: imatrix entry for tensor 'blk.0.attn_q.weight' has 4 values but the tensor needs 8 (row length 8 x 1 expert)
+    lazyweights.core.errors.ImatrixShapeError: imatrix entry for tensor 'blk.0.attn_q.weight' has 4 values but ...
 """
 from __future__ import annotations
 

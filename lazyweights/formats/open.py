@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Iterable
 
 from ..core.errors import FormatError, UsageError
-from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from ..io.remote import current_options, is_url, list_prefix, remote_options
+from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from .source import SourceFile, TensorRecord, absolute_location
 
 
@@ -48,7 +48,8 @@ def _expand(paths: list[Path]) -> list[Path]:
                 continue
             found = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.gguf"))
             if not found:
-                pickles = sorted(q.name for q in p.iterdir() if q.name.lower().endswith((".bin", ".pt", ".pth", ".ckpt")))
+                pickles = sorted(q.name for q in p.iterdir()
+                                 if q.name.lower().endswith((".bin", ".pt", ".pth", ".ckpt")))
                 if pickles:
                     raise FormatError(
                         f"{p}: directory holds no .safetensors, .safetensors.index.json or .gguf files; it has "
@@ -133,7 +134,8 @@ def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, 
 def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
     from .torch_pickle import is_pickle_checkpoint, pickle_allowed, read_torch_checkpoint
 
-    if pickle_allowed(allow_pickle) and not any(is_url(p) for p in _as_paths(paths)) and is_pickle_checkpoint(_as_paths(paths)):
+    local = not any(is_url(p) for p in _as_paths(paths))
+    if pickle_allowed(allow_pickle) and local and is_pickle_checkpoint(_as_paths(paths)):
         return read_torch_checkpoint(_as_paths(paths))
     files = _expand(_as_paths(paths))
     fmt = weights_format(files)
@@ -186,7 +188,8 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
         for name, shard in index_map.items():
             rec = records.get(name)
             if rec is None:
-                raise FormatError(f"{shard}: the index names tensor {name!r} in this shard but the shard does not contain it")
+                raise FormatError(f"{shard}: the index names tensor {name!r} in this shard but the shard does not "
+                                  "contain it")
             if rec.file.path != absolute_location(shard):
                 raise FormatError(
                     f"tensor {name!r}: the index places it in {shard} but it is in {rec.file.path}"

@@ -51,9 +51,11 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
         raise FormatError(f"{where}: not a safetensors file: {f.size} bytes is shorter than the 8-byte header length")
     (n,) = struct.unpack("<Q", f.read(0, 8))
     if n > MAX_HEADER_BYTES:
-        raise FormatError(f"{where}: header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile file)")
+        raise FormatError(f"{where}: header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit (corrupt or hostile "
+                          "file)")
     if 8 + n > f.size:
-        raise FormatError(f"{where}: header length {n} runs past the end of the file ({f.size} bytes): truncated or not safetensors")
+        raise FormatError(f"{where}: header length {n} runs past the end of the file ({f.size} bytes): truncated or "
+                          "not safetensors")
     raw = f.read(8, n)
     if not raw.lstrip(b" ").startswith(b"{"):
         raise FormatError(f"{where}: header does not start with '{{': not a safetensors file")
@@ -72,7 +74,8 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
     metadata = header.pop("__metadata__", None)
     if metadata is None:  # (not `or {}`: a falsy non-object such as [] or "" must be refused below)
         metadata = {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
         raise FormatError(f"{where}: __metadata__ must map strings to strings")
 
     data_start = 8 + n
@@ -84,19 +87,23 @@ def read_safetensors(path: str) -> tuple[list[TensorRecord], dict[str, str]]:
     # The tensors must tile the data buffer: sorted by offset, each starting where the previous ended.
     entries.sort(key=lambda e: (e[3][0], e[3][1]))
     expected = 0
-    for name, dtype, shape, (begin, end) in entries:
+    for name, _dtype, _shape, (begin, end) in entries:
         if begin != expected:
             if begin < expected:
-                raise FormatError(f"{where}: tensor {name!r} at bytes [{begin}, {end}) overlaps the previous tensor (which ends at {expected})")
-            raise FormatError(f"{where}: hole in the data buffer before tensor {name!r}: bytes [{expected}, {begin}) belong to no tensor")
+                raise FormatError(f"{where}: tensor {name!r} at bytes [{begin}, {end}) overlaps the previous tensor "
+                                  f"(which ends at {expected})")
+            raise FormatError(f"{where}: hole in the data buffer before tensor {name!r}: bytes [{expected}, {begin}) "
+                              "belong to no tensor")
         expected = end
     if expected > data_len:
         last = entries[-1][0]
-        raise FormatError(f"{where}: tensor {last!r} ends at data byte {expected} but the file holds only {data_len} data bytes: truncated")
+        raise FormatError(f"{where}: tensor {last!r} ends at data byte {expected} but the file holds only {data_len} "
+                          "data bytes: truncated")
     if expected < data_len:
         # (the message now names the last tensor too, as every other layout error does)
         last = f" ({entries[-1][0]!r}, ending at data byte {expected})" if entries else ""
-        raise FormatError(f"{where}: {data_len - expected} trailing bytes after the last tensor{last} belong to no tensor")
+        raise FormatError(f"{where}: {data_len - expected} trailing bytes after the last tensor{last} belong to no "
+                          "tensor")
 
     records = [
         TensorRecord(f, name, data_start + begin, end - begin, dtype, shape, extra={"format": "safetensors"})
@@ -123,7 +130,8 @@ def _parse_entry(where: str, name: str, info) -> tuple[DType, tuple[int, ...], t
         raise FormatError(f"{where}: tensor {name!r}: header entry is a {type(info).__name__}, expected an object")
     code = info.get("dtype")
     if not isinstance(code, str) or code not in DTYPE_CODES:  # (a list/dict code is unhashable: check str first)
-        raise FormatError(f"{where}: tensor {name!r}: unknown or unsupported dtype code {code!r} (known: {', '.join(DTYPE_CODES)})")
+        raise FormatError(f"{where}: tensor {name!r}: unknown or unsupported dtype code {code!r} (known: "
+                          f"{', '.join(DTYPE_CODES)})")
     dtype = DTYPE_CODES[code]
     shape = info.get("shape")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):

@@ -190,7 +190,8 @@ class TensorRecord:
                 f"{self.file.path}: tensor {self.name!r}: shape {list(self.shape)} cannot be represented "
                 f"(more than 32 dimensions, or non-zero dims multiplying past 2**60 values)"
             )
-        expected = int(np.prod(self.shape, dtype=object)) * self.dtype.size_in_bytes if self.shape else self.dtype.size_in_bytes
+        elements = int(np.prod(self.shape, dtype=object)) if self.shape else 1
+        expected = elements * self.dtype.size_in_bytes
         if expected != self.nbytes:
             raise FormatError(
                 f"{self.file.path}: tensor {self.name!r}: {self.dtype.name}{list(self.shape)} needs "

@@ -38,7 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import DTypeError, DependencyError, FormatError, UsageError
+from ..core.errors import DependencyError, DTypeError, FormatError, UsageError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 INDEX_SUFFIX = ".bin.index.json"
@@ -128,7 +128,8 @@ class TorchTensorRecord:
 
 def _torch_dtypes(torch) -> dict:
     table = {
-        torch.float32: (DType.float32, None), torch.float16: (DType.float16, None), torch.float64: (DType.float64, None),
+        torch.float32: (DType.float32, None), torch.float16: (DType.float16, None),
+        torch.float64: (DType.float64, None),
         torch.bfloat16: (DType.bfloat16, torch.int16), torch.bool: (DType.bool, None),
         torch.uint8: (DType.uint8, None), torch.int8: (DType.int8, None), torch.int16: (DType.int16, None),
         torch.int32: (DType.int32, None), torch.int64: (DType.int64, None),
@@ -213,7 +214,8 @@ def read_torch_checkpoint(paths: list[Path]):
         pf = _PickleFile(where, os.path.getsize(where))
         for name, t in tensors.items():
             if name in records:
-                raise FormatError(f"tensor {name!r} appears in two checkpoint files: {records[name].file.path} and {where}")
+                raise FormatError(f"tensor {name!r} appears in two checkpoint files: {records[name].file.path} and "
+                                  f"{where}")
             key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
             node = shared.get(key)
             if node is None:

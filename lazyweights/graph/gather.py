@@ -148,7 +148,7 @@ def table_run(v: np.ndarray) -> int:
         return 0
     lead = [(n, s) for n, s in zip(v.shape[:axis], v.strides[:axis]) if n != 1]
     # The leading axes must fold into one evenly spaced axis of rows.
-    for (n0, s0), (n1, s1) in zip(lead, lead[1:]):
+    for (_, s0), (n1, s1) in zip(lead, lead[1:]):
         if s0 != s1 * n1:
             return 0
     if lead and lead[-1][1] % v.itemsize:

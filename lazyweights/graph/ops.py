@@ -65,9 +65,12 @@ _FOLDABLE: dict[tuple[DType, DType], frozenset[DType]] = {
     (DType.float8_e4m3fn, DType.float16): _FP8_FP4 | {DType.bool, DType.bfloat16, DType.float32, DType.float64},
     (DType.float8_e4m3fn, DType.float32): _FP8_FP4 | {DType.bool, DType.float16, DType.bfloat16, DType.float64},
     (DType.float8_e4m3fn, DType.float64): _FP8_FP4 | {DType.bool, DType.float16, DType.bfloat16, DType.float32},
-    (DType.float8_e5m2, DType.float16): (_FP8_FP4 - {DType.float8_e5m2}) | {DType.bool, DType.bfloat16, DType.float32, DType.float64},
-    (DType.float8_e5m2, DType.float32): (_FP8_FP4 - {DType.float8_e5m2}) | {DType.bool, DType.float16, DType.bfloat16, DType.float64},
-    (DType.float8_e5m2, DType.float64): (_FP8_FP4 - {DType.float8_e5m2}) | {DType.bool, DType.float16, DType.bfloat16, DType.float32},
+    (DType.float8_e5m2, DType.float16): (_FP8_FP4 - {DType.float8_e5m2})
+    | {DType.bool, DType.bfloat16, DType.float32, DType.float64},
+    (DType.float8_e5m2, DType.float32): (_FP8_FP4 - {DType.float8_e5m2})
+    | {DType.bool, DType.float16, DType.bfloat16, DType.float64},
+    (DType.float8_e5m2, DType.float64): (_FP8_FP4 - {DType.float8_e5m2})
+    | {DType.bool, DType.float16, DType.bfloat16, DType.float32},
 }
 
 
@@ -185,7 +188,8 @@ def permute(x: Node, axes: Sequence[int]) -> Node:
     except (TypeError, ValueError):
         raise ShapeError(f"permute: axes {axes!r} must be integers") from None
     if sorted(axes) != list(range(n)):
-        raise ShapeError(f"permute: axes {list(axes)} are not a permutation of the {n} axes of {_fmt(x.dtype, x.shape)}")
+        raise ShapeError(f"permute: axes {list(axes)} are not a permutation of the {n} axes of "
+                         f"{_fmt(x.dtype, x.shape)}")
     if axes == tuple(range(n)):
         return x
     if x.op is Op.PERMUTE:

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import math
 
+from . import ops
 from .elementwise import binary
 from .layout import strided_layout
-from .opcodes import GroupOp, Op, OpTable
 from .node import Node, toposort
-from . import ops
-
+from .opcodes import GroupOp, Op, OpTable
 
 
 def sink_casts(root: Node) -> Node:

@@ -80,8 +80,8 @@ def max_modules():
     """MAX's modules this file uses (imported on first use). ImportError with the install line if absent."""
     try:
         from max import driver, dtype
-        from max.graph import DeviceRef as MaxDeviceRef, Shape
-        from max.graph import quantization, weights
+        from max.graph import DeviceRef as MaxDeviceRef
+        from max.graph import Shape, quantization, weights
     except ImportError as e:
         raise ImportError(
             "lazyweights.interop.max needs Modular's MAX: pip install 'lazyweights[max]' (or pip install max)"

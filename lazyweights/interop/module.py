@@ -64,10 +64,10 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .check import CheckReport, Slot, check, load_error_message, validate
+from ..api.weight import Weight
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, LoadError, UsageError
-from ..api.weight import Weight
+from .check import CheckReport, Slot, check, load_error_message, validate
 
 __all__ = ["Module", "LayerList", "aligned_empty"]
 

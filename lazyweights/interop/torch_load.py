@@ -35,10 +35,10 @@ from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from ..core.torch_dtypes import dtype_to_torch, import_torch, torch_dtype_table, torch_dtype_to_dtype
-from .check import fold_rows, torch_slots, validate
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, TorchLoadError
+from ..core.torch_dtypes import dtype_to_torch, import_torch, torch_dtype_table, torch_dtype_to_dtype
+from .check import fold_rows, torch_slots, validate
 
 __all__ = ["load_into_torch", "TorchLoadError", "IncompatibleKeys", "torch_dtype_to_dtype", "dtype_to_torch",
            "torch_slots"]

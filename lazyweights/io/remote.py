@@ -38,7 +38,7 @@ Example (a local HTTP server; nothing here is specific to it):
     >>> bytes(f.view(250, 8))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lazyweights.core.errors.RemoteError: http://127.0.0.1:.../blob: bytes [250, 258): the server ignored the Range header (status 200 with the whole 16384-byte object); serve the checkpoint from a server that supports range requests
+    lazyweights.core.errors.RemoteError: http://127.0.0.1:.../blob: bytes [250, 258): the server ignored the ...
     >>> srv.shutdown()
 """
 from __future__ import annotations
@@ -77,7 +77,8 @@ def is_url(path: Any) -> bool:
 
 
 # --- options carried from load_weights to every file it opens ------------------------------------------
-_OPTIONS: contextvars.ContextVar[tuple[dict, str | None]] = contextvars.ContextVar("lazyweights_remote", default=({}, None))
+_OPTIONS: contextvars.ContextVar[tuple[dict, str | None]] = contextvars.ContextVar("lazyweights_remote",
+                                                                                  default=({}, None))
 
 
 @contextlib.contextmanager
@@ -386,7 +387,8 @@ class _S3:
             raise SourceChangedError(f"{self.url}: asked for bytes [{start}, {end}) of {size} but got "
                                      f"{r.get('ContentRange')!r}: the object changed. Reload it with load_weights().")
         if etag and r.get("ETag") and r["ETag"] != etag:
-            raise SourceChangedError(f"{self.url}: the object changed after it was opened (ETag {etag} became {r['ETag']})")
+            raise SourceChangedError(f"{self.url}: the object changed after it was opened (ETag {etag} became "
+                                     f"{r['ETag']})")
         try:
             _read_body(r["Body"].read, out, start, end)
         except OSError as e:
@@ -664,14 +666,15 @@ class RemoteFile:
         get_many = getattr(self._backend, "get_many", None)
         parts = None
         if get_many is not None and self._multi_range and len(batch) > 1:
-            parts = self._retrying(get_many, f"{len(batch)} ranges from byte {batch[0][0]}", batch, self.size, self.etag)
+            what = f"{len(batch)} ranges from byte {batch[0][0]}"
+            parts = self._retrying(get_many, what, batch, self.size, self.etag)
             if parts is None:
                 self._multi_range = False
         if parts is None:
             for s, e in batch:
                 self._fetch_part(s, e)
         else:
-            for (s, e), data in zip(batch, parts):
+            for (s, _end), data in zip(batch, parts):
                 os.pwrite(self._fd, data, s)
         with self._lock:
             self._have.add_many(batch)
@@ -704,7 +707,8 @@ class RemoteFile:
         from ..core.errors import FormatError
 
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise FormatError(f"{self.path}: wants bytes [{offset}, {offset + length}) but the object has {self.size} bytes")
+            raise FormatError(f"{self.path}: wants bytes [{offset}, {offset + length}) but the object has {self.size} "
+                              "bytes")
         self.ensure(offset, length)
         return bytes(self._buffer[offset:offset + length])
 

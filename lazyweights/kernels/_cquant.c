@@ -1864,7 +1864,7 @@ static LW_CLONES size_t quantize_q8_0(const float * GGML_RESTRICT src, void * GG
 
 // ====================== Ternary-packing (TQ1_0, TQ2_0)
 
-static void quantize_row_tq1_0_ref(const float * GGML_RESTRICT x, block_tq1_0 * GGML_RESTRICT y, int64_t k) {
+static LW_CLONES void quantize_row_tq1_0_ref(const float * GGML_RESTRICT x, block_tq1_0 * GGML_RESTRICT y, int64_t k) {
     assert(k % QK_K == 0);
     const int64_t nb = k / QK_K;
 
@@ -1930,7 +1930,7 @@ static void quantize_row_tq1_0_ref(const float * GGML_RESTRICT x, block_tq1_0 * 
     }
 }
 
-static void quantize_row_tq2_0_ref(const float * GGML_RESTRICT x, block_tq2_0 * GGML_RESTRICT y, int64_t k) {
+static LW_CLONES void quantize_row_tq2_0_ref(const float * GGML_RESTRICT x, block_tq2_0 * GGML_RESTRICT y, int64_t k) {
     assert(k % QK_K == 0);
     const int64_t nb = k / QK_K;
 

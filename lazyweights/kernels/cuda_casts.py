@@ -107,10 +107,11 @@ def half_modes() -> tuple[tuple[int, int, int], int]:
 def _log2_floor(m):
     """floor(log2(m)) for 0 < m < 2**16 (0 for m == 0), by a 4-step binary search."""
     p = np.full_like(m, U(0))
-    s = np.where((m >> U(8)) != U(0), U(8), U(0)); m = m >> s; p = p + s
-    s = np.where((m >> U(4)) != U(0), U(4), U(0)); m = m >> s; p = p + s
-    s = np.where((m >> U(2)) != U(0), U(2), U(0)); m = m >> s; p = p + s
-    s = np.where((m >> U(1)) != U(0), U(1), U(0)); p = p + s
+    # One line per step, as in the CUDA text it mirrors (tests/run/test_gpu.py compares their literals).
+    s = np.where((m >> U(8)) != U(0), U(8), U(0)); m = m >> s; p = p + s  # noqa: E702
+    s = np.where((m >> U(4)) != U(0), U(4), U(0)); m = m >> s; p = p + s  # noqa: E702
+    s = np.where((m >> U(2)) != U(0), U(2), U(0)); m = m >> s; p = p + s  # noqa: E702
+    s = np.where((m >> U(1)) != U(0), U(1), U(0)); p = p + s  # noqa: E702
     return p
 
 

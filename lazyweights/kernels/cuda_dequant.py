@@ -44,7 +44,7 @@ import functools
 import numpy as np
 
 from ..core.quantization import QuantizationEncoding as Q
-from .cuda_casts import NVRTC_OPTIONS, U, widen_f16, cuda_chain_expr, cuda_preamble, reference_chain
+from .cuda_casts import NVRTC_OPTIONS, U, cuda_chain_expr, cuda_preamble, reference_chain, widen_f16
 
 __all__ = ["DEVICE_DEQUANT", "reference_dequantize", "reference_values", "dequant_kernel", "launch",
            "kernel_source", "module_source"]

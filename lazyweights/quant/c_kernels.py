@@ -23,6 +23,8 @@ Example:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..core.quantization import QuantizationEncoding as Q
@@ -48,7 +50,7 @@ SOURCE_ALIGNMENT = {enc: 2 for enc in (Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.
 SOURCE_ALIGNMENT[Q.Q8_K] = 4
 
 
-def _dequantizer(enc: Q, fn):
+def _dequantizer(enc: Q, fn) -> Any:
     alignment = SOURCE_ALIGNMENT.get(enc, 1)
 
     def run(src: np.ndarray, out: np.ndarray) -> None:
@@ -58,11 +60,12 @@ def _dequantizer(enc: Q, fn):
         fn(src, out.reshape(-1))
 
     run.__name__ = run.__qualname__ = f"dequantize_{enc.name.lower()}"
-    run.kernel = fn  # the C function
-    return run
+    kernel: Any = run  # the attributes below are the registry's contract, not part of the function type
+    kernel.kernel = fn  # the C function
+    return kernel
 
 
-def _quantizer(enc: Q, fn):
+def _quantizer(enc: Q, fn) -> Any:
     def run(src: np.ndarray, out: np.ndarray, imatrix: np.ndarray | None = None) -> None:
         # The registry hands over C-contiguous arrays. The C side also needs them aligned (float32 loops,
         # fp16 fields in the blocks) and raises ValueError otherwise: an unaligned array (a view at an odd
@@ -77,9 +80,10 @@ def _quantizer(enc: Q, fn):
         fn(src, out, src.shape[1], imatrix)
 
     run.__name__ = run.__qualname__ = f"quantize_{enc.name.lower()}"
-    run.kernel = fn  # the C function
-    run.takes_imatrix = True  # Q8_0, TQ1_0 and TQ2_0 ignore it, as ggml's quantizers do
-    return run
+    kernel: Any = run
+    kernel.kernel = fn  # the C function
+    kernel.takes_imatrix = True  # Q8_0, TQ1_0 and TQ2_0 ignore it, as ggml's quantizers do
+    return kernel
 
 
 def register_c_kernels() -> None:

@@ -17,8 +17,9 @@ whole-model walk with llama.cpp's counters, for the rare model where that does n
 
 Example:
     >>> from lazyweights.quant.presets import tensor_type
-    >>> tensor_type("Q4_K_M", "blk.0.attn_v.weight", (256, 1024), n_layer=16)
-    TypeChoice(type='Q6_K', reason='attn_v: layer 0 of 16 is in the first/last eighth or every third (use_more_bits) -> Q6_K')
+    >>> choice = tensor_type("Q4_K_M", "blk.0.attn_v.weight", (256, 1024), n_layer=16)
+    >>> choice.type, choice.reason.split(": ")
+    ('Q6_K', ['attn_v', 'layer 0 of 16 is in the first/last eighth or every third (use_more_bits) -> Q6_K'])
     >>> tensor_type("Q4_K_M", "blk.3.attn_q.weight", (1024, 1024), n_layer=16)
     TypeChoice(type='Q4_K', reason=None)
     >>> tensor_type("Q4_K_M", "blk.3.attn_q.weight", (1024, 640), n_layer=16).type  # Gemma 3 270M rows
@@ -203,7 +204,8 @@ def tensor_type(
         what = "output" if cat == "output" else "tied token_embd (is the output)"
         if falcon or ncols % _BLOCK[default] != 0:
             new = "Q8_0"
-            reason = f"{what}: {ncols} columns not a multiple of {_BLOCK[default]} -> Q8_0" if not falcon else f"{what}: falcon -> Q8_0"
+            reason = (f"{what}: {ncols} columns not a multiple of {_BLOCK[default]} -> Q8_0" if not falcon
+                      else f"{what}: falcon -> Q8_0")
         elif new != "Q8_0":
             new = "Q6_K"
             reason = f"{what} -> Q6_K"
@@ -254,10 +256,12 @@ def tensor_type(
             elif _use_more_bits(i_layer, n_l):
                 new = "Q6_K"
             if new != default:
-                reason = f"ffn_down: layer {i_layer} of {n_l} is in the first/last eighth or every third (use_more_bits) -> {new}"
+                reason = (f"ffn_down: layer {i_layer} of {n_l} is in the first/last eighth or every third "
+                          f"(use_more_bits) -> {new}")
         elif preset == "Q5_K_M" and _use_more_bits(i_layer, n_l):
             new = "Q6_K"
-            reason = f"ffn_down: layer {i_layer} of {n_l} is in the first/last eighth or every third (use_more_bits) -> Q6_K"
+            reason = (f"ffn_down: layer {i_layer} of {n_l} is in the first/last eighth or every third "
+                      "(use_more_bits) -> Q6_K")
         elif preset == "Q4_K_S" and not falcon and i_layer < _c_div(n_l, 8):
             new = "Q5_K"
             reason = f"ffn_down: Q4_K_S, layer {i_layer} in the first eighth of {n_l} -> Q5_K"

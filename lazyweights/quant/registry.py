@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.errors import UsageError, DTypeError, ImatrixShapeError, ShapeError
+from ..core.errors import DTypeError, ImatrixShapeError, ShapeError, UsageError
 from ..core.quantization import QuantizationEncoding
 
 # A dequantizer writes float32 [rows, n] from uint8 [rows, row_bytes]; a quantizer the reverse. Both get
@@ -127,7 +127,8 @@ def implementation(encoding, kind: str = "dequantize") -> str:
         >>> implementation("Q4_K"), implementation("Q4_K", "quantize"), implementation("IQ2_XS", "quantize")
         ('c', 'c', 'unsupported')
     """
-    found = _found(kind, QuantizationEncoding.parse(encoding))
+    enc = QuantizationEncoding.parse(encoding)
+    found = _found(kind, enc) if enc is not None else None
     return found[0] if found else "unsupported"
 
 

@@ -43,11 +43,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..compiler.steps import compile_steps
 from ..core.errors import UsageError
 from ..core.units import format_bytes
-from ..compiler.steps import compile_steps
-from ..graph.opcodes import Op, OpTable
 from ..graph.node import Node, toposort
+from ..graph.opcodes import Op, OpTable
 
 __all__ = ["explain", "build_view", "View", "ViewNode", "ViewGroup", "name_pattern", "format_bytes",
            "op_label", "estimate_peak_memory"]
@@ -168,7 +168,8 @@ _NUM = re.compile(r"(\d+)")
 def _compress_ints(values: list[str]) -> str:
     """['0','1','2','5'] -> '0..2,5' ; keeps zero padding when every value has the same padded width."""
     uniq = sorted(set(values), key=lambda v: (int(v), v))
-    width = len(uniq[0]) if len({len(v) for v in uniq}) == 1 and any(v.startswith("0") and len(v) > 1 for v in uniq) else 0
+    zero_padded = len({len(v) for v in uniq}) == 1 and any(v.startswith("0") and len(v) > 1 for v in uniq)
+    width = len(uniq[0]) if zero_padded else 0
     ints = sorted({int(v) for v in uniq})
     fmt = (lambda i: str(i).zfill(width)) if width else str
     parts, i = [], 0

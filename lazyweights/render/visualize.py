@@ -35,10 +35,12 @@ import shutil
 import subprocess
 
 from ..core.errors import DependencyError, ExecutionError, UsageError
+from ..graph.node import Node, toposort
+from ..graph.opcodes import Op
 from .explain import (
-    compile_outputs,
     View,
     build_view,
+    compile_outputs,
     explain,
     format_bytes,
     name_pattern,
@@ -47,8 +49,6 @@ from .explain import (
     plan_stats,
     type_str,
 )
-from ..graph.node import Node, toposort
-from ..graph.opcodes import Op
 
 __all__ = ["to_networkx", "visualize", "to_dot", "to_mermaid", "to_html", "build_scene", "OP_COLORS"]
 
@@ -335,10 +335,12 @@ def _render_with_dot(dot_text: str, path: str, fmt: str) -> None:
         proc = subprocess.run(args + ["-o", tmp], input=dot_text.encode("utf-8"), capture_output=True, timeout=600)
         if proc.returncode != 0:
             msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise ExecutionError(f"Graphviz dot failed for {path}: {msg[-1] if msg else 'exit ' + str(proc.returncode)}")
+            raise ExecutionError(f"Graphviz dot failed for {path}: "
+                                 f"{msg[-1] if msg else 'exit ' + str(proc.returncode)}")
         os.replace(tmp, path)
     except subprocess.TimeoutExpired:
-        raise ExecutionError(f"Graphviz dot took over 10 minutes for {path}; try the .html view or a --filter") from None
+        raise ExecutionError(f"Graphviz dot took over 10 minutes for {path}; "
+                             "try the .html view or a --filter") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -383,7 +385,8 @@ def to_mermaid(plan, group_layers: bool = True) -> str:
             if not n["shared"]:
                 out.append(node_line(n, "    "))
         count = f"  ×{o['count']}" if o["count"] > 1 else ""
-        text = _mmd_str(o["name"])[1:-1] + "<br/>" + _mmd_str(o["type"] + "  " + format_bytes(o["nbytes"]) + count)[1:-1]
+        label = o["type"] + "  " + format_bytes(o["nbytes"]) + count
+        text = _mmd_str(o["name"])[1:-1] + "<br/>" + _mmd_str(label)[1:-1]
         out.append(f'    {o["id"]}["{text}"]:::out')
         out.append("  end")
     for e in sc["edges"]:
@@ -451,7 +454,8 @@ def _svg(sc: dict, scene_id: str) -> str:
             f'<text x="{x + 8:.1f}" y="{y + 15:.1f}" class="t1">{_esc(t1)}</text>'
             f'<text x="{x + 8:.1f}" y="{y + 28:.1f}" class="t2">{_esc(t2)}</text>'
             + (f'<text x="{x + 8:.1f}" y="{y + 40:.1f}" class="t3">{_esc(_fit(t3, w - 12))}</text>' if t3 else "")
-            + (f'<text x="{x + w - 6:.1f}" y="{y + 15:.1f}" class="count">×{n["count"]}</text>' if n["count"] > 1 else "")
+            + (f'<text x="{x + w - 6:.1f}" y="{y + 15:.1f}" class="count">×{n["count"]}</text>'
+               if n["count"] > 1 else "")
             + "</g>"
         )
     for o in sc["outputs"]:
@@ -462,9 +466,12 @@ def _svg(sc: dict, scene_id: str) -> str:
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h}" rx="4" class="body outbody"/>'
             f'<rect x="{x + 6:.1f}" y="{y + h - 5:.1f}" width="{max(2.0, (w - 12) * frac):.1f}" height="2.5" '
             f'rx="1.2" class="bytebar"/>'
-            f'<text x="{x + 8:.1f}" y="{y + 18:.1f}" class="t1 outname">{_esc(_fit(o["name"], w - 16 - (30 if o["count"] > 1 else 0), 6.6))}</text>'
-            f'<text x="{x + 8:.1f}" y="{y + 33:.1f}" class="t2">{_esc(o["type"] + " · " + format_bytes(o["nbytes"]))}</text>'
-            + (f'<text x="{x + w - 6:.1f}" y="{y + 16:.1f}" class="count">×{o["count"]}</text>' if o["count"] > 1 else "")
+            f'<text x="{x + 8:.1f}" y="{y + 18:.1f}" class="t1 '
+            f'outname">{_esc(_fit(o["name"], w - 16 - (30 if o["count"] > 1 else 0), 6.6))}</text>'
+            f'<text x="{x + 8:.1f}" y="{y + 33:.1f}" '
+            f'class="t2">{_esc(o["type"] + " · " + format_bytes(o["nbytes"]))}</text>'
+            + (f'<text x="{x + w - 6:.1f}" y="{y + 16:.1f}" class="count">×{o["count"]}</text>'
+               if o["count"] > 1 else "")
             + "</g>"
         )
     parts.append("</g></svg>")
@@ -562,7 +569,8 @@ def to_html(plan, group_layers: bool = True) -> str:
 
 _CSS = """
 *{box-sizing:border-box}
-body{margin:0;font:13px/1.35 -apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;color:#222;background:#fafafa}
+body{margin:0;font:13px/1.35 -apple-system,BlinkMacSystemFont,"Segoe
+UI",Helvetica,Arial,sans-serif;color:#222;background:#fafafa}
 header{padding:10px 16px 6px;background:#fff;border-bottom:1px solid #ddd;position:sticky;top:0;z-index:3}
 h1{font-size:16px;margin:0 0 2px}
 .summary{color:#555}
@@ -594,7 +602,8 @@ pre{white-space:pre;overflow:auto;background:#f6f6f6;padding:6px;border-radius:4
 .node{cursor:pointer}
 .node .body{stroke:#555;stroke-width:.8}
 .node .outbody{fill:#fff;stroke:#333;stroke-width:1.6}
-.node text{font-size:11px;fill:#111;pointer-events:none;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+.node
+text{font-size:11px;fill:#111;pointer-events:none;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .node .t1{font-weight:600}
 .node .t2,.node .t3{fill:#333;font-size:10.5px}
 .node .outname{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;font-size:12px}
@@ -605,7 +614,8 @@ pre{white-space:pre;overflow:auto;background:#f6f6f6;padding:6px;border-radius:4
 .boxlabel{font-size:10.5px;font-weight:600}
 .dim{opacity:.16}
 .hit .body{stroke:#e6550d;stroke-width:2.4}
-#tip{position:fixed;pointer-events:none;background:rgba(30,30,30,.94);color:#fff;padding:6px 8px;border-radius:5px;max-width:520px;font-size:12px;z-index:9;display:none}
+# tip{position:fixed;pointer-events:none;background:rgba(30,30,30,.94);color:#fff;padding:6px
+# 8px;border-radius:5px;max-width:520px;font-size:12px;z-index:9;display:none}
 #tip code{color:#ffe9a8;word-break:break-all}
 """
 
@@ -617,7 +627,8 @@ _JS = r"""
   const panel = document.getElementById('info');
   let scene = document.querySelector('.scene:not([hidden])');
   const views = {};
-  function esc(s){return String(s).replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
+  function esc(s){return
+  String(s).replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
   function key(){return scene.dataset.scene;}
   function det(id){return DATA[key()][id];}
   // --- zoom and pan (per scene, by viewBox) ---
@@ -640,11 +651,13 @@ _JS = r"""
   function set(v,x,y,w,h){v.svg.setAttribute('viewBox',x+' '+y+' '+w+' '+h);}
   canvas.addEventListener('wheel',e=>{
     e.preventDefault(); const v=views[key()], b=vb(v.svg), r=canvas.getBoundingClientRect();
-    const f=Math.exp(e.deltaY*0.0015), px=b.x+(e.clientX-r.left)/r.width*b.width, py=b.y+(e.clientY-r.top)/r.height*b.height;
+    const f=Math.exp(e.deltaY*0.0015), px=b.x+(e.clientX-r.left)/r.width*b.width,
+    py=b.y+(e.clientY-r.top)/r.height*b.height;
     set(v,px-(px-b.x)*f,py-(py-b.y)*f,b.width*f,b.height*f);
   },{passive:false});
   let drag=null;
-  canvas.addEventListener('mousedown',e=>{if(e.button!==0)return;const b=vb(views[key()].svg);drag={x:e.clientX,y:e.clientY,bx:b.x,by:b.y,moved:false};canvas.classList.add('dragging');});
+  canvas.addEventListener('mousedown',e=>{if(e.button!==0)return;const
+  b=vb(views[key()].svg);drag={x:e.clientX,y:e.clientY,bx:b.x,by:b.y,moved:false};canvas.classList.add('dragging');});
   window.addEventListener('mousemove',e=>{
     if(!drag)return; const v=views[key()], b=vb(v.svg), r=canvas.getBoundingClientRect();
     const dx=(e.clientX-drag.x)*b.width/r.width, dy=(e.clientY-drag.y)*b.height/r.height;
@@ -653,18 +666,21 @@ _JS = r"""
   });
   window.addEventListener('mouseup',()=>{setTimeout(()=>{drag=null;},0);canvas.classList.remove('dragging');});
   // --- tooltips and the details panel ---
-  function rowsHtml(d){return '<table>'+d.rows.map(r=>'<tr><td>'+esc(r[0])+'</td><td>'+esc(r[1])+'</td></tr>').join('')+'</table>';}
+  function rowsHtml(d){return
+  '<table>'+d.rows.map(r=>'<tr><td>'+esc(r[0])+'</td><td>'+esc(r[1])+'</td></tr>').join('')+'</table>';}
   canvas.addEventListener('mousemove',e=>{
     const g=e.target.closest&&e.target.closest('.node');
     if(!g||drag&&drag.moved){tip.style.display='none';return;}
     const d=det(g.dataset.id); if(!d)return;
     tip.innerHTML='<b>'+esc(d.title)+'</b><br><code>'+esc(d.line)+'</code>';
     tip.style.display='block';
-    const x=Math.min(e.clientX+14, window.innerWidth-tip.offsetWidth-8), y=Math.min(e.clientY+14, window.innerHeight-tip.offsetHeight-8);
+    const x=Math.min(e.clientX+14, window.innerWidth-tip.offsetWidth-8), y=Math.min(e.clientY+14,
+    window.innerHeight-tip.offsetHeight-8);
     tip.style.left=x+'px'; tip.style.top=y+'px';
   });
   canvas.addEventListener('mouseleave',()=>{tip.style.display='none';});
-  function closure(id,dir,acc){acc=acc||new Set();if(acc.has(id))return acc;acc.add(id);for(const n of det(id)[dir])closure(n,dir,acc);return acc;}
+  function closure(id,dir,acc){acc=acc||new Set();if(acc.has(id))return acc;acc.add(id);for(const n of
+  det(id)[dir])closure(n,dir,acc);return acc;}
   function clearMarks(){scene.querySelectorAll('.dim,.sel,.hit').forEach(el=>el.classList.remove('dim','sel','hit'));}
   function highlight(ids){
     scene.querySelectorAll('.node').forEach(g=>{if(!ids.has(g.dataset.id))g.classList.add('dim');});
@@ -677,27 +693,32 @@ _JS = r"""
     highlight(ids);
     document.getElementById(scene.querySelector('svg').id+'-'+id).classList.add('sel');
     panel.innerHTML='<h2>'+esc(d.title)+'</h2><div class="line"><code>'+esc(d.line)+'</code></div>'+rowsHtml(d)+
-      '<p class="note">Highlighted: everything this node depends on and everything that uses it. Click empty space to clear.</p>';
+      '<p class="note">Highlighted: everything this node depends on and everything that uses it. Click empty space to
+      clear.</p>';
   }
   canvas.addEventListener('click',e=>{
     if(drag&&drag.moved)return;
     const g=e.target.closest&&e.target.closest('.node');
     if(g)select(g.dataset.id); else {clearMarks(); panel.innerHTML=document.getElementById('help').innerHTML;}
   });
-  canvas.addEventListener('keydown',e=>{const g=e.target.closest&&e.target.closest('.node'); if(g&&(e.key==='Enter'||e.key===' ')){select(g.dataset.id);e.preventDefault();}});
+  canvas.addEventListener('keydown',e=>{const g=e.target.closest&&e.target.closest('.node');
+  if(g&&(e.key==='Enter'||e.key===' ')){select(g.dataset.id);e.preventDefault();}});
   // --- search: outputs and stored names (glob * ? or substring) ---
   const search=document.getElementById('search');
   function runSearch(){
     clearMarks(); const q=search.value.trim(); if(!q)return;
-    let re; try{re=new RegExp(q.includes('*')||q.includes('?')?('^'+q.replace(/[.+^${}()|[\]\\]/g,'\\$&').replace(/\*/g,'.*').replace(/\?/g,'.')+'$'):q.replace(/[.*+?^${}()|[\]\\]/g,'\\$&'));}catch(err){return;}
+    let re; try{re=new
+    RegExp(q.includes('*')||q.includes('?')?('^'+q.replace(/[.+^${}()|[\]\\]/g,'\\$&').replace(/\*/g,'.*').replace(/\?/g,'.')+'$'):q.replace(/[.*+?^${}()|[\]\\]/g,'\\$&'));}catch(err){return;}
     const ids=new Set();
     for(const [id,d] of Object.entries(DATA[key()])){ if(d.search.split(' ').some(s=>re.test(s))){ids.add(id);} }
     const all=new Set(); ids.forEach(id=>{closure(id,'preds',all);});
     highlight(all); let first=null;
-    ids.forEach(id=>{const el=document.getElementById(scene.querySelector('svg').id+'-'+id); if(el){el.classList.add('hit'); if(!first)first=el;}});
+    ids.forEach(id=>{const el=document.getElementById(scene.querySelector('svg').id+'-'+id);
+    if(el){el.classList.add('hit'); if(!first)first=el;}});
     if(first){ // bring the first match into view, keeping the zoom
       const v=views[key()], b=vb(v.svg), r=first.querySelector('rect').getBBox();
-      if(r.y<b.y||r.y+r.height>b.y+b.height||r.x<b.x||r.x+r.width>b.x+b.width) set(v,Math.max(v.full[0],r.x-40),r.y-40,b.width,b.height);
+      if(r.y<b.y||r.y+r.height>b.y+b.height||r.x<b.x||r.x+r.width>b.x+b.width)
+      set(v,Math.max(v.full[0],r.x-40),r.y-40,b.width,b.height);
     }
     document.getElementById('hits').textContent=ids.size?ids.size+' match'+(ids.size>1?'es':''):'no match';
   }

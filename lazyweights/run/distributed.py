@@ -13,13 +13,12 @@ Example (not run here: it starts processes):
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..compiler.steps import outputs_of
+from ..graph.opcodes import Op
 from .driver import execute
 from .sinks import MemorySink
-from ..graph.opcodes import Op
 
 
 def groups_by_file(outputs: dict) -> list[dict]:

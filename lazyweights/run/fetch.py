@@ -15,9 +15,9 @@ import threading
 import numpy as np
 
 from ..graph.layout import view_of
-from ..io.source import SourceRecord, is_remote
 from ..graph.node import Node
 from ..graph.opcodes import GroupOp, Op
+from ..io.source import SourceRecord, is_remote
 
 _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"

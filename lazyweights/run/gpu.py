@@ -66,11 +66,6 @@ from typing import Mapping
 
 import numpy as np
 
-from ..core.device import DeviceRef
-from ..core.dtype import DType
-from ..core.errors import (DTypeError, DependencyError, DeviceError, ExecutionError, LazyWeightsError, ShapeError, UsageError)
-from ..core.units import available_cpus
-from ..kernels.cuda_casts import storage_dtype
 from ..compiler.gpu import (
     DEFAULT_GPU_BLOCK_BYTES,
     UINT_OF_SIZE,
@@ -80,9 +75,22 @@ from ..compiler.gpu import (
     split_chain,
 )
 from ..compiler.steps import outputs_of
+from ..core.device import DeviceRef
+from ..core.dtype import DType
+from ..core.errors import (
+    DependencyError,
+    DeviceError,
+    DTypeError,
+    ExecutionError,
+    LazyWeightsError,
+    ShapeError,
+    UsageError,
+)
+from ..core.units import available_cpus
+from ..kernels.cuda_casts import storage_dtype
 from .blocks import write_rows
-from .fetch import fetch_step_sources
 from .driver import name_error
+from .fetch import fetch_step_sources
 from .progress import Progress
 
 __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",

@@ -17,8 +17,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..core.device import DeviceRef
 from ..compiler.steps import outputs_of
+from ..core.device import DeviceRef
 from ..graph.node import Node
 from .driver import execute, resolve_scheduler
 from .sinks import MemorySink

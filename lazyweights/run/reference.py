@@ -18,8 +18,8 @@ from typing import Iterable
 
 import numpy as np
 
-from ..core.errors import ExecutionError, LazyWeightsError
 from ..compiler.steps import outputs_of
+from ..core.errors import ExecutionError, LazyWeightsError
 from ..graph.node import Node, toposort
 from ..graph.opcodes import Op, OpTable
 
@@ -141,7 +141,8 @@ def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> lis
             raise
         except Exception as e:  # a bug or resource failure inside a kernel: name the tensor
             who = consumers.get(n, "?")
-            raise ExecutionError(f"computing {n.op} for tensor {who!r} failed: {type(e).__name__}: {e}", tensor=who) from e
+            raise ExecutionError(f"computing {n.op} for tensor {who!r} failed: {type(e).__name__}: {e}",
+                                 tensor=who) from e
         for s in n.srcs:
             remaining[s] -= 1
             if remaining[s] == 0:

@@ -114,7 +114,8 @@ def layer_groups(names: Sequence[str]) -> list[list[str]]:
     the order a serving engine loads a model in.
 
     Example:
-        >>> layer_groups(["lm_head.weight", "model.layers.1.w", "model.layers.0.w", "model.layers.10.w", "model.layers.0.b"])
+        >>> layer_groups(["lm_head.weight", "model.layers.1.w", "model.layers.0.w", "model.layers.10.w",
+        ...               "model.layers.0.b"])
         [['lm_head.weight'], ['model.layers.0.w', 'model.layers.0.b'], ['model.layers.1.w'], ['model.layers.10.w']]
     """
     import re

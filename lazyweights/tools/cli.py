@@ -148,7 +148,8 @@ def cmd_inspect(args) -> int:
         }
         _out(json.dumps(doc, indent=2))
         return 0
-    files = ", ".join(os.path.basename(f) for f in ck.files[:3]) + (f", ... ({len(ck.files)} files)" if len(ck.files) > 3 else "")
+    files = ", ".join(os.path.basename(f) for f in ck.files[:3])
+    files += f", ... ({len(ck.files)} files)" if len(ck.files) > 3 else ""
     _out(f"{ck.format.value} checkpoint: {files}: {len(ck.records)} tensors"
          + (f", {len(names)} matching {args.filter!r}" if args.filter else ""))
     rows = [["name", "dtype", "shape", "quant", "size"]]
@@ -311,7 +312,8 @@ def _compare(a, b, rtol: float, atol: float, chunk: int = 1 << 21) -> dict:
         if same_bits and np.array_equal(xa.view(np.uint8), xb.view(np.uint8)):
             continue
         if a.dtype.kind in "iub" and b.dtype.kind in "iub":
-            da, db = xa.astype(np.int64 if a.dtype.kind != "u" else np.uint64), xb.astype(np.int64 if b.dtype.kind != "u" else np.uint64)
+            da = xa.astype(np.int64 if a.dtype.kind != "u" else np.uint64)
+            db = xb.astype(np.int64 if b.dtype.kind != "u" else np.uint64)
             da, db = da.astype(np.float64), db.astype(np.float64)
         else:
             da, db = xa.astype(np.float64), xb.astype(np.float64)
@@ -365,7 +367,8 @@ def cmd_diff(args) -> int:
             if res["mismatched"]:
                 differing += 1
                 _out(f"~ {n}  values: max abs err {res['max_abs']:.3g}, max rel err {res['max_rel']:.3g}, "
-                     f"{res['mismatched']:,} of {res['elements']:,} elements beyond rtol={args.rtol:g} atol={args.atol:g}")
+                     f"{res['mismatched']:,} of {res['elements']:,} elements beyond rtol={args.rtol:g} "
+                     f"atol={args.atol:g}")
             elif n in changed:
                 _out(f"= {n}  values equal within rtol={args.rtol:g} atol={args.atol:g} "
                      f"(max abs err {res['max_abs']:.3g}, max rel err {res['max_rel']:.3g})")

@@ -67,7 +67,8 @@ def write_llama_checkpoint(directory: str, layers: int = 2, seed: int = 0, fp8_s
         save_file({k: tensors[k] for k in keys}, os.path.join(directory, fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in keys})
     with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}, f, indent=2)
+        total = sum(v.nbytes for v in tensors.values())
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     return cfg
@@ -159,7 +160,8 @@ def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", 
     want = eager_reference(ckpt, cfg)
     got = load_weights(out_dir)
     bad = [n for n, a in want.items()
-           if not got[n].exists() or got[n].data().to_numpy().tobytes() != a.tobytes() or got[n].data().dtype.to_numpy() != a.dtype]
+           if not got[n].exists() or got[n].data().to_numpy().tobytes() != a.tobytes()
+           or got[n].data().dtype.to_numpy() != a.dtype]
     names = {n for n, _ in got.items()}
     if bad or names != set(want):
         say(f"MISMATCH: {sorted(bad) or sorted(names ^ set(want))}")
@@ -170,7 +172,8 @@ def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lazyweights demo", description=__doc__.split("\n\n")[1])
-    ap.add_argument("--workdir", default=None, help="where to write the checkpoint and the output (default: a temp dir)")
+    ap.add_argument("--workdir", default=None, help="where to write the checkpoint and the output (default: a temp "
+                                                    "dir)")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--budget", default="64MB")
     a = ap.parse_args(argv)

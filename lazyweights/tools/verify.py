@@ -196,7 +196,8 @@ class VerifyReport:
             lines.append(f"UNEXPECTED {n}")
         verdict = "OK" if self.ok else "FAILED"
         lines.append(f"{verdict}: {self.checked} tensors checked against {self.manifest}: "
-                     f"{len(self.mismatched)} mismatched, {len(self.missing)} missing, {len(self.unexpected)} unexpected")
+                     f"{len(self.mismatched)} mismatched, {len(self.missing)} missing, {len(self.unexpected)} "
+                     "unexpected")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -236,7 +237,8 @@ def verify(path, manifest=None, *, scheduler=None, budget=None, workers: int | N
                                     f"{want.get('dtype')}{want.get('shape')} in the manifest")
         elif want.get("hash") != hashes[name]:
             report.mismatched.append(name)
-            report.details[name] = f"hash {hashes[name][:16]}... on disk, {str(want.get('hash'))[:16]}... in the manifest"
+            listed = str(want.get("hash"))[:16]
+            report.details[name] = f"hash {hashes[name][:16]}... on disk, {listed}... in the manifest"
     report.missing = sorted(n for n in tensors if n not in plan.outputs)
     return report
 
