@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 from typing import Any, Iterable, Mapping
 
@@ -704,7 +703,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     folder (or none), never a half-written one. Returns the files written.
     """
     from ..api.plan import Plan
-    from ..formats.atomic import write_file_atomically
+    from ..io.atomic import staging_name, swap_directory, write_file_atomically
 
     path = os.fspath(path)
     p = adapted if isinstance(adapted, Plan) else Plan(adapted)
@@ -731,22 +730,16 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
     final = os.path.abspath(path)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp-{secrets.token_hex(4)}")
+    tmp = staging_name(final)
     os.makedirs(tmp)
     try:
         files = list(p.save(tmp, format="safetensors", **save_kwargs) or [])
         for name, data in extra().items():
             write_file_atomically(os.path.join(tmp, name), data)
             files.append(os.path.join(tmp, name))
-        old = None
-        if os.path.exists(final):
-            if not os.path.isdir(final):
-                raise WriteError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
-            old = os.path.join(parent, f".{os.path.basename(final)}.old-{secrets.token_hex(4)}")
-            os.rename(final, old)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final) and not os.path.isdir(final):
+            raise WriteError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
+        swap_directory(tmp, final)  # the old folder, if any, survives a failure here whole
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -50,7 +50,7 @@ from ..core.errors import ArgumentTypeError, DTypeError, MissingWeightError, Sha
 from ..core.quantization import QuantizationEncoding
 from ..graph.node import Node
 from ..graph.opcodes import Op
-from .atomic import AtomicFile
+from ..io.atomic import AtomicFile
 from .gguf import DEFAULT_ALIGNMENT, DTYPE_GGML, ENCODING_GGML, GGUF_MAGIC, SCALAR_FORMATS, SPLIT_KEYS, GGUFArray
 from .source import TensorRecord
 

@@ -3,14 +3,14 @@
 `SafetensorsLayout` computes a whole file's header and every tensor's offset from metadata alone, in
 exactly the layout `safetensors.numpy.save_file` produces (tensors sorted by dtype, widest first, then by
 name; compact JSON; header padded with spaces to 8 bytes), so a saved file is byte-identical to what the
-safetensors package would write for the same tensors. The bytes go through `formats.atomic.AtomicFile`:
+safetensors package would write for the same tensors. The bytes go through `io.atomic.AtomicFile`:
 written by offset from any thread, renamed into place only when complete.
 
 Example:
     >>> import json, os, tempfile, numpy as np
     >>> from safetensors.numpy import load_file
     >>> from lazyweights import DType
-    >>> from lazyweights.formats.atomic import AtomicFile
+    >>> from lazyweights.io.atomic import AtomicFile
     >>> from lazyweights.formats.safetensors_writer import SafetensorsLayout
     >>> layout = SafetensorsLayout({"w": (DType.float32, (2,))}, {"format": "np"})
     >>> path = os.path.join(tempfile.mkdtemp(), "x.safetensors")

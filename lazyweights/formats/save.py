@@ -26,16 +26,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from typing import Mapping
 
 from ..compiler.steps import outputs_of
 from ..core.errors import ExecutionError, UsageError
 from ..core.units import parse_size
 from ..graph.node import Node
+from ..io.atomic import AtomicFile, staging_name, swap_directory, write_file_atomically
 from ..run.driver import execute, resolve_scheduler
 from ..run.sinks import WriterSink
-from .atomic import AtomicFile, fsync_dir, write_file_atomically
 from .safetensors_writer import SafetensorsLayout
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -105,7 +104,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
     # the index last.
     staging = None
     if not os.path.isdir(directory):
-        staging = f"{directory}.tmp-{os.getpid()}-{threading.get_ident() % 10000:04d}"
+        staging = staging_name(directory)
         os.makedirs(staging)
     work_files = [os.path.join(staging, os.path.basename(f)) for f in files] if staging else files
     writers: list[AtomicFile] = []
@@ -118,8 +117,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
         if len(files) > 1:
             _write_index(staging or directory, _index_doc(outputs, files, shards))
         if staging:
-            os.rename(staging, directory)
-            fsync_dir(os.path.dirname(directory))
+            swap_directory(staging, directory)
     except BaseException:
         for w in writers:
             w.abort()

@@ -37,6 +37,7 @@ import subprocess
 from ..core.errors import DependencyError, ExecutionError, UsageError
 from ..graph.node import Node, toposort
 from ..graph.opcodes import Op
+from ..io.atomic import commit_file, staging_name, write_file_atomically
 from .explain import (
     View,
     build_view,
@@ -330,14 +331,14 @@ def _render_with_dot(dot_text: str, path: str, fmt: str) -> None:
     args = [exe, f"-T{fmt}"]
     if fmt == "png":
         args.append("-Gdpi=110")
-    tmp = path + ".tmp"
+    tmp = staging_name(path)  # unique: two renders of one path never share a temporary
     try:
         proc = subprocess.run(args + ["-o", tmp], input=dot_text.encode("utf-8"), capture_output=True, timeout=600)
         if proc.returncode != 0:
             msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
             raise ExecutionError(f"Graphviz dot failed for {path}: "
                                  f"{msg[-1] if msg else 'exit ' + str(proc.returncode)}")
-        os.replace(tmp, path)
+        commit_file(tmp, path)
     except subprocess.TimeoutExpired:
         raise ExecutionError(f"Graphviz dot took over 10 minutes for {path}; "
                              "try the .html view or a --filter") from None
@@ -800,12 +801,4 @@ def visualize(plan, path, group_layers: bool = True) -> str:
 
 def _write_text(path: str, text: str) -> None:
     """Write atomically: a partial picture never replaces a good one."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_file_atomically(path, text.encode("utf-8"))

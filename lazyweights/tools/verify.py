@@ -47,7 +47,7 @@ from ..api.weights import load_weights
 from ..compiler.steps import outputs_of
 from ..core.dtype import DType
 from ..core.errors import ExecutionError, UsageError, VerifyError
-from ..formats.atomic import write_file_atomically
+from ..io.atomic import write_file_atomically
 from ..run.driver import execute, resolve_scheduler
 from ..run.reference import materialize_reference
 from ..run.sinks import WriterSink

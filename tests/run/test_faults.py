@@ -147,7 +147,7 @@ def test_source_changed_between_blocks(tmp_path, fmt, action, mode):
 TRUNCATE_IN_BLOCK = r"""
 import os, sys, numpy as np
 import lazyweights as lw
-from lazyweights.formats.atomic import AtomicFile as StreamingFile
+from lazyweights.io.atomic import AtomicFile as StreamingFile
 from lazyweights.kernels import casts
 action, op, d = sys.argv[1:4]
 src = os.path.join(d, "src.safetensors")

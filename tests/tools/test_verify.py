@@ -180,7 +180,7 @@ def test_write_manifest_from_a_checkpoint_on_disk(src, tmp_path):
 
 def test_save_and_manifest_detects_a_bad_write(src, tmp_path, monkeypatch):
     """The manifest comes from the plan, not the written bytes: a writer that corrupts one block is caught."""
-    import lazyweights.formats.atomic as sw
+    import lazyweights.io.atomic as sw
 
     w, _ = src
     p = _plan(w)

@@ -1,9 +1,16 @@
-"""The one way lazyweights writes a file: into a hidden temporary beside the final name, by offset, from any
-thread, then fsync + rename + directory fsync on `commit()`. Until then nothing exists under the final name;
-`abort()` (or an exception in a `with` block, or the object being collected) removes the temporary.
+"""The one way lazyweights writes a file or a folder.
 
-Every writer builds on it: safetensors shards and their index (`formats/save.py`), GGUF
-(`formats/gguf_writer.GGUFStreamWriter`), verify manifests (`tools/verify.py`).
+A file: `AtomicFile` writes into a hidden temporary beside the final name (a unique name, never a fixed one),
+by offset, from any thread, then fsync + rename + directory fsync on `commit()`. Until then nothing exists under
+the final name; `abort()` (or an exception in a `with` block, or the object being collected) removes the
+temporary. `write_file_atomically` does that for bytes in memory.
+
+A folder: built under `staging_name(path)`, then put in place by `swap_directory`, which keeps the old folder
+whole through any failure.
+
+Every writer builds on it: safetensors shards and their index and sharded folders (`formats/save.py`), GGUF
+(`formats/gguf_writer.GGUFStreamWriter`), Hugging Face folders (`adapters/hf_export.save_converted`), plan
+pictures (`render/visualize.py`), verify manifests (`tools/verify.py`). It sits in `io`, below them all.
 
 Example:
     >>> import os, tempfile
@@ -20,6 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import weakref
 
 import numpy as np
@@ -72,7 +80,7 @@ class AtomicFile:
             fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as e:
             raise WriteError(f"{self.path}: cannot create the output: {e.strerror}", path=self.path) from e
-        self._fd_box = [fd]
+        self._fd_box: list[int | None] = [fd]
         self.state = "open"
         self._finalizer = weakref.finalize(self, _remove, self._fd_box, self.tmp_path)
         if size and not reserve:
@@ -157,3 +165,79 @@ def write_file_atomically(path, data: bytes) -> str:
     with AtomicFile(path, len(data)) as f:
         f.write(0, data)
     return f.path
+
+
+def swap_directory(staging: str, target: str) -> None:
+    """Put the folder `staging` in place of `target` (which may not exist yet), so that `target` is always
+    either the old folder, whole, or the new one, whole; then fsync the parent directory.
+
+    POSIX renames one folder over another only when the second is empty, so an existing `target` is first
+    renamed to a unique hidden backup beside it, then `staging` to `target`, then the backup is removed. If
+    the second rename fails, the backup is renamed back before the error propagates: the old folder survives
+    any failure, and no backup is left behind. `staging` must be on the same file system (a sibling).
+
+    Example:
+        >>> import os, tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> for name, text in (("out", "old"), ("new", "fresh")):
+        ...     os.makedirs(os.path.join(root, name))
+        ...     with open(os.path.join(root, name, "f.txt"), "w") as f:
+        ...         _ = f.write(text)
+        >>> swap_directory(os.path.join(root, "new"), os.path.join(root, "out"))
+        >>> open(os.path.join(root, "out", "f.txt")).read(), sorted(os.listdir(root))
+        ('fresh', ['out'])
+    """
+    target = os.path.abspath(target)
+    parent = os.path.dirname(target)
+    backup = None
+    if os.path.lexists(target):
+        if not os.path.isdir(target) or os.path.islink(target):
+            raise WriteError(f"{target} exists and is not a folder; cannot put a folder there", path=target)
+        backup = os.path.join(parent, f".{os.path.basename(target)}.old-{secrets.token_hex(4)}")
+        os.rename(target, backup)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        if backup is not None:
+            os.rename(backup, target)  # the old folder back under its name
+        raise
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+    fsync_dir(parent)
+
+
+def staging_name(path: str, kind: str = "tmp") -> str:
+    """A unique hidden sibling name for building `path` in place (`.name.tmp-1a2b3c4d`): never a fixed name,
+    so two writers of the same path never share a temporary.
+
+    Example:
+        >>> a, b = staging_name("/data/out.svg"), staging_name("/data/out.svg")
+        >>> a.startswith("/data/.out.svg.tmp-") and a != b
+        True
+    """
+    head, tail = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{tail}.{kind}-{secrets.token_hex(4)}")
+
+
+def commit_file(tmp: str, path: str) -> str:
+    """Finish a file another program wrote under `tmp` (a `staging_name(path)`): fsync it, rename it to `path`,
+    fsync the directory. Returns `path`. For writers that cannot write through `AtomicFile` (Graphviz's `dot`
+    writes its own output file).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "plan.svg")
+        >>> tmp = staging_name(path)
+        >>> with open(tmp, "w") as f:
+        ...     _ = f.write("<svg/>")
+        >>> commit_file(tmp, path) == path, os.path.exists(tmp), open(path).read()
+        (True, False, '<svg/>')
+    """
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return path
