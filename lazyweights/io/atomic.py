@@ -37,7 +37,13 @@ from ..core.errors import WriteError
 
 def fsync_dir(directory: str) -> None:
     """fsync a directory so a rename into it is durable; file systems that cannot do it are skipped (the
-    rename itself is atomic either way)."""
+    rename itself is atomic either way).
+
+    Example:
+        >>> import tempfile
+        >>> fsync_dir(tempfile.mkdtemp())
+        >>> fsync_dir("/no/such/folder")  # nothing to make durable: skipped, no error
+    """
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
     except OSError:
@@ -48,6 +54,21 @@ def fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _create_temporary(path: str) -> tuple[int, str]:
+    """Create and open a new hidden temporary beside `path`, as `tempfile.mkstemp` does: a random name
+    (`staging_name`), created with O_EXCL so it is never shared, another name tried on a collision."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = staging_name(path)
+        try:
+            return os.open(tmp, flags, 0o644), tmp
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise WriteError(f"{path}: cannot create the output: {e.strerror}", path=path) from e
+    raise WriteError(f"{path}: cannot create the output: no free temporary name beside it", path=path)
 
 
 def _remove(fd_box: list, tmp: str) -> None:
@@ -72,14 +93,9 @@ class AtomicFile:
 
     def __init__(self, path, size: int | None = None, *, fsync: bool = True, reserve: bool = True):
         self.path = os.path.abspath(os.fspath(path))
-        directory, base = os.path.split(self.path)
-        self.tmp_path = os.path.join(directory, f".{base}.tmp-{secrets.token_hex(4)}")
         self.size = size
         self.fsync = fsync
-        try:
-            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as e:
-            raise WriteError(f"{self.path}: cannot create the output: {e.strerror}", path=self.path) from e
+        fd, self.tmp_path = _create_temporary(self.path)
         self._fd_box: list[int | None] = [fd]
         self.state = "open"
         self._finalizer = weakref.finalize(self, _remove, self._fd_box, self.tmp_path)
@@ -160,9 +176,21 @@ class AtomicFile:
         return False
 
 
-def write_file_atomically(path, data: bytes) -> str:
-    """Write a small file whole (an index, a manifest): a reader sees the old file or all of the new one."""
-    with AtomicFile(path, len(data)) as f:
+def write_file_atomically(path, data: bytes, *, fsync: bool = True) -> str:
+    """Write a small file whole (an index, a manifest, a picture): a reader sees the old file or all of the
+    new one, and a failure leaves the old file and no temporary. Returns the final (absolute) path.
+    `fsync=False` skips the fsyncs (a cache's bookkeeping, where atomic is enough and durable is not needed).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "index.json")
+        >>> write_file_atomically(path, b"{}") == path, open(path, "rb").read()
+        (True, b'{}')
+        >>> _ = write_file_atomically(path, b'{"a": 1}')
+        >>> open(path, "rb").read(), os.listdir(os.path.dirname(path))
+        (b'{"a": 1}', ['index.json'])
+    """
+    with AtomicFile(path, len(data), fsync=fsync) as f:
         f.write(0, data)
     return f.path
 
@@ -174,7 +202,9 @@ def swap_directory(staging: str, target: str) -> None:
     POSIX renames one folder over another only when the second is empty, so an existing `target` is first
     renamed to a unique hidden backup beside it, then `staging` to `target`, then the backup is removed. If
     the second rename fails, the backup is renamed back before the error propagates: the old folder survives
-    any failure, and no backup is left behind. `staging` must be on the same file system (a sibling).
+    any failure, and no backup is left behind. `staging` must be on the same file system (a sibling). A
+    failed rename is a `WriteError` naming `target` (and, if even the renaming back failed, where the old
+    folder is).
 
     Example:
         >>> import os, tempfile
@@ -189,17 +219,28 @@ def swap_directory(staging: str, target: str) -> None:
     """
     target = os.path.abspath(target)
     parent = os.path.dirname(target)
+    fsync_dir(staging)  # the staged folder's own entries are durable before it takes the name
     backup = None
     if os.path.lexists(target):
         if not os.path.isdir(target) or os.path.islink(target):
             raise WriteError(f"{target} exists and is not a folder; cannot put a folder there", path=target)
-        backup = os.path.join(parent, f".{os.path.basename(target)}.old-{secrets.token_hex(4)}")
-        os.rename(target, backup)
+        backup = staging_name(target, "old")
+        try:
+            os.rename(target, backup)
+        except OSError as e:  # nothing moved: the old folder is still in place
+            raise WriteError(f"{target}: cannot move the old folder aside: {e.strerror or e}", path=target) from e
     try:
         os.rename(staging, target)
-    except BaseException:
+    except BaseException as e:
         if backup is not None:
-            os.rename(backup, target)  # the old folder back under its name
+            try:
+                os.rename(backup, target)  # the old folder back under its name
+            except OSError as e2:
+                raise WriteError(f"{target}: the new folder could not be put in place ({e}) nor the old one "
+                                 f"back ({e2.strerror or e2}); the old folder is whole at {backup}",
+                                 path=target) from e
+        if isinstance(e, OSError):
+            raise WriteError(f"{target}: cannot put the new folder in place: {e.strerror or e}", path=target) from e
         raise
     if backup is not None:
         shutil.rmtree(backup, ignore_errors=True)
@@ -222,7 +263,7 @@ def staging_name(path: str, kind: str = "tmp") -> str:
 def commit_file(tmp: str, path: str) -> str:
     """Finish a file another program wrote under `tmp` (a `staging_name(path)`): fsync it, rename it to `path`,
     fsync the directory. Returns `path`. For writers that cannot write through `AtomicFile` (Graphviz's `dot`
-    writes its own output file).
+    writes its own output file). A failure is a `WriteError`, and `tmp` is then the caller's to remove.
 
     Example:
         >>> import os, tempfile
@@ -233,11 +274,14 @@ def commit_file(tmp: str, path: str) -> str:
         >>> commit_file(tmp, path) == path, os.path.exists(tmp), open(path).read()
         (True, False, '<svg/>')
     """
-    fd = os.open(tmp, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise WriteError(f"{path}: could not finish writing: {e.strerror or e}", path=path) from e
     fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path

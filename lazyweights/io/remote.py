@@ -60,6 +60,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core.errors import RemoteError, SourceChangedError
+from .atomic import write_file_atomically
 
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10
@@ -519,10 +520,9 @@ class RemoteFile:
         if self._meta_path is None:
             return
         doc = {"url": self.path, "size": self.size, "etag": self.etag, "ranges": self._have.ranges}
-        tmp = f"{self._meta_path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, self._meta_path)
+        # atomic (a reader never sees half of it), not durable: the .data beside it is not fsynced either,
+        # and a lost or stale record only costs a re-fetch
+        write_file_atomically(self._meta_path, json.dumps(doc).encode(), fsync=False)
 
     # --- fetching ----------------------------------------------------------------------------------------
     def _retrying(self, call, what: str, *args):
