@@ -98,6 +98,22 @@ def _config(ckpt):
         return types.SimpleNamespace(**json.load(f))
 
 
+def _download4(shards, size_of, fetch_part) -> dict:
+    """The floor: each shard fetched into memory as 4 ranged requests in parallel. `size_of(shard)` is its
+    length; `fetch_part(shard, buf, start, end)` fills buf[start:end]."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = {}
+    with ThreadPoolExecutor(4) as pool:
+        for shard in shards:
+            size = size_of(shard)
+            buf = bytearray(size)
+            cuts = [size * i // 4 for i in range(5)]
+            list(pool.map(lambda se: fetch_part(shard, buf, *se), zip(cuts, cuts[1:])))
+            out[shard] = buf
+    return out
+
+
 def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
     sys.path.insert(0, BENCH)
     from memwatch import PeakMem
@@ -109,23 +125,17 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
         t = time.perf_counter()
         if name == "download4":
             import requests
-            from concurrent.futures import ThreadPoolExecutor
 
-            out = {}
-
-            def part(url, buf, s, e):
+            def part(shard, buf, s, e):
+                url = f"{base_url}/{shard}"
                 with requests.get(url, headers={"Range": f"bytes={s}-{e - 1}"}, stream=True) as r:
                     assert r.status_code == 206
                     r.raw.readinto(memoryview(buf)[s:e])
 
-            with ThreadPoolExecutor(4) as pool:
-                for shard in shards:
-                    url = f"{base_url}/{shard}"
-                    size = int(requests.head(url).headers["Content-Length"])
-                    buf = bytearray(size)
-                    cuts = [size * i // 4 for i in range(5)]
-                    list(pool.map(lambda se: part(url, buf, *se), zip(cuts, cuts[1:])))
-                    out[shard] = buf
+            def size(shard):
+                return int(requests.head(f"{base_url}/{shard}").headers["Content-Length"])
+
+            _download4(shards, size, part)
             seconds = time.perf_counter() - t
             return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
         if name == "rank0of4":
@@ -167,13 +177,12 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
                 out.update(_w1_numpy(streamer.get_tensors(), ckpt))
         elif name == "s3-download4":
             import boto3
-            from concurrent.futures import ThreadPoolExecutor
 
             bucket, prefix = base_url[len("s3://"):].split("/", 1)
             client = boto3.client("s3", **_s3_boto_options())
-            out = {}
 
-            def s3_part(key, buf, s, e):
+            def s3_part(shard, buf, s, e):
+                key = f"{prefix}/{shard}"
                 body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={s}-{e - 1}")["Body"]
                 view, done = memoryview(buf)[s:e], 0
                 while done < e - s:
@@ -181,14 +190,10 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
                     assert n, "short read"
                     done += n
 
-            with ThreadPoolExecutor(4) as pool:
-                for shard in shards:
-                    key = f"{prefix}/{shard}"
-                    size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
-                    buf = bytearray(size)
-                    cuts = [size * i // 4 for i in range(5)]
-                    list(pool.map(lambda se: s3_part(key, buf, *se), zip(cuts, cuts[1:])))
-                    out[shard] = buf
+            def s3_size(shard):
+                return client.head_object(Bucket=bucket, Key=f"{prefix}/{shard}")["ContentLength"]
+
+            _download4(shards, s3_size, s3_part)
             seconds = time.perf_counter() - t
             return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
         seconds = time.perf_counter() - t

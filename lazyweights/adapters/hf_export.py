@@ -65,7 +65,6 @@ from ..core.errors import (
     LazyWeightsError,
     UnsupportedArchitectureError,
     UsageError,
-    WriteError,
 )
 from .gguf_names import gguf_to_hf
 
@@ -737,9 +736,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
         for name, data in extra().items():
             write_file_atomically(os.path.join(tmp, name), data)
             files.append(os.path.join(tmp, name))
-        if os.path.exists(final) and not os.path.isdir(final):
-            raise WriteError(f"{final} exists and is not a folder; cannot write a Hugging Face folder there")
-        swap_directory(tmp, final)  # the old folder, if any, survives a failure here whole
+        swap_directory(tmp, final)  # WriteError if a file is in the way; an old folder survives any failure
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -103,7 +103,7 @@ def _slice_below(x: Node, slices: tuple) -> Node:
     if op is Op.SLICE:
         composed = []
         for (s0, _, st0), (s1, e1, st1) in zip(x.arg, slices):
-            count = (e1 - s1) // st1 if st1 == 1 else len(range(s1, e1, st1))
+            count = len(range(s1, e1, st1))
             start = s0 + s1 * st0
             composed.append((start, start + count * st0 * st1, st0 * st1))
         return _slice_below(src, tuple(composed))

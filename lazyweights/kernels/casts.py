@@ -68,6 +68,7 @@ Example:
 """
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import warnings
@@ -100,36 +101,35 @@ _MISSING_BUILD = ("lazyweights.kernels.{name} is not built ({why}): lazyweights'
                   "--no-binary lazyweights lazyweights`, or `pip install -e .` in a checkout)")
 
 
+def _extension(name: str):
+    """Import one of the compiled extensions of this folder; a `DependencyError` says how to rebuild it when
+    it is missing (an install whose build was skipped or removed)."""
+    try:
+        return importlib.import_module(f"{__package__}.{name}")
+    except ImportError as e:
+        raise DependencyError(_MISSING_BUILD.format(name=name, why=e)) from e
+
+
 def compiled_kernels():
-    """The compiled extension with the casts and every GGUF dequantizer (`_ccasts`). A `DependencyError`
-    says how to rebuild it when it is missing (an install whose build was skipped or removed).
+    """The compiled extension with the casts and every GGUF dequantizer (`_ccasts`).
 
     Example:
         >>> from lazyweights.kernels.casts import compiled_kernels
         >>> hasattr(compiled_kernels(), "dq_Q4_K")
         True
     """
-    try:
-        from . import _ccasts
-    except ImportError as e:
-        raise DependencyError(_MISSING_BUILD.format(name="_ccasts", why=e)) from e
-    return _ccasts
+    return _extension("_ccasts")
 
 
 def compiled_quantizers():
-    """The compiled extension with ggml's GGUF quantizers (`_cquant`). A `DependencyError` says how to
-    rebuild it when it is missing.
+    """The compiled extension with ggml's GGUF quantizers (`_cquant`).
 
     Example:
         >>> from lazyweights.kernels.casts import compiled_quantizers
         >>> hasattr(compiled_quantizers(), "quantize_TQ1_0")
         True
     """
-    try:
-        from . import _cquant
-    except ImportError as e:
-        raise DependencyError(_MISSING_BUILD.format(name="_cquant", why=e)) from e
-    return _cquant
+    return _extension("_cquant")
 
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.
@@ -276,8 +276,7 @@ _load_error: BaseException | None = None
 
 
 def _load_kernels() -> None:
-    """Import the C kernels, build the pair table, load and check the hot pairs. Runs once per process
-    (tests may run it again through `_reload`)."""
+    """Import the C kernels, build the pair table, load and check the hot pairs. Runs once per process."""
     global _K, _table, _load_error
     try:
         K = compiled_kernels()
@@ -295,18 +294,6 @@ def _load_kernels() -> None:
         _ready.set()
 
 
-def _reload() -> str:
-    """Forget the loaded kernels and their checks, then load them again (for tests that break a kernel on
-    purpose). Returns `kernel_backend()`."""
-    global _K, _table, _load_error
-    with _lock:
-        _K, _table, _load_error = None, None, None
-        _disabled.clear()
-        _verified.clear()
-        _ready.clear()
-    return kernel_backend()
-
-
 def kernel_backend() -> str:
     """Which kernels casts use right now: "c" (ahead-of-time compiled) or "numpy" (switched off by
     ``LAZYWEIGHTS_CAST_KERNELS=numpy`` or `USE_COMPILED`, or the kernels failed to load).
@@ -319,10 +306,9 @@ def kernel_backend() -> str:
     return "c" if warm_up() else "numpy"
 
 
-def warm_up(wait: bool = True) -> bool:
+def warm_up() -> bool:
     """Load the compiled casts (once per process: about a millisecond, plus checking the hot pairs against
-    astype). Returns whether they are in use. `wait` is kept for callers of the older API; loading is always
-    synchronous now.
+    astype). Returns whether they are in use.
 
     Example:
         >>> from lazyweights.kernels.casts import warm_up, USE_COMPILED, HAVE_C

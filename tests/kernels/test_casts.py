@@ -382,19 +382,9 @@ def test_a_plan_casts_with_c_and_imports_no_jit():
 def test_a_missing_build_is_a_dependency_error(monkeypatch):
     # The extensions are required (setup.py fails the install without a compiler); an install whose .so was
     # removed gets a DependencyError that says how to rebuild, not a bare ImportError deep in a plan.
-    import builtins
-
     from lazyweights.core.errors import DependencyError
 
-    real_import = builtins.__import__
-
-    def no_ccasts(name, globals=None, locals=None, fromlist=(), level=0):
-        if fromlist and "_ccasts" in fromlist:
-            raise ImportError("No module named 'lazyweights.kernels._ccasts'")
-        return real_import(name, globals, locals, fromlist, level)
-
-    monkeypatch.delitem(sys.modules, "lazyweights.kernels._ccasts")
-    monkeypatch.setattr(builtins, "__import__", no_ccasts)
+    monkeypatch.setitem(sys.modules, "lazyweights.kernels._ccasts", None)  # import then raises ImportError
     with pytest.raises(DependencyError, match=r"_ccasts is not built .*reinstall with a C compiler"):
         casts.compiled_kernels()
 
