@@ -66,23 +66,12 @@ from ..core.errors import (
     UnsupportedArchitectureError,
     UsageError,
 )
+from .archs import ALIASES as _ALIASES
+from .archs import ARCHS, GGUF_ARCHS, _unknown, arch_for_gguf
 from .gguf_names import gguf_to_hf
 
-# Hugging Face model_type -> (GGUF architecture, HF architecture class)
-SUPPORTED: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "mistral": ("llama", "MistralForCausalLM"),
-    "mixtral": ("llama", "MixtralForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM"),
-    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
-    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
-    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
-    "phi3": ("phi3", "Phi3ForCausalLM"),
-}
-_ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer config: the text model inside
-GGUF_ARCHS = sorted({g for g, _ in SUPPORTED.values()})
+# Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
+SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
 _GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
 
 _GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
@@ -95,9 +84,7 @@ _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.hea
 
 
 def _unsupported(what: str, value) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(
-        f"{what} {value!r} is not supported for whole-model conversion (supported GGUF architectures: "
-        f"{', '.join(GGUF_ARCHS)}; Hugging Face model types: {', '.join(sorted(SUPPORTED))})")
+    return _unknown(what, value, GGUF_ARCHS if what.startswith("GGUF") else sorted(SUPPORTED))
 
 
 # --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
@@ -106,12 +93,8 @@ def _plain(v):
 
 
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
-    if arch == "llama":
-        return "mixtral" if int(md.get("llama.expert_count", 0) or 0) > 0 else "llama"
-    for mt, (g, _) in SUPPORTED.items():
-        if g == arch and mt not in ("mistral", "mixtral"):
-            return mt
-    raise _unsupported("GGUF architecture", arch)
+    """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral)."""
+    return arch_for_gguf(arch, md).model_type
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
@@ -146,6 +129,19 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     def get(key, default=None):
         return _plain(md.get(f"{arch}.{key}", default))
 
+    names = set(tensor_names) if tensor_names is not None else None
+    rec = ARCHS[model_type]
+    if not rec.legacy:
+        from .hparams import hf_config
+
+        out = hf_config(rec, md, names, int(vocab))
+        for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                          ("pad_token_id", "padding_token_id")):
+            if f"tokenizer.ggml.{key}" in md:
+                out[attr] = int(md[f"tokenizer.ggml.{key}"])
+        if "general.name" in md:
+            out["_name_or_path"] = str(md["general.name"])
+        return out
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     kv = get("attention.head_count_kv", heads)
@@ -171,7 +167,6 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     }
     if f"{arch}.feed_forward_length" in md:
         cfg["intermediate_size"] = int(get("feed_forward_length"))
-    names = set(tensor_names) if tensor_names is not None else None
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -418,7 +413,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     arch = SUPPORTED[mt][0]
     need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
     missing = [k for k in need if cfg.get(k) is None]
-    if missing:
+    if missing and ARCHS[mt].legacy:
         raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
     md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
                                 "general.type": GGUFValue("model", T.STRING)}
@@ -429,6 +424,11 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         md["general.quantization_version"] = GGUFValue(2, T.UINT32)
     if file_type is not None:
         md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
+    if not ARCHS[mt].legacy:
+        from .hparams import gguf_hparams
+
+        md.update(gguf_hparams(ARCHS[mt], cfg))
+        return md
 
     def put(key, value, t):
         if value is not None:
@@ -596,7 +596,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
-    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", mt.startswith("gemma"))):
+    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)

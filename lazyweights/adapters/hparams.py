@@ -1,0 +1,153 @@
+"""Hyperparameters both ways for the record-driven families (`archs.Arch.hparams`).
+
+HF -> GGUF: each `HParam` takes the first of its config.json names present (transformers 5 names first,
+then the legacy aliases: `n_embd`, `rotary_pct`, `n_ctx` ...), typed as gguf-py's writer types it. Besides the
+rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`), `rope.dimension_count` (head_dim, times
+`partial_rotary_factor` / `rotary_pct` for partial-rotary families), `key_length`/`value_length` from an
+explicit `head_dim`, `vocab_size`.
+
+GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
+the tensors say (`tie_word_embeddings`, the family's attention-bias flag).
+
+Example:
+    >>> from lazyweights.adapters.archs import ARCHS
+    >>> md = gguf_hparams(ARCHS["gpt_neox"], {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+    ...     "intermediate_size": 96, "max_position_embeddings": 128, "layer_norm_eps": 1e-5, "rotary_pct": 0.25})
+    >>> md["gptneox.rope.dimension_count"].value, md["gptneox.feed_forward_length"].value
+    (4, 96)
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from ..core.errors import GGUFConfigError
+from .archs import Arch, HParam
+
+# the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
+_BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
+              "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
+              "gemma": "attention_bias", "cohere": "attention_bias"}
+_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
+
+
+def _first(cfg: Mapping[str, Any], names: Iterable[str]):
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return None
+
+
+def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping):
+        return params.get("full_attention", params) if isinstance(params.get("full_attention"), Mapping) \
+            else params
+    return {}
+
+
+def _rotary_factor(cfg: Mapping[str, Any]) -> float:
+    v = _first(rope_parameters(cfg), ("partial_rotary_factor",))
+    if v is None:
+        v = _first(cfg, ("partial_rotary_factor", "rotary_pct"))
+    return 1.0 if v is None else float(v)
+
+
+def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
+    if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
+        return 1 if cfg.get("multi_query", True) else heads
+    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    return heads if v is None else int(v)
+
+
+def _value(hp: HParam, v):
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    if hp.kind == "f32":
+        return GGUFValue(float(v), T.FLOAT32)
+    if hp.kind == "bool":
+        return GGUFValue(bool(v), T.BOOL)
+    return GGUFValue(int(v), T.UINT32)
+
+
+def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
+    """`{arch}.*` GGUF key/values for a record-driven family's config.json dict. GGUFConfigError lists what a
+    GGUF needs and the config lacks."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a = rec.gguf
+    md: dict[str, Any] = {}
+    found = {hp.key: _first(cfg, hp.hf) for hp in rec.hparams}
+    missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rec.hparams for k in [hp.key]
+               if k in _REQUIRED and found[k] is None]
+    if missing:
+        raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
+    hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
+    if "feed_forward_length" in found and found["feed_forward_length"] is None and rec.ffn_mult:
+        found["feed_forward_length"] = rec.ffn_mult * hidden
+    if "attention.head_count_kv" in found:
+        found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
+    for hp in rec.hparams:
+        if found[hp.key] is not None:
+            md[f"{a}.{hp.key}"] = _value(hp, found[hp.key])
+    head_dim = hidden // heads
+    if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
+        head_dim = int(cfg["head_dim"])
+        md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
+        md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
+    theta = _first(cfg, ("rope_theta",))
+    if theta is None:
+        theta = rope_parameters(cfg).get("rope_theta")
+    if theta is not None:
+        md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
+    if rec.partial_rotary:
+        md[f"{a}.rope.dimension_count"] = GGUFValue(int(_rotary_factor(cfg) * head_dim), T.UINT32)
+    elif rec.rope_permute:
+        md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
+    if cfg.get("vocab_size") is not None:
+        md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
+    return md
+
+
+def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: int) -> dict:
+    """config.json for a record-driven family from GGUF metadata (`names`: the GGUF tensor names)."""
+    a = rec.gguf
+
+    def get(key, default=None):
+        v = md.get(f"{a}.{key}", default)
+        return v.tolist() if hasattr(v, "tolist") else v
+
+    cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
+    for hp in rec.hparams:
+        v = get(hp.key)
+        if v is not None:
+            cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    if get("attention.key_length") is not None:
+        cfg["head_dim"] = head_dim
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
+    if rec.partial_rotary:
+        rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+    cfg["rope_parameters"] = rope
+    cfg.update(rec.hf_extra)
+    if names is not None:
+        cfg["tie_word_embeddings"] = "output.weight" not in names
+        flag = _BIAS_FLAG.get(rec.model_type)
+        if flag:
+            cfg[flag] = bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & names)
+        if rec.model_type == "falcon":
+            kv = int(get("attention.head_count_kv", 1))
+            cfg["new_decoder_architecture"] = "blk.0.attn_norm_2.weight" in names
+            cfg["multi_query"] = kv == 1
+            if cfg["new_decoder_architecture"]:
+                cfg["num_ln_in_parallel_attn"] = 2
+        if rec.model_type == "cohere":
+            cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
+        if rec.model_type == "stablelm":
+            cfg["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in names
+            cfg["qk_layernorm"] = False
+    return cfg
