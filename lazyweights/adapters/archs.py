@@ -62,6 +62,7 @@ class Arch(NamedTuple):
     tied: bool = False                  # config.json's tie_word_embeddings default
     legacy: bool = False                # hyperparameters from hf_export's hand-checked code
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
+    gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -104,7 +105,8 @@ _RECORDS = (
           _p("residual_scale", "residual_multiplier", kind="f32"),
           _p("attention.scale", "attention_multiplier", kind="f32"),
           _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True),
-    Arch("olmo", "olmo", "OlmoForCausalLM", (*BASE, KV), rope_permute=True),
+    Arch("olmo", "olmo", "OlmoForCausalLM", (*BASE, KV), rope_permute=True,
+         gguf_fixed={"attention.layer_norm_epsilon": 1e-5}),  # OLMo's LayerNorm has no eps in its config
     Arch("olmo2", "olmo2", "Olmo2ForCausalLM", _LLAMA_LIKE),
     Arch("starcoder2", "starcoder2", "Starcoder2ForCausalLM", (*BASE, KV, _ln("norm_epsilon")), tied=True,
          hf_extra={"hidden_act": "gelu_pytorch_tanh", "use_bias": True}),

@@ -142,10 +142,10 @@ def _heads(config) -> tuple[int, int]:
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
         )
     n_kv = _get(config, "num_key_value_heads", None)
-    if n_kv is None:
+    if _get(config, "model_type") == "falcon" and n_kv is None:  # a Hugging Face Falcon config
         n_kv = _get(config, "num_kv_heads", None)
-    if _get(config, "model_type") == "falcon" and not _get(config, "new_decoder_architecture", False):
-        n_kv = 1 if _get(config, "multi_query", True) else n_head
+        if not _get(config, "new_decoder_architecture", False):
+            n_kv = 1 if _get(config, "multi_query", True) else n_head
     if n_kv is None:
         n_kv = n_head
     if not isinstance(n_kv, int) or n_kv <= 0:
@@ -278,7 +278,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
-        if name.endswith(rec.dropped + ("rotary_emb.inv_freq",)):
+        if name.endswith(tuple("." + d for d in rec.dropped + ("rotary_emb.inv_freq",))):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):

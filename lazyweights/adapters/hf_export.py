@@ -585,6 +585,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                   "model.multi_modal_projector."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
+    check_shapes_fit_config(state, cfg_text)
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
     rs = _rope_scaling(cfg_text)
     if arch == "llama" and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
@@ -608,6 +609,30 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
     return out
+
+
+def check_shapes_fit_config(state: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+    """ShapeError naming the first tensor whose shape is not the one the config's Hugging Face model declares
+    (the model built on the meta device; nothing checked without transformers). Run before anything is
+    written, so a checkpoint that does not fit its config leaves no file behind."""
+    from ..core.errors import ShapeError
+    from .names import expected_hf_shapes
+
+    mt = _ALIASES.get(cfg.get("model_type"), cfg.get("model_type"))
+    want = expected_hf_shapes({**cfg, "model_type": mt, "architectures": [ARCHS[mt].hf_class]}) \
+        if mt in ARCHS else None
+    if not want:
+        return
+    from ..api.weight_data import as_weight_data
+
+    for name, value in state.items():
+        exp = want.get(name)
+        if exp is None:
+            continue
+        shape = tuple(as_weight_data(value, name).shape)
+        if shape != exp:
+            raise ShapeError(f"{name!r}: the checkpoint holds shape {list(shape)}, config.json ({mt}) makes it "
+                             f"{list(exp)}")
 
 
 class _AttrDict(dict):
@@ -667,7 +692,7 @@ def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *
     }
     if tokenizer:
         tok, tcfg = tokenizer_from_gguf(metadata)
-        tcfg.setdefault("model_max_length", cfg["max_position_embeddings"])
+        tcfg.setdefault("model_max_length", cfg.get("max_position_embeddings", cfg.get("n_positions")))
         files.update(write_tokenizer_files(tok, tcfg))
     return files
 

@@ -93,6 +93,9 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     for hp in rec.hparams:
         if found[hp.key] is not None:
             md[f"{a}.{hp.key}"] = _value(hp, found[hp.key])
+    for key, v in rec.gguf_fixed.items():
+        kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
+        md[f"{a}.{key}"] = _value(HParam(key, (), kind), v)
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])

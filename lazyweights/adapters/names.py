@@ -100,10 +100,10 @@ def _llama_style_rank(name: str) -> int:
     return 0 if _LLAMA_STYLE.match(name) else 1 if name.startswith("model.") else 2
 
 
-def expected_hf_keys(hf_config: Mapping[str, Any]) -> frozenset[str] | None:
-    """The state-dict keys of the Hugging Face model `hf_config` (a config.json dict) describes, from the model
-    built on PyTorch's meta device (no memory). None where torch or transformers is missing or the model type
-    is unknown to the installed transformers."""
+def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """name -> shape of every state-dict entry of the Hugging Face model `hf_config` (a config.json dict)
+    describes, from the model built on PyTorch's meta device (no memory). None where torch or transformers
+    is missing or the installed transformers does not know the model type."""
     try:
         import torch
         import transformers
@@ -119,8 +119,13 @@ def expected_hf_keys(hf_config: Mapping[str, Any]) -> frozenset[str] | None:
                 model = cls._from_config(cfg)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    keys = set(model.state_dict())
-    return frozenset(keys)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def expected_hf_keys(hf_config: Mapping[str, Any]) -> frozenset[str] | None:
+    """The state-dict keys of the Hugging Face model `hf_config` describes (`expected_hf_shapes`)."""
+    shapes = expected_hf_shapes(hf_config)
+    return None if shapes is None else frozenset(shapes)
 
 
 @functools.lru_cache(maxsize=32)

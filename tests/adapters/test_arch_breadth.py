@@ -1,0 +1,138 @@
+"""The record-driven families (`lazyweights.adapters.archs`), each judged by llama.cpp and by transformers.
+
+For each family a tiny random transformers model (hidden 64, 2 layers, float32, the ~300-token byte-level BPE
+tokenizer of test_arch_round_trip) is saved with `save_pretrained`, then:
+
+(a) HF -> GGUF (`export_gguf`); llama.cpp (llama-cpp-python) loads the file and its next-token distribution at
+    every position of a prompt equals transformers' (max KL < 1e-3, same argmax);
+(b) GGUF -> HF (`export_hf_folder`, float32) loads in transformers as the same class with the original logits
+    (atol 1e-4: the weights are bit-identical, only float32 summation order may differ).
+
+Bad input: an unknown model_type names the nearest supported ones; a checkpoint whose tensor does not fit its
+config names the tensor and both shapes, and nothing is written.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
+
+from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
+from lazyweights.core.errors import ShapeError, UnsupportedArchitectureError  # noqa: E402
+
+_SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+_LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   max_position_embeddings=128, **_SPECIAL)
+
+# family -> (transformers config class, config kwargs, GGUF architecture)
+FAMILIES = {
+    "gemma": ("GemmaConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "gemma"),
+    "granite": ("GraniteConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, embedding_multiplier=2.0,
+                                      residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
+                "granite"),
+    "olmo": ("OlmoConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "olmo"),
+    "olmo2": ("Olmo2Config", dict(_LLAMA_LIKE, num_key_value_heads=2), "olmo2"),
+    "starcoder2": ("Starcoder2Config", dict(_LLAMA_LIKE, num_key_value_heads=2, sliding_window=None), "starcoder2"),
+    "stablelm": ("StableLmConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "stablelm"),
+    "phi": ("PhiConfig", dict(_LLAMA_LIKE), "phi2"),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, **_SPECIAL), "gpt2"),
+    "gpt_neox": ("GPTNeoXConfig", dict(_LLAMA_LIKE), "gptneox"),
+    "falcon": ("FalconConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+                                    new_decoder_architecture=True, max_position_embeddings=128, **_SPECIAL),
+               "falcon"),
+    "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
+}
+
+
+def make_family(name, tok, folder):
+    cls, kwargs, _ = FAMILIES[name]
+    cfg = getattr(transformers, cls)(**kwargs)
+    cfg.vocab_size = len(tok)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a missed +1, transpose or regrouping shows
+        for n, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def _kl(p_logits, q_logits):
+    p = np.exp(p_logits - p_logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    lq = q_logits - q_logits.max(-1, keepdims=True)
+    lq = lq - np.log(np.exp(lq).sum(-1, keepdims=True))
+    lp = np.log(p)
+    return (p * (lp - lq)).sum(-1)
+
+
+def llama_cpp_logits(path, ids):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(ids)
+    out = np.array(llm.scores[: len(ids)], dtype=np.float32)
+    llm.close()
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
+    hf = str(tmp_path / "hf")
+    model = make_family(name, tokenizer, hf)
+    ids = tokenizer(PROMPT)["input_ids"]
+    ref = _logits(model, ids)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == FAMILIES[name][2]
+
+    mine = llama_cpp_logits(path, ids)
+    kl = _kl(ref, mine)
+    assert kl.max() < 1e-3, f"{name}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
+    assert (mine.argmax(-1) == ref.argmax(-1)).all(), name
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32")
+    with open(os.path.join(back, "config.json")) as fh:
+        assert json.load(fh)["model_type"] == model.config.model_type
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    assert type(m).__name__ == type(model).__name__
+    np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_unknown_model_type_names_nearest():
+    from lazyweights.adapters.hf_export import gguf_metadata_from_hf
+
+    with pytest.raises(UnsupportedArchitectureError, match="'gpt-2' is not supported; nearest supported: gpt2"):
+        gguf_metadata_from_hf({"model_type": "gpt-2"})
+
+
+def test_tensor_not_fitting_config_names_tensor_and_shapes(tokenizer, tmp_path):  # noqa: F811
+    hf = tmp_path / "hf"
+    make_family("gpt_neox", tokenizer, str(hf))
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["intermediate_size"] = 128  # the checkpoint's MLP is 96 wide
+    (hf / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "x.gguf"
+    with pytest.raises(ShapeError, match=r"'gpt_neox\.layers\.0\.mlp\.dense_\w+\.(weight|bias)': the checkpoint "
+                                         r"holds shape \[[0-9, ]*96[0-9, ]*\], config.json \(gpt_neox\) makes it "
+                                         r"\[[0-9, ]*128"):
+        export_gguf(str(hf), str(out))
+    assert os.listdir(tmp_path) == ["hf"]
