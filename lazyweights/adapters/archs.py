@@ -133,6 +133,12 @@ _RECORDS = (
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
 )
+_RECORDS += (
+    # encoders: llama.cpp embedding GGUFs, pooling type from the sentence-transformers folder (modules.json)
+    Arch("bert", "bert", "BertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+         dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+)
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer config: the text model inside
 GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})

@@ -278,7 +278,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
-        if name.endswith(tuple("." + d for d in rec.dropped + ("rotary_emb.inv_freq",))):
+        dropped = rec.dropped + ("rotary_emb.inv_freq",)
+        if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):

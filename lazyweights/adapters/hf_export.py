@@ -601,6 +601,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    if ARCHS[mt].embedding:
+        md.update(_embedding_metadata(arch, cfg_text, folder))
     if tokenizer:
         if folder is None:
             raise UsageError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
@@ -609,6 +611,37 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
     return out
+
+
+# sentence-transformers' pooling modes -> gguf-py's PoolingType values (llama.cpp's LLAMA_POOLING_TYPE_*)
+_POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2, "pooling_mode_lasttoken": 3}
+_POOLING_NAMES = {"mean": 1, "cls": 2, "lasttoken": 3}
+
+
+def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -> dict:
+    """An encoder's extra GGUF keys: `{arch}.pooling_type` from the sentence-transformers folder's Pooling
+    module (modules.json -> its config.json), as llama.cpp's converter reads it, and the token type count."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    md: dict[str, Any] = {"tokenizer.ggml.token_type_count": GGUFValue(int(cfg.get("type_vocab_size", 1)), T.UINT32)}
+    modules = os.path.join(folder, "modules.json") if folder else None
+    if modules is None or not os.path.isfile(modules):
+        return md
+    with open(modules, encoding="utf-8") as fh:
+        mods = json.load(fh)
+    for mod in mods:
+        if str(mod.get("type", "")).endswith("Pooling"):
+            with open(os.path.join(folder or "", mod["path"], "config.json"), encoding="utf-8") as fh:
+                pooling = json.load(fh)
+            kind = next((v for k, v in _POOLING.items() if pooling.get(k)),
+                        _POOLING_NAMES.get(pooling.get("pooling_mode", "")))
+            if kind is None:
+                raise ConfigError(f"{folder}: pooling config {pooling} names no mode llama.cpp has "
+                                  f"(mean, cls, lasttoken)")
+            md[f"{arch}.pooling_type"] = GGUFValue(kind, T.UINT32)
+    return md
 
 
 def check_shapes_fit_config(state: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:

@@ -135,7 +135,10 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
     if rec.partial_rotary:
         rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
-    cfg["rope_parameters"] = rope
+    if rec.embedding:
+        cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
+    else:
+        cfg["rope_parameters"] = rope
     cfg.update(rec.hf_extra)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names

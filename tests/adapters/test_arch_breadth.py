@@ -136,3 +136,49 @@ def test_tensor_not_fitting_config_names_tensor_and_shapes(tokenizer, tmp_path):
                                          r"\[[0-9, ]*128"):
         export_gguf(str(hf), str(out))
     assert os.listdir(tmp_path) == ["hf"]
+
+
+def test_minilm_embedding_equals_transformers(minilm_zip, tmp_path):
+    """The real all-MiniLM-L6-v2 (BERT) -> a llama.cpp embedding GGUF with its mean pooling: llama.cpp's pooled
+    embedding of varied texts equals transformers' mean-pooled last hidden state (cosine > 0.999)."""
+    import zipfile
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    folder = tmp_path / "minilm"
+    zipfile.ZipFile(minilm_zip).extractall(folder)
+    path = str(tmp_path / "minilm.gguf")
+    try:
+        export_gguf(str(folder), path)
+    except Exception as e:  # the WordPiece -> GGUF tokenizer comes with formats/hf_tokenizer's bert support
+        if type(e).__name__ in ("TokenizerNotExpressibleError", "TokenizerConversionError"):
+            pytest.skip(f"this checkout's tokenizer conversion has no WordPiece: {e}")
+        raise
+    r = gguf.GGUFReader(path)
+    assert int(r.fields["bert.pooling_type"].parts[-1][0]) == int(gguf.PoolingType.MEAN)
+    assert bool(r.fields["bert.attention.causal"].parts[-1][0]) is False
+
+    texts = ["The quick brown fox jumps over the lazy dog.", "A sentence about embeddings and similarity.",
+             "Café naïve résumé, 1234 numbers!"]
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    model = transformers.AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    llm = llama_cpp.Llama(model_path=path, embedding=True, verbose=False, n_threads=2, n_ctx=128)
+    try:
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            with torch.no_grad():
+                hidden = model(**enc).last_hidden_state[0].numpy()
+            ref = hidden.mean(0)
+            got = np.asarray(llm.embed(text, normalize=False), dtype=np.float32).reshape(-1)
+            cos = float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
+            assert cos > 0.999, (text, cos)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3)
+    finally:
+        llm.close()
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32", tokenizer=False)
+    m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
+    enc = tok(texts[0], return_tensors="pt")
+    with torch.no_grad():
+        np.testing.assert_allclose(m(**enc).last_hidden_state.numpy(), model(**enc).last_hidden_state.numpy(),
+                                   rtol=0, atol=1e-4)
