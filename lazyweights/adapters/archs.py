@@ -84,7 +84,7 @@ def _ln(name: str) -> HParam:
 _LLAMA_LIKE = (*BASE, KV, RMS)
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 
-_RECORDS = (
+_RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
     Arch("llama", "llama", "LlamaForCausalLM", rope_permute=True, legacy=True),
     Arch("mistral", "llama", "MistralForCausalLM", rope_permute=True, legacy=True),
@@ -130,6 +130,20 @@ _RECORDS = (
          qkv_groups="kv", ffn_mult=4, tied=True,
          hf_extra={"new_decoder_architecture": True, "parallel_attn": True, "bias": False, "alibi": False,
                    "activation": "gelu"}),
+    Arch("gpt_bigcode", "starcoder", "GPTBigCodeForCausalLM",
+         (_p("context_length", "n_positions", "max_position_embeddings"), _p("embedding_length", "n_embd", "hidden_size"),
+          _p("block_count", "n_layer", "num_hidden_layers"), _p("feed_forward_length", "n_inner", "intermediate_size"),
+          _p("attention.head_count", "n_head", "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
+         ffn_mult=4, tied=True, hf_extra={"activation_function": "gelu_pytorch_tanh"}),
+    Arch("bloom", "bloom", "BloomForCausalLM",
+         (_p("context_length", "seq_length", "max_position_embeddings"), _p("embedding_length", "hidden_size", "n_embed"),
+          _p("block_count", "n_layer", "num_hidden_layers"), FFN, _p("attention.head_count", "n_head",
+          "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
+         qkv_groups="heads", ffn_mult=4, tied=True, gguf_fixed={"context_length": 2048}),
+    Arch("nemotron", "nemotron", "NemotronForCausalLM", (*BASE, KV, _ln("norm_eps")), norm_shift=1.0,
+         partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
+    Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
+    Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
 )
@@ -149,7 +163,7 @@ def arch_for_model_type(model_type: Any) -> Arch:
     mt = ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
     if isinstance(mt, str) and mt in ARCHS:
         return ARCHS[mt]
-    raise _unknown("Hugging Face model_type", model_type, sorted(ARCHS))
+    raise unknown_architecture("Hugging Face model_type", model_type, sorted(ARCHS))
 
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
@@ -159,10 +173,10 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     for a in _RECORDS:
         if a.gguf == arch:
             return a
-    raise _unknown("GGUF architecture", arch, GGUF_ARCHS)
+    raise unknown_architecture("GGUF architecture", arch, GGUF_ARCHS)
 
 
-def _unknown(what: str, value: Any, known: list[str]) -> UnsupportedArchitectureError:
+def unknown_architecture(what: str, value: Any, known: list[str]) -> UnsupportedArchitectureError:
     near = difflib.get_close_matches(str(value), known, n=3, cutoff=0.0)
     return UnsupportedArchitectureError(
         f"{what} {value!r} is not supported; nearest supported: {', '.join(near)} (all: {', '.join(known)})")

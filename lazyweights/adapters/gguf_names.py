@@ -137,6 +137,8 @@ def _text_config(config):
 def _heads(config) -> tuple[int, int]:
     config = _text_config(config)
     n_head = _get(config, "num_attention_heads")
+    if n_head is None:
+        n_head = _get(config, "n_head")  # GPT-2-style configs (BLOOM, GPT-BigCode) as config.json spells them
     if not isinstance(n_head, int) or n_head <= 0:
         raise ConfigError(
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
@@ -194,8 +196,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     `rope_permuted`: whether q/k rows carry llama.cpp's permutation (default: the family's record; False for
     GGUFs converted from Mistral's native format). `strict`: unknown names raise; otherwise they pass
     through under their GGUF names. `expected_keys`: the Hugging Face model's state-dict keys, which choose
-    among gguf-py's candidate names (`names.expected_hf_keys`); by default the model the GGUF metadata
-    describes, built on the meta device, where transformers is installed.
+    among gguf-py's candidate names (`names.expected_hf_keys`; `hf_export` passes the model the GGUF metadata
+    describes); by default those of the family's model with transformers' default config.
     """
     arch = _arch_of(config, arch)
     rec = _check_arch(arch)
@@ -203,8 +205,6 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         dequantize_to = DType.parse(dequantize_to)
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
     heads = _heads(config) if (permuted or rec.qkv_groups) else None
-    if expected_keys is None:
-        expected_keys = _expected_from_gguf(config, state)
     if expected_keys is None:
         mt = _get(_text_config(config), "model_type")
         rec_mt = ARCHS[mt] if isinstance(mt, str) and mt in ARCHS and ARCHS[mt].gguf == arch else rec
@@ -241,21 +241,6 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         out[hf] = _renamed(wd, hf)
     _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
     return out
-
-
-def _expected_from_gguf(config, state: Mapping[str, Any]):
-    """The Hugging Face model's keys for a GGUF config (None when that cannot be known: no metadata, no
-    transformers); legacy llama-style families then take gguf-py's `model.*` candidate."""
-    md = getattr(config, "metadata", None)
-    if not isinstance(md, Mapping):
-        return None
-    from .hf_export import hf_config_from_gguf
-
-    try:
-        cfg = hf_config_from_gguf(md, tensor_names=list(state))
-    except LazyWeightsError:
-        return None
-    return _names.expected_hf_keys(cfg)
 
 
 def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None,

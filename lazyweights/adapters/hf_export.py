@@ -67,7 +67,7 @@ from ..core.errors import (
     UsageError,
 )
 from .archs import ALIASES as _ALIASES
-from .archs import ARCHS, GGUF_ARCHS, _unknown, arch_for_gguf
+from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
@@ -84,7 +84,7 @@ _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.hea
 
 
 def _unsupported(what: str, value) -> UnsupportedArchitectureError:
-    return _unknown(what, value, GGUF_ARCHS if what.startswith("GGUF") else sorted(SUPPORTED))
+    return unknown_architecture(what, value, GGUF_ARCHS if what.startswith("GGUF") else sorted(SUPPORTED))
 
 
 # --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
@@ -668,6 +668,21 @@ def check_shapes_fit_config(state: Mapping[str, Any], cfg: Mapping[str, Any]) ->
                              f"{list(exp)}")
 
 
+def expected_keys_for(config, state: Mapping[str, Any]):
+    """The state-dict keys of the Hugging Face model a GGUF's metadata describes (`hf_config_from_gguf`, the model
+    built on the meta device), which pick gguf-py's candidate names; None when that cannot be known."""
+    from .names import expected_hf_keys
+
+    md = getattr(config, "metadata", None)
+    if not isinstance(md, Mapping):
+        return None
+    try:
+        cfg = hf_config_from_gguf(md, tensor_names=list(state))
+    except LazyWeightsError:
+        return None
+    return expected_hf_keys(cfg)
+
+
 class _AttrDict(dict):
     def __getattr__(self, k):
         try:
@@ -818,7 +833,7 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
     if getattr(w.format, "value", w.format) != "gguf":
         raise FormatError(f"{gguf_path}: export_hf_folder reads GGUF files, this is {w.format.value}")
     state = dict(w.items())
-    adapted = gguf_to_hf(state, w.config, dequantize_to=dtype)
+    adapted = gguf_to_hf(state, w.config, dequantize_to=dtype, expected_keys=expected_keys_for(w.config, state))
     out = with_hf_files(adapted, w.config, state, tokenizer=tokenizer)
     return save_converted(out, out_dir, **save_kwargs)
 
@@ -853,5 +868,6 @@ def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=No
     """
     if huggingface_config is None:
         raise ConfigError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
-    adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)
+    adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to,
+                         expected_keys=expected_keys_for(huggingface_config, state_dict))
     return with_hf_files(adapted, huggingface_config, state_dict, tokenizer=unused_kwargs.get("tokenizer", True))

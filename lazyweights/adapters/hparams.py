@@ -26,7 +26,8 @@ from .archs import Arch, HParam
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
-              "gemma": "attention_bias", "cohere": "attention_bias"}
+              "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
+              "arcee": "attention_bias", "nemotron": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -53,6 +54,8 @@ def _rotary_factor(cfg: Mapping[str, Any]) -> float:
 
 
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
+    if rec.model_type == "gpt_bigcode":
+        return 1 if cfg.get("multi_query", True) else heads
     if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
         return 1 if cfg.get("multi_query", True) else heads
     v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
@@ -82,7 +85,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     md: dict[str, Any] = {}
     found = {hp.key: _first(cfg, hp.hf) for hp in rec.hparams}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rec.hparams for k in [hp.key]
-               if k in _REQUIRED and found[k] is None]
+               if k in _REQUIRED and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
@@ -94,6 +97,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         if found[hp.key] is not None:
             md[f"{a}.{hp.key}"] = _value(hp, found[hp.key])
     for key, v in rec.gguf_fixed.items():
+        if f"{a}.{key}" in md:
+            continue  # the config's own value wins
         kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
         md[f"{a}.{key}"] = _value(HParam(key, (), kind), v)
     head_dim = hidden // heads
@@ -151,6 +156,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["multi_query"] = kv == 1
             if cfg["new_decoder_architecture"]:
                 cfg["num_ln_in_parallel_attn"] = 2
+        if rec.model_type == "gpt_bigcode":
+            cfg["multi_query"] = int(get("attention.head_count_kv", 1)) == 1
         if rec.model_type == "cohere":
             cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
         if rec.model_type == "stablelm":

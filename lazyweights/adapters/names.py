@@ -53,6 +53,13 @@ def _inverse(arch: str) -> dict[str, tuple[str, ...]]:
 def hf_to_gguf_name(name: str, arch: str) -> str | None:
     """The GGUF name gguf-py gives a Hugging Face tensor name (`.weight`/`.bias` kept), or None. The first
     number in the name is the block."""
+    got = _hf_to_gguf_name(name, arch)
+    if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
+        got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
+    return got
+
+
+def _hf_to_gguf_name(name: str, arch: str) -> str | None:
     m = _HF_BID.search(name)
     if m is None:
         return _name_map(arch).get_name(name, try_suffixes=_SUFFIXES)
@@ -87,6 +94,9 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None)
         hits = [c for c in cands if c in exp]
         if not hits:  # a bias the config turned off (attention_bias): the module's weight is expected
             hits = [c for c in cands if c.endswith(".bias") and c[: -len(".bias")] + ".weight" in exp]
+        if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
+            hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
+            hits = hits if len(hits) == 1 else []
         return hits[0] if hits else None
     return min(cands, key=lambda c: (_llama_style_rank(c), len(c)))
 

@@ -49,6 +49,12 @@ FAMILIES = {
     "falcon": ("FalconConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
                                     new_decoder_architecture=True, max_position_embeddings=128, **_SPECIAL),
                "falcon"),
+    "gpt_bigcode": ("GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, **_SPECIAL),
+                    "starcoder"),
+    "bloom": ("BloomConfig", dict(hidden_size=64, n_layer=2, n_head=4, **_SPECIAL), "bloom"),
+    "nemotron": ("NemotronConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "nemotron"),
+    "seed_oss": ("SeedOssConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "seed_oss"),
+    "arcee": ("ArceeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "arcee"),
     "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
 }
 
