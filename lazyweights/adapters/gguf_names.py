@@ -46,7 +46,6 @@ from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
-    LazyWeightsError,
     MissingWeightError,
     ShapeError,
     UnmappedTensorError,

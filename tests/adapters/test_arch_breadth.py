@@ -66,7 +66,7 @@ def make_family(name, tok, folder):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases, so a missed +1, transpose or regrouping shows
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.copy_(p + 0.1 * torch.randn_like(p))
     model.save_pretrained(folder)
