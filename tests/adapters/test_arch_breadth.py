@@ -188,3 +188,24 @@ def test_minilm_embedding_equals_transformers(minilm_zip, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(m(**enc).last_hidden_state.numpy(), model(**enc).last_hidden_state.numpy(),
                                    rtol=0, atol=1e-4)
+
+
+def test_transformers5_names_and_legacy_aliases_give_the_same_keys():
+    """Configs as transformers 5 writes them (rope_parameters, n_positions) and their legacy spellings
+    (rotary_pct, rope_theta, n_ctx) give the same GGUF keys; llama.cpp's own converter fails on the former."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hparams import gguf_hparams
+
+    def values(md):
+        return {k: v.value for k, v in md.items()}
+
+    base = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
+                max_position_embeddings=128, layer_norm_eps=1e-5)
+    new = values(gguf_hparams(ARCHS["gpt_neox"], dict(base, rope_parameters={
+        "rope_theta": 500.0, "partial_rotary_factor": 0.5, "rope_type": "default"})))
+    old = values(gguf_hparams(ARCHS["gpt_neox"], dict(base, rotary_pct=0.5, rope_theta=500.0)))
+    assert new == old and new["gptneox.rope.dimension_count"] == 8 and new["gptneox.rope.freq_base"] == 500.0
+    gpt2 = dict(n_embd=64, n_head=4, n_layer=2, layer_norm_epsilon=1e-5)
+    a = values(gguf_hparams(ARCHS["gpt2"], dict(gpt2, n_positions=128)))
+    b = values(gguf_hparams(ARCHS["gpt2"], dict(gpt2, n_ctx=128)))
+    assert a == b and a["gpt2.context_length"] == 128 and a["gpt2.feed_forward_length"] == 256
