@@ -146,6 +146,8 @@ _RECORDS: tuple[Arch, ...] = (
          partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
     Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
     Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
+    Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
+    Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
 )

@@ -55,6 +55,8 @@ FAMILIES = {
     "nemotron": ("NemotronConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "nemotron"),
     "seed_oss": ("SeedOssConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "seed_oss"),
     "arcee": ("ArceeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "arcee"),
+    "ernie4_5": ("Ernie4_5Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "ernie4_5"),
+    "smollm3": ("SmolLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2), "smollm3"),
     "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
 }
 
