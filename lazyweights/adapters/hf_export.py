@@ -585,7 +585,6 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                   "model.multi_modal_projector."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
-    check_shapes_fit_config(state, cfg_text)
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
     rs = _rope_scaling(cfg_text)
     if arch == "llama" and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
@@ -601,6 +600,11 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    from .hparams import check_shapes
+    from .names import hf_to_gguf_name
+
+    sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
+    check_shapes(adapted, md, arch, sources, mt)
     if ARCHS[mt].embedding:
         md.update(_embedding_metadata(arch, cfg_text, folder))
     if tokenizer:
@@ -642,30 +646,6 @@ def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -
                                   f"(mean, cls, lasttoken)")
             md[f"{arch}.pooling_type"] = GGUFValue(kind, T.UINT32)
     return md
-
-
-def check_shapes_fit_config(state: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-    """ShapeError naming the first tensor whose shape is not the one the config's Hugging Face model declares
-    (the model built on the meta device; nothing checked without transformers). Run before anything is
-    written, so a checkpoint that does not fit its config leaves no file behind."""
-    from ..core.errors import ShapeError
-    from .names import expected_hf_shapes
-
-    mt = _ALIASES.get(cfg.get("model_type"), cfg.get("model_type"))
-    want = expected_hf_shapes({**cfg, "model_type": mt, "architectures": [ARCHS[mt].hf_class]}) \
-        if mt in ARCHS else None
-    if not want:
-        return
-    from ..api.weight_data import as_weight_data
-
-    for name, value in state.items():
-        exp = want.get(name)
-        if exp is None:
-            continue
-        shape = tuple(as_weight_data(value, name).shape)
-        if shape != exp:
-            raise ShapeError(f"{name!r}: the checkpoint holds shape {list(shape)}, config.json ({mt}) makes it "
-                             f"{list(exp)}")
 
 
 def expected_keys_for(config, state: Mapping[str, Any]):

@@ -165,3 +165,48 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in names
             cfg["qk_layernorm"] = False
     return cfg
+
+
+def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[int, ...]]:
+    """Per-layer GGUF tensor part -> the shape (rows, cols) llama.cpp's loader requires from the hyperparameters
+    (`check_tensor_dims`), for the parts every family shapes alike; the rest (fused gate_up, norms, experts)
+    are left to llama.cpp."""
+    def get(key):
+        v = md.get(f"{arch}.{key}")
+        v = getattr(v, "value", v)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    embd, heads = get("embedding_length"), get("attention.head_count")
+    if not embd or not heads:
+        return {}
+    kv = get("attention.head_count_kv") or heads
+    kd = get("attention.key_length") or embd // heads
+    vd = get("attention.value_length") or kd
+    out = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd), "attn_v": (kv * vd, embd),
+           "attn_output": (embd, heads * vd), "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
+    ff = get("feed_forward_length")
+    if ff:
+        out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))
+    vocab = get("vocab_size")
+    if vocab:
+        out.update(token_embd=(vocab, embd), output=(vocab, embd))
+    return out
+
+
+def check_shapes(adapted: Mapping[str, Any], md: Mapping[str, Any], arch: str, source_names: Mapping[str, str],
+                 model_type: str) -> None:
+    """ShapeError naming the first tensor (its Hugging Face and GGUF names) whose shape is not what the config
+    makes it, with both shapes; raised before anything is written."""
+    from ..core.errors import ShapeError
+
+    want = expected_gguf_shapes(md, arch)
+    for g, wd in adapted.items():
+        parts = g.split(".")
+        if parts[-1] != "weight":
+            continue
+        part = parts[2] if parts[0] == "blk" and len(parts) == 4 else parts[0] if len(parts) == 2 else None
+        exp = want.get(part or "")
+        shape = tuple(int(d) for d in wd.shape)
+        if exp is not None and len(shape) == 2 and shape != exp:
+            raise ShapeError(f"{source_names.get(g, g)!r} (GGUF {g!r}): the checkpoint holds shape {list(shape)} "
+                             f"(as llama.cpp stores it), config.json ({model_type}) makes it {list(exp)}")

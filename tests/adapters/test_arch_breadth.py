@@ -139,9 +139,9 @@ def test_tensor_not_fitting_config_names_tensor_and_shapes(tokenizer, tmp_path):
     cfg["intermediate_size"] = 128  # the checkpoint's MLP is 96 wide
     (hf / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "x.gguf"
-    with pytest.raises(ShapeError, match=r"'gpt_neox\.layers\.0\.mlp\.dense_\w+\.(weight|bias)': the checkpoint "
-                                         r"holds shape \[[0-9, ]*96[0-9, ]*\], config.json \(gpt_neox\) makes it "
-                                         r"\[[0-9, ]*128"):
+    with pytest.raises(ShapeError, match=r"'gpt_neox\.layers\.0\.mlp\.dense_\w+\.weight' \(GGUF 'blk\.0\.ffn_\w+"
+                                         r"\.weight'\): the checkpoint holds shape \[[0-9, ]*96[0-9, ]*\] "
+                                         r"\(as llama.cpp stores it\), config.json \(gpt_neox\) makes it \[[0-9, ]*128"):
         export_gguf(str(hf), str(out))
     assert os.listdir(tmp_path) == ["hf"]
 
