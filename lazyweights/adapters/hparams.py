@@ -182,8 +182,8 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     kv = get("attention.head_count_kv") or heads
     kd = get("attention.key_length") or embd // heads
     vd = get("attention.value_length") or kd
-    out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd), "attn_v": (kv * vd, embd),
-                                       "attn_output": (embd, heads * vd),
+    out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
+                                       "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
     ff = get("feed_forward_length")
     if ff:
