@@ -37,8 +37,12 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
+The table above is the ten hand-checked families (`archs.Arch.legacy`); every other family's keys come from its
+record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`).
+
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
-`SUPPORTED` raises `UnsupportedArchitectureError` listing the supported ones.
+`SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
+is not what config.json makes it raises `ShapeError` naming it and both shapes, before anything is written.
 
 Example:
     >>> from lazyweights.adapters.hf_export import hf_config_from_gguf
