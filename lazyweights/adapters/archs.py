@@ -63,6 +63,7 @@ class Arch(NamedTuple):
     legacy: bool = False                # hyperparameters from hf_export's hand-checked code
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
+    hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -82,6 +83,7 @@ def _ln(name: str) -> HParam:
 
 
 _LLAMA_LIKE = (*BASE, KV, RMS)
+_QK_NORM = (".q_norm.", ".k_norm.")
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 
 _RECORDS: tuple[Arch, ...] = (
@@ -90,12 +92,12 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("mistral", "llama", "MistralForCausalLM", rope_permute=True, legacy=True),
     Arch("mixtral", "llama", "MixtralForCausalLM", rope_permute=True, legacy=True),
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", legacy=True),
-    Arch("qwen3", "qwen3", "Qwen3ForCausalLM", legacy=True),
-    Arch("qwen2_moe", "qwen2moe", "Qwen2MoeForCausalLM", legacy=True),
-    Arch("qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM", legacy=True),
+    Arch("qwen3", "qwen3", "Qwen3ForCausalLM", legacy=True, hf_prefer=_QK_NORM),
+    Arch("qwen2_moe", "qwen2moe", "Qwen2MoeForCausalLM", legacy=True, hf_prefer=(".mlp.gate.",)),
+    Arch("qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM", legacy=True, hf_prefer=(".mlp.gate.", *_QK_NORM)),
     Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
-    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
-    Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True),
+    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
+    Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True, hf_prefer=(".gate_up_proj.", ".qkv_proj.")),
     # record-driven families
     Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,

@@ -51,7 +51,7 @@ from ..core.errors import (
     UnmappedTensorError,
 )
 from . import names as _names
-from .archs import ARCHS, GGUF_ARCHS, Arch, arch_for_gguf
+from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
 from .transforms import regroup_qkv, rope_permutation, rope_permute, rope_unpermute, transpose2d
 
@@ -78,9 +78,7 @@ _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
 
 
 def _check_arch(arch: str) -> Arch:
-    if arch not in GGUF_ARCHS:
-        arch_for_gguf(arch)  # UnsupportedArchitectureError naming the nearest ones
-    return arch_for_gguf(arch)
+    return arch_for_gguf(arch)  # UnsupportedArchitectureError naming the nearest ones
 
 
 def gguf_name_to_hf(name: str, arch: str, expected=None) -> str | None:
@@ -90,7 +88,7 @@ def gguf_name_to_hf(name: str, arch: str, expected=None) -> str | None:
     if expected is None:
         m = _GGUF_LAYER_RE.match(name)
         expected = _names.default_hf_keys(rec.model_type, rec.hf_class, int(m[1]) + 1 if m else 1)
-    return _names.gguf_to_hf_name(name, arch, expected)
+    return _names.gguf_to_hf_name(name, arch, expected, rec.hf_prefer)
 
 
 def hf_name_to_gguf(name: str, arch: str) -> str | None:

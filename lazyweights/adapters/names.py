@@ -83,9 +83,11 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     return ()
 
 
-def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None) -> str | None:
+def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
+                    prefer: tuple[str, ...] = ()) -> str | None:
     """The Hugging Face name for a GGUF tensor: the candidate in `expected` (the model's own keys) if given;
-    otherwise the shortest of transformers' llama-style names (`model.layers.N.self_attn...`)."""
+    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`), then the first
+    of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
     cands = gguf_to_hf_candidates(name, arch)
     if not cands:
         return None
@@ -98,7 +100,7 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
         return hits[0] if hits else None
-    return min(cands, key=lambda c: (_llama_style_rank(c), len(c)))
+    return min(cands, key=lambda c: (not any(p in c for p in prefer), _llama_style_rank(c), cands.index(c)))
 
 
 _LLAMA_STYLE = re.compile(r"^(model\.layers\.\d+\.(self_attn|mlp|block_sparse_moe|[a-z_]*layernorm)\.?"

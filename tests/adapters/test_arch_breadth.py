@@ -214,3 +214,24 @@ def test_transformers5_names_and_legacy_aliases_give_the_same_keys():
     a = values(gguf_hparams(ARCHS["gpt2"], dict(gpt2, n_positions=128)))
     b = values(gguf_hparams(ARCHS["gpt2"], dict(gpt2, n_ctx=128)))
     assert a == b and a["gpt2.context_length"] == 128 and a["gpt2.feed_forward_length"] == 256
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text",
+                                        "phi3"])
+def test_names_without_transformers_match_the_model(model_type):
+    """GGUF -> HF names where transformers is missing (gguf-py's candidates, the record's `hf_prefer`) are the
+    names the Hugging Face model declares, for the families whose folders convert without transformers."""
+    from lazyweights.adapters import names
+    from lazyweights.adapters.archs import ARCHS
+
+    a = ARCHS[model_type]
+    keys = names.default_hf_keys(a.model_type, a.hf_class, 2)
+    checked = 0
+    for k in sorted(keys):
+        g = names.hf_to_gguf_name(k, a.gguf)
+        if g is None or not names.gguf_to_hf_candidates(g, a.gguf):
+            continue  # per-expert tensors: stacked by gguf_names.EXPERTS
+        assert names.gguf_to_hf_name(g, a.gguf, None, a.hf_prefer) == k, (g, k)
+        assert names.gguf_to_hf_name(g, a.gguf, keys) == k, (g, k)
+        checked += 1
+    assert checked >= 9
