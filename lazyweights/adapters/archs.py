@@ -150,6 +150,10 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
     Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
     Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
+    Arch("mpt", "mpt", "MptForCausalLM",
+         (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"), _p("block_count", "n_layers"),
+          _p("attention.head_count", "n_heads"), _ln("layer_norm_epsilon")), ffn_mult=4,
+         gguf_fixed={"attention.max_alibi_bias": 8.0}, tied=True),
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
 )

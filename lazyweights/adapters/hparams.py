@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import Arch, HParam
+from .archs import FFN, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
@@ -90,8 +90,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
-    if "feed_forward_length" in found and found["feed_forward_length"] is None and rec.ffn_mult:
-        found["feed_forward_length"] = rec.ffn_mult * hidden
+    if found.get("feed_forward_length") is None and rec.ffn_mult:
+        md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
     for hp in rec.hparams:
