@@ -64,6 +64,7 @@ class Arch(NamedTuple):
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
+    sliding: bool = False               # sliding-window layers: window + per-layer pattern from layer_types
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -148,6 +149,7 @@ _RECORDS: tuple[Arch, ...] = (
          partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
     Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
     Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
+    Arch("olmo3", "olmo2", "Olmo3ForCausalLM", _LLAMA_LIKE, sliding=True),
     Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
     Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
     Arch("mpt", "mpt", "MptForCausalLM",
@@ -177,12 +179,15 @@ def arch_for_model_type(model_type: Any) -> Arch:
 
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
-    """The record a GGUF architecture converts back to (llama with experts: mixtral)."""
+    """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
+    window: olmo3)."""
     if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
         return ARCHS["mixtral"]
-    for a in _RECORDS:
-        if a.gguf == arch:
-            return a
+    matches = [a for a in _RECORDS if a.gguf == arch]
+    if matches and md is not None and f"{arch}.attention.sliding_window" in md:
+        matches = [a for a in matches if a.sliding] or matches
+    if matches:
+        return matches[0]
     raise unknown_architecture("GGUF architecture", arch, GGUF_ARCHS)
 
 

@@ -118,7 +118,23 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     if cfg.get("vocab_size") is not None:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
+    if rec.sliding and cfg.get("sliding_window") is not None:
+        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
+        md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     return md
+
+
+def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
+    """Per layer, true = sliding-window attention: from layer_types, else every `sliding_window_pattern`-th
+    layer (default 4, as llama.cpp's converter assumes for OLMo 3) attends globally."""
+    n = int(_first(cfg, ("num_hidden_layers", "n_layer")) or 0)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        return [t == "sliding_attention" for t in types]
+    p = cfg.get("sliding_window_pattern", 4)
+    if isinstance(p, str):  # "LLLG"
+        return [p[i % len(p)] == "L" for i in range(n)]
+    return [(i + 1) % int(p) != 0 for i in range(n)]
 
 
 def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: int) -> dict:
@@ -141,6 +157,12 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
     if rec.partial_rotary:
         rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+    if rec.sliding:
+        window = get("attention.sliding_window")
+        cfg["sliding_window"] = int(window) if window else None
+        pattern = get("attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:

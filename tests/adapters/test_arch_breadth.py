@@ -58,6 +58,8 @@ FAMILIES = {
     "nemotron": ("NemotronConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "nemotron"),
     "seed_oss": ("SeedOssConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "seed_oss"),
     "arcee": ("ArceeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2), "arcee"),
+    "olmo3": ("Olmo3Config", dict(_LLAMA_LIKE, num_key_value_heads=2, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"]), "olmo2"),
     "ernie4_5": ("Ernie4_5Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "ernie4_5"),
     "smollm3": ("SmolLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2), "smollm3"),
     "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=128, **_SPECIAL), "mpt"),
