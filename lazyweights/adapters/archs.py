@@ -150,6 +150,8 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
     Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
     Arch("olmo3", "olmo2", "Olmo3ForCausalLM", _LLAMA_LIKE, sliding=True),
+    Arch("glm4", "glm4", "Glm4ForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    Arch("hunyuan_v1_dense", "hunyuan-dense", "HunYuanDenseV1ForCausalLM", _LLAMA_LIKE),
     Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
     Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
     Arch("mpt", "mpt", "MptForCausalLM",
