@@ -85,6 +85,7 @@ def _ln(name: str) -> HParam:
 
 _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
+_MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 
 _RECORDS: tuple[Arch, ...] = (
@@ -149,6 +150,7 @@ _RECORDS: tuple[Arch, ...] = (
          partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
     Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
     Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
+    Arch("olmoe", "olmoe", "OlmoeForCausalLM", (*_LLAMA_LIKE, *_MOE), ),
     Arch("olmo3", "olmo2", "Olmo3ForCausalLM", _LLAMA_LIKE, sliding=True),
     Arch("glm4", "glm4", "Glm4ForCausalLM", _LLAMA_LIKE, partial_rotary=True),
     Arch("hunyuan_v1_dense", "hunyuan-dense", "HunYuanDenseV1ForCausalLM", _LLAMA_LIKE),

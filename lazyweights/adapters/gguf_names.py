@@ -64,6 +64,7 @@ EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
     "llama": ("block_sparse_moe.experts", {"ffn_gate_exps": "w1", "ffn_down_exps": "w2", "ffn_up_exps": "w3"}),
     "qwen2moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
     "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
+    "olmoe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
 }
 # 1-D in GGUF, [1, n] in Hugging Face.
 _ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})

@@ -4,7 +4,8 @@ For each family a tiny random transformers model (hidden 64, 2 layers, float32, 
 tokenizer of test_arch_round_trip) is saved with `save_pretrained`, then:
 
 (a) HF -> GGUF (`export_gguf`); llama.cpp (llama-cpp-python) loads the file and its next-token distribution at
-    every position of a prompt equals transformers' (max KL < 1e-3, same argmax);
+    every position of a prompt equals transformers' (max KL < 1e-3, same argmax wherever the reference's top two
+    logits are not within 1e-3 of each other);
 (b) GGUF -> HF (`export_hf_folder`, float32) loads in transformers as the same class with the original logits
     (atol 1e-4: the weights are bit-identical, only float32 summation order may differ).
 
@@ -63,6 +64,8 @@ FAMILIES = {
     "glm4": ("Glm4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "glm4"),
     "hunyuan_v1_dense": ("HunYuanDenseV1Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16),
                          "hunyuan-dense"),
+    "olmoe": ("OlmoeConfig", dict(_LLAMA_LIKE, num_key_value_heads=4, num_experts=4, num_experts_per_tok=2),
+              "olmoe"),
     "ernie4_5": ("Ernie4_5Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "ernie4_5"),
     "smollm3": ("SmolLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2), "smollm3"),
     "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=128, **_SPECIAL), "mpt"),
@@ -123,7 +126,10 @@ def test_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
     assert kl.max() < 1e-3, f"{name}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
-    assert (mine.argmax(-1) == ref.argmax(-1)).all(), name
+    top2 = np.sort(ref, -1)[:, -2:]
+    ties = (top2[:, 1] - top2[:, 0]) < 1e-3  # a near tie in a random model: float32 noise may flip it
+    assert ((mine.argmax(-1) == ref.argmax(-1)) | ties).all(), name
+    assert (~ties).sum() >= 0.9 * len(ids)  # the argmax check is not vacuous
 
     back = str(tmp_path / "back")
     export_hf_folder(path, back, dtype="float32")
