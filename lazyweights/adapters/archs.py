@@ -156,6 +156,8 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("hunyuan_v1_dense", "hunyuan-dense", "HunYuanDenseV1ForCausalLM", _LLAMA_LIKE),
     Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
     Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
+    Arch("cohere2", "cohere2", "Cohere2ForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
+         _p("logit_scale", "logit_scale", kind="f32")), partial_rotary=True, tied=True, sliding=True),
     Arch("mpt", "mpt", "MptForCausalLM",
          (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"), _p("block_count", "n_layers"),
           _p("attention.head_count", "n_heads"), _ln("layer_norm_epsilon")), ffn_mult=4,

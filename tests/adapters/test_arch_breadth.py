@@ -69,6 +69,8 @@ FAMILIES = {
     "ernie4_5": ("Ernie4_5Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "ernie4_5"),
     "smollm3": ("SmolLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2), "smollm3"),
     "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, max_seq_len=128, **_SPECIAL), "mpt"),
+    "cohere2": ("Cohere2Config", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25, sliding_window=4),
+                "cohere2"),
     "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
 }
 
