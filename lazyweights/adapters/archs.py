@@ -22,8 +22,8 @@ Example:
     >>> try:
     ...     arch_for_model_type("lama")
     ... except ValueError as e:
-    ...     print(str(e).split(" (all")[0])
-    Hugging Face model_type 'lama' is not supported; nearest supported: llama, olmo, olmo2
+    ...     print(str(e).split(",")[0])
+    Hugging Face model_type 'lama' is not supported; nearest supported: llama
 """
 from __future__ import annotations
 
