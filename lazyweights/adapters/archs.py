@@ -65,6 +65,7 @@ class Arch(NamedTuple):
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
     sliding: bool = False               # sliding-window layers: window + per-layer pattern from layer_types
+    fused_gate_up_exps: str = ""        # HF stacked-expert tensor holding [gate; up] rows, split for llama.cpp
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -109,6 +110,13 @@ _RECORDS: tuple[Arch, ...] = (
           _p("residual_scale", "residual_multiplier", kind="f32"),
           _p("attention.scale", "attention_multiplier", kind="f32"),
           _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True),
+    Arch("granitemoe", "granitemoe", "GraniteMoeForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("embedding_scale", "embedding_multiplier", kind="f32"),
+          _p("residual_scale", "residual_multiplier", kind="f32"),
+          _p("attention.scale", "attention_multiplier", kind="f32"),
+          _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True,
+         fused_gate_up_exps="block_sparse_moe.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
     Arch("olmo", "olmo", "OlmoForCausalLM", (*BASE, KV), rope_permute=True,
          gguf_fixed={"attention.layer_norm_epsilon": 1e-5}),  # OLMo's LayerNorm has no eps in its config
     Arch("olmo2", "olmo2", "Olmo2ForCausalLM", _LLAMA_LIKE),

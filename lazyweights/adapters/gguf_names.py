@@ -209,8 +209,16 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         expected_keys = _names.default_hf_keys(rec_mt.model_type, rec_mt.hf_class, _names.layer_count(state))
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
+    if rec.fused_gate_up_exps:
+        state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     for name, value in state.items():
         if name in GGUF_ONLY:
+            continue
+        if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
+            wd = _as_wd(value, name)
+            if dequantize_to is not None and wd.dtype.is_float:
+                wd = wd.astype(dequantize_to)
+            out[name] = _renamed(wd, name)
             continue
         experts = _split_experts(name, value, arch, dequantize_to)
         if experts is not None:
@@ -264,6 +272,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         dropped = rec.dropped + ("rotary_emb.inv_freq",)
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
+        if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
+            out.update(_split_gate_up(name, _as_wd(value, name)))
+            continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
             g = name  # already stacked under its GGUF name by _stack_experts
@@ -285,6 +296,35 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = _add_scalar(wd, rec.norm_shift)
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
+    return out
+
+
+def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
+    """A Hugging Face [n_expert, 2 * ff, hidden] [gate; up] tensor as llama.cpp's two stacked-expert tensors."""
+    from ..api.weight_data import split
+
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 3 or wd.shape[1] % 2:
+        raise ShapeError(f"{name!r}: fused expert gate/up must be [n_expert, 2 * ff, hidden], got {list(wd.shape)}")
+    gate, up = split(wd, 2, axis=1)
+    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
+    return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
+    """llama.cpp's stacked ffn_gate_exps / ffn_up_exps joined back into the Hugging Face [gate; up] tensor."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
+        up = f"blk.{m[1]}.ffn_up_exps.weight" if m else None
+        if m and up in state:
+            gate_wd, up_wd = _as_wd(out.pop(name), name), _as_wd(out.pop(up), up)
+            if gate_wd.quantization_encoding is not None:
+                gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
+            hf = f"model.layers.{m[1]}.{hf_part}.weight"
+            out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
     return out
 
 

@@ -99,7 +99,10 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
         if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
-        return hits[0] if hits else None
+        if hits:
+            return hits[0]
+        # none declared: transformers 5 renames some parameters inside the model (fused MoE experts) and maps
+        # the saved names to them on load, so the saved-name candidates below are what a folder holds
     return min(cands, key=lambda c: (not any(p in c for p in prefer), _llama_style_rank(c), cands.index(c)))
 
 
