@@ -318,8 +318,10 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
     out = dict(state)
     for name in list(state):
         m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
-        up = f"blk.{m[1]}.ffn_up_exps.weight" if m else None
-        if m and up in state:
+        if m is None:
+            continue
+        up = f"blk.{m[1]}.ffn_up_exps.weight"
+        if up in state:
             gate_wd, up_wd = _as_wd(out.pop(name), name), _as_wd(out.pop(up), up)
             if gate_wd.quantization_encoding is not None:
                 gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
