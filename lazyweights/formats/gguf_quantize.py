@@ -363,9 +363,12 @@ def dry_run_report(tensors: Mapping, metadata: Mapping | None = None,
         total: 1 tensors, 1,024 weights, 1,088 B of tensor data (1.06 KiB, 8.50 bpw); file ...
     """
     from ..core.units import format_bytes
-    from .gguf_writer import GGUFLayout
+    from .gguf_writer import GGUFLayout, TensorMeta
 
-    layout = GGUFLayout.plan(tensors, metadata)
+    # WeightData -> TensorMeta here: the layout's own probe (`getattr(value, "data")`) would compute the values
+    layout = GGUFLayout.plan({name: (TensorMeta(w.dtype, tuple(w.shape), w.quantization_encoding)
+                                     if hasattr(w, "quantization_encoding") else w)
+                              for name, w in tensors.items()}, metadata)
     rows = [("tensor", "type", "shape (ggml ne)", "bytes", "bits/weight", "")]
     total_bytes = total_elements = 0
     for name, slot in layout.slots.items():

@@ -1,0 +1,240 @@
+"""llama-quantize's per-tensor controls (`--tensor-type`, `--output-tensor-type`, `--token-embedding-type`,
+`--pure`, `--prune-layers`, `--override-kv`) in `Plan.quantize` and `lazyweights convert`, and `--dry-run`.
+
+The judge is llama.cpp itself: `llama_model_quantize` (through llama-cpp-python's ctypes binding) given the same
+settings in its params struct (`tt_overrides`, `output_tensor_type`, `token_embedding_type`, `pure`,
+`prune_layers`, `kv_overrides`) over a bf16 GGUF of the same weights must write the file lazyweights writes in
+one pass: the same tensors (names, types, bytes) and the same metadata (keys in order, types, values).
+Bad input: an unknown type name, a malformed override, a pattern that matches nothing.
+"""
+import ctypes
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.constants import GGUFValueType
+
+import lazyweights as lw
+from lazyweights.core.errors import KVOverrideError, LazyWeightsError, UnknownTypeError, UsageError
+from lazyweights.formats.gguf_quantize import dry_run_report, parse_kv_override, prune_names
+from lazyweights.formats.gguf_writer import GGUFValue
+
+N_LAYER, FFN = 4, 512
+
+
+def _model(hidden=256, tied=False, seed=11):
+    """GGUF-named bf16 tensors of a tiny llama (f32 norms), random values."""
+    rng = np.random.default_rng(seed)
+    bf = lambda *s: (rng.standard_normal(s) * 0.05).astype(ml_dtypes.bfloat16)  # noqa: E731
+    t = {"token_embd.weight": bf(320, hidden)}
+    if not tied:
+        t["output.weight"] = bf(320, hidden)
+    t["output_norm.weight"] = (1 + rng.standard_normal(hidden) * 0.1).astype(np.float32)
+    for i in range(N_LAYER):
+        for n, shape in (("attn_q", (hidden, hidden)), ("attn_k", (hidden // 2, hidden)),
+                         ("attn_v", (hidden // 2, hidden)), ("attn_output", (hidden, hidden)),
+                         ("ffn_gate", (FFN, hidden)), ("ffn_up", (FFN, hidden)), ("ffn_down", (hidden, FFN))):
+            t[f"blk.{i}.{n}.weight"] = bf(*shape)
+        t[f"blk.{i}.attn_norm.weight"] = (1 + rng.standard_normal(hidden) * 0.1).astype(np.float32)
+    return t
+
+
+def _meta(hidden=256):
+    return {"general.architecture": "llama", "general.name": "tiny", "llama.block_count": N_LAYER,
+            "llama.context_length": 128, "llama.embedding_length": hidden, "llama.feed_forward_length": FFN,
+            "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
+            "llama.rope.dimension_count": hidden // 4,
+            "llama.attention.layer_norm_rms_epsilon": GGUFValue(1e-5, GGUFValueType.FLOAT32)}
+
+
+def _plan(tensors):
+    return lw.plan({n: lw.WeightData.from_numpy(a, n) for n, a in tensors.items()})
+
+
+def _llama_quantize(src, dst, preset, *, tensor_types=(), output_tensor_type=None, token_embedding_type=None,
+                    pure=False, prune_layers=(), kv_overrides=()):
+    """llama_model_quantize with the params tools/quantize/quantize.cpp fills for the same flags."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = 1
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{preset}")
+    keep = []
+    if tensor_types:
+        arr = (llama_cpp.llama_model_tensor_override * (len(tensor_types) + 1))()
+        for o, (pattern, t) in zip(arr, tensor_types):
+            keep.append(pattern.encode())
+            o.pattern, o.type = keep[-1], GGMLQuantizationType[t.upper()].value
+        arr[len(tensor_types)].pattern = None  # terminator
+        params.tt_overrides = ctypes.cast(arr, type(params.tt_overrides))
+        keep.append(arr)
+    if output_tensor_type:
+        params.output_tensor_type = GGMLQuantizationType[output_tensor_type].value
+    if token_embedding_type:
+        params.token_embedding_type = GGMLQuantizationType[token_embedding_type].value
+    params.pure = pure
+    if prune_layers:
+        ids = (ctypes.c_int32 * (len(prune_layers) + 1))(*sorted(set(prune_layers)), -1)
+        params.prune_layers = ctypes.cast(ids, type(params.prune_layers))
+        keep.append(ids)
+    if kv_overrides:
+        arr = (llama_cpp.llama_model_kv_override * (len(kv_overrides) + 1))()
+        tags = {"int": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, "float": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_FLOAT,
+                "bool": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_BOOL, "str": llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR}
+        for o, text in zip(arr, kv_overrides):  # string_parse_kv_override, by hand
+            key, rest = text.split("=", 1)
+            kind, value = rest.split(":", 1)
+            o.key, o.tag = key.encode(), tags[kind]
+            if kind == "int":
+                o.value.val_i64 = int(value)
+            elif kind == "float":
+                o.value.val_f64 = float(value)
+            elif kind == "bool":
+                o.value.val_bool = value == "true"
+            else:
+                o.value.val_str = value.encode()
+        arr[len(kv_overrides)].key = b""  # terminator
+        params.kv_overrides = ctypes.cast(arr, type(params.kv_overrides))
+        keep.append(arr)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    assert rc == 0, f"llama_model_quantize failed with {rc}"
+
+
+def _fields(reader):
+    """Every metadata key in file order with its types and its value bytes (the header's own fields left out)."""
+    return [(name, tuple(f.types), b"".join(bytes(f.parts[i]) for i in f.data))
+            for name, f in reader.fields.items() if not name.startswith("GGUF.")]
+
+
+def _assert_same_file(ours_path, ref_path):
+    ours_r, ref_r = GGUFReader(str(ours_path)), GGUFReader(str(ref_path))
+    ours = {t.name: t for t in ours_r.tensors}
+    ref = {t.name: t for t in ref_r.tensors}
+    assert sorted(ours) == sorted(ref)
+    for name, t in ref.items():
+        assert ours[name].tensor_type == t.tensor_type, (name, ours[name].tensor_type.name, t.tensor_type.name)
+        assert [int(d) for d in ours[name].shape] == [int(d) for d in t.shape], name
+        assert np.asarray(ours[name].data).tobytes() == np.asarray(t.data).tobytes(), name
+    assert _fields(ours_r) == _fields(ref_r)
+    return ours_r, ours
+
+
+# Each case: (model kwargs, preset, settings). Every setting changes the file (checked below against the same
+# preset without it), so a setting that is ignored fails.
+CASES = {
+    # blk.0's attn_v and ffn_down by hand: llama.cpp's running counters skip them, so blk.2's attn_v is no longer
+    # "every third" (Q4_K, not Q6_K); a float type; an alternation; the first matching pattern wins
+    "tensor-type": ({}, "Q4_K_M", dict(tensor_types=[(r"blk\.0\.attn_v", "q8_0"), (r"blk\.0\.ffn_down", "Q5_0"),
+                                                     ("attn_q", "bf16"), ("ffn_(up|gate)", "Q4_0"),
+                                                     ("blk.1.ffn_up", "Q8_0")])),
+    "tensor-type-fallback": (dict(hidden=320, tied=True), "Q4_K_M",
+                             dict(tensor_types=[("attn_output", "Q6_K"), ("token_embd", "Q4_K")])),
+    "output-tensor-type": ({}, "Q4_K_M", dict(output_tensor_type="Q4_0")),
+    "output-tensor-type-tied": (dict(tied=True), "Q3_K_M", dict(output_tensor_type="Q5_K")),
+    "token-embedding-type": ({}, "Q4_K_M", dict(token_embedding_type="Q8_0")),
+    "both-types-tied": (dict(tied=True), "Q4_K_M", dict(output_tensor_type="Q5_0", token_embedding_type="F16")),
+    "pure": ({}, "Q4_K_M", dict(pure=True)),
+    "pure-with-tensor-type": (dict(tied=True), "Q3_K_M", dict(pure=True, tensor_types=[("attn_v", "Q6_K")])),
+    "prune-layers": ({}, "Q4_K_M", dict(prune_layers=[1])),
+    "prune-first-and-last": ({}, "Q3_K_M", dict(prune_layers=[0, 3])),
+    "override-kv": ({}, "Q8_0", dict(kv_overrides=["llama.context_length=int:4096", "general.name=str:renamed",
+                                                    "tiny.flag=bool:true", "tiny.scale=float:0.125",
+                                                    "tiny.neg=int:-7"])),
+    "all-together": ({}, "Q4_K_M", dict(tensor_types=[("ffn_down", "Q6_K")], output_tensor_type="Q8_0",
+                                        token_embedding_type="Q4_K", prune_layers=[2],
+                                        kv_overrides=["general.name=str:pruned"])),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_override_equals_llama_model_quantize(tmp_path, case):
+    pytest.importorskip("llama_cpp")
+    model_kw, preset, settings = CASES[case]
+    tensors = _model(**model_kw)
+    meta = _meta(model_kw.get("hidden", 256))
+    bf16 = tmp_path / "bf16.gguf"
+    _plan(tensors).save(bf16, metadata=meta)
+    ref_settings = dict(settings)
+    ref_settings["tensor_types"] = list(settings.get("tensor_types", ()))
+    _llama_quantize(bf16, tmp_path / "ref.gguf", preset, **ref_settings)
+    _plan(tensors).save(tmp_path / "ours.gguf", metadata=meta, quant=preset, quant_options=settings)
+    reader, ours = _assert_same_file(tmp_path / "ours.gguf", tmp_path / "ref.gguf")
+    # the setting mattered: without it the file differs (a setting that is ignored cannot pass)
+    _plan(tensors).save(tmp_path / "plain.gguf", metadata=meta, quant=preset)
+    plain_r = GGUFReader(str(tmp_path / "plain.gguf"))
+    plain = {t.name: (t.tensor_type, np.asarray(t.data).tobytes()) for t in plain_r.tensors}
+    assert ({n: (t.tensor_type, np.asarray(t.data).tobytes()) for n, t in ours.items()} != plain
+            or _fields(reader) != _fields(plain_r)), case
+
+
+def test_prune_renumbers_blocks_and_fixes_block_count(tmp_path):
+    tensors = _model()
+    q, meta = _plan(tensors).quantize("Q8_0", _meta(), prune_layers="1", with_metadata=True)
+    assert meta["llama.block_count"].value == 3 and list(meta)[-1] == "llama.block_count"
+    assert "blk.3.attn_q.weight" not in q.tensors
+    # blk.2 became blk.1: its values, quantized
+    got = q.tensors["blk.1.attn_q.weight"].dequantize().to_numpy()
+    assert np.allclose(got, tensors["blk.2.attn_q.weight"].astype(np.float32), atol=2e-3)
+    assert not np.allclose(got, tensors["blk.1.attn_q.weight"].astype(np.float32), atol=2e-3)
+    names, count = prune_names(["blk.0.a", "blk.1.a", "blk.2.a", "blk.3.a", "x"], [0, 2])
+    assert names == {"x": "x", "blk.0.a": None, "blk.1.a": "blk.0.a", "blk.2.a": None, "blk.3.a": "blk.1.a"}
+    assert count == 2
+
+
+def test_bad_input_is_named(tmp_path):
+    p = _plan(_model())
+    meta = _meta()
+    with pytest.raises(UnknownTypeError, match=r"q9_k.*Q4_K.*Q8_0") as e:
+        p.quantize("Q4_K_M", meta, tensor_types={"attn_q": "q9_k"})
+    assert isinstance(e.value, ValueError) and isinstance(e.value, LazyWeightsError)
+    assert "attn_q" in str(e.value)
+    with pytest.raises(UnknownTypeError, match="--output-tensor-type"):
+        p.quantize("Q4_K_M", meta, output_tensor_type="Q4_K_Z")
+    with pytest.raises(UnknownTypeError, match="--token-embedding-type.*IQ2_XS"):
+        p.quantize("Q4_K_M", meta, token_embedding_type="IQ2_XS")  # a real ggml type lazyweights cannot write
+    with pytest.raises(UsageError, match=r"\(attn"):
+        p.quantize("Q4_K_M", meta, tensor_types={"(attn": "Q8_0"})
+    for bad, why in (("no-equals", "no '='"), ("k=integer:5", "TYPE must be"), ("k=int:five", "not a int"),
+                     ("k=bool:yes", "not a bool"), ("=int:1", "1 to 127"), ("k" * 128 + "=int:1", "1 to 127"),
+                     ("k=str:" + "x" * 128, "127")):
+        with pytest.raises(KVOverrideError, match=why):
+            parse_kv_override(bad)
+        with pytest.raises(KVOverrideError):
+            p.quantize("Q4_K_M", meta, kv_overrides=[bad])
+    with pytest.raises(KVOverrideError, match="general.file_type"):
+        p.quantize("Q4_K_M", meta, kv_overrides=["general.file_type=int:1"])
+    with pytest.raises(UsageError, match="-1"):
+        p.quantize("Q4_K_M", meta, prune_layers="1,-1")
+    with pytest.warns(UserWarning, match=r"--tensor-type attn_z=Q8_0: the pattern matches none"):
+        q = p.quantize("Q4_K_M", meta, tensor_types={"attn_z": "Q8_0"})
+    assert q.tensors["blk.0.attn_q.weight"].quantization_encoding.name == "Q4_K"
+    with pytest.warns(UserWarning, match="output_norm"):  # a norm is never quantized: its pattern changes nothing
+        p.quantize("Q4_K_M", meta, tensor_types={"output_norm": "Q8_0"})
+    with pytest.raises(UsageError, match="quant=PRESET"):
+        p.save(tmp_path / "x.gguf", metadata=meta, quant_options={"pure": True})
+    assert not os.listdir(tmp_path)
+
+
+def test_dry_run_reads_nothing_and_sizes_the_file(tmp_path):
+    tensors = _model()
+    src = tmp_path / "bf16.gguf"
+    _plan(tensors).save(src, metadata=_meta())
+    w = lw.load_weights([str(src)])
+    q, meta = lw.plan({n: w[n].data() for n, _ in w.items()}).quantize(
+        "Q4_K_M", _meta(), tensor_types={"attn_q": "Q8_0"}, with_metadata=True)
+    os.truncate(src, 0)  # nothing may be read: the report comes from the header alone
+    report = dry_run_report(q.tensors, meta)
+    lines = report.splitlines()
+    row = next(ln for ln in lines if ln.startswith("blk.0.attn_q.weight"))
+    assert row.split()[1:4] == ["Q8_0", "[256,", "256]"] and "69,632 B" in row and "8.50 bpw" in row
+    row = next(ln for ln in lines if ln.startswith("output_norm.weight"))
+    assert "F32" in row and "1,024 B" in row and "32.00 bpw" in row
+    # the total is the size of the file Plan.save writes
+    src.unlink()
+    _plan(tensors).save(tmp_path / "q.gguf", metadata=_meta(), quant="Q4_K_M",
+                        quant_options={"tensor_types": {"attn_q": "Q8_0"}})
+    size = os.path.getsize(tmp_path / "q.gguf")
+    assert f"file {size:,} B" in lines[-1]
+    data = sum(int(t.n_bytes) for t in GGUFReader(str(tmp_path / "q.gguf")).tensors)
+    assert f"{data:,} B of tensor data" in lines[-1]
