@@ -8,6 +8,7 @@ one pass: the same tensors (names, types, bytes) and the same metadata (keys in 
 Bad input: an unknown type name, a malformed override, a pattern that matches nothing.
 """
 import ctypes
+import importlib.util
 import os
 
 import ml_dtypes
@@ -238,3 +239,74 @@ def test_dry_run_reads_nothing_and_sizes_the_file(tmp_path):
     assert f"file {size:,} B" in lines[-1]
     data = sum(int(t.n_bytes) for t in GGUFReader(str(tmp_path / "q.gguf")).tensors)
     assert f"{data:,} B of tensor data" in lines[-1]
+
+
+# --- the command line ------------------------------------------------------------------------------------------
+def test_quantize_command_equals_llama_quantize(tmp_path, capsys):
+    # `lazyweights quantize` with llama-quantize's flags; its pattern lowercased as llama-quantize's parser does
+    pytest.importorskip("llama_cpp")
+    from lazyweights.tools.cli import main
+
+    src = tmp_path / "bf16.gguf"
+    _plan(_model(tied=True)).save(src, metadata=_meta())
+    (tmp_path / "types.txt").write_text("blk\\.3\\.attn_v=q5_0\n  ffn_up=Q4_1\n")
+    flags = ["--tensor-type", r"BLK\.[01]\.ATTN_V=q8_0", "--tensor-type-file", str(tmp_path / "types.txt"),
+             "--token-embedding-type", "q6_k", "--prune-layers", "2", "--override-kv", "llama.context_length=int:64"]
+    assert main(["quantize", *flags, "--no-progress", str(src), str(tmp_path / "ours.gguf"), "q4_k_m"]) == 0
+    _llama_quantize(src, tmp_path / "ref.gguf", "Q4_K_M",
+                    tensor_types=[(r"blk\.[01]\.attn_v", "Q8_0"), (r"blk\.3\.attn_v", "Q5_0"), ("ffn_up", "Q4_1")],
+                    token_embedding_type="Q6_K", prune_layers=[2], kv_overrides=["llama.context_length=int:64"])
+    _, ours = _assert_same_file(tmp_path / "ours.gguf", tmp_path / "ref.gguf")
+    assert ours["blk.0.attn_v.weight"].tensor_type.name == "Q8_0" and "blk.3.attn_q.weight" not in ours
+    capsys.readouterr()
+    assert main(["quantize", *flags, "--dry-run", str(src), str(tmp_path / "dry.gguf"), "Q4_K_M"]) == 0
+    printed = capsys.readouterr()
+    # patterns see the renumbered names, in llama.cpp as here: after pruning block 2 there is no blk.3
+    assert "blk.2.attn_v.weight" in printed.out and "=Q5_0" not in printed.out
+    assert r"warning: --tensor-type blk\.3\.attn_v=Q5_0: the pattern matches none" in printed.err
+    out = printed.out
+    assert f"file {os.path.getsize(tmp_path / 'ours.gguf'):,} B" in out
+    assert not (tmp_path / "dry.gguf").exists()
+
+
+def test_convert_flags_and_their_errors(tmp_path, capsys, child_env):
+    from lazyweights.tools.cli import main
+
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=64)
+    torch.manual_seed(3)
+    transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    base = ["convert", "lazyweights.adapters:convert_hf_to_gguf", str(tmp_path / "hf"), "--no-tokenizer",
+            "--no-progress"]
+    flags = ["--tensor-type", "attn_k=bf16", "--output-tensor-type", "Q8_0", "--pure", "--override-kv",
+             "general.name=str:tiny-pure"]
+    assert main(base + ["-o", str(tmp_path / "ours.gguf"), "--quant", "Q4_K_M", *flags]) == 0
+    _, ours = _read_tensors(tmp_path / "ours.gguf")
+    assert ours["blk.1.attn_k.weight"].tensor_type.name == "BF16" and ours["output.weight"].tensor_type.name == "Q8_0"
+    assert ours["blk.0.attn_v.weight"].tensor_type.name == "Q4_K"  # --pure: no Q6_K for the first layer
+    if importlib.util.find_spec("llama_cpp") is not None:  # the rest runs without llama.cpp
+        assert main(base + ["-o", str(tmp_path / "bf16.gguf")]) == 0
+        _llama_quantize(tmp_path / "bf16.gguf", tmp_path / "ref.gguf", "Q4_K_M", tensor_types=[("attn_k", "BF16")],
+                        output_tensor_type="Q8_0", pure=True, kv_overrides=["general.name=str:tiny-pure"])
+        _assert_same_file(tmp_path / "ours.gguf", tmp_path / "ref.gguf")
+    capsys.readouterr()
+    assert main(base + ["-o", str(tmp_path / "dry.gguf"), "--quant", "Q4_K_M", *flags, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "blk.1.attn_k.weight" in out and "BF16" in out and "total: " in out
+    assert not (tmp_path / "dry.gguf").exists()
+    for extra, message in ((["--pure"], "--pure: used with --quant"),
+                           (["--quant", "Q4_K_M", "--tensor-type", "attn_k=Q7_K"], "Q4_K, Q5_0"),
+                           (["--quant", "Q4_K_M", "--override-kv", "general.name=string:x"], "TYPE must be"),
+                           (["--quant", "Q4_K_M", "--prune-layers", "a"], "invalid layer id")):
+        assert main(base + ["-o", str(tmp_path / "x.gguf"), *extra]) == 1, extra
+        assert message in capsys.readouterr().err, extra
+    assert main(base + ["-o", str(tmp_path / "w.gguf"), "--quant", "Q8_0", "--tensor-type", "nothing=Q4_0"]) == 0
+    assert "warning: --tensor-type nothing=Q4_0: the pattern matches none" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def _read_tensors(path):
+    r = GGUFReader(str(path))
+    return r, {t.name: t for t in r.tensors}
