@@ -132,8 +132,8 @@ class Plan:
             ...     "Q4_K_M", {"general.architecture": "gemma3", "gemma3.block_count": 1})
             >>> q.tensors["blk.0.attn_q.weight"].quantization_encoding.name
             'Q5_0'
-            >>> q = plan({"blk.0.attn_q.weight": w}).quantize(
-            ...     "Q4_K_M", {"general.architecture": "gemma3", "gemma3.block_count": 1}, tensor_types={"attn_q": "q8_0"})
+            >>> meta = {"general.architecture": "gemma3", "gemma3.block_count": 1}
+            >>> q = plan({"blk.0.attn_q.weight": w}).quantize("Q4_K_M", meta, tensor_types={"attn_q": "q8_0"})
             >>> q.tensors["blk.0.attn_q.weight"].quantization_encoding.name
             'Q8_0'
         """

@@ -37,8 +37,15 @@ from ..core.errors import ArgumentTypeError, ConfigError, ImatrixShapeError, KVO
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.node import Node
-from ..quant.presets import (PRESETS, TypeChoice, _not_quantized_reason, _weight_order_key, model_tensor_types,
-                             parse_type, tensor_type_overrides)
+from ..quant.presets import (
+    PRESETS,
+    TypeChoice,
+    model_tensor_types,
+    not_quantized_reason,
+    parse_type,
+    tensor_type_overrides,
+    weight_order_key,
+)
 from .gguf_writer import GGUFValue
 from .imatrix import read_imatrix
 
@@ -213,7 +220,7 @@ def prune_names(names: Iterable[str], prune: list[int]) -> tuple[dict[str, str |
         >>> m, n
         ({'out': 'out', 'blk.0.a': 'blk.0.a', 'blk.1.a': None, 'blk.2.a': 'blk.1.a'}, 2)
     """
-    names = sorted(names, key=_weight_order_key)
+    names = sorted(names, key=weight_order_key)
     if not prune:
         return {n: n for n in names}, None
     mapped: dict[int, str] = {}
@@ -295,7 +302,7 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
                                is_70b=(arch == "llama" and n_layer == 80), source_types=sources,
                                tensor_types=overrides, output_tensor_type=output_tensor_type,
                                token_embedding_type=token_embedding_type, pure=pure)
-    _warn_unmatched(overrides, [n for n in kept if _not_quantized_reason(n, shapes[n]) is None])
+    _warn_unmatched(overrides, [n for n in kept if not_quantized_reason(n, shapes[n]) is None])
     new: dict[str, Node] = {}
     encodings: dict[str, QuantizationEncoding | None] = {}
     matched = 0
@@ -426,5 +433,5 @@ def imatrix_metadata(im, given=None) -> dict:
     return meta
 
 
-__all__ = ["FILE_TYPE", "KVOverride", "dry_run_report", "PRESETS", "QuantizedOutputs", "imatrix_metadata", "kv_overrides_of",
-           "parse_kv_override", "prune_layer_list", "prune_names", "quantize_outputs"]
+__all__ = ["FILE_TYPE", "KVOverride", "PRESETS", "QuantizedOutputs", "dry_run_report", "imatrix_metadata",
+           "kv_overrides_of", "parse_kv_override", "prune_layer_list", "prune_names", "quantize_outputs"]

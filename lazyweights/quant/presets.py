@@ -198,8 +198,13 @@ def _ggml_n_dims(shape: tuple[int, ...]) -> int:
     return 1
 
 
-def _not_quantized_reason(name: str, shape: tuple[int, ...]) -> str | None:
-    """tensor_allows_quantization, inverted: why this tensor keeps its type (None when it is quantized)."""
+def not_quantized_reason(name: str, shape: tuple[int, ...]) -> str | None:
+    """tensor_allows_quantization, inverted: why this tensor keeps its type (None when it is quantized).
+
+    Example:
+        >>> not_quantized_reason("blk.0.attn_norm.weight", (4096,)), not_quantized_reason("blk.0.attn_q.weight", (8, 8))
+        ('not quantized: 1-D tensor', None)
+    """
     if _ggml_n_dims(shape) < 2:
         return "not quantized: 1-D tensor"
     if not name.endswith("weight"):
@@ -282,7 +287,7 @@ def tensor_type(
     default = PRESETS[_preset_default(preset)]
     preset = str(preset).upper()
     shape = tuple(int(d) for d in shape)
-    why_not = _not_quantized_reason(name, shape)
+    why_not = not_quantized_reason(name, shape)
     if why_not is not None:
         return TypeChoice(source_type, why_not)
     overrides = tensor_type_overrides(tensor_types)
@@ -408,8 +413,13 @@ def tensor_type(
     return TypeChoice(new, reason)
 
 
-def _weight_order_key(name: str):
-    """llama_model_loader's weight_name_comparer: by layer (`blk.N.`, -1 without one), then by name."""
+def weight_order_key(name: str):
+    """llama_model_loader's weight_name_comparer: by layer (`blk.N.`, -1 without one), then by name.
+
+    Example:
+        >>> sorted(["blk.10.a", "output.weight", "blk.2.b", "blk.2.a"], key=weight_order_key)
+        ['output.weight', 'blk.2.a', 'blk.2.b', 'blk.10.a']
+    """
     m = re.match(r"^blk\.(-?\d+)\.", name)
     return (int(m.group(1)) if m else -1, name.encode())
 
@@ -446,7 +456,7 @@ def model_tensor_types(
     """
     _preset_default(preset)
     overrides = tensor_type_overrides(tensor_types)
-    names = sorted(tensors, key=_weight_order_key)
+    names = sorted(tensors, key=weight_order_key)
     tied = "output.weight" not in tensors
     n_attn_v = sum(1 for n in names if _is_attn_v(_category(n)))
     i_attn_v = i_ffn_down = 0
@@ -455,7 +465,7 @@ def model_tensor_types(
         shape = tuple(tensors[name])
         src = (source_types or {}).get(name, "F32")
         cat = _category(name)
-        quantized = _not_quantized_reason(name, shape) is None
+        quantized = not_quantized_reason(name, shape) is None
         out[name] = tensor_type(
             preset, name, shape, n_layer=n_layer, n_expert=n_expert, tied_embeddings=tied, has_imatrix=has_imatrix,
             n_gqa=n_gqa, arch=arch, is_70b=is_70b, source_type=src, attn_v_index=i_attn_v, n_attn_v=n_attn_v,
