@@ -151,6 +151,8 @@ CASES = {
     "override-kv": ({}, "Q8_0", dict(kv_overrides=["llama.context_length=int:4096", "general.name=str:renamed",
                                                     "tiny.flag=bool:true", "tiny.scale=float:0.125",
                                                     "tiny.neg=int:-7"])),
+    # the loader reads hyperparameters through the overrides: 1 KV head makes n_gqa 4, so Q2_K's attn_v is Q4_K
+    "override-kv-hparams": ({}, "Q2_K", dict(kv_overrides=["llama.attention.head_count_kv=int:1"])),
     "all-together": ({}, "Q4_K_M", dict(tensor_types=[("ffn_down", "Q6_K")], output_tensor_type="Q8_0",
                                         token_embedding_type="Q4_K", prune_layers=[2],
                                         kv_overrides=["general.name=str:pruned"])),
