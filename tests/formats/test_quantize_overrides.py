@@ -321,3 +321,17 @@ def test_convert_flags_and_their_errors(tmp_path, capsys, child_env):
 def _read_tensors(path):
     r = GGUFReader(str(path))
     return r, {t.name: t for t in r.tensors}
+
+
+def test_gguf_layout_of_weight_data_reads_nothing(tmp_path):
+    # GGUFLayout.plan used to probe `value.data` first, and a WeightData's `.data` is its values: every tensor was
+    # computed just to lay out the header
+    from lazyweights.formats.gguf_writer import GGUFLayout
+
+    src = tmp_path / "bf16.gguf"
+    _plan(_model()).save(src, metadata=_meta())
+    w = lw.load_weights([str(src)])
+    tensors = {n: w[n].data().astype(lw.DType.float16) for n, _ in w.items()}
+    os.truncate(src, 0)  # a read now fails (SourceChangedError)
+    layout = GGUFLayout.plan(tensors, _meta())
+    assert layout.slots["blk.0.attn_q.weight"].nbytes == 256 * 256 * 2
