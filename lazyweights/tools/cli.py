@@ -300,6 +300,10 @@ def cmd_quantize(args) -> int:
                          "`lazyweights convert ... -o OUT.gguf --quant PRESET`")
     weights = load_weights([args.input])
     tensors = {name: w.data() for name, w in weights.items()}
+    packed = [(n, t.quantization_encoding.name) for n, t in tensors.items() if t.quantization_encoding is not None]
+    if packed:
+        raise UsageError(f"{args.input}: tensor {packed[0][0]!r} is already quantized ({packed[0][1]}; "
+                         f"{len(packed)} such tensors): quantize reads bf16/f16/f32 GGUFs and does not requantize")
     options = _quant_options(args)
     if args.dry_run:
         return _print_dry_run(tensors, weights.metadata, args.preset, options, args.imatrix)

@@ -278,6 +278,11 @@ def test_quantize_command_equals_llama_quantize(tmp_path, capsys):
     out = printed.out
     assert f"file {os.path.getsize(tmp_path / 'ours.gguf'):,} B" in out
     assert not (tmp_path / "dry.gguf").exists()
+    assert main(["quantize", str(tmp_path / "ours.gguf"), str(tmp_path / "again.gguf"), "Q8_0"]) == 1
+    assert "'token_embd.weight' is already quantized (Q6_K" in capsys.readouterr().err
+    assert main(["quantize", str(tmp_path / "types.txt"), str(tmp_path / "again.gguf"), "Q8_0"]) == 1
+    assert "reads a GGUF" in capsys.readouterr().err
+    assert not (tmp_path / "again.gguf").exists()
 
 
 def test_convert_flags_and_their_errors(tmp_path, capsys, child_env):
