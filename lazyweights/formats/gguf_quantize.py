@@ -323,8 +323,8 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
     if im is not None and not matched and any(e is not None for e in encodings.values()):
         raise ImatrixShapeError(f"the importance matrix {getattr(im, 'path', '')!s} has none of this model's "
                                 f"tensors (it has e.g. {', '.join(list(im)[:3])}): it is for another model")
-    # llama_model_quantize_impl's order: quantization_version, file_type, the overrides (tools/quantize adds the
-    # imatrix keys to them first), then the pruned block count; each set removes and appends its key
+    # llama_model_quantize_impl's order: quantization_version, file_type, the overrides (tools/quantize puts the
+    # --override-kv ones first, then its imatrix keys), then the pruned block count; each set removes and appends
     from gguf.constants import GGUFValueType as T
 
     for o in kvs:
@@ -333,11 +333,11 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
                                   "overridden")
     _set_last(metadata, "general.quantization_version", GGUFValue(GGML_QNT_VERSION, T.UINT32))
     _set_last(metadata, "general.file_type", GGUFValue(FILE_TYPE[str(preset).upper()], T.UINT32))
+    for o in kvs:
+        _set_last(metadata, o.key, o.gguf_value())
     if im is not None:
         for key, value in imatrix_metadata(im, imatrix).items():
             _set_last(metadata, key, value)
-    for o in kvs:
-        _set_last(metadata, o.key, o.gguf_value())
     if block_count is not None:
         _set_last(metadata, f"{arch}.block_count", GGUFValue(block_count, T.UINT32))
     return QuantizedOutputs(new, encodings, types, metadata)

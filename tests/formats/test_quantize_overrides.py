@@ -55,13 +55,29 @@ def _plan(tensors):
 
 
 def _llama_quantize(src, dst, preset, *, tensor_types=(), output_tensor_type=None, token_embedding_type=None,
-                    pure=False, prune_layers=(), kv_overrides=()):
-    """llama_model_quantize with the params tools/quantize/quantize.cpp fills for the same flags."""
+                    pure=False, prune_layers=(), kv_overrides=(), imatrix=None):
+    """llama_model_quantize with the params tools/quantize/quantize.cpp fills for the same flags. `imatrix`:
+    (path, {name: weights}, chunks, dataset) of a legacy .dat written with ncall 1; its four key-value overrides
+    follow the --override-kv ones, as tools/quantize appends them."""
     llama_cpp = pytest.importorskip("llama_cpp")
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = 1
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{preset}")
     keep = []
+    if imatrix is not None:
+        path, entries, chunks, dataset = imatrix
+        data = (llama_cpp.llama_model_imatrix_data * (len(entries) + 1))()
+        for i, (name, w) in enumerate(entries.items()):
+            arr = np.ascontiguousarray(w, dtype=np.float32)
+            keep += [arr, name.encode()]
+            data[i].name, data[i].size = keep[-1], arr.size
+            data[i].data = arr.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        params.imatrix = ctypes.cast(data, type(params.imatrix))
+        keep.append(data)
+        kv_overrides = list(kv_overrides) + [f"quantize.imatrix.file=str:{path}",
+                                             f"quantize.imatrix.dataset=str:{dataset}",
+                                             f"quantize.imatrix.entries_count=int:{len(entries)}",
+                                             f"quantize.imatrix.chunks_count=int:{chunks}"]
     if tensor_types:
         arr = (llama_cpp.llama_model_tensor_override * (len(tensor_types) + 1))()
         for o, (pattern, t) in zip(arr, tensor_types):
@@ -340,3 +356,45 @@ def test_gguf_layout_of_weight_data_reads_nothing(tmp_path):
     os.truncate(src, 0)  # a read now fails (SourceChangedError)
     layout = GGUFLayout.plan(tensors, _meta())
     assert layout.slots["blk.0.attn_q.weight"].nbytes == 256 * 256 * 2
+
+
+def _write_imatrix_dat(path, entries, chunks, dataset):
+    """llama.cpp's legacy imatrix (save_imatrix_legacy), ncall 1: entries, then chunks and the dataset name."""
+    import struct
+
+    body = struct.pack("<i", len(entries))
+    for name, w in entries.items():
+        b = name.encode()
+        body += struct.pack("<i", len(b)) + b + struct.pack("<ii", 1, len(w)) + np.asarray(w, "<f4").tobytes()
+    d = dataset.encode()
+    path.write_bytes(body + struct.pack("<ii", chunks, len(d)) + d)
+
+
+def test_imatrix_with_prune_and_overrides_equals_llama_quantize(tmp_path):
+    # the importance matrix is looked up by the names before pruning (llama.cpp's remap_imatrix), and its
+    # quantize.imatrix.* keys follow the --override-kv ones
+    pytest.importorskip("llama_cpp")
+    tensors = _model()
+    rng = np.random.default_rng(5)
+    entries = {n: (np.abs(rng.standard_normal(a.shape[-1])) + 0.05).astype(np.float32)
+               for n, a in tensors.items() if a.ndim == 2 and n != "token_embd.weight"}
+    path = tmp_path / "imatrix.dat"
+    _write_imatrix_dat(path, entries, 9, "calib.txt")
+    src = tmp_path / "bf16.gguf"
+    _plan(tensors).save(src, metadata=_meta())
+    settings = dict(prune_layers=[1], tensor_types=[("attn_q", "Q4_0")], kv_overrides=["general.name=str:im"])
+    _llama_quantize(src, tmp_path / "ref.gguf", "Q4_K_M", imatrix=(str(path), entries, 9, "calib.txt"), **settings)
+    _plan(tensors).save(tmp_path / "ours.gguf", metadata=_meta(), quant="Q4_K_M", imatrix=str(path),
+                        quant_options=settings)
+    reader, ours = _assert_same_file(tmp_path / "ours.gguf", tmp_path / "ref.gguf")
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    assert keys[-6:] == ["general.name", "quantize.imatrix.file", "quantize.imatrix.dataset",
+                         "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count", "llama.block_count"]
+    # blk.1 (formerly blk.2) was quantized with blk.2's importance: with blk.1's the bytes differ
+    from lazyweights.quant import quantize as quantize_rows
+    from lazyweights.core.quantization import QuantizationEncoding as Q
+
+    rows = tensors["blk.2.ffn_up.weight"].astype(np.float32)
+    got = np.asarray(ours["blk.1.ffn_up.weight"].data).tobytes()
+    assert got == quantize_rows(Q.Q4_K, rows, imatrix=entries["blk.2.ffn_up.weight"]).tobytes()
+    assert got != quantize_rows(Q.Q4_K, rows, imatrix=entries["blk.1.ffn_up.weight"]).tobytes()
