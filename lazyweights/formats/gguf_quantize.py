@@ -372,7 +372,7 @@ def dry_run_report(tensors: Mapping, metadata: Mapping | None = None,
     from ..core.units import format_bytes
     from .gguf_writer import GGUFLayout, TensorMeta
 
-    # WeightData -> TensorMeta here: the layout's own probe (`getattr(value, "data")`) would compute the values
+    # the layout needs header facts only: dtype, shape, encoding
     layout = GGUFLayout.plan({name: (TensorMeta(w.dtype, tuple(w.shape), w.quantization_encoding)
                                      if hasattr(w, "quantization_encoding") else w)
                               for name, w in tensors.items()}, metadata)

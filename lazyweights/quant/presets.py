@@ -291,6 +291,10 @@ def tensor_type(
     if why_not is not None:
         return TypeChoice(source_type, why_not)
     overrides = tensor_type_overrides(tensor_types)
+    if output_tensor_type is not None:
+        output_tensor_type = parse_type(output_tensor_type, "--output-tensor-type")
+    if token_embedding_type is not None:
+        token_embedding_type = parse_type(token_embedding_type, "--token-embedding-type")
     ncols = shape[-1]
     cat = _category(name)
     if token_embedding_type is not None and cat == "token_embd":
