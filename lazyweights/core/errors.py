@@ -70,6 +70,8 @@ __all__ = [
     "TorchLoadError",
     "BudgetError",
     "UnknownPresetError",
+    "UnknownTypeError",
+    "KVOverrideError",
     "RemoteError",
     "ExecutionError",
     "WriteError",
@@ -208,6 +210,15 @@ class BudgetError(LazyWeightsError, ValueError):
 
 class UnknownPresetError(LazyWeightsError, ValueError):
     """A quantization preset (`Q4_K_M`, ...) that lazyweights does not know; lists the known ones."""
+
+
+class UnknownTypeError(LazyWeightsError, ValueError):
+    """A GGML type name (`--tensor-type`, `--output-tensor-type`, `--token-embedding-type`) that lazyweights
+    cannot write; lists the ones it can."""
+
+
+class KVOverrideError(LazyWeightsError, ValueError):
+    """A metadata override (`--override-kv KEY=TYPE:VALUE`) that is malformed; names it and says why."""
 
 
 class RemoteError(LazyWeightsError, OSError):
