@@ -93,7 +93,14 @@ def _read_config(files: list[str]) -> dict | None:
 
 
 def quantization_config(config: Mapping[str, Any] | None) -> dict | None:
-    """The compressed-tensors `quantization_config` of a config.json (dict), or None when it has none."""
+    """The compressed-tensors `quantization_config` of a config.json (dict), or None when it has none.
+
+    Example:
+        >>> quantization_config({"quantization_config": {"quant_method": "fp8"}}) is None
+        True
+        >>> quantization_config({"quantization_config": {"quant_method": "compressed-tensors"}})
+        {'quant_method': 'compressed-tensors'}
+    """
     if not config:
         return None
     qc = config.get("quantization_config") or config.get("compression_config")
@@ -193,10 +200,9 @@ def nibbles(data: Node, count: int) -> Node:
     """uint8 [..., B] -> float32 [..., count]: each byte's low nibble then its high nibble, minus 8 (exact).
 
     Example:
-        >>> from lazyweights.graph.node import Node
-        >>> from lazyweights.run.reference import evaluate  # doctest: +SKIP
-        >>> nibbles(ops.const(np.array([[0x1F, 0x80]], np.uint8)), 4).shape
-        (1, 4)
+        >>> from lazyweights.run.reference import evaluate
+        >>> evaluate([nibbles(ops.const(np.array([[0x1F, 0x80]], np.uint8)), 4)])[0].tolist()
+        [[7.0, -7.0, -8.0, 0.0]]
     """
     lead = data.shape[:-1]
     rows = math.prod(lead)
@@ -218,7 +224,13 @@ def _scalar(value: float, ndim: int) -> Node:
 
 
 def fp4_values(packed: Node, count: int) -> Node:
-    """uint8 [..., B] of FP4 e2m1 codes, two per byte (low nibble first) -> float32 [..., count], -0.0 kept."""
+    """uint8 [..., B] of FP4 e2m1 codes, two per byte (low nibble first) -> float32 [..., count], -0.0 kept.
+
+    Example:
+        >>> from lazyweights.run.reference import evaluate
+        >>> evaluate([fp4_values(ops.const(np.array([[0x71, 0x08]], np.uint8)), 4)])[0].tolist()
+        [[0.5, 6.0, -0.0, 0.0]]
+    """
     codes = binary("add", nibbles(packed, count), _scalar(8.0, packed.ndim))
     return ops.cast(ops.bitcast(ops.cast(codes, DType.uint8), DType.float4_e2m1fn), _F32)
 
@@ -299,7 +311,16 @@ def dequantize(q: Node, scale: Node, zero_point: Node | None, scheme: Scheme, na
     """compressed-tensors' `dequantize` (forward_helpers._dequantize per strategy) as a lazy chain.
 
     `q`: the quantized values as float32 (exact) or the stored int8 / fp8 weight; result in `out_dtype`
-    (default: the scale's dtype after the global-scale division, as compressed-tensors returns)."""
+    (default: the scale's dtype after the global-scale division, as compressed-tensors returns).
+
+    Example:
+        >>> from lazyweights.run.reference import evaluate
+        >>> q = ops.const(np.array([[-8, 7, 1, 0]], np.int8))
+        >>> s = ops.const(np.array([[0.5, 0.25]], np.float32))
+        >>> sch = Scheme("naive-quantized", 8, "int", True, "group", 2, None, "g")
+        >>> evaluate([dequantize(q, s, None, sch, "w")])[0].tolist()
+        [[-4.0, 3.5, 0.25, 0.0]]
+    """
     shape = q.shape
     grouped = scheme.strategy in ("group", "tensor_group") and g_idx is None
     s_dtype = scale.dtype
@@ -484,7 +505,27 @@ def decompress_checkpoint(checkpoint: Checkpoint, config: Mapping[str, Any] | No
     """The checkpoint with every compressed-tensors module replaced by a lazy dense `M.weight` record.
 
     `config`: the parsed config.json (default: read beside the checkpoint's first file). A checkpoint
-    without a compressed-tensors `quantization_config` comes back unchanged."""
+    without a compressed-tensors `quantization_config` comes back unchanged. The records dropped: each
+    compressed module's `weight_*` parameters and its activation scales (`input_scale`, ...), and the
+    attention's `k_scale` / `v_scale` when the config has a `kv_cache_scheme`.
+
+    Example:
+        >>> import tempfile, os, json
+        >>> from safetensors.numpy import save_file
+        >>> from lazyweights.formats.open import open_checkpoint
+        >>> d = tempfile.mkdtemp()
+        >>> save_file({"fc.weight": np.array([[16, -32]], np.int8), "fc.weight_scale": np.array([[0.5]], np.float32)},
+        ...           os.path.join(d, "model.safetensors"))
+        >>> group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}
+        >>> qc = {"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": group}}
+        >>> _ = open(os.path.join(d, "config.json"), "w").write(json.dumps({"quantization_config": qc}))
+        >>> ck = open_checkpoint(d)
+        >>> list(ck.records), ck.records["fc.weight"].dtype.name
+        (['fc.weight'], 'float32')
+        >>> from lazyweights.run.reference import evaluate
+        >>> evaluate([ck.records["fc.weight"].node])[0].tolist()
+        [[8.0, -16.0]]
+    """
     if config is None:
         config = _read_config(list(checkpoint.files))
     qc = quantization_config(config)

@@ -97,8 +97,8 @@ def _assert_same(folder: str, want: torch.Tensor, scheduler: str = "threads"):
     assert not [n for n in names if n.endswith(("_scale", "_packed", "_shape", "_zero_point"))], names
     data = weights[f"{MODULE}.weight"].data()
     assert data.shape == tuple(want.shape)
-    assert data.dtype is DType.from_numpy(np.dtype(str(want.dtype).replace("torch.", "")) if want.dtype != torch.bfloat16
-                                          else DType.bfloat16.to_numpy())
+    assert data.dtype is {torch.bfloat16: DType.bfloat16, torch.float16: DType.float16,
+                          torch.float32: DType.float32}[want.dtype]
     got = plan({"w": data}).materialize(scheduler=scheduler)["w"]
     want_bits = _bits(want)
     got_bits = np.ascontiguousarray(got).view(want_bits.dtype)
@@ -227,3 +227,88 @@ def test_scale_shape_mismatch_is_named(tmp_path):
     with pytest.raises(ScaleShapeError, match=rf"{MODULE}.weight_scale: shape \[40, 1\] .*weight \[40, 256\]"
                                               rf".*expected \[40, 2\]"):
         weights[f"{MODULE}.weight"].data()
+
+
+# --- a tiny transformers Llama, compressed by ModelCompressor --------------------------------------------
+def _compressed_llama(folder: str, preset: str):
+    """A tiny random Llama quantized with `preset` (qparams from compressed-tensors' own calculate_qparams /
+    generate_gparam), compressed by ModelCompressor and saved as vLLM loads it; returns compressed-tensors'
+    own decompression of the model (ModelCompressor.decompress_model), as a state dict."""
+    transformers = pytest.importorskip("transformers")
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    qcfg = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme(preset, ["Linear"])},
+                              ignore=["lm_head"])
+    apply_quantization_config(model, qcfg)
+    with torch.no_grad():
+        for _, m in model.named_modules():
+            scheme = getattr(m, "quantization_scheme", None)
+            if scheme is None:
+                continue
+            g = None
+            if hasattr(m, "weight_global_scale"):
+                g = generate_gparam(m.weight.amin(), m.weight.amax())
+                m.weight_global_scale.data = g.to(m.weight_global_scale.dtype)
+            scale, zp = _qparams(m.weight.data, scheme.weights, global_scale=g)
+            m.weight_scale.data = scale.to(m.weight_scale.dtype).reshape(m.weight_scale.shape)
+            if hasattr(m, "weight_zero_point"):
+                m.weight_zero_point.data = zp.to(m.weight_zero_point.dtype).reshape(m.weight_zero_point.shape)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)
+    compressor.decompress_model(model)
+    return {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "W4A16_ASYM", "W8A16", "FP8_BLOCK", "NVFP4A16", "MXFP4A16"])
+def test_model_compressor_checkpoint_equals_decompress_model(tmp_path, preset):
+    folder = str(tmp_path / preset)
+    want = _compressed_llama(folder, preset)
+    weights = load_weights(folder)
+    names = [n for n, _ in weights.items()]
+    # the dense model's tensors, no quantization parameters
+    assert sorted(names) == sorted(n for n in want if not n.rsplit(".", 1)[1].startswith("weight_"))
+    got = plan({n: weights[n].data() for n in names}).materialize()
+    for n in names:
+        np.testing.assert_array_equal(np.asarray(got[n]).view(np.int16), want[n].view(torch.int16).numpy(), n)
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "FP8_BLOCK"])
+def test_compressed_checkpoint_to_gguf_in_one_pass(tmp_path, preset):
+    """compressed folder -> bf16 GGUF and Q4_K_M GGUF in one pass each: the same tensors and metadata as the
+    GGUFs of a plain bf16 folder holding compressed-tensors' decompression."""
+    from safetensors.torch import save_file as save_torch
+
+    from lazyweights.adapters import export_gguf
+
+    folder, dense = str(tmp_path / preset), str(tmp_path / "dense")
+    want = _compressed_llama(folder, preset)
+    os.makedirs(dense)
+    keep = {n: t for n, t in want.items() if not n.rsplit(".", 1)[1].startswith("weight_")}
+    save_torch(keep, os.path.join(dense, "model.safetensors"))
+    with open(os.path.join(folder, "config.json")) as fh:
+        cfg = json.load(fh)
+    cfg.pop("quantization_config")
+    with open(os.path.join(dense, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    for quant in (None, "Q4_K_M"):
+        kw = {"quant": quant} if quant else {}
+        a, b = str(tmp_path / f"ct-{quant}.gguf"), str(tmp_path / f"dense-{quant}.gguf")
+        export_gguf(folder, a, tokenizer=False, **kw)
+        export_gguf(dense, b, tokenizer=False, **kw)
+        ga, gb = load_weights(a), load_weights(b)
+        assert sorted(ga.records) == sorted(gb.records)
+        for n, rec in ga.records.items():
+            other = gb.records[n]
+            assert (rec.encoding, rec.dtype, rec.shape) == (other.encoding, other.dtype, other.shape), n
+            np.testing.assert_array_equal(rec.array(), other.array(), n)
+        assert {k: str(v) for k, v in ga.metadata.items()} == {k: str(v) for k, v in gb.metadata.items()}
+        if quant:
+            assert {r.encoding.name for r in ga.records.values() if r.encoding} == {"Q4_K", "Q6_K"}
