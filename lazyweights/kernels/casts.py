@@ -634,7 +634,13 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         if out.size == 0:
             return
         if src.dtype == out.dtype:
-            np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
+            if src.flags.c_contiguous:
+                np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
+            else:
+                # np.take copies a non-contiguous source whole first: for the overlapping row view of a RoPE
+                # gather that is the whole tensor many times over (1 GB for a 1024x1024 bf16 k_proj, seconds).
+                # Fancy indexing reads only the rows asked for (test_casts.py::test_gather_same_dtype_strided).
+                out[...] = src[idx]
         else:
             cast_into(src[idx], out)
         return
