@@ -21,7 +21,6 @@ mapped file pages excluded), `sync` before each. The two GGUFs must hold the sam
 values equal to compressed-tensors' decompression, through the whole conversion.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
