@@ -12,7 +12,8 @@ FP8_BLOCK: 138 MB). Built once per scratch folder.
 one pass    `lazyweights convert LlamaForCausalLM CT_DIR -o out.gguf [--quant Q4_K_M]`: the packed int4 / FP8
             tensors and their scales are read, dequantized, (quantized,) and written in one streaming pass.
 two steps   step 1: compressed-tensors' own model-free decompression to disk (`convert_checkpoint` with
-            `CompressedTensorsDequantizer(dtype=bfloat16)`, its documented way to dequantize a checkpoint),
+            `CompressedTensorsDequantizer(dtype=bfloat16)`, its documented way to dequantize a checkpoint;
+            the modules without scales are passed as `ignore`, which FP8 folders need),
             step 2: that bf16 folder -> GGUF with `lazyweights convert` (faster than llama.cpp's
             convert_hf_to_gguf.py, which favours this side).
 
@@ -67,10 +68,16 @@ DECOMPRESS = r"""
 import sys, torch
 from compressed_tensors.entrypoints.convert import convert_checkpoint
 from compressed_tensors.entrypoints.convert.converters import CompressedTensorsDequantizer
+from safetensors import safe_open
 src, dst, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
-convert_checkpoint(src, dst, CompressedTensorsDequantizer(src, dtype=torch.bfloat16), max_workers=threads,
-                   device="cpu")
+# Its model-free converter matches the config's targets ("Linear") by name alone, so a float-quantized folder
+# needs the unquantized modules (embeddings, norms, lm_head) listed as ignored, or it looks for their scales.
+with safe_open(src + "/model.safetensors", "pt") as f:
+    names = set(f.keys())
+ignore = sorted(n[:-7] for n in names if n.endswith(".weight") and n[:-7] + ".weight_scale" not in names)
+convert_checkpoint(src, dst, CompressedTensorsDequantizer(src, ignore=ignore, dtype=torch.bfloat16),
+                   max_workers=threads, device="cpu")
 """
 
 

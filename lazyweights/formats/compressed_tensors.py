@@ -333,11 +333,12 @@ def dequantize(q: Node, scale: Node, zero_point: Node | None, scheme: Scheme, na
     if grouped:
         gs = scheme.group_size or 1
         x = ops.reshape(x, shape[:-1] + (shape[-1] // gs, gs))
+    # `x_q.to(s.dtype)` is exact here (int8 / int4 values, FP8 e4m3 and FP4 e2m1 values all fit bf16, f16 and
+    # f32), so x stays float32; the zero-point difference (at most 255) is exact too, but is rounded to the
+    # scale's dtype as torch rounds it all the same.
     if zero_point is not None:
         zp = _expand(zero_point, shape, scheme, g_idx, name + "_zero_point")
         x = _torch("sub", x, ops.cast(zp, s_dtype), s_dtype)
-    else:
-        x = ops.cast(x, s_dtype)
     out = _torch("mul", x, s, s_dtype)
     if grouped:
         out = ops.reshape(out, shape)
