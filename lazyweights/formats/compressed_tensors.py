@@ -49,7 +49,7 @@ from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.elementwise import binary
 from ..graph.node import Node
-from ..io.remote import is_url
+from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 from .checkpoint import Checkpoint
 
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized",
@@ -79,14 +79,23 @@ class Scheme:
 
 
 def _read_config(files: list[str]) -> dict | None:
-    if not files or is_url(files[0]):
+    """The config.json beside the first file (a URL's sibling object for remote checkpoints), or None."""
+    if not files:
         return None
-    path = os.path.join(os.path.dirname(os.path.abspath(files[0])), "config.json")
-    if not os.path.isfile(path):
-        return None
+    first = str(files[0])
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        if is_url(first):
+            path = first.split("?", 1)[0].rsplit("/", 1)[0] + "/config.json"
+            with remote_options(*sibling_options(first)):
+                if not url_exists(path):
+                    return None
+                doc = json.loads(fetch_small(path).decode("utf-8"))
+        else:
+            path = os.path.join(os.path.dirname(os.path.abspath(first)), "config.json")
+            if not os.path.isfile(path):
+                return None
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{path}: not a valid config.json: {e}") from None
     return doc if isinstance(doc, dict) else None
