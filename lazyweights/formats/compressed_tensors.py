@@ -355,12 +355,34 @@ def dequantize(q: Node, scale: Node, zero_point: Node | None, scheme: Scheme, na
 
 
 # --- the dense records ----------------------------------------------------------------------------------
+class StoredParts:
+    """The stored tensors behind one dense weight, standing where a record's `file` stands: `path` and `size`
+    are the main tensor's file's; `prefetch` warms every part (`Weights.prefetch`), `check_unchanged` checks
+    every part's file."""
+
+    def __init__(self, records: list):
+        self.records = records
+        self.path = records[0].file.path
+        self.size = records[0].file.size
+
+    def prefetch(self, offset: int, length: int) -> None:
+        for r in self.records:
+            r.file.prefetch(r.offset, r.nbytes)
+
+    def check_unchanged(self, tensor: str | None = None) -> None:
+        for r in self.records:
+            r.file.check_unchanged(r.name)
+
+    def __repr__(self) -> str:
+        return f"StoredParts({self.path!r}, {[r.name for r in self.records]})"
+
+
 @dataclass(eq=False)
 class DecompressedRecord:
     """A dense weight computed from a compressed module's stored tensors; `node` builds (once) its graph.
 
-    `file`, `offset` are the main stored tensor's (what `Weights.prefetch` warms); `nbytes`, `dtype`, `shape`
-    describe the dense weight; `extra` names the format, the scheme and the stored tensors."""
+    `file` is the `StoredParts` it is computed from, `offset` the main stored tensor's; `nbytes`, `dtype`,
+    `shape` describe the dense weight; `extra` names the format, the scheme and the stored tensors."""
 
     file: Any
     name: str
@@ -428,7 +450,8 @@ class _Module:
             if gs is not None:
                 dtype = _promote(dtype, gs.dtype)
         nbytes = math.prod(shape) * dtype.size_in_bytes
-        return DecompressedRecord(main.file, self.name + ".weight", main.offset, nbytes, dtype, shape,
+        parts = StoredParts([main] + [r for p, r in sorted(self.params.items()) if r is not main])
+        return DecompressedRecord(parts, self.name + ".weight", main.offset, nbytes, dtype, shape,
                                   lambda: self.build(shape), {"format": fmt, "scheme": sch,
                                                               "stored": sorted(self.params)})
 

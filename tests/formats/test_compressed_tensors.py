@@ -312,3 +312,24 @@ def test_compressed_checkpoint_to_gguf_in_one_pass(tmp_path, preset):
         assert {k: str(v) for k, v in ga.metadata.items()} == {k: str(v) for k, v in gb.metadata.items()}
         if quant:
             assert {r.encoding.name for r in ga.records.values() if r.encoding} == {"Q4_K", "Q6_K"}
+
+
+def test_opening_reads_only_weight_shape(tmp_path, monkeypatch):
+    """load_weights and .data() read the two-integer weight_shape tensors and nothing else: no packed bytes,
+    no scales (reads counted on the records and on the files' byte ranges)."""
+    from lazyweights.formats.source import SourceFile, TensorRecord
+
+    folder, want, _ = _case(tmp_path, "pack-quantized", _int(4, "group", 32, False))
+    read: list = []
+    real_array, real_view = TensorRecord.array, SourceFile.view
+    monkeypatch.setattr(TensorRecord, "array", lambda self, *a, **k: read.append(self.name) or real_array(self, *a, **k))
+    monkeypatch.setattr(SourceFile, "view", lambda self, off, n: read.append((off, n)) or real_view(self, off, n))
+    weights = load_weights(folder)
+    data = weights[f"{MODULE}.weight"].data().astype(DType.float32)
+    shape_rec = load_weights(folder, decompress=False).records[f"{MODULE}.weight_shape"]
+    assert read == [shape_rec.name, (shape_rec.offset, shape_rec.nbytes)], read
+    del read[:]
+    weights.prefetch()
+    got = plan({"w": data}).materialize()["w"]
+    assert read  # materializing does read
+    np.testing.assert_array_equal(got, want.float().numpy())
