@@ -322,7 +322,8 @@ def test_opening_reads_only_weight_shape(tmp_path, monkeypatch):
     folder, want, _ = _case(tmp_path, "pack-quantized", _int(4, "group", 32, False))
     read: list = []
     real_array, real_view = TensorRecord.array, SourceFile.view
-    monkeypatch.setattr(TensorRecord, "array", lambda self, *a, **k: read.append(self.name) or real_array(self, *a, **k))
+    monkeypatch.setattr(TensorRecord, "array",
+                        lambda self, *a, **k: read.append(self.name) or real_array(self, *a, **k))
     monkeypatch.setattr(SourceFile, "view", lambda self, off, n: read.append((off, n)) or real_view(self, off, n))
     weights = load_weights(folder)
     data = weights[f"{MODULE}.weight"].data().astype(DType.float32)
