@@ -334,3 +334,33 @@ def test_opening_reads_only_weight_shape(tmp_path, monkeypatch):
     got = plan({"w": data}).materialize()["w"]
     assert read  # materializing does read
     np.testing.assert_array_equal(got, want.float().numpy())
+
+
+def test_mixed_precision_groups_by_regex(tmp_path):
+    """A `mixed-precision` config (as llm-compressor writes when groups differ): each group names its modules
+    by `re:` targets and carries its own format; each module gets its group's decompression."""
+    fp8 = preset_name_to_scheme("FP8_BLOCK", ["re:.*mlp.*"])
+    int4 = QuantizationScheme(targets=["re:.*self_attn.*"], weights=_int(4, "group", 32, False))
+    tensors, want = {}, {}
+    for module, scheme, fmt in [("model.layers.0.mlp.up_proj", fp8, "float-quantized"),
+                                ("model.layers.0.self_attn.q_proj", int4, "pack-quantized")]:
+        torch.manual_seed(len(module))
+        w = (torch.randn(96, 256) * 0.05).to(torch.bfloat16)
+        scale, zp = _qparams(w, scheme.weights)
+        sd = {"weight": w, "weight_scale": scale}
+        if not scheme.weights.symmetric:
+            sd["weight_zero_point"] = zp
+        compressor = BaseCompressor.get_value_from_registry(fmt)
+        comp = compressor.compress(sd, scheme)
+        want[module + ".weight"] = compressor.decompress(dict(comp), scheme)["weight"]
+        tensors.update({f"{module}.{k}": v for k, v in comp.items()})
+        scheme.format = fmt
+    folder = str(tmp_path / "mixed")
+    _write(folder, "mixed-precision", fp8, tensors,
+           {"config_groups": {"group_0": json.loads(fp8.model_dump_json()),
+                              "group_1": json.loads(int4.model_dump_json())}})
+    weights = load_weights(folder)
+    assert sorted(n for n, _ in weights.items()) == sorted(want)
+    for name, ref in want.items():
+        got = plan({"w": weights[name].data()}).materialize()["w"]
+        np.testing.assert_array_equal(np.asarray(got).view(np.int16), _bits(ref), name)
