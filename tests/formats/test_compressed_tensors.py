@@ -364,3 +364,24 @@ def test_mixed_precision_groups_by_regex(tmp_path):
     for name, ref in want.items():
         got = plan({"w": weights[name].data()}).materialize()["w"]
         np.testing.assert_array_equal(np.asarray(got).view(np.int16), _bits(ref), name)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_pack_quantized_stacked_experts(tmp_path, symmetric):
+    """A 3-D weight (fused MoE experts, [experts, rows, cols]): compressed-tensors packs each expert's slice,
+    zero points along rows; the dense weight equals its decompression."""
+    args = _int(4, "group", 32, symmetric)
+    torch.manual_seed(1)
+    w = (torch.randn(2, 40, 128) * 0.05).to(torch.bfloat16)
+    g = w.reshape(2, 40, 4, 32)
+    scale, zp = calculate_qparams(g.amin(-1), g.amax(-1), args)
+    sd = {"weight": w, "weight_scale": scale}
+    if not symmetric:
+        sd["weight_zero_point"] = zp
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    compressor = BaseCompressor.get_value_from_registry("pack-quantized")
+    comp = compressor.compress(sd, scheme)
+    want = compressor.decompress(dict(comp), scheme)["weight"]
+    folder = _write(str(tmp_path / "moe"), "pack-quantized", scheme, {f"{MODULE}.{k}": v for k, v in comp.items()})
+    got = plan({"w": load_weights(folder)[f"{MODULE}.weight"].data()}).materialize()["w"]
+    np.testing.assert_array_equal(np.asarray(got).view(np.int16), _bits(want))
