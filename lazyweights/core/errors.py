@@ -6,13 +6,15 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     LazyWeightsError
     ├── FormatError            (also ValueError) a file is not what it claims (bad magic, header, offsets, truncation)
     │   ├── SourceChangedError a file changed size or identity after it was opened
-    │   └── ImatrixFormatError an importance-matrix file is truncated or malformed
+    │   ├── ImatrixFormatError an importance-matrix file is truncated or malformed
+    │   └── UnsupportedCompressionError a compressed-tensors format or scheme this reader does not know
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
     ├── UnmappedTensorError    (also KeyError) tensors an adapter has no target name for
     ├── UsageError             (also ValueError) a call whose argument values cannot work
     ├── ArgumentTypeError      (also TypeError) an argument, or an adapter's result, of the wrong Python type
     ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
-    │   └── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
+    │   ├── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
+    │   └── ScaleShapeError    a compressed-tensors scale / zero point / packed tensor that does not fit its weight
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
     ├── ConfigError            (also ValueError) a model config (config.json, GGUF metadata) missing or lacking a key
     │   └── GGUFConfigError    GGUF metadata lacking keys a Hugging Face config needs
@@ -94,6 +96,11 @@ class SourceChangedError(FormatError):
 class ImatrixFormatError(FormatError):
     """An importance-matrix file (llama.cpp `.dat` or GGUF imatrix) is truncated or malformed; names the
     file, the entry and the byte offset where reading stopped."""
+
+
+class UnsupportedCompressionError(FormatError):
+    """A compressed-tensors checkpoint whose format, strategy or bit width this reader does not decompress;
+    lists the supported ones."""
 
 
 class MissingWeightError(LazyWeightsError, KeyError):
@@ -189,6 +196,11 @@ class ShapeError(LazyWeightsError, ValueError):
 
 class ImatrixShapeError(ShapeError):
     """An importance-matrix entry has a different length than the tensor's rows; names both numbers."""
+
+
+class ScaleShapeError(ShapeError):
+    """A compressed-tensors scale, zero point or packed tensor whose shape does not fit its weight; names the
+    tensor, its shape and the weight's."""
 
 
 class DTypeError(LazyWeightsError, TypeError, ValueError):

@@ -648,13 +648,19 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         if out.size == 0:
             return
         if src.dtype == out.dtype:
-            # Moved as unsigned integers of the same size: numpy's take on a user dtype (ml_dtypes' bfloat16,
-            # the float8s) copies element by element through the dtype's hooks, 7x slower here and over 1 s per
-            # 8 MB q_proj on numpy 2.5 (the GPU path's host gather, measured on an H100 host).
+            # Moved as unsigned integers of the same size: numpy's take and fancy indexing on a user dtype
+            # (ml_dtypes' bfloat16, the float8s) go element by element through the dtype's hooks (7x slower).
             bits = _same_size_uint(src.dtype)
             if bits is not None and src.dtype.kind not in "biuf":
                 src, out = src.view(bits), out.view(bits)
-            np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
+            if src.flags.c_contiguous:
+                np.take(src, idx, axis=0, out=out, mode="clip")  # checked above; "raise" would buffer `out`
+            else:
+                # np.take copies a non-contiguous source whole first: for the overlapping row view of a RoPE
+                # gather that is the whole tensor many times over (1 GB for a 1024x1024 bf16 k_proj, seconds;
+                # 1.9 s per q_proj on the H100 host, where W1 onto the GPU took 80 s instead of a fraction of
+                # one). Fancy indexing reads only the rows asked for (test_casts.py::test_gather_same_dtype_strided).
+                out[...] = src[idx]
         else:
             cast_into(src[idx], out)
         return
