@@ -189,6 +189,11 @@ class ImatrixShapeError(ShapeError):
     """An importance-matrix entry has a different length than the tensor's rows; names both numbers."""
 
 
+class LoraError(LazyWeightsError, ValueError):
+    """A LoRA adapter that does not fit the base: a shape, a target module or a saved tensor the base lacks, an
+    adapter for another base, or an adapter kind lazyweights cannot merge (DoRA); names the tensor and both shapes."""
+
+
 class DTypeError(LazyWeightsError, TypeError, ValueError):
     """An unsupported dtype, or an op the dtype does not allow (e.g. casting packed quantized blocks)."""
 

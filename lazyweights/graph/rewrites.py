@@ -24,6 +24,7 @@ import math
 from . import ops
 from .elementwise import binary
 from .layout import strided_layout
+from .lora import rebuild as lora_rebuild
 from .node import Node, toposort
 from .opcodes import GroupOp, Op, OpTable
 
@@ -148,6 +149,7 @@ REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
 REBUILD.register(Op.DEQUANTIZE)(lambda n, srcs: ops.dequantize(srcs[0], *n.arg))
 REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], *n.arg))
 REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
+REBUILD.register(Op.LORA)(lora_rebuild)
 
 
 def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:

@@ -270,6 +270,20 @@ def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
 
 
 
+@PULL.register(Op.LORA)
+def _pull_lora(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.lora import lora_rows
+
+    factors = []
+    for i, (_, transposed) in enumerate(node.arg):
+        b, a = node.srcs[1 + 2 * i], node.srcs[2 + 2 * i]
+        if transposed:  # output rows are W's input features: all of B, A's columns for the block
+            factors.append((pull(b, range(0, b.shape[0]), cache),
+                            _select(pull(a, range(0, a.shape[0]), cache).T, rows).T))
+        else:           # the block's rows of B, all of A
+            factors.append((pull(b, rows, cache), pull(a, range(0, a.shape[0]), cache)))
+    return lora_rows(node, pull(node.srcs[0], rows, cache), factors)
+
 
 def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = None) -> None:
     """Compute rows `rows` of `node` straight into `dst` (shape `(len(rows),) + node.shape[1:]`).
