@@ -4,6 +4,7 @@
     lazyweights plan ADAPTER PATH... [--filter GLOB] [--visualize FILE] [--no-group]
     lazyweights convert ADAPTER PATH... -o OUT [--format safetensors|gguf] [--budget 1GB]
                         [--max-shard-size 5GB] [--scheduler sync|threads] [--no-progress]
+                        [--quant PRESET] [--lora DIR [--lora DIR ...]]
     lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
     lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
     lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
@@ -188,6 +189,8 @@ def _adapted_plan(args):
         extra["tokenizer"] = False
     if getattr(args, "allow_pickle", None):
         extra["allow_pickle"] = args.allow_pickle
+    if getattr(args, "lora", None):
+        extra["lora"] = args.lora
     if getattr(args, "storage_options", None) or getattr(args, "cache", None):
         extra["storage_options"], extra["cache"] = args.storage_options, args.cache
     adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
@@ -431,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hf-config", metavar="FILE", default=None,
                        help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
         _pickle_arg(p)
+        p.add_argument("--lora", action="append", default=None, metavar="DIR",
+                       help="a PEFT LoRA adapter folder to merge into the checkpoint first, lazily (repeatable: "
+                            "adapters stack in order)")
 
     p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
                        description="Run ADAPTER on the checkpoint lazily and print the plan.")
