@@ -233,8 +233,9 @@ def _check_fits_base(state: Mapping[str, Any], cfg: LoraConfig, modules: list[st
     have = {k.rsplit(".", 1)[0] for k in state}
     found = [m for m in modules if m in have]
     if modules and not found:
+        hint = did_you_mean(modules[0], have)
         raise LoraError(f"{where}: none of the adapter's {len(modules)} modules is in the base (e.g. "
-                        f"{modules[0]!r}); it was made for base model {cfg.base_model!r}.{did_you_mean(modules[0], have)}")
+                        f"{modules[0]!r}); it was made for base model {cfg.base_model!r}.{hint}")
     targets = cfg.target_modules
     if isinstance(targets, (list, tuple)):
         missing = [t for t in targets if not any(_targets_match([t], m) for m in have)]

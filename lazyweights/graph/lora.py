@@ -74,21 +74,59 @@ def _f32(x: np.ndarray) -> np.ndarray:
         return x
     from ..kernels.casts import cast
 
-    return cast(np.ascontiguousarray(x), np.dtype(np.float32))
+    return cast(x, np.dtype(np.float32))
 
 
-def lora_rows(node: Node, w: np.ndarray, factors: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+# Rows per sub-block: about 256 KiB of float32 per scratch buffer, so W's rows, the update and the sum stay in
+# cache, and no block allocates fresh (page-faulting) memory beyond its output.
+_SUB_BYTES = 256 * 1024
+
+
+def lora_rows(node: Node, w: np.ndarray, factors: Sequence[tuple[np.ndarray, np.ndarray]],
+              out: np.ndarray | None = None) -> np.ndarray:
     """Rows of `node` from the same rows of W and, per adapter, ``(B, A)`` already cut to the block: B's rows
-    and all of A, or (transposed) all of B and A's columns for the block. numpy's matmul runs in BLAS, which
-    releases the GIL, so blocks on several threads run in parallel."""
-    acc = np.array(w, dtype=np.float32, copy=True) if w.dtype != np.float32 else w.copy()
-    for (scale, transposed), (b, a) in zip(node.arg, factors):
-        delta = np.matmul(_f32(b), _f32(a))
-        if scale != 1.0:
-            delta *= np.float32(scale)
-        acc += delta.T if transposed else delta
-    if node.dtype.to_numpy() == np.float32:
-        return acc
-    from ..kernels.casts import cast
+    and all of A, or (transposed) all of B and A's columns for the block. Written into `out` (a C-contiguous
+    array of the block's shape and node's dtype) when given.
 
-    return cast(acc, node.dtype.to_numpy())
+    Sub-blocks of rows are computed in float32 scratch buffers that fit in cache: W's rows cast in, each
+    adapter's ``B @ A`` by numpy's BLAS (which releases the GIL, so blocks on several threads run in
+    parallel) scaled and added, the sum cast out once. `benchmarks/bench_lora.py` measures it."""
+    from ..kernels.blas import single_threaded_blas
+
+    n, cols = w.shape
+    if out is None:
+        out = np.empty((n, cols), node.dtype.to_numpy())
+    f32_out = out.dtype == np.float32
+    sub = max(1, min(n, _SUB_BYTES // max(1, 4 * cols)))
+    acc_buf = None if f32_out else np.empty((sub, cols), np.float32)
+    delta_buf = np.empty((sub, cols), np.float32)
+    # A (or B for a transposed update) is used by every sub-block: cast once per block.
+    whole = [(_f32(b) if transposed else b, a if transposed else _f32(a))
+             for (_, transposed), (b, a) in zip(node.arg, factors)]
+    with single_threaded_blas():
+        _sub_blocks(node, w, whole, out, acc_buf, delta_buf, sub)
+    return out
+
+
+def _sub_blocks(node: Node, w: np.ndarray, whole: list, out: np.ndarray, acc_buf: np.ndarray | None,
+                delta_buf: np.ndarray, sub: int) -> None:
+    from ..kernels.casts import cast_into
+
+    f32_out = out.dtype == np.float32
+    n = w.shape[0]
+    for start in range(0, n, sub):
+        stop = min(n, start + sub)
+        k = stop - start
+        acc = out[start:stop] if f32_out or acc_buf is None else acc_buf[:k]
+        cast_into(w[start:stop], acc)
+        delta = delta_buf[:k]
+        for (scale, transposed), (b, a) in zip(node.arg, whole):
+            if transposed:   # rows of (B @ A).T = A[:, rows].T @ B.T
+                np.matmul(_f32(a[:, start:stop]).T, b.T, out=delta)
+            else:
+                np.matmul(_f32(b[start:stop]), a, out=delta)
+            if scale != 1.0:
+                delta *= np.float32(scale)
+            acc += delta
+        if not f32_out:
+            cast_into(acc, out[start:stop])

@@ -50,7 +50,7 @@ class Op(str, enum.Enum):
     DEQUANTIZE = "dequantize"  # packed blocks -> float (arg: (encoding, DType))
     QUANTIZE = "quantize"      # float -> packed blocks (arg: encoding)
     BINARY = "binary"          # elementwise mul/add/sub/div with broadcasting (arg: kind)
-    LORA = "lora"              # W + sum_i scale_i * (B_i @ A_i), srcs (W, B1, A1, ...) (arg: ((scale, transposed), ...))
+    LORA = "lora"              # W + sum scale_i * (B_i @ A_i), srcs (W, B1, A1, ...) (arg: ((scale, transposed), ...))
 
     # Compare, hash and print as the plain string, so `node.op == "cast"` and plan text are unchanged.
     __hash__ = str.__hash__
