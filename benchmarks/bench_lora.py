@@ -31,7 +31,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's lazyweights, here and in the subprocesses
 os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-WARM = "import numpy as _n; _a = _n.ones(1 << 28, _n.float32); del _a\n"
+# Warm memory for every contestant (1 GiB touched and freed), then the time its work starts, on stdout.
+WARM = ("import time as _t, numpy as _n; _a = _n.ones(1 << 28, _n.float32); del _a; "
+        "print('START', _t.time(), flush=True)\n")
 
 PEFT_MERGE = WARM + r"""
 import sys, torch, transformers, peft
@@ -58,25 +60,25 @@ sys.exit(main(sys.argv[1:]))
 
 
 def measured(cmd):
-    """(wall seconds, peak RssAnon bytes) of a subprocess."""
+    """(wall seconds, peak RssAnon bytes) of a subprocess, both from the moment its warm-up ends."""
     subprocess.run(["sync"], check=True)
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = 0
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    samples = []
     while p.poll() is None:
         try:
             with open(f"/proc/{p.pid}/status") as f:
                 for line in f:
                     if line.startswith("RssAnon:"):
-                        peak = max(peak, int(line.split()[1]) * 1024)
+                        samples.append((time.time(), int(line.split()[1]) * 1024))
         except OSError:
             pass
         time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode(errors="replace")
+    end = time.time()
+    out, err = p.communicate()
     if p.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err[-3000:]}")
-    return wall, peak
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err.decode(errors='replace')[-3000:]}")
+    start = float(next(line.split()[1] for line in out.decode().splitlines() if line.startswith("START")))
+    return end - start, max([m for t, m in samples if t >= start] or [0])
 
 
 def build(scratch, a):
@@ -123,7 +125,8 @@ def convert_part(a, scratch):
     for rep in range(a.reps):
         out = os.path.join(scratch, f"ours{rep}.gguf")
         ours.append(measured([py, "-c", CLI] + conv + [base, "--lora", lora, "--quant", "Q4_K_M", "-o", out]))
-        merged, f32, ref = (os.path.join(scratch, f"{n}{rep}") for n in ("merged", "merged.gguf", "ref.gguf"))
+        merged, f32, ref = (os.path.join(scratch, f"{n}{rep}{ext}") for n, ext in
+                            (("merged", ""), ("merged", ".gguf"), ("ref", ".gguf")))
         steps = [measured([py, "-c", PEFT_MERGE, base, lora, merged]),
                  measured([py, "-c", CLI] + conv + [merged, "-o", f32]),
                  measured([py, "-c", QUANTIZE, f32, ref, str(a.threads)])]
@@ -138,7 +141,7 @@ def convert_part(a, scratch):
           f"+ {step_t[2]:.2f}), peak RssAnon {b_m / 1e6:.0f} MB ({' / '.join(f'{m / 1e6:.0f}' for m in step_m)})")
     print(f"speed-up {b_t / o_t:.2f}x, peak memory {b_m / max(o_m, 1):.1f}x less; medians of {a.reps}; "
           f"disk written: one pass 1 file, four steps 3 files")
-    print("files:", same_tensors(os.path.join(scratch, "ours0.gguf"), os.path.join(scratch, "ref.gguf0")))
+    print("files:", same_tensors(os.path.join(scratch, "ours0.gguf"), os.path.join(scratch, "ref0.gguf")))
 
 
 def op_part(a):
