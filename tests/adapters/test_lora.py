@@ -253,3 +253,18 @@ def test_one_pass_lora_q4_k_m_equals_peft_merge_then_llama_quantize(tmp_path, ch
     for name in ref:
         assert ours[name].tensor_type == ref[name].tensor_type, name
         assert np.asarray(ours[name].data).tobytes() == np.asarray(ref[name].data).tobytes(), name
+
+
+def test_checkpoint_folder_is_the_base_not_the_adapter(llama):
+    """convert_hf_to_gguf reads config.json and tokenizer.json from the checkpoint's folder: with an adapter
+    merged, the first tensors (lm_head from modules_to_save, the embedding's base_layer) come from the adapter's
+    folder, but the folder is still the base's."""
+    import os
+
+    from lazyweights.adapters.hf_export import _source_folder
+
+    d, base, a, _ = llama
+    merged = merge_lora(dict(lw.load_weights([str(base)]).items()), str(a))
+    first = next(iter(merged))
+    assert first == "lm_head.weight" and merged[first].node.op is Op.SOURCE  # the adapter's copy
+    assert _source_folder(merged) == os.path.abspath(base)
