@@ -268,3 +268,41 @@ def test_checkpoint_folder_is_the_base_not_the_adapter(llama):
     first = next(iter(merged))
     assert first == "lm_head.weight" and merged[first].node.op is Op.SOURCE  # the adapter's copy
     assert _source_folder(merged) == os.path.abspath(base)
+
+
+def _lora_plan():
+    rng = np.random.default_rng(5)
+    w = ops.const(rng.standard_normal((384, 256)).astype(ml_dtypes.bfloat16))
+    b, a = (ops.const(rng.standard_normal(s).astype(np.float32)) for s in ((384, 8), (8, 256)))
+    node = lora_update(w, b, a, 0.5)
+    return lw.plan({"w": lw.WeightData.wrap(node, "w", None),
+                    "w16": lw.WeightData.wrap(ops.cast(node, "float16"), "w16", None)})
+
+
+@pytest.mark.parametrize("device", ["fake", "cuda"])
+def test_gpu_executor_computes_the_update_on_the_host(device):
+    """The GPU executor's host part runs the `lora` op (GPU_SPLIT: host); a cast above it runs on the device.
+    The fake device (tests/run/fake_gpu.py) runs everywhere; a real one where cupy finds a CUDA device."""
+    import os
+
+    from lazyweights.run.gpu import materialize_gpu
+
+    plan = _lora_plan()
+    want = plan.materialize(scheduler="sync")
+    if device == "fake":
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "run"))
+        from fake_gpu import NumpyDevice
+
+        got = materialize_gpu(plan, "gpu:0", backend=NumpyDevice(), block_bytes=4096)
+        arrays = {k: np.asarray(v) for k, v in got.items()}
+    else:
+        cupy = pytest.importorskip("cupy")
+        try:
+            if cupy.cuda.runtime.getDeviceCount() < 1:
+                pytest.skip("no CUDA device")
+        except Exception:
+            pytest.skip("no CUDA device")
+        got = plan.materialize(device="gpu:0")
+        arrays = {k: cupy.asnumpy(v) for k, v in got.items()}
+    for name, ref in want.items():
+        assert np.ascontiguousarray(arrays[name]).tobytes() == ref.tobytes(), name
