@@ -306,3 +306,26 @@ def test_gpu_executor_computes_the_update_on_the_host(device):
         arrays = {k: cupy.asnumpy(v) for k, v in got.items()}
     for name, ref in want.items():
         assert np.ascontiguousarray(arrays[name]).tobytes() == ref.tobytes(), name
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_slices_sink_through_the_update(transposed):
+    """A tensor-parallel rank's slice of a merged weight reads only its rows of W and B (or columns of A):
+    `sink_slices` moves it below the `lora` node, and the bytes are the same as slicing the whole value."""
+    from lazyweights.graph.node import toposort
+    from lazyweights.graph.rewrites import sink_slices
+    from lazyweights.run.reference import evaluate
+
+    rng = np.random.default_rng(9)
+    w = ops.const(rng.standard_normal((96, 64)).astype(ml_dtypes.bfloat16))
+    shape_b, shape_a = ((64, 4), (4, 96)) if transposed else ((96, 4), (4, 64))
+    b, a = ops.const(rng.standard_normal(shape_b).astype(np.float32)), ops.const(
+        rng.standard_normal(shape_a).astype(np.float32))
+    node = lora_update(w, b, a, 0.75, transposed)
+    whole = evaluate([node])[0]
+    for box in (((24, 48, 1), (0, 64, 1)), ((0, 96, 1), (16, 40, 1)), ((3, 90, 3), (1, 63, 2))):
+        sunk = sink_slices(ops.slice_(node, box))
+        assert sunk.op is Op.LORA and sunk.srcs[0].op is Op.SLICE  # W: only the box is read
+        assert sum(n.op is Op.SLICE for n in toposort([sunk])) >= 2   # and B's rows or A's columns
+        want = whole[tuple(slice(*r) for r in box)]
+        assert evaluate([sunk])[0].tobytes() == np.ascontiguousarray(want).tobytes(), box
