@@ -140,10 +140,26 @@ def merge_lora(state_dict: Mapping[str, Any], lora_dir: str | os.PathLike | Sequ
     or `Weights` accessors; `lora_dir` is one adapter folder or a list of them, applied in order. Tensors the
     adapters do not touch are returned as they were given.
 
-    Example:
+    Example (two adapters on one weight, from a checkpoint on disk):
+        >>> import json, os, tempfile
+        >>> import numpy as np
+        >>> from safetensors.numpy import save_file
         >>> import lazyweights as lw
-        >>> merged = merge_lora(dict(lw.load_weights(["base/"]).items()), ["lora-a/", "lora-b/"])  # doctest: +SKIP
-        >>> lw.plan(merged).save("merged/")                                                        # doctest: +SKIP
+        >>> d = tempfile.mkdtemp()
+        >>> save_file({"fc.weight": np.ones((4, 3), np.float32)}, os.path.join(d, "model.safetensors"))
+        >>> for name, alpha in (("a", 2), ("b", 8)):
+        ...     os.makedirs(os.path.join(d, name))
+        ...     _ = open(os.path.join(d, name, "adapter_config.json"), "w").write(json.dumps(
+        ...         {"r": 1, "lora_alpha": alpha, "use_rslora": False, "target_modules": ["fc"]}))
+        ...     save_file({"base_model.model.fc.lora_A.weight": np.ones((1, 3), np.float32),
+        ...                "base_model.model.fc.lora_B.weight": np.ones((4, 1), np.float32)},
+        ...               os.path.join(d, name, "adapter_model.safetensors"))
+        >>> base = dict(lw.load_weights([os.path.join(d, "model.safetensors")]).items())
+        >>> merged = merge_lora(base, [os.path.join(d, "a"), os.path.join(d, "b")])
+        >>> merged["fc.weight"].node.arg          # one node, both updates: 1 + 2 + 8
+        ((2.0, False), (8.0, False))
+        >>> lw.plan(merged).materialize()["fc.weight"][0]
+        array([11., 11., 11.], dtype=float32)
     """
     dirs = [lora_dir] if isinstance(lora_dir, (str, os.PathLike)) else list(lora_dir)
     out = dict(state_dict)
