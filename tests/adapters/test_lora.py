@@ -329,3 +329,26 @@ def test_slices_sink_through_the_update(transposed):
         assert sum(n.op is Op.SLICE for n in toposort([sunk])) >= 2   # and B's rows or A's columns
         want = whole[tuple(slice(*r) for r in box)]
         assert evaluate([sunk])[0].tobytes() == np.ascontiguousarray(want).tobytes(), box
+
+
+def test_bf16_base_rounds_once(tmp_path):
+    """A bf16 base: the result is bf16, the float32 sum rounded once (torch's float32 arithmetic rounded to
+    bf16 is the reference, bit for bit); PEFT's merge, which rounds the update to bf16 and then the sum, is
+    within one bf16 step of it."""
+    base = _llama(tmp_path / "base", dtype=torch.bfloat16)
+    lora = _lora(base, tmp_path / "lora", r=4, lora_alpha=6, target_modules=["q_proj", "down_proj"])
+    merged, ours = _ours(base, [lora])
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert ours[name].dtype == ml_dtypes.bfloat16
+    from safetensors.torch import load_file
+
+    w = load_file(str(base / "model.safetensors"))[name].float()
+    ad = load_file(str(lora / "adapter_model.safetensors"))
+    b = ad[f"base_model.model.{name[:-7]}.lora_B.weight"].float()
+    a = ad[f"base_model.model.{name[:-7]}.lora_A.weight"].float()
+    want = (w + (b @ a) * 1.5).to(torch.bfloat16)
+    assert ours[name].tobytes() == want.view(torch.int16).numpy().tobytes()
+    peft_w = _peft_merged(base, [lora]).state_dict()[name]
+    step = np.abs(want.float().numpy()) * 2.0 ** -7
+    assert (np.abs(peft_w.float().numpy() - want.float().numpy()) <= step + 1e-30).all()
+    assert not np.array_equal(ours[name], w.to(torch.bfloat16).view(torch.int16).numpy().view(ml_dtypes.bfloat16))
