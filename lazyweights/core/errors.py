@@ -203,6 +203,11 @@ class ScaleShapeError(ShapeError):
     tensor, its shape and the weight's."""
 
 
+class LoraError(LazyWeightsError, ValueError):
+    """A LoRA adapter that does not fit the base: a shape, a target module or a saved tensor the base lacks, an
+    adapter for another base, or an adapter kind lazyweights cannot merge (DoRA); names the tensor and both shapes."""
+
+
 class DTypeError(LazyWeightsError, TypeError, ValueError):
     """An unsupported dtype, or an op the dtype does not allow (e.g. casting packed quantized blocks)."""
 

@@ -7,6 +7,7 @@
                         [--quant PRESET [--imatrix FILE] [--tensor-type PATTERN=TYPE ...]
                          [--output-tensor-type TYPE] [--token-embedding-type TYPE] [--pure]
                          [--prune-layers L0,L1,...] [--override-kv KEY=TYPE:VALUE ...] [--dry-run]]
+                        [--lora DIR [--lora DIR ...]]
     lazyweights quantize [the same llama-quantize flags] IN.gguf OUT.gguf PRESET
     lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
     lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
@@ -192,6 +193,8 @@ def _adapted_plan(args):
         extra["tokenizer"] = False
     if getattr(args, "allow_pickle", None):
         extra["allow_pickle"] = args.allow_pickle
+    if getattr(args, "lora", None):
+        extra["lora"] = args.lora
     if getattr(args, "storage_options", None) or getattr(args, "cache", None):
         extra["storage_options"], extra["cache"] = args.storage_options, args.cache
     adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
@@ -547,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hf-config", metavar="FILE", default=None,
                        help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
         _pickle_arg(p)
+        p.add_argument("--lora", action="append", default=None, metavar="DIR",
+                       help="a PEFT LoRA adapter folder to merge into the checkpoint first, lazily (repeatable: "
+                            "adapters stack in order)")
 
     p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
                        description="Run ADAPTER on the checkpoint lazily and print the plan.")
