@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import FormatError, ScaleShapeError, UnsupportedCompressionError
+from ..core.errors import FormatError, RemoteError, ScaleShapeError, UnsupportedCompressionError
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.elementwise import binary
@@ -96,6 +96,8 @@ def _read_config(files: list[str]) -> dict | None:
                 return None
             with open(path, encoding="utf-8") as fh:
                 doc = json.load(fh)
+    except RemoteError:
+        raise  # the store's own error (timeouts, truncated bodies, 403s) names the URL and the cause
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{path}: not a valid config.json: {e}") from None
     return doc if isinstance(doc, dict) else None
