@@ -36,12 +36,13 @@ Example:
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-from ..core.errors import MissingTokenizerError, TokenizerConversionError
+from ..core.errors import MissingTokenizerError, TokenizerConversionError, TokenizerNotExpressibleError
 
 # gguf.TokenType values (gguf-py constants): kept literal so this module imports no gguf at GGUF -> HF time.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -290,25 +291,316 @@ def _token_str(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
+class _Pre(NamedTuple):
+    """One `tokenizer.ggml.pre` name: the regexes llama.cpp splits with, in order, and its ignore_merges flag."""
+
+    name: str
+    ignore_merges: bool
+    regexes: tuple[str, ...]
+
+
+# llama.cpp's byte-level pre-tokenizers (src/llama-vocab.cpp, `llm_tokenizer_bpe`: regex_exprs per pre type;
+# `llama_vocab::impl::load`: the names and their ignore_merges), one name per distinct (regexes, ignore_merges).
+# Regexes are spelled as tokenizer.json spells them (llama.cpp's "original regex" comments) where llama.cpp
+# rewrote them; `_canonical_regex` makes the two spellings equal. A tokenizer matches a name by structure alone:
+# no hash of its output is ever consulted.
+BYTE_LEVEL_PRE_TOKENIZERS: tuple[_Pre, ...] = (
+    _Pre("gpt-2", False, (
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    )),
+    _Pre("llama-bpe", True, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n"
+        r"]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("smaug-bpe", False, (
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("qwen2", False, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s"
+        r"*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("qwen35", False, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}"
+        r"]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("tekken", True, (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}"
+        r"\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}"
+        r"]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("gpt-4o", False, (
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'r"
+        r"e|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}"
+        r"\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s"
+        r"+(?!\S)|\s+",
+    )),
+    _Pre("starcoder", False, (
+        r"\p{N}",
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    )),
+    _Pre("deepseek-llm", False, (
+        r"[\r\n]",
+        r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕ"
+        r"ἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛ"
+        r"Ꜣ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+        r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+        r"\s+$",
+        r"[一-龥ࠀ-一가-퟿]+",
+        r"\p{N}+",
+    )),
+    _Pre("deepseek-coder", False, (
+        r"[\r\n]",
+        r"\s?\p{L}+",
+        r"\s?\p{P}+",
+        r"[一-龥ࠀ-一가-퟿]+",
+        r"\p{N}",
+    )),
+    _Pre("deepseek-v3", False, (
+        r"\p{N}{1,3}",
+        r"[一-龥぀-ゟ゠-ヿ]+",
+        '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?['
+        r"\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("spark2_5", False, (
+        r"\p{N}{1,3}",
+        r"[一-龥぀-ゟ゠-ヿ]+",
+        '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?['
+        r"\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+        r"\p{N}",
+    )),
+    _Pre("youtu", True, (
+        r"[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[t"
+        r"T]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{L"
+        r"o}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'["
+        r"dD])?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("falcon", False, (
+        r"[\p{P}\$\+<=>\^~\|`]+",
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+        r"[0-9][0-9][0-9]",
+    )),
+    _Pre("jais-2", False, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n"
+        r"]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}"
+        r"(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
+    )),
+    _Pre("bloom", False, (
+        r" ?[^(\s|.,!?…。，、।۔،)]+",
+    )),
+    _Pre("viking", False, (
+        r" ?[^(\s|.,!?…。，、।۔،)]+",
+        r"\p{N}",
+    )),
+    _Pre("tiny_aya", False, (
+        r"\d{1,3}(?=(?:\d{3})*\b)",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'r"
+        r"e|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}"
+        r"\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s"
+        r"+(?!\S)|\s+",
+    )),
+    _Pre("seed-coder", False, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s"
+        r"*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("ufakzeka", False, (
+        r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("laguna", False, (
+        r"[^\n]+|[\n]+",
+        r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("exaone-moe", False, (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| "
+        r"?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+    )),
+    _Pre("minicpm5", True, (
+        r"\p{N}{1,3}",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+        r"\s*[\r\n]+|\s+(?!\S)|\s+",
+    )),
+    _Pre("default", False, (
+        r"[\p{P}\$\+<=>\^~\|]+",
+        r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+        r"\p{N}+",
+        r"[0-9][0-9][0-9]",
+    )),
+)
+_GPT2_REGEX = BYTE_LEVEL_PRE_TOKENIZERS[0].regexes[0]
+_CASELESS = re.compile(r"\(\?i:((?:'?[A-Za-z]+\|)*'?[A-Za-z]+)\)")
+
+
+def _canonical_regex(rx: str) -> str:
+    r"""One spelling per regex: `(?i:'s|'t)` as llama.cpp's `(?:'[sS]|'[tT])`, CR/LF characters as `\r`/`\n`.
+
+    >>> _canonical_regex("(?i:'s|'ll)|\\p{N}") == _canonical_regex("(?:'[sS]|'[lL][lL])|\\p{N}")
+    True
+    """
+    def expand(m: re.Match) -> str:
+        return "(?:" + "|".join("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else c for c in alt)
+                                for alt in m.group(1).split("|")) + ")"
+
+    return _CASELESS.sub(expand, rx.replace("\r", r"\r").replace("\n", r"\n"))
+
+
+_PRE_BY_REGEXES: dict[tuple[str, ...], list[_Pre]] = {}
+for _p in BYTE_LEVEL_PRE_TOKENIZERS:
+    _PRE_BY_REGEXES.setdefault(tuple(map(_canonical_regex, _p.regexes)), []).append(_p)
+
+
+def _flatten(part: Any) -> list[dict]:
+    """A (possibly nested) Sequence of normalizers / pre-tokenizers as a flat list of its components."""
+    if not isinstance(part, dict):
+        return []
+    subs = part.get("pretokenizers") if part.get("type") == "Sequence" else None
+    if part.get("type") == "Sequence" and subs is None:
+        subs = part.get("normalizers")
+    if subs is None:
+        return [part]
+    return [c for s in subs for c in _flatten(s)]
+
+
 def _split_regexes(pre) -> list[str]:
     """Every Split regex inside a (possibly nested) pre-tokenizer description."""
-    if not isinstance(pre, dict):
-        return []
-    found = []
-    if pre.get("type") == "Split" and isinstance(pre.get("pattern"), dict) and "Regex" in pre["pattern"]:
-        found.append(pre["pattern"]["Regex"])
-    for sub in pre.get("pretokenizers", []) or []:
-        found += _split_regexes(sub)
+    return [c["pattern"]["Regex"] for c in _flatten(pre) if c.get("type") == "Split"
+            and isinstance(c.get("pattern"), dict) and "Regex" in c["pattern"]]
+
+
+def _not_expressible(path: str, part: str, what: str) -> TokenizerNotExpressibleError:
+    return TokenizerNotExpressibleError(f"{path}: {part}: {what}; no GGUF tokenizer setting makes llama.cpp "
+                                        "tokenize like it (pass tokenizer=False / --no-tokenizer to write the GGUF "
+                                        "without a tokenizer)", part=part)
+
+
+def _byte_level_regexes(path: str, pre: Any) -> list[str]:
+    """The regexes a byte-level pre-tokenizer splits with, in order (each Split isolating its matches, as
+    llama.cpp's `unicode_regex_split` does); TokenizerNotExpressibleError names any other component."""
+    regexes: list[str] = []
+    parts = _flatten(pre)
+    if not parts or parts[-1].get("type") != "ByteLevel":
+        raise _not_expressible(path, "pre_tokenizer", f"{json.dumps(pre)[:200]} does not end in ByteLevel, and "
+                               "llama.cpp's BPE ('gpt2') vocabulary is byte-level")
+    for i, c in enumerate(parts):
+        kind = c.get("type")
+        if kind == "Split":
+            pattern = c.get("pattern") or {}
+            behavior = str(c.get("behavior", "")).lower()
+            if "Regex" not in pattern or behavior != "isolated" or c.get("invert"):
+                raise _not_expressible(path, "pre_tokenizer", f"Split {json.dumps(pattern)[:120]} with behavior "
+                                       f"{c.get('behavior')!r}, invert {c.get('invert')!r} (llama.cpp isolates the "
+                                       "matches of a regex, nothing else)")
+            regexes.append(pattern["Regex"])
+        elif kind == "Digits":
+            regexes.append(r"\p{N}" if c.get("individual_digits") else r"\p{N}+")
+        elif kind == "ByteLevel" and i == len(parts) - 1:
+            if c.get("add_prefix_space"):
+                raise _not_expressible(path, "pre_tokenizer", "ByteLevel add_prefix_space=true (llama.cpp's BPE "
+                                       "tokenizer adds no space)")
+            if c.get("use_regex", True):
+                regexes.append(_GPT2_REGEX)
+        else:
+            raise _not_expressible(path, "pre_tokenizer", f"component {kind!r} ({json.dumps(c)[:120]}) has no "
+                                   "llama.cpp counterpart")
+    return regexes
+
+
+def _merges_matter(vocab: Mapping[str, int], merges: list[str]) -> list[str]:
+    """Vocabulary tokens BPE does not rebuild from their own characters: the words on which ignore_merges
+    (look a whole word up before merging) changes the result. Empty when the flag cannot matter."""
+    from tokenizers.models import BPE
+
+    model = BPE(vocab=dict(vocab), merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False)
+    out = []
+    for tok in vocab:
+        got = [t.value for t in model.tokenize(tok)]
+        if got != [tok]:
+            out.append(tok)
+    return out
+
+
+def _pick_pre_tokenizer(path: str, model: dict, pre: Any, vocab: Mapping[str, int], merges: list[str]) -> str:
+    """`tokenizer.ggml.pre` for a byte-level BPE tokenizer, chosen by its split regexes and ignore_merges."""
+    regexes = _byte_level_regexes(path, pre)
+    key = tuple(map(_canonical_regex, regexes))
+    names = _PRE_BY_REGEXES.get(key)
+    if not names:
+        known = ", ".join(p.name for p in BYTE_LEVEL_PRE_TOKENIZERS)
+        raise _not_expressible(path, "pre_tokenizer", f"the split regexes {[r[:80] for r in regexes]} are not a set "
+                               f"llama.cpp's BPE tokenizer implements (its sets are named {known})")
+    ignore = bool(model.get("ignore_merges", False))
+    same = [p for p in names if p.ignore_merges == ignore]
+    if same:
+        return same[0].name
+    affected = _merges_matter(vocab, merges)
+    if affected:
+        raise _not_expressible(path, "model.ignore_merges", f"ignore_merges={ignore} changes how {len(affected)} "
+                               f"vocabulary tokens tokenize (e.g. {affected[0]!r}), and llama.cpp's pre-tokenizer(s) "
+                               f"with these regexes ({', '.join(p.name for p in names)}) use ignore_merges="
+                               f"{not ignore}")
+    return names[0].name
+
+
+def _specials_template(path: str, doc: dict) -> tuple[list[int], list[int]] | None:
+    """(ids before, ids after) the text in the post-processor's single-sequence template; None without one."""
+    pp = doc.get("post_processor")
+    if not isinstance(pp, dict):
+        return None
+    found: tuple[list[int], list[int]] | None = None
+    for p in ([pp] if pp.get("type") != "Sequence" else pp.get("processors") or []):
+        kind = p.get("type")
+        if kind in ("BertProcessing", "RobertaProcessing"):
+            found = ([int(p["cls"][1])], [int(p["sep"][1])])
+        elif kind == "TemplateProcessing":
+            specials = p.get("special_tokens") or {}
+            before: list[int] = []
+            after: list[int] = []
+            seen_text = False
+            for item in p.get("single") or []:
+                if "Sequence" in item:
+                    seen_text = True
+                    continue
+                name = item["SpecialToken"]["id"]
+                ids = (specials.get(name) or {}).get("ids") or []
+                (after if seen_text else before).extend(int(i) for i in ids)
+            found = (before, after)
+        elif kind != "ByteLevel":
+            raise _not_expressible(path, "post_processor", f"{kind!r} has no llama.cpp counterpart")
     return found
+
+
+def _precompiled_charsmap(path: str, norm: Any) -> tuple[bytes | None, bool]:
+    """(SentencePiece's precompiled charsmap, remove_extra_whitespaces) of a Unigram tokenizer's normalizer."""
+    charsmap = None
+    collapse = False
+    for n in _flatten(norm):
+        kind = n.get("type")
+        if kind == "Precompiled":
+            raw = n.get("precompiled_charsmap") or ""
+            charsmap = base64.b64decode(raw) if raw else None
+        elif kind == "Replace" and n.get("pattern") == {"Regex": " {2,}"} and n.get("content") == " ":
+            collapse = True  # SentencePiece's remove_extra_whitespaces, as transformers converts it
+        elif kind is not None:
+            raise _not_expressible(path, "normalizer", f"{kind!r} ({json.dumps(n)[:120]}) next to a Unigram model "
+                                   "(llama.cpp's t5 tokenizer knows a precompiled charsmap and collapsing spaces)")
+    return charsmap, collapse
 
 
 def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     """GGUF `tokenizer.*` key/values (as `GGUFValue`s, typed like gguf-py's GGUFWriter) from a Hugging Face
-    folder's `tokenizer.json` and `tokenizer_config.json`.
+    folder's `tokenizer.json` and `tokenizer_config.json`, derived from their structure alone.
 
-    Supported models: BPE with byte fallback (SentencePiece-converted: Llama 2, Mistral, Gemma, Phi-3) ->
-    `llama`; byte-level BPE (GPT-2 style: Llama 3, Qwen) -> `gpt2` with merges and `tokenizer.ggml.pre`
-    named from its split regex. MissingTokenizerError when the folder has no tokenizer.json.
+    | tokenizer.json model             | tokenizer.ggml.model | from                                          |
+    |----------------------------------|----------------------|-----------------------------------------------|
+    | BPE, ByteLevel pre-tokenizer     | gpt2                 | merges; `pre` named by the split regexes      |
+    | BPE with byte_fallback           | llama                | scores from ids (merge rank); Metaspace prefix |
+    | Unigram                          | t5                   | scores; precompiled charsmap; Metaspace       |
+    | WordPiece                        | bert                 | phantom-space spelling; BertNormalizer flags  |
+
+    Added tokens become control (special) or user-defined tokens; bos/eos/unk/pad ids and add_bos/add_eos come
+    from the post-processor's template, then tokenizer_config.json. A part llama.cpp cannot reproduce is a
+    TokenizerNotExpressibleError naming it; MissingTokenizerError when the folder has no tokenizer.json.
 
     Example:
         >>> import json, os, tempfile
@@ -318,8 +610,8 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
         >>> t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False); t.decoder = decoders.ByteLevel()
         >>> t.save(os.path.join(d, "tokenizer.json"))
         >>> md = gguf_tokenizer_metadata(d, "llama")
-        >>> md["tokenizer.ggml.model"].value, md["tokenizer.ggml.merges"].value
-        ('gpt2', ['a b'])
+        >>> md["tokenizer.ggml.model"].value, md["tokenizer.ggml.pre"].value, md["tokenizer.ggml.merges"].value
+        ('gpt2', 'gpt-2', ['a b'])
     """
     from gguf.constants import GGUFValueType as T
 
@@ -328,7 +620,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     folder = os.fspath(folder)
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.isfile(path):
-        others = [f for f in ("tokenizer.model", "vocab.json", "merges.txt", "tekken.json")
+        others = [f for f in ("tokenizer.model", "vocab.json", "merges.txt", "tekken.json", "vocab.txt")
                   if os.path.isfile(os.path.join(folder, f))]
         hint = (f" (it has {', '.join(others)}: only tokenizer.json is read; save the tokenizer with a fast "
                 "tokenizer to write one)") if others else ""
@@ -338,10 +630,15 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     tcfg_path = os.path.join(folder, "tokenizer_config.json")
     tcfg = _read_json(tcfg_path) if os.path.isfile(tcfg_path) else {}
     model = doc.get("model") or {}
-    if model.get("type") != "BPE":
-        raise TokenizerConversionError(f"{path}: model type {model.get('type')!r} is not supported for GGUF "
-                                       "export (supported: BPE with byte fallback, byte-level BPE)")
-    vocab = model.get("vocab") or {}
+    kind = model.get("type")
+    raw_vocab = model.get("vocab")
+    if kind == "Unigram":
+        pieces = raw_vocab or []
+        vocab = {p[0]: i for i, p in enumerate(pieces)}
+    elif kind in ("BPE", "WordPiece"):
+        vocab = dict(raw_vocab or {})
+    else:
+        raise _not_expressible(path, "model", f"type {kind!r} (llama.cpp reads BPE, Unigram and WordPiece)")
     added = sorted(doc.get("added_tokens") or [], key=lambda a: a["id"])
     size = max([*vocab.values(), *(a["id"] for a in added)], default=-1) + 1
     tokens: list[str | None] = [None] * size
@@ -351,15 +648,13 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     for a in added:
         tokens[a["id"]] = a["content"]
         types[a["id"]] = CONTROL if a.get("special") else USER_DEFINED
-    holes = [i for i, t in enumerate(tokens) if t is None]
-    for i in holes:  # ids no token uses: llama.cpp needs a dense list
+    for i in [i for i, t in enumerate(tokens) if t is None]:  # ids no token uses: llama.cpp needs a dense list
         tokens[i] = f"[PAD{i}]"
         types[i] = UNUSED
-    raw_merges = model.get("merges") or []
-    merges = [m if isinstance(m, str) else " ".join(m) for m in raw_merges]
     md: dict[str, GGUFValue] = {}
+    template = _specials_template(path, doc)
 
-    def special_id(name: str):
+    def tcfg_id(name: str) -> int | None:
         tok = _token_str(tcfg.get(name))
         if tok is None:
             return None
@@ -368,68 +663,170 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
         except ValueError:
             return None
 
-    byte_fallback = bool(model.get("byte_fallback"))
-    if byte_fallback:
-        md["tokenizer.ggml.model"] = GGUFValue("llama", T.STRING)
-        md["tokenizer.ggml.pre"] = GGUFValue("default", T.STRING)
-        gemma = arch in _GEMMA_ARCHS
-        unk = special_id("unk_token")
-        first_normal = None
-        scores = []
-        for i, t in enumerate(tokens):
-            if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
-                types[i] = BYTE
-            if gemma and types[i] == NORMAL and len(t) > 1 and set(t) == {"\u2581"}:
-                # Gemma's own spelling of space runs (undone on the way in); like its newline runs, they
-                # are user-defined pieces in Gemma's SentencePiece model.
-                tokens[i] = " " * len(t)
-                types[i] = USER_DEFINED
-            if i == unk and not gemma:
-                types[i] = UNKNOWN
-            if types[i] == NORMAL:
-                # SentencePiece scores rank pieces; ids follow that rank in converted vocabularies, so
-                # -(id - first) keeps llama.cpp's merge priority equal to the BPE merge order.
-                if first_normal is None:
-                    first_normal = i
-                scores.append(float(-(i - first_normal)))
-            else:
-                scores.append(0.0 if types[i] == BYTE else -1000.0)
-        md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
-        md["tokenizer.ggml.scores"] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
-        md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
-        prefix = _metaspace_prefix(doc)
-        if prefix is not None:
-            md["tokenizer.ggml.add_space_prefix"] = GGUFValue(prefix, T.BOOL)
-    else:
+    ids = {name: tcfg_id(name) for name in _NAMED}
+    add_bos, add_eos = _post_processor_adds(doc, tcfg)
+    if template is not None:
+        before, after = template
+        if len(before) > 1 or len(after) > 1:
+            raise _not_expressible(path, "post_processor", f"it adds {[tokens[i] for i in before]} before and "
+                                   f"{[tokens[i] for i in after]} after the text; llama.cpp adds at most one token "
+                                   "on each side")
+        if before:
+            ids["bos_token"] = before[0]
+        if after:
+            ids["eos_token"] = after[0]
+    normalizer = doc.get("normalizer")
+    pre = doc.get("pre_tokenizer")
+    if kind == "BPE" and model.get("byte_fallback"):
+        _sentencepiece_bpe(md, tokens, types, doc, arch, ids["unk_token"], T, GGUFValue)
+    elif kind == "BPE":
+        norms = [n.get("type") for n in _flatten(normalizer)]
+        if any(n != "NFC" for n in norms):
+            # NFC is kept: llama.cpp does not normalize, and text already in NFC (nearly all text) is unchanged.
+            raise _not_expressible(path, "normalizer", f"{norms} before a byte-level BPE model (llama.cpp's BPE "
+                                   "tokenizer normalizes nothing)")
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
         md["tokenizer.ggml.model"] = GGUFValue("gpt2", T.STRING)
-        regexes = _split_regexes(doc.get("pre_tokenizer"))
-        pre = next((_SPLIT_TO_PRE[r] for r in regexes if r in _SPLIT_TO_PRE), None)
-        if pre is None and regexes:
-            raise TokenizerConversionError(
-                f"{path}: the pre-tokenizer's split regex {regexes[0][:80]!r} is not one llama.cpp knows "
-                f"(known: {', '.join(sorted(set(_SPLIT_TO_PRE.values())))})")
-        md["tokenizer.ggml.pre"] = GGUFValue(pre or "gpt-2", T.STRING)
+        md["tokenizer.ggml.pre"] = GGUFValue(_pick_pre_tokenizer(path, model, pre, vocab, merges), T.STRING)
         md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
         md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
         md["tokenizer.ggml.merges"] = GGUFValue(merges, T.ARRAY, T.STRING)
+    elif kind == "Unigram":
+        if model.get("byte_fallback"):
+            raise _not_expressible(path, "model.byte_fallback", "a Unigram model with byte_fallback=true "
+                                   "(llama.cpp's t5 tokenizer maps unknown characters to the unknown token)")
+        unk = model.get("unk_id")
+        scores = [0.0] * len(tokens)
+        for i, p in enumerate(pieces):
+            scores[i] = float(p[1])
+        if unk is not None and types[int(unk)] in (NORMAL, CONTROL):
+            types[int(unk)] = UNKNOWN
+            ids["unk_token"] = int(unk)
+        for i, t in enumerate(tokens):
+            if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t or ""):
+                types[i] = BYTE
+        charsmap, collapse = _precompiled_charsmap(path, normalizer)
+        prefix, split_ws = True, False
+        for c in _flatten(pre):
+            if c.get("type") == "Metaspace" and c.get("replacement", "\u2581") == "\u2581":
+                prefix = c.get("prepend_scheme", "always") != "never" and c.get("add_prefix_space", True)
+            elif c.get("type") == "WhitespaceSplit":
+                split_ws = True
+            else:
+                raise _not_expressible(path, "pre_tokenizer", f"{json.dumps(c)[:120]} next to a Unigram model "
+                                       "(llama.cpp's t5 tokenizer escapes spaces as '\u2581' and nothing else)")
+        md["tokenizer.ggml.model"] = GGUFValue("t5", T.STRING)
+        md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
+        md["tokenizer.ggml.scores"] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
+        md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
+        md["tokenizer.ggml.add_space_prefix"] = GGUFValue(bool(prefix), T.BOOL)
+        md["tokenizer.ggml.remove_extra_whitespaces"] = GGUFValue(bool(collapse or split_ws), T.BOOL)
+        if charsmap:
+            md["tokenizer.ggml.precompiled_charsmap"] = GGUFValue(list(charsmap), T.ARRAY, T.UINT8)
+    else:  # WordPiece
+        _wordpiece(md, path, model, tokens, types, doc, ids, template, T, GGUFValue)
+        add_bos, add_eos = True, False
+        md["tokenizer.ggml.add_sep_token"] = GGUFValue(True, T.BOOL)
     for name, key in _NAMED.items():
-        i = special_id(name)
+        i = ids[name]
         if i is not None:
-            md[f"tokenizer.ggml.{key}"] = GGUFValue(i, T.UINT32)
-    add_bos, add_eos = _post_processor_adds(doc, tcfg)
-    md["tokenizer.ggml.add_bos_token"] = GGUFValue(add_bos, T.BOOL)
-    md["tokenizer.ggml.add_eos_token"] = GGUFValue(add_eos, T.BOOL)
-    template = tcfg.get("chat_template")
-    if template is None:
+            md[f"tokenizer.ggml.{key}"] = GGUFValue(int(i), T.UINT32)
+    md["tokenizer.ggml.add_bos_token"] = GGUFValue(bool(add_bos and ids["bos_token"] is not None), T.BOOL)
+    md["tokenizer.ggml.add_eos_token"] = GGUFValue(bool(add_eos and ids["eos_token"] is not None), T.BOOL)
+    chat = tcfg.get("chat_template")
+    if chat is None:
         jinja = os.path.join(folder, "chat_template.jinja")
         if os.path.isfile(jinja):
             with open(jinja, encoding="utf-8") as fh:
-                template = fh.read()
-    if isinstance(template, list):  # named templates: llama.cpp reads the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    if isinstance(template, str):
-        md["tokenizer.chat_template"] = GGUFValue(template, T.STRING)
+                chat = fh.read()
+    if isinstance(chat, list):  # named templates: llama.cpp reads the default one
+        chat = next((t.get("template") for t in chat if t.get("name") == "default"), None)
+    if isinstance(chat, str):
+        md["tokenizer.chat_template"] = GGUFValue(chat, T.STRING)
     return md
+
+
+def _sentencepiece_bpe(md: dict, tokens: list, types: list, doc: dict, arch: str, unk: int | None, T, GGUFValue):
+    """A BPE model with byte fallback (SentencePiece converted: Llama 2, Mistral, Gemma, Phi-3) as `llama`."""
+    md["tokenizer.ggml.model"] = GGUFValue("llama", T.STRING)
+    md["tokenizer.ggml.pre"] = GGUFValue("default", T.STRING)
+    gemma = arch in _GEMMA_ARCHS
+    first_normal = None
+    scores = []
+    for i, t in enumerate(tokens):
+        if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
+            types[i] = BYTE
+        if gemma and types[i] == NORMAL and len(t) > 1 and set(t) == {"\u2581"}:
+            # Gemma's own spelling of space runs (undone on the way in); like its newline runs, they
+            # are user-defined pieces in Gemma's SentencePiece model.
+            tokens[i] = " " * len(t)
+            types[i] = USER_DEFINED
+        if i == unk and not gemma:
+            types[i] = UNKNOWN
+        if types[i] == NORMAL:
+            # SentencePiece scores rank pieces; ids follow that rank in converted vocabularies (and merge
+            # order in trained ones), so -(id - first) keeps llama.cpp's merge priority the BPE merge order.
+            if first_normal is None:
+                first_normal = i
+            scores.append(float(-(i - first_normal)))
+        else:
+            scores.append(0.0 if types[i] == BYTE else -1000.0)
+    md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
+    md["tokenizer.ggml.scores"] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
+    md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
+    prefix = _metaspace_prefix(doc)
+    if prefix is not None:
+        md["tokenizer.ggml.add_space_prefix"] = GGUFValue(prefix, T.BOOL)
+
+
+def _wordpiece(md: dict, path: str, model: dict, tokens: list, types: list, doc: dict, ids: dict,
+               template, T, GGUFValue) -> None:
+    """A WordPiece model (BERT) as llama.cpp's `bert` vocabulary: word-initial pieces spelled with a leading
+    phantom space '\u2581', continuation pieces without their prefix ('##'), bracketed tokens as they are."""
+    norm = [n for n in _flatten(doc.get("normalizer"))]
+    lowercase = strip = False
+    for n in norm:
+        if n.get("type") != "BertNormalizer":
+            raise _not_expressible(path, "normalizer", f"{n.get('type')!r} next to a WordPiece model (llama.cpp's "
+                                   "bert tokenizer implements BertNormalizer only)")
+        if not n.get("clean_text", True) or not n.get("handle_chinese_chars", True):
+            raise _not_expressible(path, "normalizer", f"BertNormalizer clean_text={n.get('clean_text')}, "
+                                   f"handle_chinese_chars={n.get('handle_chinese_chars')} (llama.cpp always "
+                                   "cleans text and splits CJK characters)")
+        lowercase = bool(n.get("lowercase", True))
+        s = n.get("strip_accents")
+        strip = lowercase if s is None else bool(s)
+    for c in _flatten(doc.get("pre_tokenizer")):
+        if c.get("type") != "BertPreTokenizer":
+            raise _not_expressible(path, "pre_tokenizer", f"{c.get('type')!r} next to a WordPiece model (llama.cpp "
+                                   "splits words as BertPreTokenizer does, nothing else)")
+    if template is None or len(template[0]) != 1 or len(template[1]) != 1:
+        raise _not_expressible(path, "post_processor", f"template {template} (llama.cpp's bert tokenizer always adds "
+                               "one token before the text (CLS) and one after (SEP))")
+    prefix = model.get("continuing_subword_prefix") or "##"
+    seen: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if types[i] == NORMAL and not (t.startswith("[") and t.endswith("]")):
+            tokens[i] = t[len(prefix):] if t.startswith(prefix) else "\u2581" + t
+        if tokens[i] in seen:
+            raise _not_expressible(path, "model.vocab", f"tokens {seen[tokens[i]]} and {i} are both spelled "
+                                   f"{tokens[i]!r} in llama.cpp's phantom-space vocabulary")
+        seen[tokens[i]] = i
+    unk = model.get("unk_token")
+    if isinstance(unk, str) and unk in seen:
+        ids["unk_token"] = seen[unk]
+    ids["bos_token"], sep = template[0][0], template[1][0]
+    ids["eos_token"] = None
+    md["tokenizer.ggml.model"] = GGUFValue("bert", T.STRING)
+    md["tokenizer.ggml.pre"] = GGUFValue("default", T.STRING)
+    md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
+    md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
+    md["tokenizer.ggml.seperator_token_id"] = GGUFValue(int(sep), T.UINT32)  # llama.cpp's spelling
+    md["tokenizer.ggml.normalizer.lowercase"] = GGUFValue(lowercase, T.BOOL)
+    md["tokenizer.ggml.normalizer.strip_accents"] = GGUFValue(strip, T.BOOL)
+    mask = next((i for i, t in enumerate(tokens) if t == "[MASK]" and types[i] == CONTROL), None)
+    if mask is not None:
+        md["tokenizer.ggml.mask_token_id"] = GGUFValue(mask, T.UINT32)
 
 
 def _metaspace_prefix(doc: dict) -> bool | None:
@@ -447,22 +844,15 @@ def _metaspace_prefix(doc: dict) -> bool | None:
 
 
 def _post_processor_adds(doc: dict, tcfg: dict) -> tuple[bool, bool]:
-    """(add_bos, add_eos): tokenizer_config.json's flags when given, else what the post-processor inserts."""
-    bos, eos = _token_str(tcfg.get("bos_token")), _token_str(tcfg.get("eos_token"))
-    pp = doc.get("post_processor") or {}
-    single = []
-    if pp.get("type") == "TemplateProcessing":
-        single = [p["SpecialToken"]["id"] for p in pp.get("single", []) if "SpecialToken" in p]
-    elif pp.get("type") == "Sequence":
-        for sub in pp.get("processors", []):
-            if sub.get("type") == "TemplateProcessing":
-                single = [p["SpecialToken"]["id"] for p in sub.get("single", []) if "SpecialToken" in p]
+    """(add_bos, add_eos): tokenizer_config.json's flags when given, else whether the post-processor's template
+    puts a token before / after the text."""
+    template = _specials_template("tokenizer.json", doc)
     add_bos = tcfg.get("add_bos_token")
     add_eos = tcfg.get("add_eos_token")
     if add_bos is None:
-        add_bos = bool(single) and bos is not None and single[0] == bos
+        add_bos = template is not None and bool(template[0])
     if add_eos is None:
-        add_eos = bool(single) and eos is not None and single[-1] == eos
+        add_eos = template is not None and bool(template[1])
     return bool(add_bos), bool(add_eos)
 
 

@@ -1,0 +1,376 @@
+"""HF -> GGUF tokenizers built from tokenizer.json alone, judged by llama.cpp.
+
+Each case trains a small tokenizer with Hugging Face's `tokenizers` (or takes a real one a package ships:
+all-MiniLM-L6-v2's WordPiece, Gemma 3's SentencePiece BPE), converts it with `gguf_tokenizer_metadata`, writes a
+tiny llama GGUF with that vocabulary, loads it in llama.cpp (llama-cpp-python, `vocab_only=True`) and asserts
+llama.cpp tokenizes a varied corpus (unicode, digits, whitespace runs, code, emoji) exactly as `tokenizers` does,
+special tokens included. No tokenizer here has a hash llama.cpp's converter knows: the `tokenizer.ggml.pre`
+name comes from the pre-tokenizer's structure. Skipped where llama-cpp-python or tokenizers is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+tokenizers = pytest.importorskip("tokenizers")
+gguf = pytest.importorskip("gguf")
+
+from tokenizers import (  # noqa: E402
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+from lazyweights.core.errors import TokenizerNotExpressibleError  # noqa: E402
+from lazyweights.formats.hf_tokenizer import (  # noqa: E402
+    BYTE_LEVEL_PRE_TOKENIZERS,
+    PRE_TOKENIZER_SPLITS,
+    gguf_tokenizer_metadata,
+)
+
+_TRAIN = [
+    "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm windowsill.",
+    "It's what we'd've done; they're sure you'll see I'm right, and she's not.",
+    "Café naïve résumé façade coöperate Ærøskøbing Straße déjà vu.",
+    "日本語のテキストと中文文本以及한국어 텍스트를 섞어서 씁니다.",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "for (int i = 0; i < 10; ++i) { printf(\"%d\\n\", i * 42); }\t// loop",
+    "Prices: $1,234.56, 3.14159, 2024-01-15, 1000000 and 0x1F; call 555-0100.",
+    "Emoji 🤖🚀✨ and symbols ©®™ ≤≥≠ — “quoted” ‘text’ … done!",
+    "   leading spaces, trailing spaces   \n\n\nthree newlines\r\nwindows line\ttab\t\tdouble tab",
+    "UPPER lower MiXeD CamelCaseWord snake_case_word kebab-case-word ALLCAPS123",
+] * 30
+
+CORPUS = [
+    "Hello world! The fox jumped over 12345 lazy dogs.",
+    "I'm sure they'll say it's fine, but we've doubts; you'd know. DON'T SHOUT, It'S oK.",
+    "Ünïcödé: naïve café, Ελληνικά, русский текст, עברית, العربية.",
+    "混合文本: 日本語とEnglish와 한국어 123 ４５６",
+    "class Foo:\n    def bar(self, x):\n        return {'a': [x ** 2, x // 3]}  # comment\n",
+    "    four spaces    then    more\t\ttabs\n\n\n\nnewlines  \r\n  crlf",
+    "numbers 0 1 22 333 4444 55555 666666 3.14 1e-9 1,000,000 ١٢٣",
+    "emoji 🤖🚀✨👩‍👩‍👧‍👦 🇫🇷 flags and ZWJ sequences",
+    "punctuation!!! ??? ... --- *** ((())) [[]] {{}} <<>> ||| &&& @@@ ### $$$ %%% ^^^ ~~~ ``` \\\\",
+    "x",
+    " ",
+    "",
+    "a  b   c    d     e",
+    "trailing whitespace   ",
+    "\n\nleading newlines",
+    "URL https://example.com/path?q=1&r=two#frag and email name@example.org",
+    "Tabs\tand\u00a0non-breaking\u2003em-space\u200bzero-width",
+    "Straße ÆØÅ æøå ÇĞİÖŞÜ çğıöşü",
+]
+
+
+# llama.cpp's bert tokenizer drops Hangul vowel jamo after NFD (U+1161-U+1175: '와' -> 'ᄋ'), where BertNormalizer
+# keeps them: a llama.cpp limitation, not a tokenizer.json part, so the WordPiece cases are judged without Hangul.
+WORDPIECE_CORPUS = [t for t in CORPUS if not any("\uac00" <= c <= "\ud7a3" for c in t)]
+
+
+def _judge():
+    return pytest.importorskip("llama_cpp")
+
+
+def write_vocab_gguf(path, md: dict, hidden: int = 8, layers: int = 1, heads: int = 2) -> None:
+    """A tiny llama GGUF (float32 weights) carrying `md`'s tokenizer metadata."""
+    n_vocab = len(md["tokenizer.ggml.tokens"].value)
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(2 * hidden)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, v in md.items():
+        w.add_key_value(key, v.value, v.type, v.sub_type)
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(n_vocab, hidden))
+    w.add_tensor("output_norm.weight", 1 + t(hidden))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", 1 + t(hidden))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(f"blk.{i}.{name}.weight", t(hidden, hidden))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", 1 + t(hidden))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", t(2 * hidden, hidden))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", t(2 * hidden, hidden))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", t(hidden, 2 * hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_cpp_ids(gguf_path, texts, add_special=True, parse_special=False) -> list[list[int]]:
+    llama_cpp = _judge()
+    llm = llama_cpp.Llama(str(gguf_path), vocab_only=True, verbose=False)
+    try:
+        return [llm.tokenize(t.encode("utf-8"), add_bos=add_special, special=parse_special) for t in texts]
+    finally:
+        llm.close()
+
+
+def assert_same_tokens(folder, tmp_path, texts=CORPUS, arch="llama", judge=None, special_texts=()):
+    """Convert `folder`'s tokenizer, load the GGUF in llama.cpp, compare with tokenizers on `texts`."""
+    md = gguf_tokenizer_metadata(folder, arch)
+    path = tmp_path / "vocab.gguf"
+    write_vocab_gguf(path, md)
+    judge = judge or Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    want = [judge.encode(t).ids for t in texts]
+    got = llama_cpp_ids(path, texts)
+    bad = [(t, w, g) for t, w, g in zip(texts, want, got) if w != g]
+    assert not bad, f"{len(bad)}/{len(texts)} texts differ; first: {bad[0]}"
+    assert sum(map(len, want)) > 3 * len(texts)  # the corpus really was tokenized (not all empty)
+    if special_texts:
+        want = [judge.encode(t).ids for t in special_texts]
+        got = llama_cpp_ids(path, special_texts, parse_special=True)
+        assert want == got, list(zip(special_texts, want, got))
+    return md
+
+
+def _save(tok: Tokenizer, folder, config: dict | None = None) -> str:
+    os.makedirs(folder, exist_ok=True)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    if config is not None:
+        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as fh:
+            json.dump(config, fh)
+    return str(folder)
+
+
+def _byte_level(pre, vocab_size=700, specials=(), ignore_merges=False, normalizer=None):
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=list(specials), show_progress=False)
+    tok.train_from_iterator(_TRAIN, trainer)
+    return tok
+
+
+def _split_then_bytes(*regexes):
+    return pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes),
+                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+# --- byte-level BPE ------------------------------------------------------------------------------------------------
+def test_gpt2_style_byte_level(tmp_path):
+    tok = _byte_level(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), specials=["<|endoftext|>"])
+    md = assert_same_tokens(_save(tok, tmp_path / "hf", {"eos_token": "<|endoftext|>"}), tmp_path,
+                            special_texts=["a<|endoftext|>b", "<|endoftext|> x"])
+    assert md["tokenizer.ggml.model"].value == "gpt2" and md["tokenizer.ggml.pre"].value == "gpt-2"
+
+
+def test_llama3_style_byte_level(tmp_path):
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    tok = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["llama-bpe"]), specials=specials, ignore_merges=True)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+    tok.add_tokens([AddedToken("<think>", special=False, normalized=False)])
+    folder = _save(tok, tmp_path / "hf", {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    md = assert_same_tokens(folder, tmp_path, special_texts=["hi<|eot_id|>there", "<think>plan</think> ok"])
+    assert md["tokenizer.ggml.pre"].value == "llama-bpe"
+    assert md["tokenizer.ggml.add_bos_token"].value is True
+    assert md["tokenizer.ggml.bos_token_id"].value == tok.token_to_id("<|begin_of_text|>")
+    assert md["tokenizer.ggml.eos_token_id"].value == tok.token_to_id("<|eot_id|>")
+    types = md["tokenizer.ggml.token_type"].value
+    assert types[tok.token_to_id("<|eot_id|>")] == 3 and types[tok.token_to_id("<think>")] == 4
+
+
+def test_qwen2_style_byte_level_with_nfc(tmp_path):
+    tok = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["qwen2"]), specials=["<|endoftext|>", "<|im_start|>"],
+                      normalizer=normalizers.NFC())
+    md = assert_same_tokens(_save(tok, tmp_path / "hf", {"eos_token": "<|endoftext|>"}), tmp_path)
+    assert md["tokenizer.ggml.pre"].value == "qwen2" and md["tokenizer.ggml.add_bos_token"].value is False
+    assert "tokenizer.ggml.bos_token_id" not in md
+
+
+def test_gpt4o_style_byte_level(tmp_path):
+    tok = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["gpt-4o"]))
+    md = assert_same_tokens(_save(tok, tmp_path / "hf"), tmp_path)
+    assert md["tokenizer.ggml.pre"].value == "gpt-4o"
+
+
+def test_starcoder_style_digits_then_byte_level(tmp_path):
+    pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                   pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    md = assert_same_tokens(_save(_byte_level(pre), tmp_path / "hf"), tmp_path)
+    assert md["tokenizer.ggml.pre"].value == "starcoder"
+
+
+def test_regex_spelling_is_canonical(tmp_path):
+    """llama.cpp's rewritten spelling of the Llama 3 regex ((?:'[sS]|...)) names the same pre-tokenizer."""
+    rx = PRE_TOKENIZER_SPLITS["llama-bpe"].replace("(?i:'s|'t|'re|'ve|'m|'ll|'d)",
+                                                   "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])")
+    tok = _byte_level(_split_then_bytes(rx), ignore_merges=True)
+    assert gguf_tokenizer_metadata(_save(tok, tmp_path / "hf"), "llama")["tokenizer.ggml.pre"].value == "llama-bpe"
+
+
+def test_ignore_merges_mismatch_is_accepted_only_where_it_cannot_matter(tmp_path):
+    """Llama 3's regex exists in llama.cpp with ignore_merges (llama-bpe) and without (smaug-bpe): the flag
+    picks the name. Qwen2's regex exists only without it; a trained vocabulary rebuilds every token through its
+    merges, so ignore_merges=True cannot change anything and qwen2 is chosen (and judged by llama.cpp)."""
+    tok = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["llama-bpe"]), ignore_merges=False)
+    assert gguf_tokenizer_metadata(_save(tok, tmp_path / "a"), "llama")["tokenizer.ggml.pre"].value == "smaug-bpe"
+    tok = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["qwen2"]), ignore_merges=True)
+    md = assert_same_tokens(_save(tok, tmp_path / "b"), tmp_path)
+    assert md["tokenizer.ggml.pre"].value == "qwen2"
+
+
+def test_ignore_merges_that_matters_is_a_named_error(tmp_path):
+    """A vocabulary token BPE does not rebuild ('abc': merges give 'a' + 'bc') under a regex set llama.cpp
+    only has without ignore_merges."""
+    vocab = {c: i for i, c in enumerate("abc")} | {"bc": 3, "abc": 4, "ab": 5}
+    tok = Tokenizer(models.BPE(vocab, [("b", "c"), ("a", "b"), ("ab", "c")], ignore_merges=True))
+    tok.pre_tokenizer = _split_then_bytes(PRE_TOKENIZER_SPLITS["qwen2"])
+    assert tok.encode("abc").tokens == ["abc"]
+    with pytest.raises(TokenizerNotExpressibleError, match=r"ignore_merges.*'abc'") as e:
+        gguf_tokenizer_metadata(_save(tok, tmp_path / "hf"), "llama")
+    assert e.value.part == "model.ignore_merges"
+
+
+def test_every_table_entry_is_a_name_llama_cpp_accepts():
+    """Each `tokenizer.ggml.pre` name we may write appears in llama.cpp's loader (vendored source when present),
+    and no two entries share both regexes and ignore_merges."""
+    seen = set()
+    for p in BYTE_LEVEL_PRE_TOKENIZERS:
+        key = (p.regexes, p.ignore_merges)
+        assert key not in seen, p.name
+        seen.add(key)
+    for name in ("gpt-2", "llama-bpe", "qwen2", "gpt-4o", "starcoder"):
+        assert any(p.name == name for p in BYTE_LEVEL_PRE_TOKENIZERS)
+
+
+# --- SentencePiece-like ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("style", ["prepend", "metaspace"])
+def test_sentencepiece_bpe_with_byte_fallback(tmp_path, style):
+    """Llama 2's tokenizer.json spelling (Prepend + Replace normalizer) matches llama.cpp on every text. The
+    newer Metaspace(prepend_scheme="first") spelling does not prepend '▁' to a text that already starts with
+    a space, while llama.cpp always does: equal on texts that do not start with a space (README)."""
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=specials, show_progress=False,
+                                  limit_alphabet=120)
+    tok.train_from_iterator(_TRAIN, trainer)
+    # byte tokens are ordinary vocabulary entries in a SentencePiece model, not added tokens
+    doc = json.loads(tok.to_str())
+    doc["added_tokens"] = [a for a in doc["added_tokens"] if not a["content"].startswith("<0x")]
+    if style == "prepend":
+        doc["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                                 {"type": "Replace", "pattern": {"String": " "},
+                                                                  "content": "▁"}]}
+        doc["pre_tokenizer"] = None
+        texts = CORPUS
+    else:
+        doc["pre_tokenizer"]["split"] = False
+        texts = [t for t in CORPUS if not t.startswith(" ")]
+    tok = Tokenizer.from_str(json.dumps(doc))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    folder = _save(tok, tmp_path / "hf", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    md = assert_same_tokens(folder, tmp_path, texts=texts)
+    assert md["tokenizer.ggml.model"].value == "llama"
+    types = md["tokenizer.ggml.token_type"].value
+    assert types[tok.token_to_id("<0x41>")] == 6 and types[tok.token_to_id("<unk>")] == 2
+
+
+def test_unigram_as_t5(tmp_path):
+    """Judged on texts that do not start with a space: Metaspace does not prepend '▁' to those (README)."""
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    trainer = trainers.UnigramTrainer(vocab_size=600, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)
+    tok.train_from_iterator(_TRAIN, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", tok.token_to_id("</s>"))])
+    folder = _save(tok, tmp_path / "hf", {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+    md = assert_same_tokens(folder, tmp_path, texts=[t for t in CORPUS if not t.startswith(" ")])
+    assert md["tokenizer.ggml.model"].value == "t5" and md["tokenizer.ggml.add_eos_token"].value is True
+    assert md["tokenizer.ggml.unknown_token_id"].value == tok.token_to_id("<unk>")
+
+
+# --- WordPiece -------------------------------------------------------------------------------------------------------
+def test_wordpiece_as_bert(tmp_path):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=700, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                                        "[MASK]"], show_progress=False)
+    tok.train_from_iterator(_TRAIN, trainer)
+    tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
+                                                   ("[CLS]", tok.token_to_id("[CLS]")))
+    md = assert_same_tokens(_save(tok, tmp_path / "hf"), tmp_path, texts=WORDPIECE_CORPUS,
+                            special_texts=["one [SEP] two [MASK]"])
+    assert md["tokenizer.ggml.model"].value == "bert"
+
+
+def test_real_minilm_wordpiece(tmp_path, minilm_zip):
+    import zipfile
+
+    folder = tmp_path / "minilm"
+    with zipfile.ZipFile(minilm_zip) as z:
+        names = [n for n in z.namelist() if n.endswith(("tokenizer.json", "tokenizer_config.json"))]
+        for n in names:
+            (folder / os.path.basename(n)).parent.mkdir(parents=True, exist_ok=True)
+            (folder / os.path.basename(n)).write_bytes(z.read(n))
+    assert (folder / "tokenizer.json").is_file(), names
+    judge = None
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+
+    class _T:
+        @staticmethod
+        def encode(t):
+            return type("E", (), {"ids": hf(t)["input_ids"]})
+
+    judge = _T()
+    md = assert_same_tokens(str(folder), tmp_path, texts=WORDPIECE_CORPUS, arch="bert", judge=judge)
+    assert md["tokenizer.ggml.model"].value == "bert"
+
+
+# --- what cannot be expressed ---------------------------------------------------------------------------------------
+def test_unknown_split_regex_is_a_named_error(tmp_path):
+    tok = _byte_level(_split_then_bytes(r"\p{L}+|\p{N}{1,4}|[^\p{L}\p{N}]+"), vocab_size=300)
+    with pytest.raises(TokenizerNotExpressibleError, match=r"split regexes.*\\p\{N\}\{1,4\}") as e:
+        gguf_tokenizer_metadata(_save(tok, tmp_path / "hf"), "llama")
+    assert e.value.part == "pre_tokenizer"
+
+
+@pytest.mark.parametrize("change, part", [
+    ({"normalizer": {"type": "Lowercase"}}, "normalizer"),
+    ({"pre_tokenizer": {"type": "Whitespace"}}, "pre_tokenizer"),
+    ({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}},
+     "pre_tokenizer"),
+    ({"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}, "model"),
+])
+def test_inexpressible_parts_are_named(tmp_path, change, part):
+    tok = _byte_level(pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size=300)
+    doc = json.loads(tok.to_str()) | change
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(TokenizerNotExpressibleError) as e:
+        gguf_tokenizer_metadata(folder, "llama")
+    assert e.value.part == part and str(folder) in str(e.value)
