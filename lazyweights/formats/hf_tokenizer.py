@@ -94,6 +94,11 @@ PRE_TOKENIZER_SPLITS: dict[str, str] = {
     "tekken": _TEKKEN_SPLIT,
     "gpt-4o": _GPT4O_SPLIT, "llama4": _GPT4O_SPLIT,
 }
+# The tokenizer.ggml.pre names llama.cpp tokenizes with ignore_merges (a word that is a vocabulary token is
+# looked up whole before any merge: llama_vocab::impl::load in src/llama-vocab.cpp).
+IGNORE_MERGES_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+                               "lfm2", "jina-v5-nano", "minicpm5", "youtu", "tekken", "glm4", "glm5",
+                               "granite-embed-multi-97m"})
 _SPLIT_TO_PRE = {}
 for _name, _rx in PRE_TOKENIZER_SPLITS.items():
     _SPLIT_TO_PRE.setdefault(_rx, _name)
@@ -214,8 +219,9 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
         if merges is None:
             raise TokenizerConversionError("tokenizer.ggml.model is 'gpt2' but the GGUF metadata has no "
                                            "tokenizer.ggml.merges")
+        pre_name = metadata.get("tokenizer.ggml.pre")
         tok = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                            end_of_word_suffix="", fuse_unk=False))
+                            end_of_word_suffix="", fuse_unk=False, ignore_merges=pre_name in IGNORE_MERGES_PRE))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         split = PRE_TOKENIZER_SPLITS.get(metadata.get("tokenizer.ggml.pre"))
@@ -530,16 +536,19 @@ def _pick_pre_tokenizer(path: str, model: dict, pre: Any, vocab: Mapping[str, in
         raise _not_expressible(path, "pre_tokenizer", f"the split regexes {[r[:80] for r in regexes]} are not a set "
                                f"llama.cpp's BPE tokenizer implements (its sets are named {known})")
     ignore = bool(model.get("ignore_merges", False))
+    if names[0].ignore_merges == ignore:
+        return names[0].name
+    # The first name is the common one (llama-bpe before smaug-bpe); it is kept when ignore_merges cannot
+    # change a result: every vocabulary token is what BPE builds from its own characters (trained vocabularies).
+    affected = _merges_matter(vocab, merges)
+    if not affected:
+        return names[0].name
     same = [p for p in names if p.ignore_merges == ignore]
     if same:
         return same[0].name
-    affected = _merges_matter(vocab, merges)
-    if affected:
-        raise _not_expressible(path, "model.ignore_merges", f"ignore_merges={ignore} changes how {len(affected)} "
-                               f"vocabulary tokens tokenize (e.g. {affected[0]!r}), and llama.cpp's pre-tokenizer(s) "
-                               f"with these regexes ({', '.join(p.name for p in names)}) use ignore_merges="
-                               f"{not ignore}")
-    return names[0].name
+    raise _not_expressible(path, "model.ignore_merges", f"ignore_merges={ignore} changes how {len(affected)} "
+                           f"vocabulary tokens tokenize (e.g. {affected[0]!r}), and llama.cpp's pre-tokenizer(s) "
+                           f"with these regexes ({', '.join(p.name for p in names)}) use ignore_merges={not ignore}")
 
 
 def _specials_template(path: str, doc: dict) -> tuple[list[int], list[int]] | None:
