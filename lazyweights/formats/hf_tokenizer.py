@@ -512,21 +512,25 @@ def _byte_level_regexes(path: str, pre: Any) -> list[str]:
     return regexes
 
 
-def _merges_matter(vocab: Mapping[str, int], merges: list[str]) -> list[str]:
+def _merges_matter(vocab: Mapping[str, int], merges: list[str], added: set[str]) -> list[str]:
     """Vocabulary tokens BPE does not rebuild from their own characters: the words on which ignore_merges
-    (look a whole word up before merging) changes the result. Empty when the flag cannot matter."""
+    (look a whole word up before merging) changes the result. Empty when the flag cannot matter. Added tokens
+    are matched before the model runs (by tokenizers and llama.cpp alike), so they are not asked."""
     from tokenizers.models import BPE
 
     model = BPE(vocab=dict(vocab), merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False)
     out = []
     for tok in vocab:
+        if tok in added:
+            continue
         got = [t.value for t in model.tokenize(tok)]
         if got != [tok]:
             out.append(tok)
     return out
 
 
-def _pick_pre_tokenizer(path: str, model: dict, pre: Any, vocab: Mapping[str, int], merges: list[str]) -> str:
+def _pick_pre_tokenizer(path: str, model: dict, pre: Any, vocab: Mapping[str, int], merges: list[str],
+                        added: set[str]) -> str:
     """`tokenizer.ggml.pre` for a byte-level BPE tokenizer, chosen by its split regexes and ignore_merges."""
     regexes = _byte_level_regexes(path, pre)
     key = tuple(map(_canonical_regex, regexes))
@@ -540,7 +544,7 @@ def _pick_pre_tokenizer(path: str, model: dict, pre: Any, vocab: Mapping[str, in
         return names[0].name
     # The first name is the common one (llama-bpe before smaug-bpe); it is kept when ignore_merges cannot
     # change a result: every vocabulary token is what BPE builds from its own characters (trained vocabularies).
-    affected = _merges_matter(vocab, merges)
+    affected = _merges_matter(vocab, merges, added)
     if not affected:
         return names[0].name
     same = [p for p in names if p.ignore_merges == ignore]
@@ -696,7 +700,8 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
                                    "tokenizer normalizes nothing)")
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
         md["tokenizer.ggml.model"] = GGUFValue("gpt2", T.STRING)
-        md["tokenizer.ggml.pre"] = GGUFValue(_pick_pre_tokenizer(path, model, pre, vocab, merges), T.STRING)
+        md["tokenizer.ggml.pre"] = GGUFValue(_pick_pre_tokenizer(path, model, pre, vocab, merges,
+                                                                        {a['content'] for a in added}), T.STRING)
         md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
         md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
         md["tokenizer.ggml.merges"] = GGUFValue(merges, T.ARRAY, T.STRING)
