@@ -224,18 +224,32 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
                             end_of_word_suffix="", fuse_unk=False, ignore_merges=pre_name in IGNORE_MERGES_PRE))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        split = PRE_TOKENIZER_SPLITS.get(metadata.get("tokenizer.ggml.pre"))
-        if split is not None:
+        split = PRE_TOKENIZER_SPLITS.get(pre_name)
+        regexes = [split] if split is not None else _pre_regexes(pre_name)
+        if regexes and regexes != [_GPT2_REGEX]:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
-                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         extra_named = {}
         if "tokenizer.ggml.add_bos_token" in metadata:
             cfg["add_bos_token"] = bool(metadata["tokenizer.ggml.add_bos_token"])
+    elif model == "t5":
+        tok = _unigram_from_gguf(metadata, tokens, types)
+        extra_named = {}
+        # llama.cpp's defaults for a t5 vocabulary: no BOS, EOS appended
+        cfg["add_bos_token"] = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+        cfg["add_eos_token"] = bool(metadata.get("tokenizer.ggml.add_eos_token", True))
+    elif model == "bert":
+        tok = _wordpiece_from_gguf(metadata, tokens, types)
+        tokens = spelled_as_stored = [_unphantom(t, int(ty)) for t, ty in zip(tokens, types)]
+        names = {name: (tokens[int(metadata[f"tokenizer.ggml.{key}"])]
+                        if f"tokenizer.ggml.{key}" in metadata else None) for name, key in _NAMED.items()}
+        extra_named = {}
     else:
         raise TokenizerConversionError(
             f"tokenizer.ggml.model = {model!r} is not supported (supported: 'llama' (SentencePiece-style, also "
-            "Gemma and Phi-3), 'gpt2' (byte-level BPE)); pass tokenizer=False / --no-tokenizer to skip it")
+            "Gemma and Phi-3), 'gpt2' (byte-level BPE), 't5' (Unigram), 'bert' (WordPiece)); pass "
+            "tokenizer=False / --no-tokenizer to skip it")
     if "tokenizer.ggml.add_eos_token" in metadata:
         cfg["add_eos_token"] = bool(metadata["tokenizer.ggml.add_eos_token"])
 
@@ -261,6 +275,11 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
     for name, value in extra_named.items():
         if value in have:
             cfg[name] = value
+    if model == "bert":
+        _bert_post_processor(tok, metadata, tokens, cfg)
+        cfg["clean_up_tokenization_spaces"] = True
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        return tok, cfg
     bos, eos = cfg.get("bos_token"), cfg.get("eos_token")
     add_bos = bool(cfg.get("add_bos_token")) and bos is not None
     add_eos = bool(cfg.get("add_eos_token")) and eos is not None
@@ -277,6 +296,87 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
     cfg["clean_up_tokenization_spaces"] = False
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     return tok, cfg
+
+
+def _pre_regexes(name: str | None) -> list[str]:
+    """The split regexes llama.cpp applies for a byte-level `tokenizer.ggml.pre` name (empty when unknown)."""
+    for p in BYTE_LEVEL_PRE_TOKENIZERS:
+        if p.name == name:
+            return list(p.regexes)
+    return []
+
+
+def _unigram_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: list):
+    """llama.cpp's `t5` vocabulary (SentencePiece Unigram) as a tokenizers Unigram pipeline."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import Unigram
+
+    scores = _as_list(metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    if unk is None:
+        unk = next((i for i, ty in enumerate(types) if int(ty) == UNKNOWN), None)
+    tok = Tokenizer(Unigram([(t, float(s)) for t, s in zip(tokens, scores)], unk_id=None if unk is None else int(unk),
+                            byte_fallback=False))
+    norms = []
+    charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(_as_list(charsmap)):
+        norms.append(normalizers.Precompiled(bytes(int(b) & 0xFF for b in _as_list(charsmap))))
+    collapse = bool(metadata.get("tokenizer.ggml.remove_extra_whitespaces", False))
+    if collapse:
+        norms.append(normalizers.Replace(Regex(" {2,}"), " "))
+    tok.normalizer = normalizers.Sequence(norms) if norms else None
+    scheme = "always" if bool(metadata.get("tokenizer.ggml.add_space_prefix", True)) else "never"
+    meta = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=True)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), meta]) if collapse else meta
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=True)
+    return tok
+
+
+def _unphantom(token: str, kind: int) -> str:
+    """A `bert` GGUF token in WordPiece's spelling: '\u2581word' -> 'word', 'piece' -> '##piece'."""
+    if kind != NORMAL or (token.startswith("[") and token.endswith("]")):
+        return token
+    return token[1:] if token.startswith("\u2581") else "##" + token
+
+
+def _wordpiece_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: list):
+    """llama.cpp's `bert` vocabulary (phantom-space WordPiece) as a tokenizers BERT pipeline."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import WordPiece
+
+    spelled = [_unphantom(t, int(ty)) for t, ty in zip(tokens, types)]
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk_token = spelled[int(unk)] if unk is not None else "[UNK]"
+    tok = Tokenizer(WordPiece({t: i for i, t in enumerate(spelled)}, unk_token=unk_token,
+                              continuing_subword_prefix="##", max_input_chars_per_word=100))
+    lower = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
+    strip = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lower))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip,
+                                                lowercase=lower)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _bert_post_processor(tok, metadata: Mapping[str, Any], tokens: list[str], cfg: dict) -> None:
+    """`[CLS] $A [SEP]` (llama.cpp's bert tokenizer adds BOS and SEP) and BERT's tokenizer_config names."""
+    from tokenizers import processors
+
+    cls_id = int(metadata.get("tokenizer.ggml.bos_token_id", metadata.get("tokenizer.ggml.cls_token_id", 101)))
+    sep_id = int(metadata.get("tokenizer.ggml.seperator_token_id", 102))
+    cls, sep = tokens[cls_id], tokens[sep_id]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, cls_id), (sep, sep_id)])
+    cfg.pop("bos_token", None)
+    cfg.pop("eos_token", None)
+    cfg["cls_token"], cfg["sep_token"] = cls, sep
+    mask = metadata.get("tokenizer.ggml.mask_token_id")
+    if mask is not None:
+        cfg["mask_token"] = tokens[int(mask)]
+    cfg["do_lower_case"] = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
+    cfg.pop("add_bos_token", None)
+    cfg.pop("add_eos_token", None)
 
 
 # --- Hugging Face -> GGUF -----------------------------------------------------------------------------------------

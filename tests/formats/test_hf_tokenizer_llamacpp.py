@@ -370,6 +370,13 @@ def test_real_minilm_wordpiece(tmp_path, minilm_zip):
     judge = _T()
     md = assert_same_tokens(str(folder), tmp_path, texts=WORDPIECE_CORPUS, arch="bert", judge=judge)
     assert md["tokenizer.ggml.model"].value == "bert"
+    assert md["tokenizer.ggml.normalizer.lowercase"].value is True
+    # and back: the GGUF vocabulary rebuilds MiniLM's tokenizer (every text, Korean too)
+    from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf
+
+    back, cfg = tokenizer_from_gguf({"general.architecture": "bert", **{k: v.value for k, v in md.items()}})
+    assert [back.encode(t).ids for t in CORPUS] == [hf(t)["input_ids"] for t in CORPUS]
+    assert cfg["cls_token"] == "[CLS]" and cfg["sep_token"] == "[SEP]" and cfg["mask_token"] == "[MASK]"
 
 
 # --- what cannot be expressed ---------------------------------------------------------------------------------------
@@ -441,3 +448,51 @@ def test_the_judge_sees_a_wrong_pre_name(tmp_path):
         write_vocab_gguf(tmp_path / f"{wrong}.gguf", md)
         got = llama_cpp_ids(tmp_path / f"{wrong}.gguf", CORPUS)
         assert sum(w != g for w, g in zip(want, got)) >= 2, wrong
+
+
+# --- and back: GGUF -> tokenizer.json ------------------------------------------------------------------------------
+def _round_trip_cases():
+    """(name, tokenizer, texts) for the trained cases above, each as its test saves it."""
+    cases = []
+    llama3 = _byte_level(_split_then_bytes(PRE_TOKENIZER_SPLITS["llama-bpe"]), ignore_merges=True,
+                         specials=["<|begin_of_text|>", "<|eot_id|>"])
+    llama3.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", llama3.token_to_id("<|begin_of_text|>"))])
+    cases.append(("llama3", llama3, {"bos_token": "<|begin_of_text|>"}, CORPUS))
+    cases.append(("gpt2", _byte_level(pre_tokenizers.ByteLevel(add_prefix_space=False)), None, CORPUS))
+    starcoder = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    cases.append(("starcoder", _byte_level(starcoder), None, CORPUS))
+    deepseek = [p for p in BYTE_LEVEL_PRE_TOKENIZERS if p.name == "deepseek-v3"][0]
+    cases.append(("deepseek-v3", _byte_level(_split_then_bytes(*deepseek.regexes)), None, CORPUS))
+    uni = Tokenizer(models.Unigram())
+    uni.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    uni.train_from_iterator(_TRAIN, trainers.UnigramTrainer(vocab_size=600, special_tokens=["<pad>", "</s>", "<unk>"],
+                                                            unk_token="<unk>", show_progress=False))
+    uni.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                       special_tokens=[("</s>", uni.token_to_id("</s>"))])
+    cases.append(("unigram", uni, {"eos_token": "</s>", "unk_token": "<unk>"}, CORPUS))
+    wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wp.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wp.train_from_iterator(_TRAIN, trainers.WordPieceTrainer(
+        vocab_size=700, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    wp.post_processor = processors.BertProcessing(("[SEP]", wp.token_to_id("[SEP]")),
+                                                  ("[CLS]", wp.token_to_id("[CLS]")))
+    cases.append(("wordpiece", wp, None, CORPUS))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_gguf_metadata_converts_back_to_the_same_tokenizer(tmp_path, case):
+    """HF -> GGUF -> HF (`tokenizer_from_gguf`): the rebuilt tokenizer encodes the corpus as the original does
+    (byte-level with the pre name's regexes, Unigram with its scores, WordPiece with '##' restored)."""
+    from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf
+
+    name, tok, cfg, texts = _round_trip_cases()[case]
+    md = gguf_tokenizer_metadata(_save(tok, tmp_path / "hf", cfg), "llama")
+    back, back_cfg = tokenizer_from_gguf({"general.architecture": "llama", **{k: v.value for k, v in md.items()}})
+    want = [tok.encode(t).ids for t in texts]
+    got = [back.encode(t).ids for t in texts]
+    assert want == got, name
+    assert all(w for t, w in zip(texts, want) if t.strip())
