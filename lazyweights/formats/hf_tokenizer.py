@@ -790,7 +790,10 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             ids["eos_token"] = after[0]
     normalizer = doc.get("normalizer")
     pre = doc.get("pre_tokenizer")
+    if ids["unk_token"] is None and isinstance(model.get("unk_token"), str) and model["unk_token"] in vocab:
+        ids["unk_token"] = vocab[model["unk_token"]]
     if kind == "BPE" and model.get("byte_fallback"):
+        _check_sentencepiece_parts(path, normalizer, pre)
         _sentencepiece_bpe(md, tokens, types, doc, arch, ids["unk_token"], T, GGUFValue)
     elif kind == "BPE":
         norms = [n.get("type") for n in _flatten(normalizer)]
@@ -858,6 +861,27 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     if isinstance(chat, str):
         md["tokenizer.chat_template"] = GGUFValue(chat, T.STRING)
     return md
+
+
+def _check_sentencepiece_parts(path: str, normalizer: Any, pre: Any) -> None:
+    """The normalizer / pre-tokenizer parts a SentencePiece-converted BPE may have: llama.cpp's `llama` tokenizer
+    escapes spaces as '\u2581' (and prepends one) and normalizes nothing else. Precompiled / NFC / NFKC are
+    accepted (text already normalized is unchanged, as with llama.cpp's own converter)."""
+    for n in _flatten(normalizer):
+        kind = n.get("type")
+        if kind == "Replace" and n.get("pattern") != {"String": " "}:
+            raise _not_expressible(path, "normalizer", f"Replace {json.dumps(n)[:120]} before a SentencePiece BPE "
+                                   "(llama.cpp only replaces ' ' with '\u2581')")
+        if kind not in ("Prepend", "Replace", "Precompiled", "NFC", "NFKC"):
+            raise _not_expressible(path, "normalizer", f"{kind!r} before a SentencePiece BPE (llama.cpp's llama "
+                                   "tokenizer normalizes nothing)")
+    for c in _flatten(pre):
+        kind = c.get("type")
+        if kind == "Split" and c.get("pattern") == {"String": " "}:
+            continue  # Gemma's: split after each space, which merges never cross anyway
+        if kind != "Metaspace":
+            raise _not_expressible(path, "pre_tokenizer", f"{kind!r} ({json.dumps(c)[:120]}) before a SentencePiece "
+                                   "BPE (llama.cpp's llama tokenizer only escapes spaces as '\u2581')")
 
 
 def _sentencepiece_bpe(md: dict, tokens: list, types: list, doc: dict, arch: str, unk: int | None, T, GGUFValue):

@@ -395,6 +395,7 @@ def test_unknown_split_regex_is_a_named_error(tmp_path):
     ({"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}, "model"),
 ])
 def test_inexpressible_parts_are_named(tmp_path, change, part):
+    """Each byte-level BPE part llama.cpp cannot reproduce is refused, naming the part and the folder."""
     tok = _byte_level(pre_tokenizers.ByteLevel(add_prefix_space=False), vocab_size=300)
     doc = json.loads(tok.to_str()) | change
     folder = tmp_path / "hf"
@@ -496,3 +497,31 @@ def test_gguf_metadata_converts_back_to_the_same_tokenizer(tmp_path, case):
     got = [back.encode(t).ids for t in texts]
     assert want == got, name
     assert all(w for t, w in zip(texts, want) if t.strip())
+
+
+@pytest.mark.parametrize("doc_change, part", [
+    ({"normalizer": {"type": "Lowercase"}}, "normalizer"),
+    ({"pre_tokenizer": {"type": "Whitespace"}}, "pre_tokenizer"),
+    ({"model": {"byte_fallback": True}}, "model.byte_fallback"),
+    ({"normalizer": {"type": "NFKD"}}, "normalizer"),
+])
+def test_inexpressible_sentencepiece_and_unigram_parts(tmp_path, doc_change, part):
+    """SentencePiece BPE (byte fallback) and Unigram: a lowercasing normalizer, a Whitespace pre-tokenizer and
+    a Unigram byte fallback are named errors."""
+    uni = Tokenizer(models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("a", -2.0)], unk_id=0))
+    uni.pre_tokenizer = pre_tokenizers.Metaspace()
+    spm = Tokenizer(models.BPE({"<unk>": 0, "\u2581": 1, "a": 2, "\u2581a": 3}, [("\u2581", "a")],
+                               byte_fallback=True, unk_token="<unk>"))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace()
+    for i, tok in enumerate((uni, spm)):
+        doc = json.loads(tok.to_str())
+        for key, value in doc_change.items():
+            doc[key] = (doc[key] | value) if key == "model" else value
+        if part == "model.byte_fallback" and doc["model"]["type"] == "BPE":
+            continue  # byte fallback is what a SentencePiece BPE is
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(json.dumps(doc), encoding="utf-8")
+        with pytest.raises(TokenizerNotExpressibleError) as e:
+            gguf_tokenizer_metadata(folder, "llama")
+        assert e.value.part == part, (doc["model"]["type"], str(e.value))
