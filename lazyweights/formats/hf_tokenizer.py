@@ -99,7 +99,7 @@ PRE_TOKENIZER_SPLITS: dict[str, str] = {
 IGNORE_MERGES_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
                                "lfm2", "jina-v5-nano", "minicpm5", "youtu", "tekken", "glm4", "glm5",
                                "granite-embed-multi-97m"})
-_SPLIT_TO_PRE = {}
+_SPLIT_TO_PRE: dict[str, str] = {}
 for _name, _rx in PRE_TOKENIZER_SPLITS.items():
     _SPLIT_TO_PRE.setdefault(_rx, _name)
 
@@ -224,7 +224,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
                             end_of_word_suffix="", fuse_unk=False, ignore_merges=pre_name in IGNORE_MERGES_PRE))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        split = PRE_TOKENIZER_SPLITS.get(pre_name)
+        split = PRE_TOKENIZER_SPLITS.get(str(pre_name))
         regexes = [split] if split is not None else _pre_regexes(pre_name)
         if regexes and regexes != [_GPT2_REGEX]:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -285,7 +285,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
     add_eos = bool(cfg.get("add_eos_token")) and eos is not None
     single = " ".join(([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else []))
     pair = " ".join([single] + ([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else []))
-    specials = ([(bos, tok.token_to_id(bos))] if add_bos else []) + ([(eos, tok.token_to_id(eos))] if add_eos else [])
+    specials = ([(str(bos), tok.token_to_id(str(bos)))] if add_bos else []) + \
+        ([(str(eos), tok.token_to_id(str(eos)))] if add_eos else [])
     tok.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=specials)
 
     cfg["add_bos_token"] = bool(cfg.get("add_bos_token", False))
@@ -317,7 +318,7 @@ def _unigram_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: li
         unk = next((i for i, ty in enumerate(types) if int(ty) == UNKNOWN), None)
     tok = Tokenizer(Unigram([(t, float(s)) for t, s in zip(tokens, scores)], unk_id=None if unk is None else int(unk),
                             byte_fallback=False))
-    norms = []
+    norms: list[Any] = []
     charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
     if charsmap is not None and len(_as_list(charsmap)):
         norms.append(normalizers.Precompiled(bytes(int(b) & 0xFF for b in _as_list(charsmap))))
@@ -618,7 +619,8 @@ def _merges_matter(vocab: Mapping[str, int], merges: list[str], added: set[str])
     are matched before the model runs (by tokenizers and llama.cpp alike), so they are not asked."""
     from tokenizers.models import BPE
 
-    model = BPE(vocab=dict(vocab), merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=False)
+    pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
+    model = BPE(vocab=dict(vocab), merges=pairs, ignore_merges=False)
     out = []
     for tok in vocab:
         if tok in added:
@@ -776,7 +778,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
         except ValueError:
             return None
 
-    ids = {name: tcfg_id(name) for name in _NAMED}
+    ids: dict[str, int | None] = {name: tcfg_id(name) for name in _NAMED}
     add_bos, add_eos = _post_processor_adds(doc, tcfg)
     if template is not None:
         before, after = template
@@ -820,7 +822,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             types[int(unk)] = UNKNOWN
             ids["unk_token"] = int(unk)
         for i, t in enumerate(tokens):
-            if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t or ""):
+            if types[i] == NORMAL and _is_byte_token(t):
                 types[i] = BYTE
         charsmap, collapse = _precompiled_charsmap(path, normalizer)
         prefix, split_ws = True, False
@@ -845,9 +847,9 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
         add_bos, add_eos = True, False
         md["tokenizer.ggml.add_sep_token"] = GGUFValue(True, T.BOOL)
     for name, key in _NAMED.items():
-        i = ids[name]
-        if i is not None:
-            md[f"tokenizer.ggml.{key}"] = GGUFValue(int(i), T.UINT32)
+        tid = ids[name]
+        if tid is not None:
+            md[f"tokenizer.ggml.{key}"] = GGUFValue(int(tid), T.UINT32)
     md["tokenizer.ggml.add_bos_token"] = GGUFValue(bool(add_bos and ids["bos_token"] is not None), T.BOOL)
     md["tokenizer.ggml.add_eos_token"] = GGUFValue(bool(add_eos and ids["eos_token"] is not None), T.BOOL)
     chat = tcfg.get("chat_template")
@@ -861,6 +863,14 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     if isinstance(chat, str):
         md["tokenizer.chat_template"] = GGUFValue(chat, T.STRING)
     return md
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _is_byte_token(t: str | None) -> bool:
+    """'<0x0A>': a SentencePiece byte-fallback piece."""
+    return t is not None and len(t) == 6 and t.startswith("<0x") and _BYTE_TOKEN.fullmatch(t) is not None
 
 
 def _check_sentencepiece_parts(path: str, normalizer: Any, pre: Any) -> None:
@@ -892,7 +902,7 @@ def _sentencepiece_bpe(md: dict, tokens: list, types: list, doc: dict, arch: str
     first_normal = None
     scores = []
     for i, t in enumerate(tokens):
-        if types[i] == NORMAL and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", t):
+        if types[i] == NORMAL and _is_byte_token(t):
             types[i] = BYTE
         if gemma and types[i] == NORMAL and len(t) > 1 and set(t) == {"\u2581"}:
             # Gemma's own spelling of space runs (undone on the way in); like its newline runs, they
