@@ -685,17 +685,33 @@ def _specials_template(path: str, doc: dict) -> tuple[list[int], list[int]] | No
     return found
 
 
+# SentencePiece's normalizer steps as transformers' converter spells them (convert_slow_tokenizer.py,
+# build_tokenizer_from_spm_proto): strip + collapse = remove_extra_whitespaces; ' ' -> '\u2581' = escape_whitespaces;
+# '\A\u2581' -> '\u2581\u2581' = the dummy prefix even before a leading space (as llama.cpp adds it).
+_SP_STRIP = ({"Regex": "\\A +| +\\z"}, "")
+_SP_COLLAPSE = ({"Regex": " {2,}"}, " ")
+_SP_ESCAPE = ({"String": " "}, "\u2581")
+_SP_PREFIX = ({"Regex": "\\A\u2581"}, "\u2581\u2581")
+
+
+def _replace_step(n: dict) -> tuple | None:
+    return (n.get("pattern"), n.get("content")) if n.get("type") == "Replace" else None
+
+
 def _precompiled_charsmap(path: str, norm: Any) -> tuple[bytes | None, bool]:
     """(SentencePiece's precompiled charsmap, remove_extra_whitespaces) of a Unigram tokenizer's normalizer."""
     charsmap = None
     collapse = False
     for n in _flatten(norm):
         kind = n.get("type")
+        step = _replace_step(n)
         if kind == "Precompiled":
             raw = n.get("precompiled_charsmap") or ""
             charsmap = base64.b64decode(raw) if raw else None
-        elif kind == "Replace" and n.get("pattern") == {"Regex": " {2,}"} and n.get("content") == " ":
+        elif step in (_SP_COLLAPSE, _SP_STRIP):
             collapse = True  # SentencePiece's remove_extra_whitespaces, as transformers converts it
+        elif step in (_SP_ESCAPE, _SP_PREFIX):
+            pass  # llama.cpp's t5 tokenizer escapes spaces and adds its prefix space this way itself
         elif kind is not None:
             raise _not_expressible(path, "normalizer", f"{kind!r} ({json.dumps(n)[:120]}) next to a Unigram model "
                                    "(llama.cpp's t5 tokenizer knows a precompiled charsmap and collapsing spaces)")
@@ -875,16 +891,20 @@ def _is_byte_token(t: str | None) -> bool:
 
 def _check_sentencepiece_parts(path: str, normalizer: Any, pre: Any) -> None:
     """The normalizer / pre-tokenizer parts a SentencePiece-converted BPE may have: llama.cpp's `llama` tokenizer
-    escapes spaces as '\u2581' (and prepends one) and normalizes nothing else. Precompiled / NFC / NFKC are
-    accepted (text already normalized is unchanged, as with llama.cpp's own converter)."""
+    escapes spaces as '\u2581', prepends one, and normalizes nothing else. NFC / NFKC are accepted (text already
+    normalized is unchanged, as with llama.cpp's own converter); a precompiled charsmap (SentencePiece's nmt_nfkc
+    maps no-break spaces, full-width forms, ...) and collapsed spaces are named errors."""
     for n in _flatten(normalizer):
         kind = n.get("type")
-        if kind == "Replace" and n.get("pattern") != {"String": " "}:
-            raise _not_expressible(path, "normalizer", f"Replace {json.dumps(n)[:120]} before a SentencePiece BPE "
-                                   "(llama.cpp only replaces ' ' with '\u2581')")
-        if kind not in ("Prepend", "Replace", "Precompiled", "NFC", "NFKC"):
-            raise _not_expressible(path, "normalizer", f"{kind!r} before a SentencePiece BPE (llama.cpp's llama "
-                                   "tokenizer normalizes nothing)")
+        step = _replace_step(n)
+        if step in (_SP_ESCAPE, _SP_PREFIX) or kind in ("Prepend", "NFC", "NFKC"):
+            continue
+        if kind == "Precompiled" and not n.get("precompiled_charsmap"):
+            continue  # SentencePiece's identity normalization
+        what = {"Precompiled": "a precompiled charsmap (SentencePiece normalization rules)"}.get(
+            str(kind), f"{kind} {json.dumps(n)[:120]}")
+        raise _not_expressible(path, "normalizer", f"{what} before a SentencePiece BPE (llama.cpp's llama tokenizer "
+                               "only replaces ' ' with '\u2581' and prepends one)")
     for c in _flatten(pre):
         kind = c.get("type")
         if kind == "Split" and c.get("pattern") == {"String": " "}:
@@ -978,9 +998,9 @@ def _wordpiece(md: dict, path: str, model: dict, tokens: list, types: list, doc:
 
 
 def _metaspace_prefix(doc: dict) -> bool | None:
-    pre = doc.get("pre_tokenizer")
-    if isinstance(pre, dict) and pre.get("type") == "Metaspace":
-        return pre.get("prepend_scheme", "always") != "never"
+    for pre in _flatten(doc.get("pre_tokenizer")):
+        if pre.get("type") == "Metaspace":
+            return pre.get("prepend_scheme", "always") != "never"
     norm = doc.get("normalizer")
     if isinstance(norm, dict):
         subs = norm.get("normalizers", [norm])

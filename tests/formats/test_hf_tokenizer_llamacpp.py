@@ -525,3 +525,56 @@ def test_inexpressible_sentencepiece_and_unigram_parts(tmp_path, doc_change, par
         with pytest.raises(TokenizerNotExpressibleError) as e:
             gguf_tokenizer_metadata(folder, "llama")
         assert e.value.part == part, (doc["model"]["type"], str(e.value))
+
+
+# --- real SentencePiece models: sentencepiece itself is a second judge ----------------------------------------------
+def _sentencepiece_folder(tmp_path, kind: str, **options):
+    """A SentencePiece model trained by the sentencepiece library, turned into tokenizer.json by transformers'
+    own converter (`SpmConverter.build_tokenizer_from_spm_proto`); returns (folder, SentencePieceProcessor)."""
+    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("google.protobuf")
+    pytest.importorskip("transformers")
+    from sentencepiece import sentencepiece_model_pb2
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(_TRAIN), encoding="utf-8")
+    prefix = str(tmp_path / kind)
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=prefix, vocab_size=400, model_type=kind,
+                                   character_coverage=1.0, hard_vocab_limit=False, minloglevel=2, **options)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(open(prefix + ".model", "rb").read())
+    vocab = ([(p.piece, p.score) for p in proto.pieces] if kind == "unigram"
+             else {p.piece: i for i, p in enumerate(proto.pieces)})
+    tok = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    return _save(tok, tmp_path / "hf"), spm.SentencePieceProcessor(model_file=prefix + ".model")
+
+
+def test_sentencepiece_unigram_with_charsmap(tmp_path):
+    """SentencePiece's defaults (nmt_nfkc charsmap, extra whitespace removed, dummy prefix): llama.cpp's t5
+    tokenizer with the precompiled charsmap equals sentencepiece and tokenizers on every text."""
+    folder, sp = _sentencepiece_folder(tmp_path, "unigram")
+    texts = CORPUS + ["\uff21\uff22\uff23 full-width, no\u00a0break, \ufb01 ligature, \u2460 circled"]
+    md = assert_same_tokens(folder, tmp_path, texts=texts)
+    assert [sp.encode(t) for t in texts] == llama_cpp_ids(tmp_path / "vocab.gguf", texts)
+    assert md["tokenizer.ggml.model"].value == "t5" and md["tokenizer.ggml.remove_extra_whitespaces"].value is True
+    assert len(md["tokenizer.ggml.precompiled_charsmap"].value) > 1000
+
+
+def test_sentencepiece_bpe_identity_with_byte_fallback(tmp_path):
+    """A Llama 2 style SentencePiece BPE (identity normalization, spaces kept, byte fallback): llama.cpp's llama
+    tokenizer equals sentencepiece and tokenizers on every text, leading spaces included."""
+    folder, sp = _sentencepiece_folder(tmp_path, "bpe", byte_fallback=True, normalization_rule_name="identity",
+                                       remove_extra_whitespaces=False)
+    md = assert_same_tokens(folder, tmp_path)
+    assert [sp.encode(t) for t in CORPUS] == llama_cpp_ids(tmp_path / "vocab.gguf", CORPUS)
+    assert md["tokenizer.ggml.model"].value == "llama" and md["tokenizer.ggml.add_space_prefix"].value is True
+
+
+def test_sentencepiece_bpe_with_normalization_is_a_named_error(tmp_path):
+    """SentencePiece's default nmt_nfkc rules and whitespace collapsing have no place in llama.cpp's llama
+    tokenizer: the normalizer is named."""
+    folder, _ = _sentencepiece_folder(tmp_path, "bpe", byte_fallback=True)
+    with pytest.raises(TokenizerNotExpressibleError, match="precompiled charsmap") as e:
+        gguf_tokenizer_metadata(folder, "llama")
+    assert e.value.part == "normalizer"
