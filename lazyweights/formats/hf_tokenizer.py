@@ -299,8 +299,27 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
     return tok, cfg
 
 
+# Other names llama.cpp's loader accepts for the same regex sets (llama_vocab::impl::load), GGUF -> HF only.
+PRE_ALIASES: dict[str, str] = {
+    **dict.fromkeys(("llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano",
+                     "glm4", "glm5"), "llama-bpe"),
+    **dict.fromkeys(("dbrx", "chatglm-bpe"), "smaug-bpe"),
+    **dict.fromkeys(("deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2", "hunyuan", "solar-open", "megrez",
+                     "grok-2"), "qwen2"),
+    **dict.fromkeys(("phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+                     "modern-bert", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "jina-v1-en",
+                     "jina-v2-code", "roberta-bpe"), "gpt-2"),
+    **dict.fromkeys(("refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"), "starcoder"),
+    **dict.fromkeys(("llama4", "kanana2", "talkie", "minimax-m2"), "gpt-4o"),
+    **dict.fromkeys(("hunyuan-dense", "joyai-llm", "hy_v4"), "deepseek-v3"),
+    **dict.fromkeys(("poro-chat", "gpt3-finnish"), "bloom"),
+    "cohere2moe": "tiny_aya",
+}
+
+
 def _pre_regexes(name: str | None) -> list[str]:
     """The split regexes llama.cpp applies for a byte-level `tokenizer.ggml.pre` name (empty when unknown)."""
+    name = PRE_ALIASES.get(str(name), name)
     for p in BYTE_LEVEL_PRE_TOKENIZERS:
         if p.name == name:
             return list(p.regexes)

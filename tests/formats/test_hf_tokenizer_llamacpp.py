@@ -276,6 +276,13 @@ def test_every_table_entry_is_a_name_llama_cpp_accepts():
         seen.add(key)
     for name in ("gpt-2", "llama-bpe", "qwen2", "gpt-4o", "starcoder"):
         assert any(p.name == name for p in BYTE_LEVEL_PRE_TOKENIZERS)
+    # every alias GGUF -> HF reads names a table entry; aliases agree with their entry on ignore_merges
+    from lazyweights.formats.hf_tokenizer import PRE_ALIASES
+
+    names = {p.name: p for p in BYTE_LEVEL_PRE_TOKENIZERS}
+    for alias, name in PRE_ALIASES.items():
+        assert name in names, alias
+        assert (alias in IGNORE_MERGES_PRE) == names[name].ignore_merges, alias
     # GGUF -> HF sets ignore_merges for exactly the names llama.cpp tokenizes with it
     assert {p.name for p in BYTE_LEVEL_PRE_TOKENIZERS if p.ignore_merges} <= IGNORE_MERGES_PRE
     assert not {p.name for p in BYTE_LEVEL_PRE_TOKENIZERS if not p.ignore_merges} & IGNORE_MERGES_PRE
