@@ -14,8 +14,10 @@ as `AutoTokenizer.from_pretrained(dir, gguf_file=...)` does (tests/adapters/test
                            respelled "▁▁..."; merges derived from token order (Gemma's scores do not
                            follow its merge order)
       (arch phi3)          Prepend("▁") + Replace normalizer, no pre-tokenizer
-    gpt2                   byte-level BPE with the file's merges, its pre-tokenizer split regex chosen by
-                           `tokenizer.ggml.pre` (llama-bpe, qwen2, gpt-4o, ...)
+    gpt2                   byte-level BPE with the file's merges, its pre-tokenizer split regexes chosen by
+                           `tokenizer.ggml.pre` (llama-bpe, qwen2, gpt-4o, starcoder, deepseek-v3, ...)
+    t5                     Unigram with the file's scores, precompiled charsmap and Metaspace
+    bert                   WordPiece: '▁word' -> 'word', 'piece' -> '##piece'; BertNormalizer; [CLS] $A [SEP]
 
 Control tokens (type 3) become special added tokens, user-defined ones (type 4) plain added tokens. The
 written `tokenizer_config.json` names `PreTrainedTokenizerFast`, so transformers (4.x and 5.x) loads
@@ -23,7 +25,10 @@ written `tokenizer_config.json` names `PreTrainedTokenizerFast`, so transformers
 
 HF -> GGUF (`gguf_tokenizer_metadata`) reads `tokenizer.json` (+ `tokenizer_config.json`) and writes the
 keys llama.cpp reads, typed as gguf-py's `GGUFWriter` writes them (tokens STRING[], scores FLOAT32[],
-token_type INT32[], merges STRING[], ids UINT32, add_* BOOL, chat template STRING).
+token_type INT32[], merges STRING[], ids UINT32, add_* BOOL, chat template STRING). Everything comes from the
+file's structure: `tokenizer.ggml.pre` is the llama.cpp regex set equal to the pre-tokenizer's split regexes
+(`BYTE_LEVEL_PRE_TOKENIZERS`), never a hash; a part llama.cpp cannot reproduce is a
+TokenizerNotExpressibleError naming it (tests/formats/test_hf_tokenizer_llamacpp.py judges by llama.cpp).
 
 Example:
     >>> from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf
@@ -86,7 +91,8 @@ _GPT4O_SPLIT = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # tokenizer.ggml.pre -> the split regex its merges were learned under (the names llama.cpp's
-# convert_hf_to_gguf.py `get_vocab_base_pre` writes). The first name per regex is the one HF -> GGUF writes.
+# convert_hf_to_gguf.py `get_vocab_base_pre` writes), for the single-regex names; GGUF -> HF reads the others
+# from BYTE_LEVEL_PRE_TOKENIZERS / PRE_ALIASES, and HF -> GGUF names a tokenizer from those tables.
 PRE_TOKENIZER_SPLITS: dict[str, str] = {
     "llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "pixtral": _LLAMA3_SPLIT,
@@ -99,10 +105,6 @@ PRE_TOKENIZER_SPLITS: dict[str, str] = {
 IGNORE_MERGES_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
                                "lfm2", "jina-v5-nano", "minicpm5", "youtu", "tekken", "glm4", "glm5",
                                "granite-embed-multi-97m"})
-_SPLIT_TO_PRE: dict[str, str] = {}
-for _name, _rx in PRE_TOKENIZER_SPLITS.items():
-    _SPLIT_TO_PRE.setdefault(_rx, _name)
-
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
 _NAMED = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
           "pad_token": "padding_token_id"}
@@ -586,12 +588,6 @@ def _flatten(part: Any) -> list[dict]:
     if subs is None:
         return [part]
     return [c for s in subs for c in _flatten(s)]
-
-
-def _split_regexes(pre) -> list[str]:
-    """Every Split regex inside a (possibly nested) pre-tokenizer description."""
-    return [c["pattern"]["Regex"] for c in _flatten(pre) if c.get("type") == "Split"
-            and isinstance(c.get("pattern"), dict) and "Regex" in c["pattern"]]
 
 
 def _not_expressible(path: str, part: str, what: str) -> TokenizerNotExpressibleError:
