@@ -27,7 +27,8 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
     ├── UnknownPresetError     (also ValueError) a quantization preset name that is not supported
     ├── TokenizerConversionError (also ValueError) a tokenizer llama.cpp's converter could not convert
-    │   └── MissingTokenizerError (also FileNotFoundError) no tokenizer files beside the checkpoint
+    │   ├── MissingTokenizerError (also FileNotFoundError) no tokenizer files beside the checkpoint
+    │   └── TokenizerNotExpressibleError a tokenizer.json part llama.cpp's tokenizer cannot reproduce
     ├── VerifyError            (also ValueError) a checkpoint that does not match its manifest
     ├── DependencyError        (also ImportError) a package or program this call needs is not installed
     ├── DeviceError            (also RuntimeError) a GPU that cannot be used (no driver, no such device)
@@ -64,6 +65,7 @@ __all__ = [
     "DeviceError",
     "TokenizerConversionError",
     "MissingTokenizerError",
+    "TokenizerNotExpressibleError",
     "VerifyError",
     "ShapeError",
     "ImatrixShapeError",
@@ -180,6 +182,15 @@ class TokenizerConversionError(LazyWeightsError, ValueError):
 
 class MissingTokenizerError(TokenizerConversionError, FileNotFoundError):
     """No tokenizer files beside the checkpoint (llama.cpp cannot run a GGUF without a tokenizer)."""
+
+
+class TokenizerNotExpressibleError(TokenizerConversionError):
+    """A part of tokenizer.json (`part`: model, normalizer, pre_tokenizer, post_processor, added_tokens) that no
+    GGUF tokenizer setting makes llama.cpp reproduce; the message names the file, the part and its value."""
+
+    def __init__(self, message: str, part: str = ""):
+        super().__init__(message)
+        self.part = part
 
 
 class VerifyError(LazyWeightsError, ValueError):
