@@ -13,25 +13,26 @@
 set -euo pipefail
 ckpt=${1:?checkpoint folder}; scratch=${2:?scratch folder}; reps=${3:-5}; shift $(( $# < 3 ? $# : 3 ))
 threads=("$@"); [ ${#threads[@]} -eq 0 ] && threads=(1 2)
+PY=${PYTHON:-python}  # the interpreter that has lazyweights (python3 where there is no `python`)
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp)
-prime() { python -c "import numpy as np; a = np.empty(3 << 30, np.uint8); a[::4096] = 1"; }
+prime() { "$PY" -c "import numpy as np; a = np.empty(3 << 30, np.uint8); a[::4096] = 1"; }
 cpus() { seq -s, 0 $(( $1 - 1 )); }
 mkdir -p "$scratch"
 for rep in $(seq "$reps"); do
   for w in "${threads[@]}"; do
-    sync; prime; echo "floor w=$w $(taskset -c "$(cpus "$w")" python "$here/w1_lazy.py" "$ckpt" copy-floor)" | tee -a "$out"
-    sync; prime; echo "serve w=$w $(python "$here/w1_lazy.py" "$ckpt" serve --workers "$w")" | tee -a "$out"
-    sync; prime; echo "serve-into w=$w $(python "$here/w1_lazy.py" "$ckpt" serve-into --workers "$w")" | tee -a "$out"
+    sync; prime; echo "floor w=$w $(taskset -c "$(cpus "$w")" "$PY" "$here/w1_lazy.py" "$ckpt" copy-floor)" | tee -a "$out"
+    sync; prime; echo "serve w=$w $("$PY" "$here/w1_lazy.py" "$ckpt" serve --workers "$w")" | tee -a "$out"
+    sync; prime; echo "serve-into w=$w $("$PY" "$here/w1_lazy.py" "$ckpt" serve-into --workers "$w")" | tee -a "$out"
     rm -rf "$scratch/conv"; sync; prime
-    echo "convert w=$w $(python "$here/w1_lazy.py" "$ckpt" convert "$scratch/conv" --budget 268435456 --workers "$w")" | tee -a "$out"
+    echo "convert w=$w $("$PY" "$here/w1_lazy.py" "$ckpt" convert "$scratch/conv" --budget 268435456 --workers "$w")" | tee -a "$out"
     rm -rf "$scratch/conv"; sync; prime
     s=$(date +%s.%N); taskset -c "$(cpus "$w")" cp -r "$ckpt" "$scratch/conv"; sync; e=$(date +%s.%N)
-    echo "cp w=$w {\"seconds\": $(python -c "print($e - $s)")}" | tee -a "$out"
+    echo "cp w=$w {\"seconds\": $("$PY" -c "print($e - $s)")}" | tee -a "$out"
   done
 done
 rm -rf "$scratch/conv"
-python - "$out" <<'PY'
+"$PY" - "$out" <<'PY'
 import collections, json, statistics, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):

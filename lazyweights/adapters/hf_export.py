@@ -676,9 +676,13 @@ class _AttrDict(dict):
 
 
 def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
-    """The folder of the first source file any tensor reads (a loaded checkpoint's own folder)."""
+    """The folder most tensors read from first (a loaded checkpoint's own folder: with a merged LoRA adapter
+    (`adapters.lora.merge_lora`) some tensors come from the adapter's folder, the majority from the base's)."""
+    from collections import Counter
+
     from ..api.weight_data import as_weight_data
 
+    folders: Counter[str] = Counter()
     for name, value in state_dict.items():
         try:
             node = as_weight_data(value, name).node
@@ -690,10 +694,10 @@ def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
             src = getattr(n, "arg", None)
             path = getattr(getattr(src, "file", None), "path", None) or getattr(src, "path", None)
             if isinstance(path, str):
-                return os.path.dirname(os.path.abspath(path))
-            stack.extend(n.srcs)
-        break
-    return None
+                folders[os.path.dirname(os.path.abspath(path))] += 1
+                break
+            stack.extend(reversed(n.srcs))  # the first input first: a LoRA node's base weight
+    return folders.most_common(1)[0][0] if folders else None
 
 
 def _config_dict(huggingface_config, folder: str | None) -> dict:

@@ -233,11 +233,17 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
 
     allow_pickle = extra_kwargs.pop("allow_pickle", None)  # loader options, not adapter keywords
     remote = {k: extra_kwargs.pop(k) for k in ("storage_options", "cache") if k in extra_kwargs}
+    lora = extra_kwargs.pop("lora", None)  # PEFT adapter folders merged into the checkpoint before the adapter
     weights = load_weights(paths, allow_pickle=allow_pickle, **remote)
     fn = load_adapter(spec, weights.format)
     kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}
     kwargs.update(extra_kwargs)
-    adapted = call_adapter(fn, dict(weights.items()), **kwargs)
+    state = dict(weights.items())
+    if lora:
+        from .lora import merge_lora
+
+        state = merge_lora(state, lora)
+    adapted = call_adapter(fn, state, **kwargs)
     if not isinstance(adapted, Mapping):
         raise AdapterError(
             f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "

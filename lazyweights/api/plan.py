@@ -60,17 +60,22 @@ class Plan:
 
     def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
              progress: bool = False, metadata: dict | None = None, *, quant: str | None = None, imatrix=None,
-             workers: int | None = None, block_bytes: int | None = None) -> list[str]:
+             quant_options: Mapping | None = None, workers: int | None = None,
+             block_bytes: int | None = None) -> list[str]:
         """Stream the outputs to `path` (see `lazyweights.formats.save`): `.safetensors` file, a directory
         (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files.
 
         `quant` (GGUF): a llama.cpp preset ("Q4_K_M", "Q8_0", ...; see `Plan.quantize`), applied in the
-        same pass; `imatrix`: an importance matrix file for it."""
+        same pass; `imatrix`: an importance matrix file for it; `quant_options`: `Plan.quantize`'s
+        llama-quantize controls as a dict (`{"tensor_types": {"attn_v": "Q8_0"}, "pure": True}`, ...)."""
+        if quant_options and quant is None:
+            raise UsageError(f"quant_options={dict(quant_options)!r} are used with quant=PRESET")
         if quant is not None:
             fmt = (format or "").lower()
             if fmt != "gguf" and not str(path).endswith(".gguf"):
                 raise UsageError(f"quant={quant!r} writes GGUF: give a .gguf path or format='gguf'")
-            quantized, metadata = self.quantize(quant, metadata, imatrix=imatrix, with_metadata=True)
+            quantized, metadata = self.quantize(quant, metadata, imatrix=imatrix, with_metadata=True,
+                                                **dict(quant_options or {}))
             return quantized.save(path, format="gguf", budget=budget, scheduler=scheduler, progress=progress,
                                   metadata=metadata, workers=workers, block_bytes=block_bytes)
         from ..formats.gguf_writer import TensorMeta
@@ -101,12 +106,23 @@ class Plan:
             order = layer_groups(list(self.outputs))
         return stream(self.outputs, order, prefetch=prefetch, budget=budget, scheduler=scheduler, workers=workers)
 
-    def quantize(self, preset: str, metadata, *, imatrix=None, with_metadata: bool = False):
+    def quantize(self, preset: str, metadata, *, imatrix=None, with_metadata: bool = False, tensor_types=None,
+                 output_tensor_type: str | None = None, token_embedding_type: str | None = None,
+                 pure: bool = False, prune_layers=None, kv_overrides=None):
         """This plan with its tensors quantized the way llama.cpp's `llama-quantize` does for `preset`
         (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0): per tensor, llama.cpp's type choice,
         as lazy `quantize` nodes (`explain()` shows each type and why a rule picked it). Outputs must have
         GGUF names (e.g. from `lazyweights.adapters.hf_to_gguf`); `metadata` is the GGUF metadata to write.
         `with_metadata=True` returns (plan, metadata with `general.file_type` set) instead.
+
+        llama-quantize's per-tensor controls, same names and semantics:
+        `tensor_types` (`--tensor-type PATTERN=TYPE`): {pattern: type} or [(pattern, type), ...], a regular
+        expression searched in each GGUF name, first match wins, over the preset's rules (a pattern that matches
+        no quantized tensor warns); `output_tensor_type` / `token_embedding_type` (`--output-tensor-type`,
+        `--token-embedding-type`); `pure` (`--pure`: every quantized tensor gets the preset's type);
+        `prune_layers` (`--prune-layers`: block numbers to drop, the rest renumbered, `{arch}.block_count`
+        fixed); `kv_overrides` (`--override-kv`: "KEY=TYPE:VALUE" strings or {key: value}). Type names are
+        ggml's (case-insensitive); an unknown one is an UnknownTypeError listing the valid ones.
 
         Example:
             >>> import numpy as np
@@ -116,12 +132,19 @@ class Plan:
             ...     "Q4_K_M", {"general.architecture": "gemma3", "gemma3.block_count": 1})
             >>> q.tensors["blk.0.attn_q.weight"].quantization_encoding.name
             'Q5_0'
+            >>> meta = {"general.architecture": "gemma3", "gemma3.block_count": 1}
+            >>> q = plan({"blk.0.attn_q.weight": w}).quantize("Q4_K_M", meta, tensor_types={"attn_q": "q8_0"})
+            >>> q.tensors["blk.0.attn_q.weight"].quantization_encoding.name
+            'Q8_0'
         """
         from ..formats.gguf_quantize import quantize_outputs
 
-        result = quantize_outputs(self.outputs, metadata, preset, imatrix=imatrix)
+        result = quantize_outputs(self.outputs, metadata, preset, imatrix=imatrix, tensor_types=tensor_types,
+                                  output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
+                                  pure=pure, prune_layers=prune_layers, kv_overrides=kv_overrides)
         tensors = {name: (WeightData.wrap(node, name, result.encodings[name]) if result.encodings[name] is not None
-                          else (self.tensors[name] if node is self.outputs[name] else WeightData.wrap(node, name)))
+                          else (self.tensors[name] if name in self.tensors and node is self.outputs[name]
+                                else WeightData.wrap(node, name)))
                    for name, node in result.outputs.items()}
         quantized = Plan(tensors)
         return (quantized, result.metadata) if with_metadata else quantized

@@ -238,7 +238,8 @@ class Weights:
         raise TypeError("iterate over Weights.items() (the seed protocol), not the Weights object")
 
 
-def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None) -> Weights:
+def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None,
+                 decompress: bool = True) -> Weights:
     """Open a checkpoint lazily: `.safetensors` file(s), a directory, a `model.safetensors.index.json`,
     or `.gguf` file(s) (split GGUF too). Reads and validates headers only.
 
@@ -248,8 +249,12 @@ def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = Non
     ETag and length. Tensor bytes are fetched by exact byte range when a plan first needs them.
 
     Pickle checkpoints (`.bin`, `.pt`, `.pth`) are refused unless `allow_pickle="weights_only"`: then torch's
-    restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy."""
+    restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy.
+
+    A compressed-tensors checkpoint (vLLM / llm-compressor: int4/int8 packed, FP8, NVFP4, MXFP4) gives its
+    dense weights, each a lazy chain over the packed tensors and scales; `decompress=False` gives the stored
+    tensors instead."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     return Weights(_Shared(open_checkpoint(list(paths), allow_pickle=allow_pickle, storage_options=storage_options,
-                                           cache=cache)))
+                                           cache=cache, decompress=decompress)))

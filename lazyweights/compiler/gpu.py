@@ -46,6 +46,7 @@ GPU_SPLIT.update({
     Op.CAST: "device", Op.BITCAST: "device", Op.DEQUANTIZE: "device",
     Op.QUANTIZE: "host",   # llama.cpp's quantizers run on the CPU
     Op.BINARY: "host",     # arithmetic between tensors (scales, LoRA deltas) stays on the host
+    Op.LORA: "host",       # the LoRA matmul runs in numpy's BLAS on the host
 })
 
 

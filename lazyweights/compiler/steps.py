@@ -219,6 +219,7 @@ WHOLE_INPUT.register(Op.DEQUANTIZE, Op.QUANTIZE)(lambda n, views: n.ndim < 2)  #
 WHOLE_INPUT.register(Op.RESHAPE)(lambda n, views: not n.shape or not n.srcs[0].shape)
 WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE, Op.CONCAT, Op.BINARY)(
     lambda n, views: False)
+WHOLE_INPUT.register(Op.LORA)(lambda n, views: False)  # rows of W (and B); A is read whole by every block
 
 
 def _needs_whole_inputs(root: Node, view_cache) -> bool:

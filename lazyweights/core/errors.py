@@ -6,13 +6,15 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     LazyWeightsError
     ├── FormatError            (also ValueError) a file is not what it claims (bad magic, header, offsets, truncation)
     │   ├── SourceChangedError a file changed size or identity after it was opened
-    │   └── ImatrixFormatError an importance-matrix file is truncated or malformed
+    │   ├── ImatrixFormatError an importance-matrix file is truncated or malformed
+    │   └── UnsupportedCompressionError a compressed-tensors format or scheme this reader does not know
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
     ├── UnmappedTensorError    (also KeyError) tensors an adapter has no target name for
     ├── UsageError             (also ValueError) a call whose argument values cannot work
     ├── ArgumentTypeError      (also TypeError) an argument, or an adapter's result, of the wrong Python type
     ├── ShapeError             (also ValueError) an op whose shapes do not fit, found when the node is built
-    │   └── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
+    │   ├── ImatrixShapeError  an importance-matrix entry whose length is not the tensor's row length
+    │   └── ScaleShapeError    a compressed-tensors scale / zero point / packed tensor that does not fit its weight
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
     ├── ConfigError            (also ValueError) a model config (config.json, GGUF metadata) missing or lacking a key
     │   └── GGUFConfigError    GGUF metadata lacking keys a Hugging Face config needs
@@ -25,7 +27,8 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     ├── BudgetError            (also ValueError) a memory budget too small for the plan's largest block
     ├── UnknownPresetError     (also ValueError) a quantization preset name that is not supported
     ├── TokenizerConversionError (also ValueError) a tokenizer llama.cpp's converter could not convert
-    │   └── MissingTokenizerError (also FileNotFoundError) no tokenizer files beside the checkpoint
+    │   ├── MissingTokenizerError (also FileNotFoundError) no tokenizer files beside the checkpoint
+    │   └── TokenizerNotExpressibleError a tokenizer.json part llama.cpp's tokenizer cannot reproduce
     ├── VerifyError            (also ValueError) a checkpoint that does not match its manifest
     ├── DependencyError        (also ImportError) a package or program this call needs is not installed
     ├── DeviceError            (also RuntimeError) a GPU that cannot be used (no driver, no such device)
@@ -62,6 +65,7 @@ __all__ = [
     "DeviceError",
     "TokenizerConversionError",
     "MissingTokenizerError",
+    "TokenizerNotExpressibleError",
     "VerifyError",
     "ShapeError",
     "ImatrixShapeError",
@@ -70,6 +74,8 @@ __all__ = [
     "TorchLoadError",
     "BudgetError",
     "UnknownPresetError",
+    "UnknownTypeError",
+    "KVOverrideError",
     "RemoteError",
     "ExecutionError",
     "WriteError",
@@ -92,6 +98,11 @@ class SourceChangedError(FormatError):
 class ImatrixFormatError(FormatError):
     """An importance-matrix file (llama.cpp `.dat` or GGUF imatrix) is truncated or malformed; names the
     file, the entry and the byte offset where reading stopped."""
+
+
+class UnsupportedCompressionError(FormatError):
+    """A compressed-tensors checkpoint whose format, strategy or bit width this reader does not decompress;
+    lists the supported ones."""
 
 
 class MissingWeightError(LazyWeightsError, KeyError):
@@ -173,6 +184,15 @@ class MissingTokenizerError(TokenizerConversionError, FileNotFoundError):
     """No tokenizer files beside the checkpoint (llama.cpp cannot run a GGUF without a tokenizer)."""
 
 
+class TokenizerNotExpressibleError(TokenizerConversionError):
+    """A part of tokenizer.json (`part`: model, normalizer, pre_tokenizer, post_processor, added_tokens) that no
+    GGUF tokenizer setting makes llama.cpp reproduce; the message names the file, the part and its value."""
+
+    def __init__(self, message: str, part: str = ""):
+        super().__init__(message)
+        self.part = part
+
+
 class VerifyError(LazyWeightsError, ValueError):
     """A checkpoint that does not match its manifest (or has none); `report` holds the details."""
 
@@ -187,6 +207,16 @@ class ShapeError(LazyWeightsError, ValueError):
 
 class ImatrixShapeError(ShapeError):
     """An importance-matrix entry has a different length than the tensor's rows; names both numbers."""
+
+
+class ScaleShapeError(ShapeError):
+    """A compressed-tensors scale, zero point or packed tensor whose shape does not fit its weight; names the
+    tensor, its shape and the weight's."""
+
+
+class LoraError(LazyWeightsError, ValueError):
+    """A LoRA adapter that does not fit the base: a shape, a target module or a saved tensor the base lacks, an
+    adapter for another base, or an adapter kind lazyweights cannot merge (DoRA); names the tensor and both shapes."""
 
 
 class DTypeError(LazyWeightsError, TypeError, ValueError):
@@ -208,6 +238,15 @@ class BudgetError(LazyWeightsError, ValueError):
 
 class UnknownPresetError(LazyWeightsError, ValueError):
     """A quantization preset (`Q4_K_M`, ...) that lazyweights does not know; lists the known ones."""
+
+
+class UnknownTypeError(LazyWeightsError, ValueError):
+    """A GGML type name (`--tensor-type`, `--output-tensor-type`, `--token-embedding-type`) that lazyweights
+    cannot write; lists the ones it can."""
+
+
+class KVOverrideError(LazyWeightsError, ValueError):
+    """A metadata override (`--override-kv KEY=TYPE:VALUE`) that is malformed; names it and says why."""
 
 
 class RemoteError(LazyWeightsError, OSError):

@@ -257,7 +257,8 @@ def _tensor_meta(name: str, value) -> TensorMeta:
     or anything with `dtype`, `shape` and `quantization_encoding` (a WeightData; a Weights accessor's `.data()`)."""
     if isinstance(value, TensorMeta):
         return TensorMeta(DType.parse(value.dtype), tuple(value.shape), QuantizationEncoding.parse(value.encoding))
-    if callable(getattr(value, "data", None)) and hasattr(value, "exists"):  # a Weights accessor
+    # `exists` first: getattr(WeightData, "data") would compute the tensor (its `.data` is the values)
+    if hasattr(value, "exists") and callable(getattr(value, "data", None)):  # a Weights accessor
         value = value.data()
     if hasattr(value, "quantization_encoding"):  # a WeightData
         return TensorMeta(DType.parse(value.dtype), tuple(value.shape), value.quantization_encoding)

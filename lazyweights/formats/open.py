@@ -121,14 +121,22 @@ def _format_of(p) -> WeightsFormat:
 
 
 def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, storage_options: dict | None = None,
-                    cache: str | None = None) -> Checkpoint:
+                    cache: str | None = None, decompress: bool = True) -> Checkpoint:
     """Resolve `paths` to files, validate every header, and collect the tensor records.
 
     Any path may be a URL (`http(s)://`, `s3://`; an `s3://` prefix is listed), opened with `storage_options`
     and, with `cache=DIR`, a persistent range cache (`io/remote.py`). Pickle checkpoints are refused unless
-    `allow_pickle="weights_only"` (torch's restricted unpickler, see `formats/torch_pickle.py`)."""
+    `allow_pickle="weights_only"` (torch's restricted unpickler, see `formats/torch_pickle.py`).
+
+    A compressed-tensors folder (config.json's `quantization_config`) comes back as lazy dense weights
+    (`formats/compressed_tensors.py`) unless `decompress=False`."""
     with remote_options(storage_options, cache):
-        return _open_checkpoint(paths, allow_pickle)
+        checkpoint = _open_checkpoint(paths, allow_pickle)
+    if decompress and checkpoint.format is WeightsFormat.safetensors:
+        from .compressed_tensors import decompress_checkpoint
+
+        checkpoint = decompress_checkpoint(checkpoint)
+    return checkpoint
 
 
 def _open_checkpoint(paths, allow_pickle) -> Checkpoint:

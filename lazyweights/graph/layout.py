@@ -167,6 +167,13 @@ def _align_all_inputs(node: Node) -> int:
     return math.lcm(*[row_alignment(s) for s in node.srcs])
 
 
+@ROW_ALIGN.register(Op.LORA)
+def _align_lora(node: Node) -> int:
+    # W's rows and, for an adapter that is not transposed, B's rows follow the output rows; A is read whole.
+    pairs = [node.srcs[1 + 2 * i] for i, (_, transposed) in enumerate(node.arg) if not transposed]
+    return math.lcm(*[row_alignment(s) for s in [node.srcs[0], *pairs]])
+
+
 @ROW_ALIGN.register(Op.BITCAST)
 def _align_bitcast(node: Node) -> int:
     src = node.srcs[0]

@@ -24,6 +24,8 @@ import math
 from . import ops
 from .elementwise import binary
 from .layout import strided_layout
+from .lora import lora_update
+from .lora import rebuild as lora_rebuild
 from .node import Node, toposort
 from .opcodes import GroupOp, Op, OpTable
 
@@ -53,8 +55,9 @@ def sink_slices(root: Node) -> Node:
     and a reshape back). A slice left on top reads the whole source and then keeps a quarter; sunk to the
     source it reads only the rank's rows, which over object storage is the whole point. The slice passes:
     a permute (its ranges permuted), a take (its indices sliced), a cast or a dequantize (elementwise per
-    row; a dequantize's last axis must stay whole), another slice (composed), and a reshape when only axis 0
-    is sliced, with step 1, on boundaries that are whole rows of the reshape's input.
+    row; a dequantize's last axis must stay whole), another slice (composed), a reshape when only axis 0
+    is sliced, with step 1, on boundaries that are whole rows of the reshape's input, and a LoRA update (W's
+    box, B's rows and A's columns: each output element is the same dot product over r).
 
     Example:
         >>> import numpy as np
@@ -112,6 +115,15 @@ def _slice_below(x: Node, slices: tuple) -> Node:
         inner = _reshape_box(src.shape, slices[0][0] * math.prod(x.shape[1:]), slices[0][1] * math.prod(x.shape[1:]))
         if inner is not None:
             return ops.reshape(_slice_below(src, inner), (slices[0][1] - slices[0][0],) + x.shape[1:])
+    if op is Op.LORA:  # W's box, B's rows and A's columns under it (swapped for a transposed update)
+        rows, cols = slices
+        out = _slice_below(src, slices)
+        for i, (scale, transposed) in enumerate(x.arg):
+            b, a = x.srcs[1 + 2 * i], x.srcs[2 + 2 * i]
+            b_rows, a_cols = (cols, rows) if transposed else (rows, cols)
+            out = lora_update(out, _slice_below(b, (b_rows, _full(b, 1))), _slice_below(a, (_full(a, 0), a_cols)),
+                              scale, transposed)
+        return out
     return ops.slice_(x, slices)
 
 
@@ -148,6 +160,7 @@ REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
 REBUILD.register(Op.DEQUANTIZE)(lambda n, srcs: ops.dequantize(srcs[0], *n.arg))
 REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], *n.arg))
 REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
+REBUILD.register(Op.LORA)(lora_rebuild)
 
 
 def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:

@@ -266,7 +266,7 @@ class _HTTP:
                 if etag and reply_etag and reply_etag != etag:
                     raise SourceChangedError(f"{self.url}: the object changed after it was opened (ETag {etag} "
                                              f"became {reply_etag}). Reload it with load_weights().")
-                _read_body(r.raw.read, out, start, end)
+                _read_body(r.raw.read, out, start, end, r.raw)
         except requests.Timeout:
             raise _Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
@@ -324,8 +324,21 @@ class _HTTP:
         return parts
 
 
-def _read_body(read, out: memoryview, start: int, end: int) -> None:
+def _read_body(read, out: memoryview, start: int, end: int, stream=None) -> None:
+    """Receive a ranged body's `end - start` bytes into `out`. `stream`: the urllib3 response under it
+    (requests' `r.raw`, botocore's `Body._raw_stream`); where it has http.client's response underneath, the
+    bytes go from the socket into `out` with `readinto` (one copy, into the mirror's own pages), instead of
+    `read` making a bytes object per megabyte that is then copied again. Both see the same raw bytes: we ask
+    for `Accept-Encoding: identity` and never decode."""
     pos, want = 0, end - start
+    fp = getattr(stream, "_fp", None)
+    if fp is not None and hasattr(fp, "readinto") and not getattr(stream, "_fp_bytes_read", 0):
+        while pos < want:
+            n = fp.readinto(out[pos:want])
+            if not n:
+                raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
+            pos += n
+        return
     while pos < want:
         chunk = read(min(1 << 20, want - pos))
         if not chunk:
@@ -391,7 +404,7 @@ class _S3:
             raise SourceChangedError(f"{self.url}: the object changed after it was opened (ETag {etag} became "
                                      f"{r['ETag']})")
         try:
-            _read_body(r["Body"].read, out, start, end)
+            _read_body(r["Body"].read, out, start, end, getattr(r["Body"], "_raw_stream", None))
         except OSError as e:
             raise _Transient(f"reading the body failed: {e}") from None
         finally:
@@ -449,6 +462,15 @@ def url_exists(url: str) -> bool:
 
 
 # --- the file ---------------------------------------------------------------------------------------------
+def _can_reserve(fd: int) -> bool:
+    """Whether the file system under `fd` reserves blocks with posix_fallocate (tmpfs, ext4, xfs, btrfs do)."""
+    try:
+        os.posix_fallocate(fd, 0, 1)
+    except (OSError, AttributeError):  # EOPNOTSUPP (some network and FUSE file systems); no posix_fallocate
+        return False
+    return True
+
+
 class RemoteFile:
     """One remote object, read by validated byte ranges into a sparse, memory-mapped local mirror.
 
@@ -514,6 +536,12 @@ class RemoteFile:
         os.ftruncate(fd, self.size)  # sparse: holes cost no disk
         self._fd = fd
         self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_READ) if self.size else None
+        # A shared writable map of the same file: ranged bodies are received straight into it (the read-only
+        # map above sees them: one page cache). Only where blocks can be reserved first (posix_fallocate), so
+        # a full disk is an OSError from the reservation, never a SIGBUS from a store into a hole.
+        self._receive: memoryview | None = None
+        if self.size and _can_reserve(fd):
+            self._receive = memoryview(mmap.mmap(fd, self.size, access=mmap.ACCESS_WRITE))
         self._buffer = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)
 
     def _save_meta(self) -> None:
@@ -538,9 +566,15 @@ class RemoteFile:
                 delay = min(delay * 2, 5.0)
 
     def _fetch_part(self, start: int, end: int) -> None:
-        buf = bytearray(end - start)
-        self._retrying(self._backend.get, f"bytes [{start}, {end})", start, end, self.size, self.etag, memoryview(buf))
-        os.pwrite(self._fd, buf, start)
+        what = f"bytes [{start}, {end})"
+        if self._receive is not None:
+            os.posix_fallocate(self._fd, start, end - start)  # ENOSPC here, as an OSError
+            # a failed attempt leaves some bytes written, but the range is marked held only after success
+            self._retrying(self._backend.get, what, start, end, self.size, self.etag, self._receive[start:end])
+        else:
+            buf = bytearray(end - start)
+            self._retrying(self._backend.get, what, start, end, self.size, self.etag, memoryview(buf))
+            os.pwrite(self._fd, buf, start)
         with self._lock:
             self.bytes_fetched += end - start
             self.requests += 1

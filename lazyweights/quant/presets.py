@@ -30,9 +30,10 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
-from ..core.errors import UnknownPresetError
+from ..core.errors import ArgumentTypeError, UnknownPresetError, UnknownTypeError, UsageError
+from ..core.quantization import QuantizationEncoding
 
 # preset -> the type llama_ftype_get_default_type gives it
 PRESETS: dict[str, str] = {
@@ -52,7 +53,95 @@ _BLOCK = {"Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q8_0
           "Q5_0": 32, "Q5_1": 32, "F16": 1, "F32": 1, "BF16": 1}
 
 # tensor_type_fallback: a 256-block type whose rows do not fit -> a 32-block type (F16 if that does not fit)
-_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+             "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}
+_FLOATS = ("F32", "F16", "BF16")
+
+
+def _block(ggml_type: str) -> int:
+    """ggml_blck_size: 1 for the float types, the encoding's block otherwise."""
+    return 1 if ggml_type in _FLOATS else QuantizationEncoding[ggml_type].block_elements
+
+
+def override_types() -> tuple[str, ...]:
+    """The GGML type names a per-tensor override (`--tensor-type`, `--output-tensor-type`,
+    `--token-embedding-type`) may give: the float types and every block type lazyweights can quantize to.
+
+    Example:
+        >>> from lazyweights.quant.presets import override_types
+        >>> "Q8_0" in override_types(), "BF16" in override_types(), "IQ2_XS" in override_types()
+        (True, True, False)
+    """
+    from .registry import supported_quantize
+
+    return _FLOATS + tuple(sorted(e.name for e in supported_quantize()))
+
+
+def parse_type(name, what: str = "type") -> str:
+    """A GGML type name as llama-quantize's `parse_ggml_type` reads it (case-insensitive: `q8_0` is Q8_0).
+    Raises `UnknownTypeError` listing the types lazyweights can write; `what` names the option in it.
+
+    Example:
+        >>> from lazyweights.quant.presets import parse_type
+        >>> parse_type("q6_k")
+        'Q6_K'
+    """
+    valid = override_types()
+    text = getattr(name, "name", name)  # a QuantizationEncoding or DType-like member
+    key = str(text).strip().upper()
+    if key not in valid:
+        raise UnknownTypeError(f"{what}: unknown or unsupported GGML type {name!r}; the types lazyweights can "
+                               f"write are {', '.join(valid)}")
+    return key
+
+
+class TensorTypeOverride(NamedTuple):
+    """One `--tensor-type PATTERN=TYPE`: a regular expression searched in each tensor name, and its type."""
+
+    pattern: str
+    regex: re.Pattern
+    type: str
+
+
+def tensor_type_overrides(tensor_types) -> tuple[TensorTypeOverride, ...]:
+    """`--tensor-type` overrides from a dict {pattern: type} or pairs [(pattern, type), ...], in order (the
+    first pattern that matches a tensor wins, as in llama.cpp). Patterns are regular expressions searched
+    anywhere in the GGUF tensor name (`std::regex_search`); unlike llama-quantize's command line, which
+    lowercases them, they are used as given (as `llama_model_quantize`'s `tt_overrides` are).
+
+    Example:
+        >>> from lazyweights.quant.presets import tensor_type_overrides
+        >>> [(o.pattern, o.type) for o in tensor_type_overrides({"attn_q": "q8_0", "ffn_(up|gate)": "Q6_K"})]
+        [('attn_q', 'Q8_0'), ('ffn_(up|gate)', 'Q6_K')]
+    """
+    if not tensor_types:
+        return ()
+    if isinstance(tensor_types, TensorTypeOverride):
+        tensor_types = [tensor_types]
+    pairs = list(tensor_types.items()) if isinstance(tensor_types, Mapping) else list(tensor_types)
+    out = []
+    for pair in pairs:
+        if isinstance(pair, TensorTypeOverride):
+            out.append(pair)
+            continue
+        if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ArgumentTypeError(f"tensor_types entries are (pattern, type) pairs, got {pair!r}")
+        pattern, ggml_type = pair
+        if not isinstance(pattern, str) or not pattern:
+            raise ArgumentTypeError(f"a tensor_types pattern is a non-empty string, got {pattern!r}")
+        try:
+            regex = re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"--tensor-type pattern {pattern!r} is not a regular expression: {e}") from e
+        out.append(TensorTypeOverride(pattern, regex, parse_type(ggml_type, f"--tensor-type {pattern}")))
+    return tuple(out)
+
+
+def _manual_type(name: str, overrides: Sequence[TensorTypeOverride]) -> TensorTypeOverride | None:
+    for o in overrides:
+        if o.regex.search(name):
+            return o
+    return None
 
 _LAYER = re.compile(r"^blk\.(-?\d+)\.")
 
@@ -109,8 +198,13 @@ def _ggml_n_dims(shape: tuple[int, ...]) -> int:
     return 1
 
 
-def _not_quantized_reason(name: str, shape: tuple[int, ...]) -> str | None:
-    """tensor_allows_quantization, inverted: why this tensor keeps its type (None when it is quantized)."""
+def not_quantized_reason(name: str, shape: tuple[int, ...]) -> str | None:
+    """tensor_allows_quantization, inverted: why this tensor keeps its type (None when it is quantized).
+
+    Example:
+        >>> not_quantized_reason("blk.0.attn_norm.weight", (4096,)), not_quantized_reason("blk.0.attn_q.weight", (8, 8))
+        ('not quantized: 1-D tensor', None)
+    """
     if _ggml_n_dims(shape) < 2:
         return "not quantized: 1-D tensor"
     if not name.endswith("weight"):
@@ -159,6 +253,10 @@ def tensor_type(
     attn_v_index: int | None = None,
     n_attn_v: int | None = None,
     ffn_index: int | None = None,
+    tensor_types=(),
+    output_tensor_type: str | None = None,
+    token_embedding_type: str | None = None,
+    pure: bool = False,
 ) -> TypeChoice:
     """The GGML type llama-quantize gives tensor `name` under `preset`, with the reason when a rule applied.
 
@@ -171,25 +269,48 @@ def tensor_type(
     `attn_v_index` / `n_attn_v` / `ffn_index` override llama.cpp's running counters (default: the layer
     number from the name, and `n_layer`); `model_tensor_types` computes them for a whole model.
 
+    llama-quantize's per-tensor controls, in its order (`llama_tensor_get_type`): `token_embedding_type` and
+    `output_tensor_type` give token_embd / output.weight that type as is; else the first of `tensor_types`
+    (see `tensor_type_overrides`) whose pattern is found in the name gives its type; else `pure` keeps the
+    preset's type; else the preset's rules apply (a tied token_embd takes `output_tensor_type` there). The
+    32-block fallback applies to all but the first two.
+
     Raises `UnknownPresetError` (listing the presets) for any other preset.
 
     Example:
         >>> from lazyweights.quant.presets import tensor_type
         >>> tensor_type("Q4_K_M", "token_embd.weight", (262144, 640), n_layer=18, tied_embeddings=True)
         TypeChoice(type='Q8_0', reason='tied token_embd (is the output): 640 columns not a multiple of 256 -> Q8_0')
+        >>> tensor_type("Q4_K_M", "blk.0.attn_v.weight", (256, 1024), n_layer=16, tensor_types=[("attn_v", "Q8_0")])
+        TypeChoice(type='Q8_0', reason="--tensor-type 'attn_v'=Q8_0")
     """
     default = PRESETS[_preset_default(preset)]
     preset = str(preset).upper()
     shape = tuple(int(d) for d in shape)
-    why_not = _not_quantized_reason(name, shape)
+    why_not = not_quantized_reason(name, shape)
     if why_not is not None:
         return TypeChoice(source_type, why_not)
+    overrides = tensor_type_overrides(tensor_types)
+    if output_tensor_type is not None:
+        output_tensor_type = parse_type(output_tensor_type, "--output-tensor-type")
+    if token_embedding_type is not None:
+        token_embedding_type = parse_type(token_embedding_type, "--token-embedding-type")
     ncols = shape[-1]
     cat = _category(name)
+    if token_embedding_type is not None and cat == "token_embd":
+        # per_layer_token_embd follows --token-embedding-type unless a --tensor-type pattern names it
+        if name != "per_layer_token_embd.weight" or _manual_type(name, overrides) is None:
+            return TypeChoice(token_embedding_type, f"token_embd: --token-embedding-type {token_embedding_type}")
+    if output_tensor_type is not None and cat == "output":
+        return TypeChoice(output_tensor_type, f"output: --output-tensor-type {output_tensor_type}")
     m = _LAYER.match(name)
     layer = int(m.group(1)) if m else None
     falcon = arch == "falcon"
     new, reason = default, None
+    manual = _manual_type(name, overrides)
+    if manual is not None:
+        new, reason = manual.type, f"--tensor-type {manual.pattern!r}={manual.type}"
+    rules = manual is None and not pure
 
     def layer_info(counter: int | None) -> tuple[int, int]:
         # with experts llama.cpp parses the layer from the name; otherwise it uses its running counter,
@@ -200,9 +321,13 @@ def tensor_type(
             return layer, n_layer
         return counter, n_layer
 
-    if cat == "output" or (tied_embeddings and cat == "token_embd"):
+    if not rules:
+        pass
+    elif cat == "output" or (tied_embeddings and cat == "token_embd"):
         what = "output" if cat == "output" else "tied token_embd (is the output)"
-        if falcon or ncols % _BLOCK[default] != 0:
+        if output_tensor_type is not None:
+            new, reason = output_tensor_type, f"{what}: --output-tensor-type {output_tensor_type}"
+        elif falcon or ncols % _BLOCK[default] != 0:
             new = "Q8_0"
             reason = (f"{what}: {ncols} columns not a multiple of {_BLOCK[default]} -> Q8_0" if not falcon
                       else f"{what}: falcon -> Q8_0")
@@ -281,19 +406,24 @@ def tensor_type(
         pass
 
     # tensor_type_fallback: rows that are not a whole number of blocks
-    block = _BLOCK[new]
+    block = _block(new)
     if ncols % block != 0:
         chosen = new
         fb = _FALLBACK.get(new, new)  # 32-block types have no smaller block: F16 below if 32 does not fit
-        if ncols % _BLOCK[fb] != 0:
+        if ncols % _block(fb) != 0:
             fb = "F16"
         new = fb
         reason = (reason + "; " if reason else "") + f"{ncols} columns not a multiple of {block} (for {chosen}) -> {fb}"
     return TypeChoice(new, reason)
 
 
-def _weight_order_key(name: str):
-    """llama_model_loader's weight_name_comparer: by layer (`blk.N.`, -1 without one), then by name."""
+def weight_order_key(name: str):
+    """llama_model_loader's weight_name_comparer: by layer (`blk.N.`, -1 without one), then by name.
+
+    Example:
+        >>> sorted(["blk.10.a", "output.weight", "blk.2.b", "blk.2.a"], key=weight_order_key)
+        ['output.weight', 'blk.2.a', 'blk.2.b', 'blk.10.a']
+    """
     m = re.match(r"^blk\.(-?\d+)\.", name)
     return (int(m.group(1)) if m else -1, name.encode())
 
@@ -309,10 +439,16 @@ def model_tensor_types(
     arch: str = "llama",
     is_70b: bool = False,
     source_types: Mapping[str, str] | None = None,
+    tensor_types=(),
+    output_tensor_type: str | None = None,
+    token_embedding_type: str | None = None,
+    pure: bool = False,
 ) -> dict[str, TypeChoice]:
     """`tensor_type` for every tensor of a model (name -> numpy shape), with llama.cpp's running counters.
 
-    Tied embeddings are inferred as llama.cpp does: tied unless there is an `output.weight`.
+    Tied embeddings are inferred as llama.cpp does: tied unless there is an `output.weight`. The counters
+    advance only for tensors the preset's rules decide (not for those a `tensor_types` pattern or `pure`
+    decides), as in llama.cpp.
 
     Example:
         >>> from lazyweights.quant.presets import model_tensor_types
@@ -323,7 +459,8 @@ def model_tensor_types(
         (['Q6_K', 'Q4_K', 'Q4_K', 'Q6_K', 'Q4_K', 'Q4_K', 'Q6_K', 'Q6_K'], 'Q6_K')
     """
     _preset_default(preset)
-    names = sorted(tensors, key=_weight_order_key)
+    overrides = tensor_type_overrides(tensor_types)
+    names = sorted(tensors, key=weight_order_key)
     tied = "output.weight" not in tensors
     n_attn_v = sum(1 for n in names if _is_attn_v(_category(n)))
     i_attn_v = i_ffn_down = 0
@@ -332,14 +469,16 @@ def model_tensor_types(
         shape = tuple(tensors[name])
         src = (source_types or {}).get(name, "F32")
         cat = _category(name)
-        quantized = _not_quantized_reason(name, shape) is None
+        quantized = not_quantized_reason(name, shape) is None
         out[name] = tensor_type(
             preset, name, shape, n_layer=n_layer, n_expert=n_expert, tied_embeddings=tied, has_imatrix=has_imatrix,
             n_gqa=n_gqa, arch=arch, is_70b=is_70b, source_type=src, attn_v_index=i_attn_v, n_attn_v=n_attn_v,
-            ffn_index=i_ffn_down,
+            ffn_index=i_ffn_down, tensor_types=overrides, output_tensor_type=output_tensor_type,
+            token_embedding_type=token_embedding_type, pure=pure,
         )
         # llama.cpp advances its counters only for tensors that reach the type rules
-        if quantized and not (tied and cat == "token_embd"):
+        rules = not pure and _manual_type(name, overrides) is None
+        if quantized and rules and not (tied and cat == "token_embd"):
             if _is_attn_v(cat):
                 i_attn_v += 1
             elif cat == "ffn_down":

@@ -123,6 +123,11 @@ def _arg_binary(node: Node) -> str:
     return node.arg  # mul, add, sub, div
 
 
+@EXPLAIN.register(Op.LORA)
+def _arg_lora(node: Node) -> str:
+    return ", ".join(f"{scale:g}{' T' if transposed else ''}" for scale, transposed in node.arg)
+
+
 @EXPLAIN.register(Op.CONST, Op.RESHAPE)
 def _arg_none(node: Node) -> str:
     return ""  # the result type shows the shape
@@ -381,7 +386,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
 
 # --- statistics ---------------------------------------------------------------------------------------
-_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary"})
+_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary", "lora"})
 
 
 def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None = None) -> int:

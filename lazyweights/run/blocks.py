@@ -270,6 +270,24 @@ def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
 
 
 
+def _lora_inputs(node: Node, rows: Rows, cache) -> tuple[np.ndarray, list]:
+    factors = []
+    for i, (_, transposed) in enumerate(node.arg):
+        b, a = node.srcs[1 + 2 * i], node.srcs[2 + 2 * i]
+        if transposed:  # output rows are W's input features: all of B, A's columns for the block
+            factors.append((pull(b, range(0, b.shape[0]), cache),
+                            _select(pull(a, range(0, a.shape[0]), cache).T, rows).T))
+        else:           # the block's rows of B, all of A
+            factors.append((pull(b, rows, cache), pull(a, range(0, a.shape[0]), cache)))
+    return pull(node.srcs[0], rows, cache), factors
+
+
+@PULL.register(Op.LORA)
+def _pull_lora(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.lora import lora_rows
+
+    return lora_rows(node, *_lora_inputs(node, rows, cache))
+
 
 def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = None) -> None:
     """Compute rows `rows` of `node` straight into `dst` (shape `(len(rows),) + node.shape[1:]`).
@@ -294,5 +312,10 @@ def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = No
 
         block = np.ascontiguousarray(pull(node.srcs[0], rows, cache))
         dequantize_into(node.arg[0], block.reshape(-1, block.shape[-1]), dst.reshape(-1, dst.shape[-1]))
+        return
+    if node.op is Op.LORA and dst.flags.c_contiguous:
+        from ..graph.lora import lora_rows
+
+        lora_rows(node, *_lora_inputs(node, rows, cache), out=dst.reshape(len(rows), -1))
         return
     np.copyto(dst, pull(node, rows, cache).reshape(dst.shape), casting="no")

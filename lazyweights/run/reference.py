@@ -118,6 +118,13 @@ def _binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 
+@REFERENCE.register(Op.LORA)
+def _lora(node: Node, w: np.ndarray, *factors: np.ndarray) -> np.ndarray:
+    from ..graph.lora import lora_rows
+
+    return lora_rows(node, w, [(factors[2 * i], factors[2 * i + 1]) for i in range(len(node.arg))])
+
+
 def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> list[np.ndarray]:
     """Compute `roots` (and everything they need), freeing each intermediate after its last use.
 

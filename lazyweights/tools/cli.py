@@ -4,6 +4,11 @@
     lazyweights plan ADAPTER PATH... [--filter GLOB] [--visualize FILE] [--no-group]
     lazyweights convert ADAPTER PATH... -o OUT [--format safetensors|gguf] [--budget 1GB]
                         [--max-shard-size 5GB] [--scheduler sync|threads] [--no-progress]
+                        [--quant PRESET [--imatrix FILE] [--tensor-type PATTERN=TYPE ...]
+                         [--output-tensor-type TYPE] [--token-embedding-type TYPE] [--pure]
+                         [--prune-layers L0,L1,...] [--override-kv KEY=TYPE:VALUE ...] [--dry-run]]
+                        [--lora DIR [--lora DIR ...]]
+    lazyweights quantize [the same llama-quantize flags] IN.gguf OUT.gguf PRESET
     lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
     lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
     lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
@@ -188,6 +193,8 @@ def _adapted_plan(args):
         extra["tokenizer"] = False
     if getattr(args, "allow_pickle", None):
         extra["allow_pickle"] = args.allow_pickle
+    if getattr(args, "lora", None):
+        extra["lora"] = args.lora
     if getattr(args, "storage_options", None) or getattr(args, "cache", None):
         extra["storage_options"], extra["cache"] = args.storage_options, args.cache
     adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
@@ -211,7 +218,120 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# --- llama-quantize's controls (convert --quant, quantize) ------------------------------------------------------
+def _tensor_type_arg(text: str) -> tuple[str, str]:
+    """llama-quantize's parse_tensor_type: NAME=TYPE, the name lowercased (the type is checked later, by name)."""
+    name, sep, ggml_type = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"malformed tensor type {text!r}: expected PATTERN=TYPE")
+    if not name:
+        raise argparse.ArgumentTypeError(f"missing tensor name in {text!r}")
+    if not ggml_type:
+        raise argparse.ArgumentTypeError(f"missing quantization type in {text!r}")
+    return name.lower(), ggml_type
+
+
+def _quant_options(args) -> dict:
+    """`Plan.quantize`'s keyword arguments from the llama-quantize flags (only those given)."""
+    tensor_types = list(args.tensor_type or [])
+    for path in args.tensor_type_file or []:
+        with open(path, encoding="utf-8") as fh:  # entries separated by spaces or newlines, as llama-quantize reads
+            for word in fh.read().split():
+                try:
+                    tensor_types.append(_tensor_type_arg(word))
+                except argparse.ArgumentTypeError as e:
+                    raise UsageError(f"--tensor-type-file {path}: {e}") from None
+    options = {"tensor_types": tensor_types, "output_tensor_type": args.output_tensor_type,
+               "token_embedding_type": args.token_embedding_type, "pure": args.pure,
+               "prune_layers": args.prune_layers, "kv_overrides": list(args.override_kv or [])}
+    return {k: v for k, v in options.items() if v}
+
+
+def _quant_flags(p, with_preset: bool = True) -> None:
+    if with_preset:
+        p.add_argument("--quant", metavar="PRESET", type=str.upper, default=None,
+                       help="GGUF output: quantize as llama-quantize does, in the same pass "
+                            "(Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0)")
+    p.add_argument("--imatrix", metavar="FILE", default=None,
+                   help="a llama.cpp importance matrix (.dat or GGUF, from llama-imatrix)")
+    p.add_argument("--tensor-type", metavar="PATTERN=TYPE", action="append", type=_tensor_type_arg, default=None,
+                   help="quantize tensors whose GGUF name matches this regular expression to TYPE (a ggml type: "
+                        "q8_0, q6_k, bf16, ...); repeatable, the first match wins, as llama-quantize's")
+    p.add_argument("--tensor-type-file", metavar="FILE", action="append", default=None,
+                   help="PATTERN=TYPE entries separated by spaces or newlines")
+    p.add_argument("--output-tensor-type", metavar="TYPE", default=None, help="the type of output.weight")
+    p.add_argument("--token-embedding-type", metavar="TYPE", default=None, help="the type of token_embd.weight")
+    p.add_argument("--pure", action="store_true",
+                   help="no k-quant mixture: every quantized tensor gets the preset's type")
+    p.add_argument("--prune-layers", metavar="L0,L1,...", default=None,
+                   help="drop these blocks; the rest are renumbered and {arch}.block_count fixed")
+    p.add_argument("--override-kv", metavar="KEY=TYPE:VALUE", action="append", default=None,
+                   help="set a metadata key in the output (TYPE: int, float, bool, str); repeatable")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each tensor's type, bytes and bits per weight and the file's size; read and "
+                        "write nothing")
+
+
+def _print_dry_run(tensors, metadata, preset, options, imatrix) -> int:
+    from ..formats.gguf_quantize import dry_run_report, quantize_outputs
+
+    outputs = {n: w.node if hasattr(w, "node") else w for n, w in tensors.items()}
+    result = _with_warnings(lambda: quantize_outputs(outputs, metadata, preset, imatrix=imatrix, **options))
+    _out(dry_run_report(result.outputs, result.metadata, result.types))
+    return 0
+
+
+def _with_warnings(fn):
+    """Run fn, printing the warnings it gives (a --tensor-type pattern that matches nothing) as one line each."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return fn()
+        finally:
+            for w in caught:
+                _err(f"{PROG}: warning: {w.message}")
+
+
+def cmd_quantize(args) -> int:
+    from ..api.plan import Plan
+    from ..api.weights import load_weights
+
+    if not str(args.input).endswith(".gguf"):
+        raise UsageError(f"{args.input}: quantize reads a GGUF (.gguf); for a Hugging Face folder use "
+                         "`lazyweights convert ... -o OUT.gguf --quant PRESET`")
+    weights = load_weights([args.input])
+    tensors = {name: w.data() for name, w in weights.items()}
+    packed = [(n, t.quantization_encoding.name) for n, t in tensors.items() if t.quantization_encoding is not None]
+    if packed:
+        raise UsageError(f"{args.input}: tensor {packed[0][0]!r} is already quantized ({packed[0][1]}; "
+                         f"{len(packed)} such tensors): quantize reads bf16/f16/f32 GGUFs and does not requantize")
+    options = _quant_options(args)
+    if args.dry_run:
+        return _print_dry_run(tensors, weights.metadata, args.preset, options, args.imatrix)
+    files = _with_warnings(lambda: Plan(tensors).save(
+        args.output, format="gguf", metadata=weights.metadata, quant=args.preset, imatrix=args.imatrix,
+        quant_options=options, budget=args.budget, progress=not args.no_progress, workers=args.workers))
+    total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
+    _out(f"wrote {args.output}: {format_bytes(total)}")
+    return 0
+
+
 def cmd_convert(args) -> int:
+    quant: dict = {}
+    options = _quant_options(args)
+    if args.quant is not None:
+        quant = {"quant": args.quant, "imatrix": args.imatrix, "quant_options": options}
+    elif args.imatrix is not None:
+        raise UsageError("--imatrix is used with --quant PRESET")
+    elif options or args.dry_run:
+        flags = [f for f, given in (("--tensor-type", args.tensor_type or args.tensor_type_file),
+                                    ("--output-tensor-type", args.output_tensor_type),
+                                    ("--token-embedding-type", args.token_embedding_type), ("--pure", args.pure),
+                                    ("--prune-layers", args.prune_layers), ("--override-kv", args.override_kv),
+                                    ("--dry-run", args.dry_run)) if given]
+        raise UsageError(f"{', '.join(flags)}: used with --quant PRESET")
     p, _ = _adapted_plan(args)
     if not hasattr(p, "save"):
         raise DependencyError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
@@ -224,14 +344,13 @@ def cmd_convert(args) -> int:
         target = filtered
     else:
         target = p
-    quant = {}
-    if args.quant is not None:
-        quant = {"quant": args.quant, "imatrix": args.imatrix}
-    elif args.imatrix is not None:
-        raise UsageError("--imatrix is used with --quant PRESET")
-    files = save_converted(target, args.output, format=args.format, max_shard_size=args.max_shard_size,
-                           budget=args.budget, scheduler=args.scheduler, progress=not args.no_progress,
-                           workers=args.workers, **quant)
+    if args.dry_run:
+        metadata = getattr(carried, "gguf_metadata", None) if carried is not None else None
+        return _print_dry_run(target.tensors if hasattr(target, "tensors") else dict(target), metadata or {},
+                              args.quant, options, args.imatrix)
+    files = _with_warnings(lambda: save_converted(
+        target, args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
+        scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers, **quant))
     files = list(files or [])
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
     _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
@@ -431,6 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--hf-config", metavar="FILE", default=None,
                        help="config.json to pass as huggingface_config (default: the one beside the checkpoint)")
         _pickle_arg(p)
+        p.add_argument("--lora", action="append", default=None, metavar="DIR",
+                       help="a PEFT LoRA adapter folder to merge into the checkpoint first, lazily (repeatable: "
+                            "adapters stack in order)")
 
     p = sub.add_parser("plan", parents=[common], help="print (and draw) what an adapter will do, reading nothing",
                        description="Run ADAPTER on the checkpoint lazily and print the plan.")
@@ -456,12 +578,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write no tokenizer (GGUF -> HF: no tokenizer files; HF -> GGUF: no tokenizer.* keys)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="threads computing blocks (default: the CPUs this process may use)")
-    p.add_argument("--quant", metavar="PRESET", type=str.upper, default=None,
-                   help="GGUF output: quantize as llama-quantize does, in the same pass "
-                        "(Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0)")
-    p.add_argument("--imatrix", metavar="FILE", default=None,
-                   help="with --quant: a llama.cpp importance matrix (.dat or GGUF, from llama-imatrix)")
+    _quant_flags(p)
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("quantize", parents=[common], help="quantize a GGUF as llama-quantize does",
+                       description="llama-quantize's job and flags, lazily: read IN.gguf (bf16/f16/f32), write "
+                                   "OUT.gguf quantized to PRESET in one streaming pass.")
+    p.add_argument("input", metavar="IN.gguf")
+    p.add_argument("output", metavar="OUT.gguf")
+    p.add_argument("preset", metavar="PRESET", type=str.upper,
+                   help="Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0")
+    _quant_flags(p, with_preset=False)
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="threads computing blocks")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("diff", parents=[common], help="compare two checkpoints",
                        description="Tensors added, removed, or changed in dtype or shape; with --values, "
