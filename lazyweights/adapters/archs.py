@@ -172,6 +172,8 @@ _RECORDS: tuple[Arch, ...] = (
          gguf_fixed={"attention.max_alibi_bias": 8.0}, tied=True),
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
+    Arch("exaone", "exaone", "ExaoneForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (
     # encoders: llama.cpp embedding GGUFs, pooling type from the sentence-transformers folder (modules.json)

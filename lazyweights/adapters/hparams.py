@@ -163,6 +163,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         pattern = get("attention.sliding_window_pattern")
         if isinstance(pattern, list):
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        elif not window:  # no window: every layer global (EXAONE 4 would otherwise derive a pattern from 0)
+            cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:

@@ -75,6 +75,10 @@ FAMILIES = {
     "cohere2": ("Cohere2Config", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25, sliding_window=4),
                 "cohere2"),
     "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
+    "exaone": ("ExaoneConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "exaone"),
+    # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
+    "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
+                                      layer_types=["full_attention"] * 2), "exaone4"),
 }
 
 
