@@ -66,6 +66,7 @@ class Arch(NamedTuple):
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
     sliding: bool = False               # sliding-window layers: window + per-layer pattern from layer_types
     fused_gate_up_exps: str = ""        # HF stacked-expert tensor holding [gate; up] rows, split for llama.cpp
+    experts: str = ""                   # HF per-expert prefix in a layer ("mlp.experts"), stacked for llama.cpp
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -88,6 +89,13 @@ _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
 _MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
+# DeepSeek-style MoE: routed experts, shared experts, dense leading layers, scaled (optionally normalised) weights
+_DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
+           _p("expert_feed_forward_length", "moe_intermediate_size"),
+           _p("expert_shared_count", "n_shared_experts"),
+           _p("leading_dense_block_count", "first_k_dense_replace"),
+           _p("expert_weights_scale", "routed_scaling_factor", kind="f32"),
+           _p("expert_weights_norm", "norm_topk_prob", kind="bool"))
 
 _RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
@@ -173,6 +181,8 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
     Arch("exaone", "exaone", "ExaoneForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    Arch("dots1", "dots1", "Dots1ForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+         hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (

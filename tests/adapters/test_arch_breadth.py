@@ -76,6 +76,11 @@ FAMILIES = {
                 "cohere2"),
     "cohere": ("CohereConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, logit_scale=0.25), "command-r"),
     "exaone": ("ExaoneConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "exaone"),
+    # llama.cpp sizes dots1's k and v by n_head (the real model has as many kv heads as heads)
+    "dots1": ("Dots1Config", dict(_LLAMA_LIKE, num_key_value_heads=4, head_dim=16, n_routed_experts=4,
+                                  n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                                  first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.5,
+                                  layer_types=["full_attention"] * 2), "dots1"),
     # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
     "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
                                       layer_types=["full_attention"] * 2), "exaone4"),
