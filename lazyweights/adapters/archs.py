@@ -183,6 +183,8 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("exaone", "exaone", "ExaoneForCausalLM", _LLAMA_LIKE, partial_rotary=True),
     Arch("dots1", "dots1", "Dots1ForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
+    Arch("glm4_moe", "glm4moe", "Glm4MoeForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), partial_rotary=True,
+         experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (

@@ -28,7 +28,7 @@ _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcod
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias"}
+              "smollm3": "attention_bias", "glm4_moe": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -183,7 +183,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
                 cfg["num_ln_in_parallel_attn"] = 2
         if rec.model_type == "gpt_bigcode":
             cfg["multi_query"] = int(get("attention.head_count_kv", 1)) == 1
-        if rec.model_type == "cohere":
+        if rec.model_type in ("cohere", "glm4_moe"):
             cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
         if rec.model_type == "stablelm":
             cfg["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in names

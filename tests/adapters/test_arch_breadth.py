@@ -81,6 +81,11 @@ FAMILIES = {
                                   n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
                                   first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.5,
                                   layer_types=["full_attention"] * 2), "dots1"),
+    "glm4_moe": ("Glm4MoeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, n_routed_experts=4,
+                                       n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                                       first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.5,
+                                       num_nextn_predict_layers=0, attention_bias=True, use_qk_norm=True),
+                 "glm4moe"),  # GLM-4.5's own choices: q/k/v biases and qk norms
     # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
     "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
                                       layer_types=["full_attention"] * 2), "exaone4"),
