@@ -35,7 +35,8 @@ from ..core.errors import UnsupportedArchitectureError
 
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
-    back). `kind`: u32, f32 or bool."""
+    back). `kind`: u32, f32, bool, or `prod`: a u32 that is the product of every name in `hf` (all present),
+    derived one way only (its factors are rows of their own)."""
 
     key: str
     hf: tuple[str, ...]
@@ -185,6 +186,12 @@ _RECORDS: tuple[Arch, ...] = (
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     Arch("glm4_moe", "glm4moe", "Glm4MoeForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), partial_rotary=True,
          experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
+    Arch("ernie4_5_moe", "ernie4_5-moe", "Ernie4_5_MoeForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "moe_num_experts"), _p("expert_used_count", "moe_k"),
+          _p("interleave_moe_layer_step", "moe_layer_interval"), _p("leading_dense_block_count", "moe_layer_start_index"),
+          _p("expert_feed_forward_length", "moe_intermediate_size"), _p("expert_shared_count", "moe_num_shared_experts"),
+          _p("expert_shared_feed_forward_length", "moe_intermediate_size", "moe_num_shared_experts", kind="prod")),
+         experts="mlp.experts", hf_prefer=(".moe_statics.", ".mlp.gate.")),
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (

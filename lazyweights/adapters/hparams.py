@@ -54,6 +54,16 @@ def _rotary_factor(cfg: Mapping[str, Any]) -> float:
     return 1.0 if v is None else float(v)
 
 
+def _product(cfg: Mapping[str, Any], names: Iterable[str]):
+    vals = [cfg.get(n) for n in names]
+    if any(v is None for v in vals):
+        return None
+    out = 1
+    for v in vals:
+        out *= int(v)
+    return out
+
+
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
     if rec.model_type == "gpt_bigcode":
         return 1 if cfg.get("multi_query", True) else heads
@@ -84,7 +94,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
 
     a = rec.gguf
     md: dict[str, Any] = {}
-    found = {hp.key: _first(cfg, hp.hf) for hp in rec.hparams}
+    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rec.hparams}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rec.hparams for k in [hp.key]
                if k in _REQUIRED and found[k] is None and k not in rec.gguf_fixed]
     if missing:
@@ -148,7 +158,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
     for hp in rec.hparams:
         v = get(hp.key)
-        if v is not None:
+        if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))

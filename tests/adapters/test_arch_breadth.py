@@ -86,6 +86,9 @@ FAMILIES = {
                                        first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=1.5,
                                        num_nextn_predict_layers=0, attention_bias=True, use_qk_norm=True),
                  "glm4moe"),  # GLM-4.5's own choices: q/k/v biases and qk norms
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, moe_num_experts=4,
+                                                moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
+                                                moe_layer_start_index=1, moe_layer_interval=1), "ernie4_5-moe"),
     # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
     "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
                                       layer_types=["full_attention"] * 2), "exaone4"),
@@ -99,8 +102,8 @@ def make_family(name, tok, folder):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases, so a missed +1, transpose or regrouping shows
-        for p in model.parameters():
-            if p.ndim == 1:
+        for n, p in model.named_parameters():
+            if p.ndim == 1 or n.endswith("e_score_correction_bias"):  # ERNIE's router bias is [1, n_expert]
                 p.copy_(p + 0.1 * torch.randn_like(p))
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
