@@ -55,11 +55,11 @@ def _rotary_factor(cfg: Mapping[str, Any]) -> float:
 
 
 def _product(cfg: Mapping[str, Any], names: Iterable[str]):
-    vals = [cfg.get(n) for n in names]
-    if any(v is None for v in vals):
-        return None
     out = 1
-    for v in vals:
+    for n in names:
+        v = cfg.get(n)
+        if v is None:
+            return None
         out *= int(v)
     return out
 

@@ -91,8 +91,8 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
 def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
                     prefer: tuple[str, ...] = ()) -> str | None:
     """The Hugging Face name for a GGUF tensor: the candidate in `expected` (the model's own keys) if given;
-    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first), then the first
-    of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
+    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first),
+    then the first of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
     cands = gguf_to_hf_candidates(name, arch)
     if not cands:
         return None
