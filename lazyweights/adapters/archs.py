@@ -194,6 +194,12 @@ _RECORDS: tuple[Arch, ...] = (
           _p("expert_shared_count", "moe_num_shared_experts"),
           _p("expert_shared_feed_forward_length", "moe_intermediate_size", "moe_num_shared_experts", kind="prod")),
          experts="mlp.experts", hf_prefer=(".moe_statics.", ".mlp.gate.")),
+    Arch("hunyuan_v1_moe", "hunyuan-moe", "HunYuanMoEV1ForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "moe_topk"),
+          _p("expert_feed_forward_length", "moe_intermediate_size", "intermediate_size"),
+          _p("expert_shared_count", "num_shared_expert"),
+          _p("expert_shared_feed_forward_length", "intermediate_size")),
+         experts="mlp.experts", hf_prefer=(".gate.wg.", ".shared_mlp.", "_layernorm.")),
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (

@@ -105,8 +105,14 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
     for hp in rec.hparams:
-        if found[hp.key] is not None:
-            md[f"{a}.{hp.key}"] = _value(hp, found[hp.key])
+        v = found[hp.key]
+        if isinstance(v, list):  # per-layer lists (HunYuan's moe_topk, ...): llama.cpp takes one value
+            if not v or any(x != v[0] for x in v):
+                raise GGUFConfigError(f"config.json ({rec.model_type}): {' or '.join(hp.hf)} varies per layer "
+                                      f"({v}); llama.cpp's {a}.{hp.key} holds one value", [f"{a}.{hp.key}"])
+            v = v[0]
+        if v is not None:
+            md[f"{a}.{hp.key}"] = _value(hp, v)
     for key, v in rec.gguf_fixed.items():
         if f"{a}.{key}" in md:
             continue  # the config's own value wins
