@@ -89,8 +89,8 @@ FAMILIES = {
     "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, moe_num_experts=4,
                                                 moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=2,
                                                 moe_layer_start_index=1, moe_layer_interval=1), "ernie4_5-moe"),
-    "hunyuan_v1_moe": ("HunYuanMoEV1Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, num_experts=4, moe_topk=2,
-                                                  num_shared_expert=1), "hunyuan-moe"),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, num_experts=4,
+                                                  moe_topk=2, num_shared_expert=1), "hunyuan-moe"),
     # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
     "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
                                       layer_types=["full_attention"] * 2), "exaone4"),
