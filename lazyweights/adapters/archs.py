@@ -68,6 +68,7 @@ class Arch(NamedTuple):
     sliding: bool = False               # sliding-window layers: window + per-layer pattern from layer_types
     fused_gate_up_exps: str = ""        # HF stacked-expert tensor holding [gate; up] rows, split for llama.cpp
     experts: str = ""                   # HF per-expert prefix in a layer ("mlp.experts"), stacked for llama.cpp
+    mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -90,13 +91,15 @@ _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
 _MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
+_MLA = (_p("attention.q_lora_rank", "q_lora_rank"), _p("attention.kv_lora_rank", "kv_lora_rank"))
 # DeepSeek-style MoE: routed experts, shared experts, dense leading layers, scaled (optionally normalised) weights
 _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
            _p("expert_feed_forward_length", "moe_intermediate_size"),
            _p("expert_shared_count", "n_shared_experts"),
            _p("leading_dense_block_count", "first_k_dense_replace"),
            _p("expert_weights_scale", "routed_scaling_factor", kind="f32"),
-           _p("expert_weights_norm", "norm_topk_prob", kind="bool"))
+           _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
+           _p("expert_group_count", "n_group"), _p("expert_group_used_count", "topk_group"))
 
 _RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
@@ -200,6 +203,11 @@ _RECORDS: tuple[Arch, ...] = (
           _p("expert_shared_count", "num_shared_expert"),
           _p("expert_shared_feed_forward_length", "intermediate_size")),
          experts="mlp.experts", hf_prefer=(".gate.wg.", ".shared_mlp.", "_layernorm.")),
+    # MLA: llama.cpp stores it as MQA over the latent (head_count_kv 1, key_length kv_lora_rank + rope dims)
+    Arch("deepseek_v2", "deepseek2", "DeepseekV2ForCausalLM", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
+         experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 1}),  # softmax
+    Arch("deepseek_v3", "deepseek2", "DeepseekV3ForCausalLM", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
+         experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (
@@ -223,10 +231,13 @@ def arch_for_model_type(model_type: Any) -> Arch:
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
-    window: olmo3)."""
+    window: olmo3; deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
     if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
         return ARCHS["mixtral"]
     matches = [a for a in _RECORDS if a.gguf == arch]
+    if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
+        gating = int(md[f"{arch}.expert_gating_func"])
+        matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches
     if matches and md is not None and f"{arch}.attention.sliding_window" in md:
         matches = [a for a in matches if a.sliding] or matches
     if matches:

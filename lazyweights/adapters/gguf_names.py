@@ -213,10 +213,13 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     unknown: list[str] = []
     if rec.fused_gate_up_exps:
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
+    if rec.mla:
+        state = _join_kv_b(state)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
-        if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
+        if (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
+                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")):
             wd = _as_wd(value, name)
             if dequantize_to is not None and wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
@@ -277,6 +280,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
             out.update(_split_gate_up(name, _as_wd(value, name)))
             continue
+        if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
+            out.update(_split_kv_b(name, _as_wd(value, name), config))
+            continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
             g = name  # already stacked under its GGUF name by _stack_experts
@@ -329,6 +335,50 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
                 gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
             hf = f"model.layers.{m[1]}.{hf_part}.weight"
             out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
+    return out
+
+
+def _split_kv_b(name: str, wd: WeightData, config) -> dict[str, WeightData]:
+    """DeepSeek's kv_b_proj `[n_head * (qk_nope + v), kv_lora_rank]` as llama.cpp's MLA pair: `attn_k_b`
+    `[n_head, kv_lora_rank, qk_nope]` (each head's key part transposed) and `attn_v_b` `[n_head, v, kv_lora_rank]`."""
+    cfg = _text_config(config)
+    n_head, nope, v = (_get(cfg, k) for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim"))
+    if not all(isinstance(x, int) and x > 0 for x in (n_head, nope, v)):
+        raise ConfigError(f"splitting {name!r} needs num_attention_heads, qk_nope_head_dim and v_head_dim from the "
+                          f"config, got {n_head!r}, {nope!r}, {v!r}")
+    if wd.quantization_encoding is not None:
+        wd = wd.dequantize()
+    if wd.ndim != 2 or wd.shape[0] != n_head * (nope + v):
+        raise ShapeError(f"{name!r}: MLA kv_b_proj must be [{n_head} heads x ({nope} + {v}), kv_lora_rank], got "
+                         f"{list(wd.shape)}")
+    m = re.search(r"\.(\d+)\.", name)
+    kv = wd.reshape((n_head, nope + v, wd.shape[1]))
+    k_b, v_b = f"blk.{m[1] if m else 0}.attn_k_b.weight", f"blk.{m[1] if m else 0}.attn_v_b.weight"
+    return {k_b: _renamed(kv[:, :nope, :].transpose((0, 2, 1)), k_b), v_b: _renamed(kv[:, nope:, :], v_b)}
+
+
+def _join_kv_b(state: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp's attn_k_b / attn_v_b joined back into DeepSeek's kv_b_proj (the inverse of `_split_kv_b`)."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.attn_k_b\.weight$", name)
+        v_name = f"blk.{m[1]}.attn_v_b.weight" if m else ""
+        if m is None or v_name not in state:
+            continue
+        k_b, v_b = _as_wd(out.pop(name), name), _as_wd(out.pop(v_name), v_name)
+        if k_b.quantization_encoding is not None:
+            k_b = k_b.dequantize()
+        if v_b.quantization_encoding is not None:
+            v_b = v_b.dequantize()
+        if k_b.ndim != 3 or v_b.ndim != 3 or k_b.shape[:2] != (v_b.shape[0], v_b.shape[2]):
+            raise ShapeError(f"{name!r} {list(k_b.shape)} and {v_name!r} {list(v_b.shape)}: not an MLA pair "
+                             f"[n_head, kv_lora_rank, qk_nope] / [n_head, v, kv_lora_rank]")
+        n_head, r = k_b.shape[0], k_b.shape[1]
+        joined = concat([k_b.transpose((0, 2, 1)), v_b], axis=1)
+        hf = f"model.layers.{m[1]}.self_attn.kv_b_proj.weight"
+        out[hf] = _renamed(joined.reshape((n_head * joined.shape[1], r)), hf)
     return out
 
 

@@ -134,10 +134,39 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     if cfg.get("vocab_size") is not None:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
+    if rec.mla:
+        md.update(_mla_hparams(a, cfg))
     if rec.sliding and cfg.get("sliding_window") is not None:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     return md
+
+
+_MLA_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
+
+
+def _mla_hparams(a: str, cfg: Mapping[str, Any]) -> dict:
+    """DeepSeek's MLA as llama.cpp runs it: MQA over the compressed latent (one kv head whose key is
+    `kv_lora_rank + qk_rope_head_dim` wide, value `kv_lora_rank`), the per-head sizes as the `_mla` keys."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    missing = [k for k in _MLA_KEYS if cfg.get(k) is None]
+    if missing:
+        raise GGUFConfigError(f"config.json ({cfg.get('model_type')}) lacks {', '.join(missing)} (MLA)", missing)
+    nope, rope, v, r = (int(cfg[k]) for k in _MLA_KEYS)
+    vals = {"attention.head_count_kv": 1, "attention.key_length": r + rope, "attention.value_length": r,
+            "attention.key_length_mla": nope + rope, "attention.value_length_mla": v, "rope.dimension_count": rope}
+    return {f"{a}.{k}": GGUFValue(x, T.UINT32) for k, x in vals.items()}
+
+
+def _mla_config(get) -> dict:
+    """config.json's MLA sizes back from the GGUF keys `_mla_hparams` writes."""
+    rope = int(get("rope.dimension_count"))
+    return {"qk_rope_head_dim": rope, "qk_nope_head_dim": int(get("attention.key_length_mla")) - rope,
+            "v_head_dim": int(get("attention.value_length_mla")), "head_dim": rope,
+            "q_lora_rank": None if get("attention.q_lora_rank") is None else int(get("attention.q_lora_rank"))}
 
 
 def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
@@ -181,6 +210,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         elif not window:  # no window: every layer global (EXAONE 4 would otherwise derive a pattern from 0)
             cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
+    if rec.mla:
+        cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:
@@ -222,6 +253,8 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     kv = get("attention.head_count_kv") or heads
     kd = get("attention.key_length") or embd // heads
     vd = get("attention.value_length") or kd
+    if get("attention.key_length_mla"):  # MLA: the per-head sizes of q and the output
+        kv, kd, vd = heads, get("attention.key_length_mla"), get("attention.value_length_mla") or kd
     out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
                                        "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}

@@ -33,6 +33,8 @@ from lazyweights.core.errors import ShapeError, UnsupportedArchitectureError  # 
 _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 _LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    max_position_embeddings=128, **_SPECIAL)
+_MLA = dict(_LLAMA_LIKE, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=12, head_dim=8)
 
 # family -> (transformers config class, config kwargs, GGUF architecture)
 FAMILIES = {
@@ -91,6 +93,14 @@ FAMILIES = {
                                                 moe_layer_start_index=1, moe_layer_interval=1), "ernie4_5-moe"),
     "hunyuan_v1_moe": ("HunYuanMoEV1Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, num_experts=4,
                                                   moe_topk=2, num_shared_expert=1), "hunyuan-moe"),
+    # MLA (q through a LoRA rank: llama.cpp's 2-layer DeepSeek is not a "lite" one), a dense first layer
+    "deepseek_v2": ("DeepseekV2Config", dict(_MLA, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, first_k_dense_replace=1, topk_method="greedy",
+                                             routed_scaling_factor=1.5), "deepseek2"),
+    "deepseek_v3": ("DeepseekV3Config", dict(_MLA, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, first_k_dense_replace=1, n_group=2,
+                                             topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+                                             num_nextn_predict_layers=0), "deepseek2"),
     # llama.cpp honours EXAONE 4's sliding window (and NoPE global layers) only at 64 layers (the 32B)
     "exaone4": ("Exaone4Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, sliding_window=None,
                                       layer_types=["full_attention"] * 2), "exaone4"),
