@@ -68,6 +68,8 @@ class Arch(NamedTuple):
     sliding: bool = False               # sliding-window layers: window + per-layer pattern from layer_types
     fused_gate_up_exps: str = ""        # HF stacked-expert tensor holding [gate; up] rows, split for llama.cpp
     experts: str = ""                   # HF per-expert prefix in a layer ("mlp.experts"), stacked for llama.cpp
+    mrope: bool = False                 # M-RoPE: rope.dimension_sections from rope_parameters.mrope_section
+    back_as: str = ""                   # GGUF -> HF as this record's model (a VL model's text part alone)
     mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
 
 
@@ -208,6 +210,11 @@ _RECORDS: tuple[Arch, ...] = (
          experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 1}),  # softmax
     Arch("deepseek_v3", "deepseek2", "DeepseekV3ForCausalLM", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
          experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
+    # VL models' text part (the vision tower is llama.cpp's separate mmproj file); GGUF -> HF gives the text model
+    # alone as Qwen2, whose plain RoPE is what M-RoPE computes on text (every section at the same position)
+    Arch("qwen2_vl_text", "qwen2vl", "Qwen2VLForConditionalGeneration", _LLAMA_LIKE, mrope=True, back_as="qwen2"),
+    Arch("qwen2_5_vl_text", "qwen2vl", "Qwen2_5_VLForConditionalGeneration", _LLAMA_LIKE, mrope=True,
+         back_as="qwen2"),
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (
@@ -217,7 +224,8 @@ _RECORDS += (
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
-ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer config: the text model inside
+# multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
+ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text"}
 GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})
 
 

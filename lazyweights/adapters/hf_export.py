@@ -97,8 +97,10 @@ def _plain(v):
 
 
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
-    """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral)."""
-    return arch_for_gguf(arch, md).model_type
+    """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral; a VL
+    model's text part: its text model alone)."""
+    rec = arch_for_gguf(arch, md)
+    return rec.back_as or rec.model_type
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
@@ -586,7 +588,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     arch = SUPPORTED[mt][0]
     state = {k.removeprefix("language_model."): v for k, v in state_dict.items()
              if not k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                                  "model.multi_modal_projector."))}
+                                  "model.multi_modal_projector.", "visual.", "model.visual."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)

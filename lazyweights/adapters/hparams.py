@@ -136,6 +136,13 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
     if rec.mla:
         md.update(_mla_hparams(a, cfg))
+    if rec.mrope:
+        sections = [int(x) for x in (rope_parameters(cfg).get("mrope_section")
+                                     or (cfg.get("rope_scaling") or {}).get("mrope_section") or [])]
+        if not sections or len(sections) > 4:
+            raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
+                                  f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])
+        md[f"{a}.rope.dimension_sections"] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
     if rec.sliding and cfg.get("sliding_window") is not None:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)

@@ -281,3 +281,50 @@ def test_names_without_transformers_match_the_model(model_type):
         assert names.gguf_to_hf_name(g, a.gguf, keys) == k, (g, k)
         checked += 1
     assert checked >= 9
+
+
+_VL = {  # model_type -> (transformers config class, model class); the text part judged, the vision tower dropped
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
+                 dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=1)),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                   dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)),
+}
+
+
+@pytest.mark.parametrize("name", list(_VL))
+def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
+    """A Qwen VL checkpoint (vision tower included) -> a llama.cpp `qwen2vl` GGUF of its text part with the
+    M-RoPE sections; llama.cpp's next-token distribution on text equals transformers' VL model's; GGUF -> HF
+    gives the text model alone (Qwen2ForCausalLM) with the same logits."""
+    cfg_cls, model_cls, vision = _VL[name]
+    text = dict(_LLAMA_LIKE, num_key_value_heads=2, vocab_size=len(tokenizer),
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    cfg = getattr(transformers, cfg_cls)(text_config=text, vision_config=vision, **_SPECIAL)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    hf = str(tmp_path / "hf")
+    model.save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    ids = tokenizer(PROMPT)["input_ids"]
+    ref = _logits(model, ids)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "qwen2vl"
+    assert list(r.fields["qwen2vl.rope.dimension_sections"].contents()) == [2, 3, 3, 0]
+    assert not [t.name for t in r.tensors if "visual" in t.name or t.name.startswith("v.")]
+    mine = llama_cpp_logits(path, ids)
+    kl = _kl(ref, mine)
+    assert kl.max() < 1e-3, f"{name}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
+    assert (mine.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32")
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    assert type(m).__name__ == "Qwen2ForCausalLM"
+    np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
