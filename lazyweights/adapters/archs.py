@@ -215,6 +215,9 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("qwen2_vl_text", "qwen2vl", "Qwen2VLForConditionalGeneration", _LLAMA_LIKE, mrope=True, back_as="qwen2"),
     Arch("qwen2_5_vl_text", "qwen2vl", "Qwen2_5_VLForConditionalGeneration", _LLAMA_LIKE, mrope=True,
          back_as="qwen2"),
+    Arch("qwen3_vl_text", "qwen3vl", "Qwen3VLForConditionalGeneration",
+         (*_LLAMA_LIKE, _p("n_deepstack_layers", "num_deepstack_layers")), mrope=True, back_as="qwen3",
+         hf_prefer=_QK_NORM),
     Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (
@@ -225,7 +228,8 @@ _RECORDS += (
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
-ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text"}
+ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
+           "qwen3_vl": "qwen3_vl_text"}
 GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})
 
 

@@ -366,6 +366,10 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)
         merged.setdefault("model_type", _ALIASES.get(doc.get("model_type"), doc.get("model_type")))
+        vision = doc.get("vision_config")
+        if isinstance(vision, Mapping) and isinstance(vision.get("deepstack_visual_indexes"), list):
+            # Qwen3-VL: the text model takes this many vision layers' features (llama.cpp's n_deepstack_layers)
+            merged.setdefault("num_deepstack_layers", len(vision["deepstack_visual_indexes"]))
         return merged
     return doc
 

@@ -288,17 +288,25 @@ _VL = {  # model_type -> (transformers config class, model class); the text part
                  dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=1)),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                    dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                      deepstack_visual_indexes=[0, 1])),
 }
+_VL_BACK = {"qwen2_vl": ("qwen2vl", "Qwen2ForCausalLM"), "qwen2_5_vl": ("qwen2vl", "Qwen2ForCausalLM"),
+            "qwen3_vl": ("qwen3vl", "Qwen3ForCausalLM")}
 
 
 @pytest.mark.parametrize("name", list(_VL))
 def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
     """A Qwen VL checkpoint (vision tower included) -> a llama.cpp `qwen2vl` GGUF of its text part with the
     M-RoPE sections; llama.cpp's next-token distribution on text equals transformers' VL model's; GGUF -> HF
-    gives the text model alone (Qwen2ForCausalLM) with the same logits."""
+    gives the text model alone (Qwen2ForCausalLM, Qwen3ForCausalLM) with the same logits."""
     cfg_cls, model_cls, vision = _VL[name]
-    text = dict(_LLAMA_LIKE, num_key_value_heads=2, vocab_size=len(tokenizer),
+    arch, back_class = _VL_BACK[name]
+    text = dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, vocab_size=len(tokenizer),
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
+    if name == "qwen3_vl":
+        text["rope_parameters"]["mrope_interleaved"] = True
     cfg = getattr(transformers, cfg_cls)(text_config=text, vision_config=vision, **_SPECIAL)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).eval()
@@ -315,8 +323,10 @@ def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
     path = str(tmp_path / "model.gguf")
     export_gguf(hf, path)
     r = gguf.GGUFReader(path)
-    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "qwen2vl"
-    assert list(r.fields["qwen2vl.rope.dimension_sections"].contents()) == [2, 3, 3, 0]
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == arch
+    assert list(r.fields[f"{arch}.rope.dimension_sections"].contents()) == [2, 3, 3, 0]
+    if name == "qwen3_vl":
+        assert r.fields["qwen3vl.n_deepstack_layers"].contents() == 2
     assert not [t.name for t in r.tensors if "visual" in t.name or t.name.startswith("v.")]
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
@@ -326,5 +336,5 @@ def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
     back = str(tmp_path / "back")
     export_hf_folder(path, back, dtype="float32")
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
-    assert type(m).__name__ == "Qwen2ForCausalLM"
+    assert type(m).__name__ == back_class
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
