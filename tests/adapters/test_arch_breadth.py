@@ -291,15 +291,18 @@ _VL = {  # model_type -> (transformers config class, model class); the text part
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
                  dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
                       deepstack_visual_indexes=[0, 1])),
+    "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration",
+                 dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=16)),
 }
 _VL_BACK = {"qwen2_vl": ("qwen2vl", "Qwen2ForCausalLM"), "qwen2_5_vl": ("qwen2vl", "Qwen2ForCausalLM"),
-            "qwen3_vl": ("qwen3vl", "Qwen3ForCausalLM")}
+            "qwen3_vl": ("qwen3vl", "Qwen3ForCausalLM"),
+            "mistral3": ("llama", "LlamaForCausalLM")}  # Mistral Small 3.1: a Mistral text model, a llama GGUF
 
 
 @pytest.mark.parametrize("name", list(_VL))
 def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
-    """A Qwen VL checkpoint (vision tower included) -> a llama.cpp `qwen2vl` GGUF of its text part with the
-    M-RoPE sections; llama.cpp's next-token distribution on text equals transformers' VL model's; GGUF -> HF
+    """A VL checkpoint (vision tower included) -> a llama.cpp GGUF of its text part (Qwen: with the M-RoPE
+    sections); llama.cpp's next-token distribution on text equals transformers' VL model's; GGUF -> HF
     gives the text model alone (Qwen2ForCausalLM, Qwen3ForCausalLM) with the same logits."""
     cfg_cls, model_cls, vision = _VL[name]
     arch, back_class = _VL_BACK[name]
@@ -307,6 +310,8 @@ def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
     if name == "qwen3_vl":
         text["rope_parameters"]["mrope_interleaved"] = True
+    if name == "mistral3":
+        text = dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, vocab_size=len(tokenizer))
     cfg = getattr(transformers, cfg_cls)(text_config=text, vision_config=vision, **_SPECIAL)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).eval()
@@ -324,10 +329,11 @@ def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
     export_gguf(hf, path)
     r = gguf.GGUFReader(path)
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == arch
-    assert list(r.fields[f"{arch}.rope.dimension_sections"].contents()) == [2, 3, 3, 0]
+    if name.startswith("qwen"):
+        assert list(r.fields[f"{arch}.rope.dimension_sections"].contents()) == [2, 3, 3, 0]
     if name == "qwen3_vl":
         assert r.fields["qwen3vl.n_deepstack_layers"].contents() == 2
-    assert not [t.name for t in r.tensors if "visual" in t.name or t.name.startswith("v.")]
+    assert not [t.name for t in r.tensors if "visual" in t.name or "vision" in t.name or t.name.startswith("v.")]
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
     assert kl.max() < 1e-3, f"{name}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
