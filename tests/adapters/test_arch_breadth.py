@@ -97,6 +97,10 @@ FAMILIES = {
     "deepseek_v2": ("DeepseekV2Config", dict(_MLA, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                                              moe_intermediate_size=32, first_k_dense_replace=1, topk_method="greedy",
                                              routed_scaling_factor=1.5), "deepseek2"),
+    # V2-Lite's plain q_proj: llama.cpp reads no q LoRA rank only at 26 or 27 layers
+    "deepseek_v2_lite": ("DeepseekV2Config", dict(_MLA, q_lora_rank=None, num_hidden_layers=26, n_routed_experts=4,
+                                                  n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                  first_k_dense_replace=1, topk_method="greedy"), "deepseek2"),
     "deepseek_v3": ("DeepseekV3Config", dict(_MLA, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                                              moe_intermediate_size=32, first_k_dense_replace=1, n_group=2,
                                              topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
