@@ -10,9 +10,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. The first ten families (`legacy`)
-keep their hand-checked hyperparameter code in `hf_export` (Gemma 2/3 layer types, MoE sizes, Llama 3 RoPE);
-their tensor names come from gguf-py like every other family.
+Adding an architecture is a record here and a line in the test's table. Six of the first ten families
+(`legacy`: llama, mistral, mixtral, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in
+`hf_export` (Gemma 2/3 layer types and attention scale, Llama 3 RoPE, Phi-3's LongRoPE context); their tensor
+names come from gguf-py like every other family's.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -69,6 +70,7 @@ class Arch(NamedTuple):
     fused_gate_up_exps: str = ""        # HF stacked-expert tensor holding [gate; up] rows, split for llama.cpp
     experts: str = ""                   # HF per-expert prefix in a layer ("mlp.experts"), stacked for llama.cpp
     mrope: bool = False                 # M-RoPE: rope.dimension_sections from rope_parameters.mrope_section
+    window_flag: str = ""               # config flag saying the sliding_window applies (Qwen: use_sliding_window)
     back_as: str = ""                   # GGUF -> HF as this record's model (a VL model's text part alone)
     mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
 
@@ -108,10 +110,17 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("llama", "llama", "LlamaForCausalLM", rope_permute=True, legacy=True),
     Arch("mistral", "llama", "MistralForCausalLM", rope_permute=True, legacy=True),
     Arch("mixtral", "llama", "MixtralForCausalLM", rope_permute=True, legacy=True),
-    Arch("qwen2", "qwen2", "Qwen2ForCausalLM", legacy=True),
-    Arch("qwen3", "qwen3", "Qwen3ForCausalLM", legacy=True, hf_prefer=_QK_NORM),
-    Arch("qwen2_moe", "qwen2moe", "Qwen2MoeForCausalLM", legacy=True, hf_prefer=(".mlp.gate.",)),
-    Arch("qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM", legacy=True, hf_prefer=(".mlp.gate.", *_QK_NORM)),
+    # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
+    Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
+    Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
+    Arch("qwen2_moe", "qwen2moe", "Qwen2MoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size")),
+         window_flag="use_sliding_window", hf_prefer=(".mlp.gate.",)),
+    Arch("qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
+         window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
+         hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
     Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
     Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
     Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True, hf_prefer=(".gate_up_proj.", ".qkv_proj.")),

@@ -30,15 +30,13 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     {a}.attention.sliding_window_pattern (gemma3: layer_types; default every 6th layer global)
     {a}.rope.freq_base_swa              (gemma3: rope_local_base_freq, default 10000)
     {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2)
-    {a}.expert_count / expert_used_count                    num_local_experts (mixtral) or num_experts /
-                                                            num_experts_per_tok
-    {a}.expert_feed_forward_length      moe_intermediate_size
-    {a}.expert_shared_feed_forward_length shared_expert_intermediate_size (qwen2moe)
+    {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
-The table above is the ten hand-checked families (`archs.Arch.legacy`); every other family's keys come from its
-record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`).
+The table above is the hand-checked families (`archs.Arch.legacy`: llama, mistral, mixtral, gemma2, gemma3,
+phi3); every other family's keys come from its record (`adapters/archs.py`, turned into keys by
+`adapters/hparams.py`).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
@@ -140,7 +138,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if not rec.legacy:
         from .hparams import hf_config
 
-        out = hf_config(rec, md, names, int(vocab))
+        out = hf_config(rec, md, names, int(vocab), arch)
         for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                           ("pad_token_id", "padding_token_id")):
             if f"tokenizer.ggml.{key}" in md:
@@ -185,30 +183,15 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if scaling is not None:
         cfg["rope_scaling"] = scaling
     sw = get("attention.sliding_window")
-    if model_type in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3"):
+    if model_type in ("llama", "mistral", "mixtral", "phi3"):
         cfg["sliding_window"] = int(sw) if sw else None
-        if model_type.startswith("qwen"):
-            cfg["use_sliding_window"] = bool(sw)
-            if not sw:
-                cfg.pop("sliding_window")
-    if model_type in ("llama", "mistral", "mixtral", "qwen3", "qwen3_moe"):
+    if model_type in ("llama", "mistral", "mixtral"):
         cfg["attention_bias"] = names is not None and "blk.0.attn_q.bias" in names
     if model_type == "llama":
         cfg["mlp_bias"] = False
-    if moe:
-        count, used = int(get("expert_count")), int(get("expert_used_count", 2))
-        if model_type == "mixtral":
-            cfg["num_local_experts"], cfg["num_experts_per_tok"] = count, used
-        else:
-            cfg["num_experts"], cfg["num_experts_per_tok"] = count, used
-            cfg["moe_intermediate_size"] = int(get("expert_feed_forward_length", cfg.get("intermediate_size", 0)))
-            cfg["decoder_sparse_step"] = 1
-            cfg["mlp_only_layers"] = []
-            if model_type == "qwen2_moe":
-                cfg["shared_expert_intermediate_size"] = int(get("expert_shared_feed_forward_length",
-                                                                 cfg.get("intermediate_size", 0)))
-            if model_type == "qwen3_moe":
-                cfg["norm_topk_prob"] = True  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
+    if moe:  # mixtral
+        cfg["num_local_experts"] = int(get("expert_count"))
+        cfg["num_experts_per_tok"] = int(get("expert_used_count", 2))
     if model_type == "phi3":
         rot = get("rope.dimension_count")
         cfg["partial_rotary_factor"] = (int(rot) / head_dim) if rot else 1.0
@@ -458,7 +441,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     put("attention.layer_norm_rms_epsilon", None if eps is None else float(eps), T.FLOAT32)
     theta = _rope_theta(cfg)
     put("rope.freq_base", theta, T.FLOAT32)
-    if arch in ("llama", "qwen3", "qwen3moe", "gemma2", "gemma3") or head_dim != hidden // heads:
+    if arch in ("llama", "gemma2", "gemma3") or head_dim != hidden // heads:
         put("attention.key_length", head_dim, T.UINT32)
         put("attention.value_length", head_dim, T.UINT32)
     if arch == "llama":
@@ -470,7 +453,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     if cfg.get("vocab_size") is not None and arch not in ("gemma3", "gemma2"):
         put("vocab_size", int(cfg["vocab_size"]), T.UINT32)
     sw = cfg.get("sliding_window")
-    if sw and (not mt.startswith("qwen") or cfg.get("use_sliding_window")):
+    if sw:
         put("attention.sliding_window", int(sw), T.UINT32)
     rs = _rope_scaling(cfg)
     if rs is not None:
@@ -508,8 +491,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.freq_base_swa", float(local), T.FLOAT32)
         if cfg.get("final_logit_softcapping") is not None:
             put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
-    if mt in ("mixtral", "qwen2_moe", "qwen3_moe"):
-        # transformers 5 saves num_local_experts for every MoE config, 4.x num_experts for the Qwen ones
+    if mt == "mixtral":
         count = cfg.get("num_local_experts") if cfg.get("num_local_experts") is not None else cfg.get("num_experts")
         if count is None or cfg.get("num_experts_per_tok") is None:
             missing = [k for k, v in (("num_local_experts (or num_experts)", count),
@@ -517,11 +499,6 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
         put("expert_count", int(count), T.UINT32)
         put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
-    if mt in ("qwen2_moe", "qwen3_moe"):
-        if cfg.get("moe_intermediate_size") is not None:
-            put("expert_feed_forward_length", int(cfg["moe_intermediate_size"]), T.UINT32)
-        if mt == "qwen2_moe" and cfg.get("shared_expert_intermediate_size") is not None:
-            put("expert_shared_feed_forward_length", int(cfg["shared_expert_intermediate_size"]), T.UINT32)
     return md
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import FFN, Arch, HParam
+from .archs import FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
@@ -134,6 +134,10 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     if cfg.get("vocab_size") is not None:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
+    window = cfg.get("sliding_window")
+    if rec.window_flag and window and cfg.get(rec.window_flag):
+        md[f"{a}.attention.sliding_window"] = GGUFValue(int(window), T.UINT32)
+    md.update(_rope_scaling(a, cfg))
     if rec.mla:
         md.update(_mla_hparams(a, cfg))
     if rec.mrope:
@@ -147,6 +151,26 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     return md
+
+
+def _rope_scaling(a: str, cfg: Mapping[str, Any]) -> dict:
+    """Linear / YaRN RoPE scaling as llama.cpp's keys (`rope.scaling.type`, `factor`, `original_context_length`),
+    from `rope_parameters` (transformers 5) or `rope_scaling`; other types (Llama 3's) are the families' own."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    rs = cfg.get("rope_scaling")
+    rs = rs if isinstance(rs, Mapping) else rope_parameters(cfg)
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind not in ("linear", "yarn") or rs.get("factor") is None:
+        return {}
+    out = {f"{a}.rope.scaling.type": GGUFValue(str(kind), T.STRING),
+           f"{a}.rope.scaling.factor": GGUFValue(float(rs["factor"]), T.FLOAT32)}
+    if rs.get("original_max_position_embeddings") is not None:
+        out[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(rs["original_max_position_embeddings"]),
+                                                                      T.UINT32)
+    return out
 
 
 _MLA_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
@@ -189,9 +213,10 @@ def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
     return [(i + 1) % int(p) != 0 for i in range(n)]
 
 
-def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: int) -> dict:
-    """config.json for a record-driven family from GGUF metadata (`names`: the GGUF tensor names)."""
-    a = rec.gguf
+def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: int, arch: str | None = None) -> dict:
+    """config.json for a record-driven family from GGUF metadata (`names`: the GGUF tensor names; `arch`: the
+    GGUF architecture when it is not the record's, as for a VL model's text part read back as its text model)."""
+    a = arch or rec.gguf
 
     def get(key, default=None):
         v = md.get(f"{a}.{key}", default)
@@ -204,11 +229,24 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
-    if get("attention.key_length") is not None:
+    gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)
+    if gqa and get("attention.head_count_kv") is None:  # llama.cpp's default; transformers' may differ (Qwen2: 32)
+        cfg[KV.hf[0]] = heads
+    if get("attention.key_length") is not None or gqa:  # explicit: Qwen3's config defaults head_dim to 128
         cfg["head_dim"] = head_dim
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
     if rec.partial_rotary:
         rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+    kind = get("rope.scaling.type")
+    if kind in ("linear", "yarn") and get("rope.scaling.factor") is not None:
+        rope.update(rope_type=str(kind), factor=float(get("rope.scaling.factor")))
+        if get("rope.scaling.original_context_length") is not None:
+            rope["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    if rec.window_flag:
+        window = get("attention.sliding_window")
+        cfg[rec.window_flag] = bool(window)
+        if window:
+            cfg["sliding_window"] = int(window)
     if rec.sliding:
         window = get("attention.sliding_window")
         cfg["sliding_window"] = int(window) if window else None
