@@ -348,3 +348,28 @@ def test_vl_text_part(name, tokenizer, tmp_path):  # noqa: F811
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     assert type(m).__name__ == back_class
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_record_rope_scaling_and_per_layer_lists():
+    """Linear / YaRN RoPE scaling goes into llama.cpp's keys and back into rope_parameters for any record; a
+    per-layer list hyperparameter (HunYuan's moe_topk) is taken when its values agree and refused by name
+    when they vary (llama.cpp holds one value)."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hparams import gguf_hparams, hf_config
+    from lazyweights.core.errors import GGUFConfigError
+
+    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-6)
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32}
+    md = {k: v.value for k, v in gguf_hparams(ARCHS["qwen3"], dict(base, rope_parameters=yarn)).items()}
+    assert (md["qwen3.rope.scaling.type"], md["qwen3.rope.scaling.factor"],
+            md["qwen3.rope.scaling.original_context_length"]) == ("yarn", 4.0, 32)
+    back = hf_config(ARCHS["qwen3"], md, {"blk.0.attn_q.weight"}, 300)
+    assert back["rope_parameters"] == yarn and back["num_key_value_heads"] == 2 and back["head_dim"] == 16
+    assert back["use_sliding_window"] is False
+
+    moe = dict(base, num_experts=4, num_shared_expert=[1, 1])
+    md = gguf_hparams(ARCHS["hunyuan_v1_moe"], dict(moe, moe_topk=[2, 2]))
+    assert md["hunyuan-moe.expert_used_count"].value == 2 and md["hunyuan-moe.expert_shared_count"].value == 1
+    with pytest.raises(GGUFConfigError, match=r"moe_topk varies per layer \(\[2, 3\]\)"):
+        gguf_hparams(ARCHS["hunyuan_v1_moe"], dict(moe, moe_topk=[2, 3]))
