@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..compiler.steps import compile_steps
 from ..core.errors import UsageError
+from ..core.names import name_pattern
 from ..core.units import format_bytes
 from ..graph.node import Node, toposort
 from ..graph.opcodes import Op, OpTable
@@ -165,58 +165,6 @@ def op_label(node: Node) -> str:
     """`cast[f16]`, `reshape`, `take[axis=1 [0,2,...]]`."""
     a = op_arg(node)
     return f"{node.op}[{a}]" if a else node.op
-
-
-_NUM = re.compile(r"(\d+)")
-
-
-def _compress_ints(values: list[str]) -> str:
-    """['0','1','2','5'] -> '0..2,5' ; keeps zero padding when every value has the same padded width."""
-    uniq = sorted(set(values), key=lambda v: (int(v), v))
-    zero_padded = len({len(v) for v in uniq}) == 1 and any(v.startswith("0") and len(v) > 1 for v in uniq)
-    width = len(uniq[0]) if zero_padded else 0
-    ints = sorted({int(v) for v in uniq})
-    fmt = (lambda i: str(i).zfill(width)) if width else str
-    parts, i = [], 0
-    while i < len(ints):
-        j = i
-        while j + 1 < len(ints) and ints[j + 1] == ints[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{fmt(ints[i])}..{fmt(ints[j])}")
-        else:
-            parts.extend(fmt(v) for v in ints[i:j + 1])
-        i = j + 1
-    return ",".join(parts)
-
-
-def name_pattern(names) -> str:
-    """One name for many that differ only in numbers: ['a.0.w', 'a.1.w', 'a.2.w'] -> 'a.{0..2}.w'.
-
-    Names that differ in anything else are shown as the first name and a count.
-    """
-    names = list(dict.fromkeys(names))
-    if not names:
-        return ""
-    if len(names) == 1:
-        return names[0]
-    split = [_NUM.split(n) for n in names]
-    first = split[0]
-    if any(len(s) != len(first) for s in split) or any(
-        s[i] != first[i] for s in split for i in range(0, len(first), 2)
-    ):
-        return f"{names[0]} (+{len(names) - 1} more)"
-    out = []
-    for i, tok in enumerate(first):
-        if i % 2 == 0:
-            out.append(tok)
-            continue
-        col = [s[i] for s in split]
-        if len(set(col)) == 1:
-            out.append(tok)
-        else:
-            out.append("{" + _compress_ints(col) + "}")
-    return "".join(out)
 
 
 def _template(name: str) -> tuple[str, ...]:
