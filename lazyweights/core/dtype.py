@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import builtins
 import enum
 
 import ml_dtypes
@@ -64,28 +65,28 @@ class DType(enum.Enum):
         return 4 if self is DType.float4_e2m1fn else 8 * self.size_in_bytes
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in _FLOATS
 
     @property
-    def is_float8(self) -> bool:
+    def is_float8(self) -> builtins.bool:
         return self.name.startswith("float8")
 
     @property
-    def is_half(self) -> bool:
+    def is_half(self) -> builtins.bool:
         """16-bit floats: float16 and bfloat16."""
         return self in (DType.float16, DType.bfloat16)
 
     @property
-    def is_integral(self) -> bool:
+    def is_integral(self) -> builtins.bool:
         return self.name.startswith(("int", "uint"))
 
     @property
-    def is_signed_integral(self) -> bool:
+    def is_signed_integral(self) -> builtins.bool:
         return self.name.startswith("int")
 
     @property
-    def is_unsigned_integral(self) -> bool:
+    def is_unsigned_integral(self) -> builtins.bool:
         return self.name.startswith("uint")
 
     @property

@@ -96,6 +96,19 @@ class QuantizationEncoding(enum.Enum):
                 return cls[key]
         raise DTypeError(f"unknown quantization encoding {value!r}; known: {', '.join(cls.__members__)}")
 
+    @classmethod
+    def parse_required(cls, value, what: str = "quantization encoding") -> "QuantizationEncoding":
+        """`parse`, where None is an error too: for code that has an encoding by contract (a kernel's).
+
+        Example:
+            >>> QuantizationEncoding.parse_required("q4_k").block_bytes
+            144
+        """
+        enc = cls.parse(value)
+        if enc is None:
+            raise DTypeError(f"{what}: an encoding is needed here, got None")
+        return enc
+
 
 # (values per block, bytes per block), as llama.cpp's ggml-common.h defines them. GPTQ packs 8 int4 values
 # into one int32 along the input dimension; its "block" here is that int32.

@@ -140,7 +140,7 @@ class GGUFArray(Sequence):
     def raw(self) -> memoryview:
         """The stored bytes of the elements (for strings: each u64 length + bytes), zero-copy."""
         self._file.check_unchanged()
-        return memoryview(self._file.view(self._offset, self._nbytes))
+        return self._file.view(self._offset, self._nbytes).data
 
     def numpy(self) -> np.ndarray:
         """Numeric arrays as a read-only numpy view (BOOL as numpy bool). TypeError for strings/arrays."""
@@ -156,7 +156,7 @@ class GGUFArray(Sequence):
                 self._cache = self.numpy().tolist()
             else:
                 self._file.check_unchanged()
-                buf = memoryview(self._file.view(self._offset, self._nbytes))
+                buf = self._file.view(self._offset, self._nbytes).data
                 self._cache = _decode_elements(buf, self.type, self._count)
         return self._cache
 
@@ -183,7 +183,7 @@ class GGUFArray(Sequence):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = None  # like a list
+    __hash__ = None  # type: ignore[assignment]  # unhashable like a list; typeshed types object.__hash__ as a method
 
     def __repr__(self) -> str:
         if self._count <= 6:
@@ -270,7 +270,7 @@ class _Cursor:
         self.where = file.path
         # The whole file's bytes, unread: a local map, or a remote object's sparse mirror whose header bytes
         # `fetch` brings in before they are parsed (None for local files, where every byte is present).
-        self.buf = memoryview(file.whole_view())
+        self.buf = file.whole_view().data
         self.pos = 0
         self.size = file.size
         self.fetch = getattr(file, "ensure_header", None)

@@ -91,8 +91,8 @@ def _expand(paths: list[Path]) -> list[Path]:
                 out.extend(found)
                 continue
         if p.name.lower().endswith(INDEX_SUFFIX):
-            shards, _, _ = read_index(p)  # shard names confined to the index's directory
-            out.extend(shards)
+            shards, _, _ = read_index(p)  # shard names confined to the index's directory (Paths: p is local)
+            out.extend(Path(s) for s in shards)
         else:
             out.append(p)
     return list(dict.fromkeys(Path(os.path.abspath(p)) for p in out))

@@ -55,7 +55,10 @@ class Op(str, enum.Enum):
     # Compare, hash and print as the plain string, so `node.op == "cast"` and plan text are unchanged.
     __hash__ = str.__hash__
     __str__ = str.__str__
-    __format__ = str.__format__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
+
     __repr__ = str.__repr__
 
 

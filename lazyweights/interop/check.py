@@ -198,21 +198,21 @@ class CheckReport:
             out.append(("missing", m.name, str(m.expected), "-", hint))
         for u in self.unexpected:
             out.append(("unexpected", u.name, "-", str(u.actual) if u.actual is not None else u.type_name, ""))
-        for m in self.dtype_mismatches:
+        for d in self.dtype_mismatches:
             hint = ""
-            if isinstance(m.expected, DType) and isinstance(m.actual, DType):
-                hint = f"cast it in the adapter: .astype({m.expected})" if long else f".astype({m.expected})"
-            out.append(("dtype", m.name, dt(m.expected), dt(m.actual), hint))
-        for m in self.shape_mismatches:
-            out.append(("shape", m.name, shp(m.expected), shp(m.actual), _shape_hint(m.expected, m.actual, long)))
-        for m in self.encoding_mismatches:
-            if m.expected is None:
+            if isinstance(d.expected, DType) and isinstance(d.actual, DType):
+                hint = f"cast it in the adapter: .astype({d.expected})" if long else f".astype({d.expected})"
+            out.append(("dtype", d.name, dt(d.expected), dt(d.actual), hint))
+        for s in self.shape_mismatches:
+            out.append(("shape", s.name, shp(s.expected), shp(s.actual), _shape_hint(s.expected, s.actual, long)))
+        for e in self.encoding_mismatches:
+            if e.expected is None:
                 hint = "call .dequantize() in the adapter" if long else ".dequantize()"
-            elif m.actual is not None:
+            elif e.actual is not None:
                 hint = "or pass override_quantization_encoding=True" if long else "override_quantization_encoding=True"
             else:
                 hint = "the value is not quantized"
-            out.append(("encoding", m.name, _value_str(m.expected), _value_str(m.actual), hint))
+            out.append(("encoding", e.name, _value_str(e.expected), _value_str(e.actual), hint))
         for v in self.invalid_values:
             out.append(("not array", v.name, "array", v.type_name, v.reason))
         return out
@@ -274,7 +274,7 @@ def _shape_hint(expected, actual, long: bool = False) -> str:
 # --- folding layer indices ----------------------------------------------------------------------------------
 
 
-def fold_rows(rows: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
+def fold_rows(rows: Sequence[tuple[str, str, str, str, str]]) -> list[tuple[str, str, str, str, str]]:
     """Merge report rows that differ only in the numbers of their names, then in one word of them.
 
     Folding is `lazyweights.core.names`' (exact brace patterns); rows fold only when kind, expected, actual
@@ -395,7 +395,7 @@ def expected_layout(slot: Slot, encoding: QuantizationEncoding | None) -> tuple[
     if not slot.shape:
         return DType.uint8, slot.shape
     last = slot.shape[-1]
-    if declared_packed:
+    if declared_packed and slot.encoding is not None:
         last = slot.encoding.elements_per_row_bytes(last)
     return DType.uint8, slot.shape[:-1] + (encoding.row_bytes_for_elements(last),)
 

@@ -291,8 +291,9 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
     def signature(chain: list[Node]):
         local: dict[Node, int] = {}
-        sig = []
+        sig: list[tuple] = []
         for n in chain:
+            key: tuple
             if owners[n] > 1:
                 key = ("shared", n)
             else:
@@ -303,6 +304,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
     buckets: dict[tuple, list[str]] = {}
     for name in names:
+        key: tuple
         if group_layers and any(c.isdigit() for c in name.split(".")):
             key = ("g", _template(name), signature(chains[name]))
         else:
@@ -377,7 +379,8 @@ def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None =
 
     for n in order:
         op = n.op
-        src = n.srcs[0] if n.srcs else None
+        src = n.srcs[0] if n.srcs else n  # a leaf (no inputs) takes the first branch and never reads src
+        owner: Node | None
         if op in (Op.SOURCE, Op.CONST):
             owner, contig = None, True
         elif op in _ALLOCATING:
@@ -449,8 +452,8 @@ def _steps_header(steps) -> str:
         k = str(getattr(st, "kind", "?"))
         kinds[k] = kinds.get(k, 0) + 1
     head = f"steps: {len(steps)} (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
-    blocks = [getattr(st, "blocks", None) for st in steps]
-    if all(b is not None for b in blocks) and steps:
+    blocks = [b for b in (getattr(st, "blocks", None) for st in steps) if b is not None]
+    if steps and len(blocks) == len(steps):
         nblocks = sum(len(b) for b in blocks)
         largest = max((getattr(st, "block_bytes", 0) or 0) for st in steps)
         head += f", {nblocks} block{'s' if nblocks != 1 else ''} at the default budget"

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..compiler.steps import Step
-from ..core.errors import DTypeError, ShapeError, UsageError
+from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
@@ -64,6 +64,9 @@ class MemorySink:
             if step.kind == "view" and not dsts:
                 fetch_step_sources(step, None)  # a remote mirror holds only what was fetched
                 view = full_view(step.node)
+                if view is None:  # the compiler makes a "view" step only of what graph.layout.view_of replays
+                    raise ExecutionError(f"step for {step.outputs[0]!r} was compiled as a view but is not one",
+                                         step.outputs[0])
                 for name in step.outputs:
                     self._result[name] = view
                 continue
@@ -146,7 +149,8 @@ class WriterSink:
                     for s in steps]
         tasks = []
         for s in steps:
-            targets, cache = self._targets(s), {}  # one cache per step, shared by its blocks
+            targets = self._targets(s)
+            cache: dict[Node, Any] = {}  # one cache per step, shared by its blocks
             tasks += [BlockTask(s, rows, targets, cache) for rows in s.blocks]
         return tasks
 

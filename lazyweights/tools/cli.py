@@ -129,10 +129,10 @@ def cmd_inspect(args) -> int:
         r = ck.records[name]
         enc = getattr(r, "encoding", None)
         key = enc.name if enc is not None else r.dtype.name
-        t = totals.setdefault(key, [0, 0, 0])
-        t[0] += 1
-        t[1] += r.nbytes
-        t[2] += _elements(r)
+        tot = totals.setdefault(key, [0, 0, 0])
+        tot[0] += 1
+        tot[1] += r.nbytes
+        tot[2] += _elements(r)
         tensors.append({
             "name": name, "dtype": r.dtype.name, "shape": list(r.shape),
             "quantization": enc.name if enc is not None else None, "nbytes": r.nbytes,
@@ -516,7 +516,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from ..core.version import __version__
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback on errors")
     parser = _Parser(prog=PROG, description="Lazy weight adapters: inspect checkpoints, print and draw adapter "
