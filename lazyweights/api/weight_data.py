@@ -74,6 +74,14 @@ class WeightData:
 
     @classmethod
     def wrap(cls, node: Node, name: str, encoding: QuantizationEncoding | None = None) -> "WeightData":
+        """A WeightData over an existing graph node, reading nothing: how ops and readers build results.
+
+        Example:
+            >>> import numpy as np
+            >>> w = WeightData.from_numpy(np.zeros((2, 3), np.float32), "w")
+            >>> WeightData.wrap(w.node, "alias").name, WeightData.wrap(w.node, "alias").shape
+            ('alias', (2, 3))
+        """
         obj = cls.__new__(cls)
         obj.node, obj.name, obj.quantization_encoding, obj._exported = node, name, encoding, None
         return obj
@@ -86,22 +94,27 @@ class WeightData:
     # --- metadata -----------------------------------------------------------------------------------
     @property
     def dtype(self) -> DType:
+        """The element type of the result (a `DType`), known without reading."""
         return self.node.dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape of the result, known without reading."""
         return self.node.shape
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions (`len(shape)`)."""
         return self.node.ndim
 
     @property
     def size(self) -> int:
+        """Number of elements (the product of `shape`)."""
         return self.node.size
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the materialized result (`size * dtype.size_in_bytes`; packed block bytes when quantized)."""
         return self.node.nbytes
 
     def __len__(self) -> int:
@@ -220,6 +233,13 @@ class WeightData:
 
     @property
     def T(self) -> "WeightData":  # noqa: N802 - numpy's spelling
+        """The transpose, lazily (numpy's `.T`: axes reversed).
+
+        Example:
+            >>> import numpy as np
+            >>> WeightData.from_numpy(np.zeros((2, 3), np.float32), "w").T.shape
+            (3, 2)
+        """
         return self.transpose()
 
     def swapaxes(self, a: int, b: int) -> "WeightData":

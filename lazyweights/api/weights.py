@@ -106,6 +106,7 @@ class Weights:
                 yield name[cut:], Weights(self._shared, name)
 
     def keys(self) -> Iterator[str]:
+        """Names under this prefix, relative to it (as `items()` yields them), reading nothing."""
         for name, _ in self.items():
             yield name
 
@@ -207,6 +208,7 @@ class Weights:
     # --- checkpoint facts -------------------------------------------------------------------------------
     @property
     def format(self) -> WeightsFormat:
+        """The checkpoint's format (`WeightsFormat.safetensors`, `.gguf` or `.pytorch`)."""
         return self._shared.checkpoint.format
 
     @property
@@ -229,6 +231,7 @@ class Weights:
 
     @property
     def files(self) -> list[str]:
+        """The checkpoint's files, in the order they were opened (shards in index order)."""
         return list(self._shared.checkpoint.files)
 
     def __contains__(self, name: str) -> bool:

@@ -65,6 +65,7 @@ class DeviceProgram:
 
     @property
     def out_size(self) -> int:
+        """Bytes per element the kernel stores (the size of `out`)."""
         return self.out.size_in_bytes
 
     def __str__(self) -> str:
@@ -155,10 +156,13 @@ class GpuStep:
 
     @property
     def name(self) -> str:
+        """The step's first output name, which labels it in errors and progress."""
         return self.step.outputs[0]
 
 
 class GpuPlan(NamedTuple):
+    """A plan's steps for the GPU executor and the per-slot buffers it needs (pinned host, device staging)."""
+
     steps: list[GpuStep]
     pinned_bytes: int   # one slot's pinned buffer
     device_bytes: int   # one slot's device staging buffer (0 when no step runs a program)

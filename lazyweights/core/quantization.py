@@ -86,6 +86,13 @@ class QuantizationEncoding(enum.Enum):
 
     @classmethod
     def parse(cls, value) -> "QuantizationEncoding | None":
+        """An encoding from a member, its name in any case (`"q4_k"`, `"QuantizationEncoding.Q4_K"`), another library's
+        enum member of the same name (MAX's), or None (no encoding). Anything else is a DTypeError.
+
+        Example:
+            >>> QuantizationEncoding.parse("q8_0"), QuantizationEncoding.parse(None)
+            (<QuantizationEncoding.Q8_0>, None)
+        """
         if value is None or isinstance(value, QuantizationEncoding):
             return value
         if isinstance(value, enum.Enum):  # another library's member of the same name (MAX's Q4_K)

@@ -151,6 +151,7 @@ class GGUFArray(Sequence):
         return arr != 0 if self.type is GGUFValueType.BOOL else arr
 
     def tolist(self) -> list:
+        """The elements as Python values (strings decoded), read once and cached."""
         if self._cache is None:
             if self.type in SCALAR_FORMATS:
                 self._cache = self.numpy().tolist()
@@ -250,6 +251,7 @@ class GGUFMetadata(dict):
         self.types: dict[str, GGUFValueType] = {}
 
     def copy(self) -> "GGUFMetadata":
+        """A copy (values and their recorded GGUF types) that can be edited without touching this one."""
         new = GGUFMetadata(self)
         new.types = {k: t for k, t in self.types.items() if k in new}
         return new

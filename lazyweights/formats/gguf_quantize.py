@@ -59,6 +59,10 @@ _FLOAT_TYPE = {"F32": DType.float32, "F16": DType.float16, "BF16": DType.bfloat1
 
 
 class QuantizedOutputs(NamedTuple):
+    """What `quantize_outputs` returns: the nodes to write, the block type of each, llama.cpp's choice and
+    reason per tensor, and the metadata to write with them.
+    """
+
     outputs: dict[str, Node]                               # name -> node (quantize nodes where a type applies)
     encodings: dict[str, QuantizationEncoding | None]      # name -> block type written (None: a plain dtype)
     types: dict[str, TypeChoice]                           # name -> llama.cpp's choice and its reason

@@ -89,6 +89,7 @@ class GGUFTensorSlot:
 
     @property
     def end(self) -> int:
+        """The file offset just past the tensor's bytes (`offset + nbytes`)."""
         return self.offset + self.nbytes
 
 

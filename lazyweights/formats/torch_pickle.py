@@ -123,6 +123,7 @@ class TorchTensorRecord:
     extra: Any = field(default=None)
 
     def array(self, check: bool = True, fetch: bool = True) -> np.ndarray:  # local: always present
+        """The tensor's bytes as a read-only numpy view of torch's map (always present: the file is local)."""
         return self.node.arg.array
 
 

@@ -59,6 +59,8 @@ GATHER = OpTable("row gather", skip=GroupOp.Leaf | (frozenset(Op) - GroupOp.Layo
 
 
 class Move(NamedTuple):
+    """How a gather moves data: in runs of `run` elements, and the function mapping output units to source units."""
+
     run: int  # every unit must divide this
     source_units: Callable[[Node, np.ndarray, int], np.ndarray]
 

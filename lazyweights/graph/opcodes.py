@@ -97,6 +97,7 @@ class OpTable(dict):
         return add
 
     def missing(self) -> set[Op]:
+        """Ops with neither an entry nor a declared skip: what a table test reports as forgotten."""
         return set(Op) - set(self) - self.skip
 
     def __repr__(self) -> str:

@@ -71,6 +71,7 @@ class TensorSpec:
         return f"{dt}{_shape_str(self.shape)}{enc}"
 
     def to_dict(self) -> dict:
+        """JSON-ready form: dtype and encoding by name, shape as a list."""
         return {
             "dtype": self.dtype.name if isinstance(self.dtype, DType) else str(self.dtype),
             "shape": list(self.shape),
@@ -139,6 +140,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """True when there is no problem at all, strict: unexpected weights count."""
         return self.problem_count(strict=True) == 0
 
     def problem_count(self, strict: bool = True) -> int:
@@ -171,6 +173,7 @@ class CheckReport:
         }
 
     def summary(self) -> str:
+        """The one-line summary: expected, matching, and the problems by kind (`check: 4 weights expected, ...`)."""
         parts = []
         for n, word in ((len(self.missing), "missing"), (len(self.unexpected), "unexpected"),
                         (len(self.dtype_mismatches), "dtype"), (len(self.shape_mismatches), "shape"),
@@ -321,6 +324,7 @@ class Slot:
 
     @property
     def spec(self) -> TensorSpec:
+        """What the slot must hold, as a `TensorSpec` (dtype, shape, encoding)."""
         return TensorSpec(self.dtype, self.shape, self.encoding)
 
 

@@ -130,6 +130,7 @@ def to_max_encoding(encoding, name: str | None = None):
 
 
 def from_max_encoding(max_encoding) -> QuantizationEncoding | None:
+    """A MAX `QuantizationEncoding` (or its name, or None) as lazyweights' encoding."""
     return QuantizationEncoding.parse(max_encoding)
 
 
@@ -141,6 +142,7 @@ def to_max_device(device):
 
 
 def from_max_device(max_device) -> DeviceRef:
+    """A MAX `DeviceRef` (or anything with a device kind and id) as lazyweights' `DeviceRef`."""
     return DeviceRef.parse(max_device)
 
 

@@ -150,6 +150,7 @@ class Module:
 
     @property
     def sublayers(self) -> dict[str, "Module"]:
+        """The direct child modules by attribute name (LayerList entries by index)."""
         return self._sublayers
 
     @property
@@ -296,16 +297,19 @@ class LayerList(Module):
             self._sublayers[str(i)] = layer
 
     def append(self, layer: Module) -> None:
+        """Add a layer at the end; it is named by its index (`layers.3`)."""
         if not isinstance(layer, Module):
             raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.append(layer)
         self._sublayers[str(len(self.layers) - 1)] = layer
 
     def extend(self, layers: Iterable[Module]) -> None:
+        """Append each layer in order."""
         for layer in layers:
             self.append(layer)
 
     def insert(self, index: int, layer: Module) -> None:
+        """Insert a layer at `index`; the layers after it are renumbered."""
         if not isinstance(layer, Module):
             raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.insert(index, layer)

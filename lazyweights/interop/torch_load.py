@@ -47,6 +47,8 @@ __all__ = ["load_into_torch", "TorchLoadError", "IncompatibleKeys", "torch_dtype
 
 
 class IncompatibleKeys(NamedTuple):
+    """What `load_into_torch` returns, as torch's `load_state_dict` does: the keys missing and unexpected."""
+
     missing_keys: list
     unexpected_keys: list
 

@@ -186,10 +186,12 @@ class ViewNode:
 
     @property
     def count(self) -> int:
+        """How many plan nodes this printed node stands for."""
         return len(self.members)
 
     @property
     def op(self) -> str:
+        """The op of the representative node (`"cast"`, `"source"`, ...)."""
         return self.node.op
 
     @property
@@ -199,6 +201,7 @@ class ViewNode:
 
     @property
     def total_nbytes(self) -> int:
+        """Bytes of all the plan nodes it stands for."""
         return sum(m.nbytes for m in self.members)
 
     def source_text(self) -> str:
@@ -232,10 +235,12 @@ class ViewGroup:
 
     @property
     def count(self) -> int:
+        """How many outputs the group prints as one chain."""
         return len(self.names)
 
     @property
     def label(self) -> str:
+        """The outputs' names folded into one label (`layers.{0..21}.mlp.up_proj.weight`)."""
         return name_pattern(self.names)
 
 
@@ -251,6 +256,7 @@ class View:
     grouped: bool
 
     def stats(self) -> dict:
+        """The plan's counts and bytes (`plan_stats`) over the nodes of this view."""
         return plan_stats(self.outputs, self.all_nodes)
 
 

@@ -58,6 +58,9 @@ class MemorySink:
         self._result: dict[str, np.ndarray] = {}
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        """One task per block of every step; results are allocated (or taken from `out`) before any block runs,
+        and view steps are answered at once with a zero-copy view.
+        """
         out, tasks = self.out, []
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
@@ -87,6 +90,9 @@ class MemorySink:
         return tasks
 
     def run_block(self, task: BlockTask) -> int:
+        """Compute one block straight into its result rows (and copy it to any extra outputs of the step).
+        Returns the bytes written.
+        """
         step, rows, (primary, extra), cache = task
         node = step.node
         check_unchanged_sources(step)
@@ -103,6 +109,7 @@ class MemorySink:
         return primary[rows.start:rows.stop].nbytes if node.shape else primary.nbytes
 
     def result(self) -> dict[str, np.ndarray]:
+        """{output name: array}, in plan order, once every task has run."""
         return {name: self._result[name] for name in self.outputs}
 
 
@@ -144,6 +151,7 @@ class WriterSink:
         self.label = label
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        """One task per block (or, when `ordered`, one per step so each target is written front to back)."""
         if self.ordered:
             return [BlockTask(s, range(0, s.node.shape[0] if s.node.shape else 1), self._targets(s), {})
                     for s in steps]
@@ -158,6 +166,7 @@ class WriterSink:
         return [t for name in step.outputs for t in self.targets.get(name, ())]
 
     def run_block(self, task: BlockTask) -> int:
+        """Compute and write one task's rows to every target; returns the bytes produced."""
         if self.ordered:
             return sum(write_block(task._replace(rows=rows)) for rows in task.step.blocks)
         return write_block(task)
