@@ -55,6 +55,8 @@ class Weights:
     """Hierarchical access to a checkpoint's tensors (the seed's `Weights` protocol, lazy)."""
 
     __slots__ = ("_shared", "_prefix")
+    _shared: _Shared  # set through object.__setattr__ (__setattr__ refuses assignment)
+    _prefix: str
 
     def __init__(self, shared: _Shared, prefix: str = ""):
         object.__setattr__(self, "_shared", shared)

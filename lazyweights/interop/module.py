@@ -95,6 +95,13 @@ def _check_alignment_arg(weight_alignment) -> None:
 class Module:
     """A tree of weights and sub-modules. Subclass it and assign `Weight`s and `Module`s as attributes."""
 
+    # Set in __init__ through object.__setattr__ (this class's __setattr__ declares weights and sub-modules).
+    _sublayers: dict[str, Module]         # attribute -> Module
+    _layer_weights: dict[str, Weight]     # declared weight name -> Weight
+    _weight_attrs: dict[str, str]         # attribute -> declared weight name
+    _shared_weights: set[str]             # declared names loaded elsewhere
+    _weight_values: dict[str, Any]        # full name -> array (numpy, or CuPy on a GPU; root module's values)
+
     def __init__(self):
         # __setattr__ may run before super().__init__() in a subclass; do not reset what it set up.
         if "_sublayers" not in self.__dict__:
@@ -244,9 +251,7 @@ class Module:
         report, resolved = validate(self._lw_slots(), state_dict,
                                     override_quantization_encoding=override_quantization_encoding)
         if report.problem_count(strict=strict):
-            err = LoadError(load_error_message(report, strict, f"{type(self).__name__}"))
-            err.report = report
-            raise err
+            raise LoadError(load_error_message(report, strict, f"{type(self).__name__}"), report)
 
         buffers: dict = {}
         sources = {}
@@ -284,6 +289,8 @@ class Module:
 
 class LayerList(Module):
     """A list of sub-modules named by index: `layers.0`, `layers.1`, ..."""
+
+    layers: list[Module]  # set in __init__ through object.__setattr__
 
     def __init__(self, layers: Iterable[Module] = ()):
         super().__init__()
