@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..core.errors import DTypeError, ShapeError, missing_weight
 from ..core.quantization import QuantizationEncoding
 from ..formats.checkpoint import Checkpoint, WeightsFormat
 from ..formats.open import open_checkpoint
+from ..formats.source import TensorRecord, TorchTensorRecord
 from ..graph import ops
 from .weight import Weight
 from .weight_data import WeightData
@@ -227,8 +228,9 @@ class Weights:
         return config_from_metadata(self.format, self.metadata, self.files, self._shared.names)
 
     @property
-    def records(self) -> dict:
-        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name."""
+    def records(self) -> Mapping[str, TensorRecord | TorchTensorRecord]:
+        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name (a
+        pickle checkpoint's records hold torch's map instead of an offset)."""
         return self._shared.checkpoint.records
 
     @property

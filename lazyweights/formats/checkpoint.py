@@ -13,11 +13,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Mapping, Union
 
 from ..core.errors import FormatError
 from ..io.remote import is_url
-from .source import TensorRecord
+from .source import TensorRecord, TorchTensorRecord
 
 PathLike = Union[str, os.PathLike]
 
@@ -35,7 +35,7 @@ class Checkpoint:
     """Every tensor of a checkpoint (by name, in file order) and its metadata."""
 
     format: WeightsFormat
-    records: dict[str, TensorRecord]
+    records: Mapping[str, TensorRecord | TorchTensorRecord]  # name -> record, file order (pickles: torch's map)
     metadata: dict = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
 
