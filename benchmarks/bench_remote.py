@@ -23,6 +23,9 @@ by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
 `s3-runai` (runai-model-streamer's `SafetensorsStreamer` on the s3:// shards, then the W1 transform in
 numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-fsspec` (s3fs + safetensors).
 
+Needs, beyond lazyweights[remote]: Debian's nginx, `pip install aiohttp` (fsspec's HTTP filesystem) and, for
+--s3, `pip install s3fs runai-model-streamer runai-model-streamer-s3`.
+
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
 output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
 """

@@ -10,11 +10,12 @@ architecture (a LlamaForCausalLM adapter refuses a Gemma GGUF, naming both).
 Example:
     >>> from lazyweights import registry
     >>> sorted(registry.architectures())[:3]
-    ['Gemma2ForCausalLM', 'Gemma3ForCausalLM', 'Gemma3ForConditionalGeneration']
+    ['ArceeForCausalLM', 'BertModel', 'BloomForCausalLM']
 """
 from __future__ import annotations
 
 from ..core.errors import ConfigError
+from .archs import ARCHS
 
 # HF architecture class -> HF model_type(s) it accepts (see hf_export.SUPPORTED)
 BUILTIN: dict[str, tuple[str, ...]] = {
@@ -30,6 +31,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_text", "gemma3"),
     "Phi3ForCausalLM": ("phi3",),
 }
+# every other family's class from its record (adapters/archs.py)
+BUILTIN.update({a.hf_class: (a.model_type,) for a in ARCHS.values() if a.hf_class not in BUILTIN})
 
 
 def _model_type(cfg) -> str | None:

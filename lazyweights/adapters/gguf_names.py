@@ -14,18 +14,9 @@ undoes what llama.cpp's `convert_hf_to_gguf.py` did to the values:
 `hf_to_gguf(state, config)` is the reverse, for export (forward permutation, +1, GGUF names; 1-D tensors
 become float32 as llama.cpp's converter stores them). Neither reads a byte: both only build graph nodes.
 
-Names (`N` = layer; `.weight`/`.bias` kept):
-
-    token_embd              model.embed_tokens          output_norm     model.norm
-    output                  lm_head                     blk.N.attn_norm model.layers.N.input_layernorm
-    blk.N.attn_q/k/v        model.layers.N.self_attn.q_proj / k_proj / v_proj
-    blk.N.attn_output       model.layers.N.self_attn.o_proj
-    blk.N.attn_q_norm/k_norm model.layers.N.self_attn.q_norm / k_norm
-    blk.N.ffn_gate/up/down  model.layers.N.mlp.gate_proj / up_proj / down_proj
-    blk.N.ffn_norm          model.layers.N.post_attention_layernorm      (llama, qwen, gemma)
-                            model.layers.N.pre_feedforward_layernorm     (gemma2, gemma3)
-    blk.N.post_attention_norm  model.layers.N.post_attention_layernorm   (gemma2, gemma3)
-    blk.N.post_ffw_norm     model.layers.N.post_feedforward_layernorm    (gemma2, gemma3)
+Names come from gguf-py's own tables (`lazyweights.adapters.names`); GGUF -> HF picks, among gguf-py's
+candidates, the name the Hugging Face model declares (`expected_keys`). What each family adds to the names
+is one record in `lazyweights.adapters.archs`; the value transforms are `lazyweights.adapters.transforms`.
 
 `rope_freqs.weight` (llama 3 RoPE scaling factors the converter computes) has no Hugging Face tensor (its values
 become config.json's llama3 `rope_scaling`, `hf_export.llama3_rope_params`) and
@@ -51,137 +42,60 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
-    DTypeError,
     MissingWeightError,
     ShapeError,
     UnmappedTensorError,
-    UnsupportedArchitectureError,
 )
-from ..graph import ops
+from . import names as _names
+from .archs import ARCHS, Arch, arch_for_gguf
+from .transforms import add_scalar as _add_scalar
+from .transforms import regroup_qkv, rope_permutation, rope_permute, rope_unpermute, transpose2d
 
-# --- name tables ------------------------------------------------------------------------------------------
-_LAYER_COMMON: dict[str, str] = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_LAYER_GEMMA2: dict[str, str] = {
-    **_LAYER_COMMON,
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-}
-_TOP: dict[str, str] = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
+__all__ = ["rope_permutation", "rope_permute", "rope_unpermute", "gguf_to_hf", "hf_to_gguf", "gguf_name_to_hf",
+           "hf_name_to_gguf", "gguf_metadata_from_config", "EXPERTS", "GGUF_ONLY"]
 
-_LAYER_PHI3: dict[str, str] = {
-    **{k: v for k, v in _LAYER_COMMON.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate")},
-    "attn_qkv": "self_attn.qkv_proj",
-    "ffn_up": "mlp.gate_up_proj",  # fused [gate; up] rows, as llama.cpp's Phi-3 graph reads them
-}
-_LAYER_MIXTRAL: dict[str, str] = {**_LAYER_COMMON, "ffn_gate_inp": "block_sparse_moe.gate"}
-_LAYER_QWEN_MOE: dict[str, str] = {
-    **_LAYER_COMMON,
-    "ffn_gate_inp": "mlp.gate",
-    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-    "ffn_up_shexp": "mlp.shared_expert.up_proj",
-    "ffn_down_shexp": "mlp.shared_expert.down_proj",
-    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
-}
 # Stacked expert tensors (GGUF: one [n_expert, rows, cols] tensor) <-> one Hugging Face tensor per expert:
 # arch -> (HF prefix inside the layer, {GGUF part: HF projection}).
 EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
     "llama": ("block_sparse_moe.experts", {"ffn_gate_exps": "w1", "ffn_down_exps": "w2", "ffn_up_exps": "w3"}),
     "qwen2moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
     "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
+    "olmoe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
 }
 # 1-D in GGUF, [1, n] in Hugging Face.
 _ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
-
-LAYER_NAMES: dict[str, dict[str, str]] = {
-    "llama": _LAYER_MIXTRAL,
-    "phi3": _LAYER_PHI3,
-    "qwen2moe": _LAYER_QWEN_MOE,
-    "qwen3moe": _LAYER_QWEN_MOE,
-    "qwen2": _LAYER_COMMON,
-    "qwen3": _LAYER_COMMON,
-    "gemma": _LAYER_COMMON,
-    "gemma2": _LAYER_GEMMA2,
-    "gemma3": _LAYER_GEMMA2,
-}
-# Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.undo_permute).
-ROPE_PERMUTED_ARCHS = frozenset({"llama"})
+# Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).
+ROPE_PERMUTED_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.rope_permute)
 # Architectures whose norms llama.cpp stores as weight + 1.
-NORM_SHIFT_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
+NORM_SHIFT_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.norm_shift)
 # GGUF-only tensors with no Hugging Face counterpart.
 GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
-# Hugging Face model_type -> GGUF architecture.
-_MODEL_TYPE_ARCH = {
-    "llama": "llama", "mistral": "llama", "mixtral": "llama",
-    "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe",
-    "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3",
-}
-
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
-_GGUF_TOP_RE = re.compile(r"^([A-Za-z0-9_]+)\.(weight|bias)$")
-_HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
-_HF_TOP_RE = re.compile(r"^(model\.embed_tokens|model\.norm|lm_head)\.(weight|bias)$")
 
 
-def _check_arch(arch: str) -> dict[str, str]:
-    table = LAYER_NAMES.get(arch)
-    if table is None:
-        raise UnsupportedArchitectureError(
-            f"no GGUF <-> Hugging Face name mapping for architecture {arch!r} "
-            f"(supported: {', '.join(sorted(LAYER_NAMES))})"
-        )
-    return table
+def _check_arch(arch: str) -> Arch:
+    return arch_for_gguf(arch)  # UnsupportedArchitectureError naming the nearest ones
 
 
-def gguf_name_to_hf(name: str, arch: str) -> str | None:
-    """The Hugging Face name for a GGUF tensor name, or None if it has none."""
-    table = _check_arch(arch)
-    m = _GGUF_LAYER_RE.match(name)
-    if m:
-        part = table.get(m[2])
-        return None if part is None else f"model.layers.{m[1]}.{part}.{m[3]}"
-    m = _GGUF_TOP_RE.match(name)
-    if m and m[1] in _TOP:
-        return f"{_TOP[m[1]]}.{m[2]}"
-    return None
+def gguf_name_to_hf(name: str, arch: str, expected=None) -> str | None:
+    """The Hugging Face name for a GGUF tensor name (gguf-py's table; `expected`: the model's own keys to
+    choose among its candidates), or None if it has none."""
+    rec = _check_arch(arch)
+    if expected is None:
+        m = _GGUF_LAYER_RE.match(name)
+        expected = _names.default_hf_keys(rec.model_type, rec.hf_class, int(m[1]) + 1 if m else 1)
+    return _names.gguf_to_hf_name(name, arch, expected, rec.hf_prefer)
 
 
 def hf_name_to_gguf(name: str, arch: str) -> str | None:
-    """The GGUF tensor name for a Hugging Face name, or None if it has none."""
-    table = _check_arch(arch)
-    m = _HF_LAYER_RE.match(name)
-    if m:
-        reverse = {v: k for k, v in table.items()}
-        part = reverse.get(m[2])
-        return None if part is None else f"blk.{m[1]}.{part}.{m[3]}"
-    m = _HF_TOP_RE.match(name)
-    if m:
-        reverse_top = {v: k for k, v in _TOP.items()}
-        return f"{reverse_top[m[1]]}.{m[2]}"
-    return None
+    """The GGUF tensor name gguf-py's table gives a Hugging Face name, or None if it has none."""
+    _check_arch(arch)
+    return _names.hf_to_gguf_name(name, arch)
 
 
 # --- config facts ------------------------------------------------------------------------------------------
@@ -194,8 +108,8 @@ def _arch_of(config, arch: str | None) -> str:
     if isinstance(gguf_arch, str):
         return gguf_arch
     model_type = _get(config, "model_type")
-    if isinstance(model_type, str) and model_type in _MODEL_TYPE_ARCH:
-        return _MODEL_TYPE_ARCH[model_type]
+    if isinstance(model_type, str) and model_type in ARCHS:
+        return ARCHS[model_type].gguf
     raise ConfigError(
         f"cannot tell the architecture from the config (model_type={model_type!r}); pass arch='llama' or similar"
     )
@@ -221,11 +135,17 @@ def _text_config(config):
 def _heads(config) -> tuple[int, int]:
     config = _text_config(config)
     n_head = _get(config, "num_attention_heads")
+    if n_head is None:
+        n_head = _get(config, "n_head")  # GPT-2-style configs (BLOOM, GPT-BigCode) as config.json spells them
     if not isinstance(n_head, int) or n_head <= 0:
         raise ConfigError(
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
         )
     n_kv = _get(config, "num_key_value_heads", None)
+    if _get(config, "model_type") == "falcon" and n_kv is None:  # a Hugging Face Falcon config
+        n_kv = _get(config, "num_kv_heads", None)
+        if not _get(config, "new_decoder_architecture", False):
+            n_kv = 1 if _get(config, "multi_query", True) else n_head
     if n_kv is None:
         n_kv = n_head
     if not isinstance(n_kv, int) or n_kv <= 0:
@@ -233,58 +153,6 @@ def _heads(config) -> tuple[int, int]:
             f"num_key_value_heads must be a positive integer (a per-layer list is not supported here), got {n_kv!r}"
         )
     return n_head, n_kv
-
-
-# --- value transforms -----------------------------------------------------------------------------------------
-def rope_permutation(rows: int, n_head: int) -> np.ndarray:
-    """Row indices of llama.cpp's permute: `gguf_rows = hf_rows[rope_permutation(rows, n_head)]`.
-
-    Its inverse (`np.argsort` of it) maps GGUF rows back: `hf_rows = gguf_rows[inverse]`.
-    """
-    if n_head <= 0 or rows % (2 * n_head):
-        raise ShapeError(f"RoPE permutation: {rows} rows are not divisible into {n_head} heads of an even size")
-    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
-
-
-def _rows_perm(wd: WeightData, n_head: int, inverse: bool) -> WeightData:
-    if not wd.shape:
-        raise ShapeError(f"RoPE permutation of {wd.name!r}: a 0-d tensor has no rows")
-    rows = wd.shape[0]
-    if rows % (2 * n_head):
-        raise ShapeError(
-            f"RoPE permutation of {wd.name!r}: {rows} rows are not divisible into {n_head} heads of an even size"
-        )
-    half = rows // n_head // 2
-    rest = wd.shape[1:]
-    if wd.quantization_encoding is not None:
-        if wd.ndim < 2:
-            raise ShapeError(f"RoPE permutation of {wd.name!r}: quantized data needs rows of blocks, got "
-                             f"{list(wd.shape)}")
-        perm = rope_permutation(rows, n_head)
-        return wd[np.argsort(perm) if inverse else perm]
-    if inverse:  # gguf -> hf: rows are (head, half, two); swap back to (head, two, half)
-        return wd.reshape((n_head, half, 2) + rest).swapaxes(1, 2).reshape(wd.shape)
-    return wd.reshape((n_head, 2, half) + rest).swapaxes(1, 2).reshape(wd.shape)
-
-
-def rope_unpermute(wd: WeightData, n_head: int) -> WeightData:
-    """Undo llama.cpp's q/k row permutation (GGUF -> Hugging Face), lazily; quantized stays quantized."""
-    return _rows_perm(wd, n_head, inverse=True)
-
-
-def rope_permute(wd: WeightData, n_head: int) -> WeightData:
-    """Apply llama.cpp's q/k row permutation (Hugging Face -> GGUF), lazily; quantized stays quantized."""
-    return _rows_perm(wd, n_head, inverse=False)
-
-
-def _add_scalar(wd: WeightData, value: float) -> WeightData:
-    """`wd + value`, lazily (a broadcast `binary` add with a constant of wd's dtype)."""
-    from ..graph.elementwise import binary
-
-    if wd.quantization_encoding is not None or not wd.dtype.is_float:
-        raise DTypeError(f"cannot add {value} to {wd.name!r} ({wd.dtype.name}); dequantize it first")
-    const = ops.const(np.full((1,) * wd.ndim, value, dtype=wd.dtype.to_numpy()))
-    return WeightData.wrap(binary("add", wd.node, const), wd.name, None)
 
 
 def _as_wd(value, name: str) -> WeightData:
@@ -316,33 +184,47 @@ def _refuse_unknown(unknown: list[str], what: str, kept_under: str) -> None:
 
 def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | None = None, *,
                arch: str | None = None, rope_permuted: bool | None = None,
-               strict: bool = True) -> dict[str, WeightData]:
+               strict: bool = True, expected_keys=None) -> dict[str, WeightData]:
     """Rename a GGUF state dict (name -> Weights or WeightData) to Hugging Face names, lazily.
 
     `config`: a `GGUFConfig` (`weights.config`), an HF config, or anything with `num_attention_heads`,
     `num_key_value_heads` and `architecture`/`model_type`; `arch` overrides the architecture.
     `dequantize_to`: None keeps quantized tensors quantized (uint8 blocks with their encoding); a dtype
     dequantizes every quantized tensor to it and casts every other float tensor to it.
-    `rope_permuted`: whether q/k rows carry llama.cpp's permutation (default: arch == "llama"; False for
+    `rope_permuted`: whether q/k rows carry llama.cpp's permutation (default: the family's record; False for
     GGUFs converted from Mistral's native format). `strict`: unknown names raise; otherwise they pass
-    through under their GGUF names.
+    through under their GGUF names. `expected_keys`: the Hugging Face model's state-dict keys, which choose
+    among gguf-py's candidate names (`names.expected_hf_keys`; `hf_export` passes the model the GGUF metadata
+    describes); by default those of the family's model with transformers' default config.
     """
     arch = _arch_of(config, arch)
-    _check_arch(arch)
+    rec = _check_arch(arch)
     if dequantize_to is not None:
         dequantize_to = DType.parse(dequantize_to)
-    permuted = (arch in ROPE_PERMUTED_ARCHS) if rope_permuted is None else rope_permuted
-    heads = _heads(config) if permuted else None
+    permuted = rec.rope_permute if rope_permuted is None else rope_permuted
+    heads = _heads(config) if (permuted or rec.qkv_groups) else None
+    if expected_keys is None:
+        mt = _get(_text_config(config), "model_type")
+        rec_mt = ARCHS[mt] if isinstance(mt, str) and mt in ARCHS and ARCHS[mt].gguf == arch else rec
+        expected_keys = _names.default_hf_keys(rec_mt.model_type, rec_mt.hf_class, _names.layer_count(state))
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
+    if rec.fused_gate_up_exps:
+        state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     for name, value in state.items():
         if name in GGUF_ONLY:
+            continue
+        if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
+            wd = _as_wd(value, name)
+            if dequantize_to is not None and wd.dtype.is_float:
+                wd = wd.astype(dequantize_to)
+            out[name] = _renamed(wd, name)
             continue
         experts = _split_experts(name, value, arch, dequantize_to)
         if experts is not None:
             out.update(experts)
             continue
-        hf = gguf_name_to_hf(name, arch)
+        hf = gguf_name_to_hf(name, arch, expected_keys)
         wd = _as_wd(value, name)
         if hf is not None and _part(name) in _ROW_VECTORS and wd.ndim == 1:
             wd = wd.reshape((1, wd.shape[0]))
@@ -351,8 +233,12 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             continue
         if permuted and (n := _rope_heads(hf, heads)):
             wd = rope_unpermute(wd, n)
-        if arch in NORM_SHIFT_ARCHS and hf.endswith("norm.weight"):
-            wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -1.0)
+        if rec.qkv_groups and heads and _part(name) == "attn_qkv":
+            wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0], inverse=True)
+        if rec.transposed and hf.endswith(rec.transposed):
+            wd = transpose2d(wd if wd.quantization_encoding is None else wd.dequantize())
+        if rec.norm_shift and hf.endswith("norm.weight"):
+            wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -rec.norm_shift)
         if dequantize_to is not None:
             if wd.quantization_encoding is not None:
                 wd = wd.dequantize(dequantize_to)
@@ -366,38 +252,81 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
 def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None,
                rope_permuted: bool | None = None, norm_dtype: DType | None = DType.float32,
                strict: bool = True) -> dict[str, WeightData]:
-    """Rename a Hugging Face state dict to GGUF names for export, applying llama.cpp's conversions lazily:
-    the q/k RoPE row permutation (llama), +1 on Gemma norms, and 1-D tensors cast to `norm_dtype`
-    (float32, as llama.cpp stores them; None keeps their dtype)."""
+    """Rename a Hugging Face state dict to GGUF names (gguf-py's table) for export, applying llama.cpp's
+    conversions lazily as the family's record says: q/k RoPE row permutation, norm shift (Gemma +1), Conv1D
+    transposes, fused qkv regrouping; 1-D tensors cast to `norm_dtype` (float32, as llama.cpp stores
+    them; None keeps their dtype)."""
     arch = _arch_of(config, arch)
-    _check_arch(arch)
-    permuted = (arch in ROPE_PERMUTED_ARCHS) if rope_permuted is None else rope_permuted
-    heads = _heads(config) if permuted else None
+    rec = _check_arch(arch)
+    mt = _get(_text_config(config), "model_type")
+    if isinstance(mt, str) and mt in ARCHS and ARCHS[mt].gguf == arch:
+        rec = ARCHS[mt]
+    permuted = rec.rope_permute if rope_permuted is None else rope_permuted
+    heads = _heads(config) if (permuted or rec.qkv_groups) else None
     if norm_dtype is not None:
         norm_dtype = DType.parse(norm_dtype)
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
+        dropped = rec.dropped + ("rotary_emb.inv_freq",)
+        if name in dropped or name.endswith(tuple("." + d for d in dropped)):
+            continue  # buffers, computed at run time; llama.cpp's converter skips them too
+        if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
+            out.update(_split_gate_up(name, _as_wd(value, name)))
+            continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
             g = name  # already stacked under its GGUF name by _stack_experts
         wd = _as_wd(value, name)
         if g is not None and _part(g) in _ROW_VECTORS and wd.ndim == 2 and wd.shape[0] == 1:
             wd = wd.reshape((wd.shape[1],))
-        if g is None and name.endswith("rotary_emb.inv_freq"):
-            continue  # computed at run time; llama.cpp's converter skips it too
         g = _name_or_unknown(g, name, strict, unknown)
         if g is None:
             continue
         if permuted and (n := _rope_heads(name, heads)):
             wd = rope_permute(wd, n)
+        if rec.transposed and name.endswith(rec.transposed):
+            wd = transpose2d(wd)
+        if rec.qkv_groups and heads and _part(g) == "attn_qkv":
+            wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
         if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
             wd = wd.astype(norm_dtype)
-        if arch in NORM_SHIFT_ARCHS and name.endswith("norm.weight"):
-            wd = _add_scalar(wd, 1.0)
+        if rec.norm_shift and name.endswith("norm.weight"):
+            wd = _add_scalar(wd, rec.norm_shift)
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
+    return out
+
+
+def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
+    """A Hugging Face [n_expert, 2 * ff, hidden] [gate; up] tensor as llama.cpp's two stacked-expert tensors."""
+    from ..api.weight_data import split
+
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 3 or wd.shape[1] % 2:
+        raise ShapeError(f"{name!r}: fused expert gate/up must be [n_expert, 2 * ff, hidden], got {list(wd.shape)}")
+    gate, up = split(wd, 2, axis=1)
+    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
+    return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
+    """llama.cpp's stacked ffn_gate_exps / ffn_up_exps joined back into the Hugging Face [gate; up] tensor."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
+        if m is None:
+            continue
+        up = f"blk.{m[1]}.ffn_up_exps.weight"
+        if up in state:
+            gate_wd, up_wd = _as_wd(out.pop(name), name), _as_wd(out.pop(up), up)
+            if gate_wd.quantization_encoding is not None:
+                gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
+            hf = f"model.layers.{m[1]}.{hf_part}.weight"
+            out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
     return out
 
 

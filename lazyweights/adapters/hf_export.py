@@ -37,8 +37,12 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
+The table above is the ten hand-checked families (`archs.Arch.legacy`); every other family's keys come from its
+record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`).
+
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
-`SUPPORTED` raises `UnsupportedArchitectureError` listing the supported ones.
+`SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
+is not what config.json makes it raises `ShapeError` naming it and both shapes, before anything is written.
 
 Example:
     >>> from lazyweights.adapters.hf_export import hf_config_from_gguf
@@ -66,23 +70,12 @@ from ..core.errors import (
     UnsupportedArchitectureError,
     UsageError,
 )
+from .archs import ALIASES as _ALIASES
+from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
 
-# Hugging Face model_type -> (GGUF architecture, HF architecture class)
-SUPPORTED: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "mistral": ("llama", "MistralForCausalLM"),
-    "mixtral": ("llama", "MixtralForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "qwen2_moe": ("qwen2moe", "Qwen2MoeForCausalLM"),
-    "qwen3_moe": ("qwen3moe", "Qwen3MoeForCausalLM"),
-    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
-    "gemma3_text": ("gemma3", "Gemma3ForCausalLM"),
-    "phi3": ("phi3", "Phi3ForCausalLM"),
-}
-_ALIASES = {"gemma3": "gemma3_text"}  # Gemma3ForConditionalGeneration's outer config: the text model inside
-GGUF_ARCHS = sorted({g for g, _ in SUPPORTED.values()})
+# Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
+SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
 _GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
 
 _GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
@@ -95,9 +88,7 @@ _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.hea
 
 
 def _unsupported(what: str, value) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(
-        f"{what} {value!r} is not supported for whole-model conversion (supported GGUF architectures: "
-        f"{', '.join(GGUF_ARCHS)}; Hugging Face model types: {', '.join(sorted(SUPPORTED))})")
+    return unknown_architecture(what, value, GGUF_ARCHS if what.startswith("GGUF") else sorted(SUPPORTED))
 
 
 # --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
@@ -106,12 +97,8 @@ def _plain(v):
 
 
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
-    if arch == "llama":
-        return "mixtral" if int(md.get("llama.expert_count", 0) or 0) > 0 else "llama"
-    for mt, (g, _) in SUPPORTED.items():
-        if g == arch and mt not in ("mistral", "mixtral"):
-            return mt
-    raise _unsupported("GGUF architecture", arch)
+    """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral)."""
+    return arch_for_gguf(arch, md).model_type
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
@@ -146,6 +133,19 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     def get(key, default=None):
         return _plain(md.get(f"{arch}.{key}", default))
 
+    names = set(tensor_names) if tensor_names is not None else None
+    rec = ARCHS[model_type]
+    if not rec.legacy:
+        from .hparams import hf_config
+
+        out = hf_config(rec, md, names, int(vocab))
+        for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                          ("pad_token_id", "padding_token_id")):
+            if f"tokenizer.ggml.{key}" in md:
+                out[attr] = int(md[f"tokenizer.ggml.{key}"])
+        if "general.name" in md:
+            out["_name_or_path"] = str(md["general.name"])
+        return out
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
     kv = get("attention.head_count_kv", heads)
@@ -171,7 +171,6 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     }
     if f"{arch}.feed_forward_length" in md:
         cfg["intermediate_size"] = int(get("feed_forward_length"))
-    names = set(tensor_names) if tensor_names is not None else None
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
@@ -418,7 +417,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     arch = SUPPORTED[mt][0]
     need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
     missing = [k for k in need if cfg.get(k) is None]
-    if missing:
+    if missing and ARCHS[mt].legacy:
         raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
     md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
                                 "general.type": GGUFValue("model", T.STRING)}
@@ -429,6 +428,11 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         md["general.quantization_version"] = GGUFValue(2, T.UINT32)
     if file_type is not None:
         md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
+    if not ARCHS[mt].legacy:
+        from .hparams import gguf_hparams
+
+        md.update(gguf_hparams(ARCHS[mt], cfg))
+        return md
 
     def put(key, value, t):
         if value is not None:
@@ -596,10 +600,17 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
-    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", mt.startswith("gemma"))):
+    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    from .hparams import check_shapes
+    from .names import hf_to_gguf_name
+
+    sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
+    check_shapes(adapted, md, arch, sources, mt)
+    if ARCHS[mt].embedding:
+        md.update(_embedding_metadata(arch, cfg_text, folder))
     if tokenizer:
         if folder is None:
             raise UsageError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
@@ -608,6 +619,52 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
     return out
+
+
+# sentence-transformers' pooling modes -> gguf-py's PoolingType values (llama.cpp's LLAMA_POOLING_TYPE_*)
+_POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2, "pooling_mode_lasttoken": 3}
+_POOLING_NAMES = {"mean": 1, "cls": 2, "lasttoken": 3}
+
+
+def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -> dict:
+    """An encoder's extra GGUF keys: `{arch}.pooling_type` from the sentence-transformers folder's Pooling
+    module (modules.json -> its config.json), as llama.cpp's converter reads it, and the token type count."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    md: dict[str, Any] = {"tokenizer.ggml.token_type_count": GGUFValue(int(cfg.get("type_vocab_size", 1)), T.UINT32)}
+    modules = os.path.join(folder, "modules.json") if folder else None
+    if modules is None or not os.path.isfile(modules):
+        return md
+    with open(modules, encoding="utf-8") as fh:
+        mods = json.load(fh)
+    for mod in mods:
+        if str(mod.get("type", "")).endswith("Pooling"):
+            with open(os.path.join(folder or "", mod["path"], "config.json"), encoding="utf-8") as fh:
+                pooling = json.load(fh)
+            kind = next((v for k, v in _POOLING.items() if pooling.get(k)),
+                        _POOLING_NAMES.get(pooling.get("pooling_mode", "")))
+            if kind is None:
+                raise ConfigError(f"{folder}: pooling config {pooling} names no mode llama.cpp has "
+                                  f"(mean, cls, lasttoken)")
+            md[f"{arch}.pooling_type"] = GGUFValue(kind, T.UINT32)
+    return md
+
+
+def expected_keys_for(config, state: Mapping[str, Any]):
+    """The state-dict keys of the Hugging Face model a GGUF's metadata describes (`hf_config_from_gguf`, the model
+    built on the meta device), which pick gguf-py's candidate names; None when that cannot be known."""
+    from .names import expected_hf_keys
+
+    md = getattr(config, "metadata", None)
+    if not isinstance(md, Mapping):
+        return None
+    try:
+        cfg = hf_config_from_gguf(md, tensor_names=list(state))
+    except LazyWeightsError:
+        return None
+    return expected_hf_keys(cfg)
 
 
 class _AttrDict(dict):
@@ -671,7 +728,7 @@ def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *
     }
     if tokenizer:
         tok, tcfg = tokenizer_from_gguf(metadata)
-        tcfg.setdefault("model_max_length", cfg["max_position_embeddings"])
+        tcfg.setdefault("model_max_length", cfg.get("max_position_embeddings", cfg.get("n_positions")))
         files.update(write_tokenizer_files(tok, tcfg))
     return files
 
@@ -764,7 +821,7 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
     if getattr(w.format, "value", w.format) != "gguf":
         raise FormatError(f"{gguf_path}: export_hf_folder reads GGUF files, this is {w.format.value}")
     state = dict(w.items())
-    adapted = gguf_to_hf(state, w.config, dequantize_to=dtype)
+    adapted = gguf_to_hf(state, w.config, dequantize_to=dtype, expected_keys=expected_keys_for(w.config, state))
     out = with_hf_files(adapted, w.config, state, tokenizer=tokenizer)
     return save_converted(out, out_dir, **save_kwargs)
 
@@ -799,5 +856,6 @@ def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=No
     """
     if huggingface_config is None:
         raise ConfigError("convert_gguf_state_dict needs huggingface_config (e.g. weights.config of the GGUF)")
-    adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to)
+    adapted = gguf_to_hf(state_dict, huggingface_config, dequantize_to=dequantize_to,
+                         expected_keys=expected_keys_for(huggingface_config, state_dict))
     return with_hf_files(adapted, huggingface_config, state_dict, tokenizer=unused_kwargs.get("tokenizer", True))

@@ -312,7 +312,8 @@ def test_missing_gguf_keys_are_listed():
 
 
 def test_unknown_architecture_lists_supported():
-    with pytest.raises(UnsupportedArchitectureError, match="supported GGUF architectures: gemma2, gemma3, llama"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"'rwkv7' is not supported; nearest supported: .*"
+                                                           r"\(all: .*gemma2, gemma3, .*llama"):
         hf_config_from_gguf({"general.architecture": "rwkv7"})
 
 

@@ -1,0 +1,171 @@
+"""Tensor names from gguf-py's own tables: Hugging Face -> GGUF through `gguf.get_tensor_name_map(arch, n)`,
+GGUF -> Hugging Face as its inverse, chosen among the candidates by the names the Hugging Face model expects.
+
+gguf-py's `TensorNameMap` lists, for every GGUF tensor of an architecture, all the Hugging Face names any
+checkpoint family uses for it; the inverse of one GGUF name is therefore a list of candidates
+(`blk.0.attn_q` <- `model.layers.0.self_attn.q_proj`, `transformer.h.0.attn.q_proj`, ...). The right one is
+the candidate the Hugging Face model class declares (`expected_hf_keys`: the model built on PyTorch's meta
+device, no memory). Without transformers, the candidate with the most common prefix among the other tensors'
+names is taken.
+
+Example:
+    >>> from lazyweights.adapters.names import hf_to_gguf_name, gguf_to_hf_candidates
+    >>> hf_to_gguf_name("transformer.h.3.attn.c_attn.weight", "gpt2")
+    'blk.3.attn_qkv.weight'
+    >>> "model.layers.0.self_attn.q_proj.weight" in gguf_to_hf_candidates("blk.0.attn_q.weight", "llama")
+    True
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Iterable, Mapping
+
+from ..core.errors import UnsupportedArchitectureError
+
+_SUFFIXES = (".weight", ".bias")
+_BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+_HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
+
+
+@functools.lru_cache(maxsize=64)
+def _name_map(arch: str):
+    """gguf-py's table for one block (every block is named alike: `{bid}` is the only variable)."""
+    import gguf
+
+    for key, name in gguf.MODEL_ARCH_NAMES.items():
+        if name == arch:
+            return gguf.get_tensor_name_map(key, 1)
+    raise UnsupportedArchitectureError(f"gguf-py has no tensor name table for architecture {arch!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse(arch: str) -> dict[str, tuple[str, ...]]:
+    inv: dict[str, list[str]] = {}
+    for hf, (_, gg) in _name_map(arch).mapping.items():
+        if hf != gg:
+            inv.setdefault(gg, []).append(hf)
+    return {k: tuple(v) for k, v in inv.items()}
+
+
+def hf_to_gguf_name(name: str, arch: str) -> str | None:
+    """The GGUF name gguf-py gives a Hugging Face tensor name (`.weight`/`.bias` kept), or None. The first
+    number in the name is the block."""
+    got = _hf_to_gguf_name(name, arch)
+    if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
+        got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
+    return got
+
+
+def _hf_to_gguf_name(name: str, arch: str) -> str | None:
+    m = _HF_BID.search(name)
+    if m is None:
+        return _name_map(arch).get_name(name, try_suffixes=_SUFFIXES)
+    one = name[: m.start(1)] + "0" + name[m.end(1):]
+    got = _name_map(arch).get_name(one, try_suffixes=_SUFFIXES)
+    if got is None or not got.startswith("blk.0."):
+        return got
+    return f"blk.{m[1]}." + got[len("blk.0."):]
+
+
+def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
+    """Every Hugging Face name gguf-py maps to this GGUF name, in gguf-py's order."""
+    m = _BLK.match(name)
+    base = "blk.0." + name[m.end():] if m else name
+    for suffix in _SUFFIXES:
+        if base.endswith(suffix):
+            cands = _inverse(arch).get(base[: -len(suffix)], ())
+            if m:
+                cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
+            return tuple(c + suffix for c in cands)
+    return ()
+
+
+def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
+                    prefer: tuple[str, ...] = ()) -> str | None:
+    """The Hugging Face name for a GGUF tensor: the candidate in `expected` (the model's own keys) if given;
+    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`), then the first
+    of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
+    cands = gguf_to_hf_candidates(name, arch)
+    if not cands:
+        return None
+    if expected is not None:
+        exp = expected if isinstance(expected, (set, frozenset)) else frozenset(expected)
+        hits = [c for c in cands if c in exp]
+        if not hits:  # a bias the config turned off (attention_bias): the module's weight is expected
+            hits = [c for c in cands if c.endswith(".bias") and c[: -len(".bias")] + ".weight" in exp]
+        if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
+            hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
+            hits = hits if len(hits) == 1 else []
+        if hits:
+            return hits[0]
+        # none declared: transformers 5 renames some parameters inside the model (fused MoE experts) and maps
+        # the saved names to them on load, so the saved-name candidates below are what a folder holds
+    return min(cands, key=lambda c: (not any(p in c for p in prefer), _llama_style_rank(c), cands.index(c)))
+
+
+_LLAMA_STYLE = re.compile(r"^(model\.layers\.\d+\.(self_attn|mlp|block_sparse_moe|[a-z_]*layernorm)\.?"
+                          r"|model\.(embed_tokens|norm)\.|lm_head\.)")
+
+
+def _llama_style_rank(name: str) -> int:
+    """0 for transformers' llama-style names, 1 for other `model.` names, 2 otherwise (stable in gguf-py's order)."""
+    return 0 if _LLAMA_STYLE.match(name) else 1 if name.startswith("model.") else 2
+
+
+def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...]] | None:
+    """name -> shape of every state-dict entry of the Hugging Face model `hf_config` (a config.json dict)
+    describes, from the model built on PyTorch's meta device (no memory). None where torch or transformers
+    is missing or the installed transformers does not know the model type."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    try:
+        cfg = transformers.AutoConfig.for_model(**dict(hf_config))
+        cls = getattr(transformers, str((hf_config.get("architectures") or [""])[0]), None)
+        with torch.device("meta"):
+            if cls is None:
+                model = transformers.AutoModelForCausalLM.from_config(cfg)
+            else:
+                model = cls._from_config(cfg)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def expected_hf_keys(hf_config: Mapping[str, Any]) -> frozenset[str] | None:
+    """The state-dict keys of the Hugging Face model `hf_config` describes (`expected_hf_shapes`)."""
+    shapes = expected_hf_shapes(hf_config)
+    return None if shapes is None else frozenset(shapes)
+
+
+@functools.lru_cache(maxsize=32)
+def default_hf_keys(model_type: str, hf_class: str, n_layers: int) -> frozenset[str] | None:
+    """The state-dict keys of `hf_class` with transformers' default config for `model_type` and `n_layers`
+    layers (meta device), for GGUF files whose metadata alone does not make a config; None without
+    transformers."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type).to_dict()
+    except (ValueError, KeyError):
+        return None
+    cfg.update(num_hidden_layers=max(n_layers, 1), architectures=[hf_class])
+    cfg.pop("layer_types", None)
+    return expected_hf_keys(cfg)
+
+
+def layer_count(names: Iterable[str]) -> int:
+    """Blocks in a GGUF state dict (1 + the highest `blk.N`)."""
+    n = 0
+    for name in names:
+        m = _BLK.match(name)
+        if m:
+            n = max(n, int(m[1]) + 1)
+    return n

@@ -1,0 +1,105 @@
+"""The value transforms llama.cpp's converter applies, lazily, both ways (each builds graph nodes only).
+
+- `rope_permute` / `rope_unpermute`: llama.cpp's q/k row permutation for its interleaved RoPE
+  (`LlamaModel.permute`: `w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape)`,
+  `n_head = num_key_value_heads` for k, 1 for q/k norms). Quantized rows are whole runs of blocks, so on
+  quantized data it is a row `take` and the data stays quantized.
+- `add_scalar`: Gemma's norms are stored as `w + 1` (its RMSNorm multiplies by `1 + weight`).
+- `qkv_regroup_rows`: fused qkv rows laid out `[groups, q_per_group + 2, head_dim]` (GPT-NeoX: one group per
+  head; Falcon: one per kv head) as llama.cpp's `[q; k; v]`, and its inverse.
+- `transpose2d`: GPT-2's Conv1D weights are `[in, out]`; llama.cpp stores `[out, in]`.
+
+Example:
+    >>> import numpy as np
+    >>> from lazyweights.adapters.transforms import qkv_regroup_rows
+    >>> qkv_regroup_rows(n_head=2, n_kv=2, head_dim=1).tolist()   # rows q0 k0 v0 q1 k1 v1 -> q0 q1 k0 k1 v0 v1
+    [0, 3, 1, 4, 2, 5]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..api.weight_data import WeightData
+from ..core.errors import DTypeError, ShapeError
+from ..graph import ops
+
+
+def rope_permutation(rows: int, n_head: int) -> np.ndarray:
+    """Row indices of llama.cpp's permute: `gguf_rows = hf_rows[rope_permutation(rows, n_head)]`.
+
+    Its inverse (`np.argsort` of it) maps GGUF rows back: `hf_rows = gguf_rows[inverse]`.
+    """
+    if n_head <= 0 or rows % (2 * n_head):
+        raise ShapeError(f"RoPE permutation: {rows} rows are not divisible into {n_head} heads of an even size")
+    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
+
+
+def _rows_perm(wd: WeightData, n_head: int, inverse: bool) -> WeightData:
+    if not wd.shape:
+        raise ShapeError(f"RoPE permutation of {wd.name!r}: a 0-d tensor has no rows")
+    rows = wd.shape[0]
+    if rows % (2 * n_head):
+        raise ShapeError(
+            f"RoPE permutation of {wd.name!r}: {rows} rows are not divisible into {n_head} heads of an even size"
+        )
+    half = rows // n_head // 2
+    rest = wd.shape[1:]
+    if wd.quantization_encoding is not None:
+        if wd.ndim < 2:
+            raise ShapeError(f"RoPE permutation of {wd.name!r}: quantized data needs rows of blocks, got "
+                             f"{list(wd.shape)}")
+        perm = rope_permutation(rows, n_head)
+        return wd[np.argsort(perm) if inverse else perm]
+    if inverse:  # gguf -> hf: rows are (head, half, two); swap back to (head, two, half)
+        return wd.reshape((n_head, half, 2) + rest).swapaxes(1, 2).reshape(wd.shape)
+    return wd.reshape((n_head, 2, half) + rest).swapaxes(1, 2).reshape(wd.shape)
+
+
+def rope_unpermute(wd: WeightData, n_head: int) -> WeightData:
+    """Undo llama.cpp's q/k row permutation (GGUF -> Hugging Face), lazily; quantized stays quantized."""
+    return _rows_perm(wd, n_head, inverse=True)
+
+
+def rope_permute(wd: WeightData, n_head: int) -> WeightData:
+    """Apply llama.cpp's q/k row permutation (Hugging Face -> GGUF), lazily; quantized stays quantized."""
+    return _rows_perm(wd, n_head, inverse=False)
+
+
+def add_scalar(wd: WeightData, value: float) -> WeightData:
+    """`wd + value`, lazily (a broadcast `binary` add with a constant of wd's dtype)."""
+    from ..graph.elementwise import binary
+
+    if wd.quantization_encoding is not None or not wd.dtype.is_float:
+        raise DTypeError(f"cannot add {value} to {wd.name!r} ({wd.dtype.name}); dequantize it first")
+    const = ops.const(np.full((1,) * wd.ndim, value, dtype=wd.dtype.to_numpy()))
+    return WeightData.wrap(binary("add", wd.node, const), wd.name, None)
+
+
+def qkv_regroup_rows(n_head: int, n_kv: int, head_dim: int) -> np.ndarray:
+    """Row indices taking fused qkv rows grouped `[n_kv, n_head // n_kv + 2, head_dim]` (each group: its
+    query heads, one key head, one value head) to llama.cpp's `[q (n_head); k (n_kv); v (n_kv)]`."""
+    if n_kv <= 0 or n_head % n_kv:
+        raise ShapeError(f"fused qkv: {n_head} query heads do not split into {n_kv} kv groups")
+    per = n_head // n_kv
+    idx = np.arange(n_kv * (per + 2) * head_dim).reshape(n_kv, per + 2, head_dim)
+    q = idx[:, :per].reshape(-1)
+    k = idx[:, per].reshape(-1)
+    v = idx[:, per + 1].reshape(-1)
+    return np.concatenate([q, k, v])
+
+
+def regroup_qkv(wd: WeightData, n_head: int, n_kv: int, inverse: bool = False) -> WeightData:
+    """Fused qkv weight or bias rows regrouped for llama.cpp (`inverse`: back to the Hugging Face layout)."""
+    rows = wd.shape[0] if wd.shape else 0
+    width = n_head + 2 * n_kv
+    if rows % width:
+        raise ShapeError(f"fused qkv {wd.name!r}: {rows} rows do not hold {n_head} query + 2 x {n_kv} kv heads")
+    perm = qkv_regroup_rows(n_head, n_kv, rows // width)
+    return wd[np.argsort(perm) if inverse else perm]
+
+
+def transpose2d(wd: WeightData) -> WeightData:
+    """A 2-D weight transposed (Conv1D `[in, out]` <-> `[out, in]`)."""
+    if wd.ndim != 2:
+        raise ShapeError(f"transposing {wd.name!r}: expected a 2-D weight, got shape {list(wd.shape)}")
+    return wd.transpose((1, 0))
