@@ -16,7 +16,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lazyweights"
 
 MISSING = {
-    "lazyweights.adapters.hf_export:model_type_for",
+    "lazyweights.adapters.archs:Arch",
+    "lazyweights.adapters.archs:unknown_architecture",
+    "lazyweights.adapters.hparams:rope_parameters",
     "lazyweights.adapters.w1:target_dtype",
     "lazyweights.io.remote:RangeSet.add",
     "lazyweights.io.remote:RangeSet.missing",
