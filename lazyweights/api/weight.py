@@ -37,10 +37,12 @@ class Weight:
 
     @property
     def size(self) -> int:
+        """Elements the weight holds (the product of its shape; 1 for a scalar)."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Bytes the weight holds at its dtype (`size * dtype.size_in_bytes`)."""
         return self.size * self.dtype.size_in_bytes
 
     def __repr__(self) -> str:

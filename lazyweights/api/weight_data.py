@@ -42,6 +42,9 @@ class WeightData:
 
     # `_exported`: the array the first `__dlpack__` materialized, kept for later exports (see there).
     __slots__ = ("node", "name", "quantization_encoding", "_exported")
+    node: Node
+    name: str
+    quantization_encoding: QuantizationEncoding | None
 
     def __init__(self, data, name: str, dtype: DType | None = None, shape=None,
                  quantization_encoding: QuantizationEncoding | None = None):
@@ -74,6 +77,14 @@ class WeightData:
 
     @classmethod
     def wrap(cls, node: Node, name: str, encoding: QuantizationEncoding | None = None) -> "WeightData":
+        """A WeightData over an existing graph node, reading nothing: how ops and readers build results.
+
+        Example:
+            >>> import numpy as np
+            >>> w = WeightData.from_numpy(np.zeros((2, 3), np.float32), "w")
+            >>> WeightData.wrap(w.node, "alias").name, WeightData.wrap(w.node, "alias").shape
+            ('alias', (2, 3))
+        """
         obj = cls.__new__(cls)
         obj.node, obj.name, obj.quantization_encoding, obj._exported = node, name, encoding, None
         return obj
@@ -86,22 +97,27 @@ class WeightData:
     # --- metadata -----------------------------------------------------------------------------------
     @property
     def dtype(self) -> DType:
+        """The element type of the result (a `DType`), known without reading."""
         return self.node.dtype
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape of the result, known without reading."""
         return self.node.shape
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions (`len(shape)`)."""
         return self.node.ndim
 
     @property
     def size(self) -> int:
+        """Number of elements (the product of `shape`)."""
         return self.node.size
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the materialized result (`size * dtype.size_in_bytes`; packed block bytes when quantized)."""
         return self.node.nbytes
 
     def __len__(self) -> int:
@@ -152,8 +168,8 @@ class WeightData:
     def quantize(self, encoding: QuantizationEncoding) -> "WeightData":
         """Values -> packed `encoding` blocks (uint8, last axis in bytes), e.g. for writing GGUF."""
         self._check_not_quantized("quantize")
-        encoding = QuantizationEncoding.parse(encoding)
-        return WeightData.wrap(ops.quantize(self.node, encoding), self.name, encoding)
+        enc = QuantizationEncoding.parse_required(encoding, f"quantize {self.name!r}")
+        return WeightData.wrap(ops.quantize(self.node, enc), self.name, enc)
 
     # --- arithmetic (for scale-based dequantization: weight * scale) ----------------------------------
     def _binary(self, kind: str, other, reflected: bool = False) -> "WeightData":
@@ -220,6 +236,13 @@ class WeightData:
 
     @property
     def T(self) -> "WeightData":  # noqa: N802 - numpy's spelling
+        """The transpose, lazily (numpy's `.T`: axes reversed).
+
+        Example:
+            >>> import numpy as np
+            >>> WeightData.from_numpy(np.zeros((2, 3), np.float32), "w").T.shape
+            (3, 2)
+        """
         return self.transpose()
 
     def swapaxes(self, a: int, b: int) -> "WeightData":
@@ -312,17 +335,19 @@ def split(x: WeightData, sizes: Sequence[int] | int, axis: int = 0) -> list[Weig
         raise ShapeError(f"split: axis {axis} out of range for {x.ndim}-d {x.name!r}")
     axis %= x.ndim
     length = x.shape[axis]
-    if isinstance(sizes, numbers.Integral):
-        if sizes <= 0 or length % sizes:
+    if isinstance(sizes, (int, numbers.Integral)):  # np.integer too
+        n = int(sizes)
+        if n <= 0 or length % n:
             raise ShapeError(f"split: axis {axis} of {x.name!r} (shape {list(x.shape)}) has length {length}, "
-                             f"not divisible into {sizes} equal parts")
-        sizes = [length // sizes] * int(sizes)
-    sizes = [int(s) for s in sizes]
-    if any(s < 0 for s in sizes) or sum(sizes) != length:
-        raise ShapeError(f"split: sizes {sizes} sum to {sum(sizes)} but axis {axis} of {x.name!r} "
+                             f"not divisible into {n} equal parts")
+        lengths = [length // n] * n
+    else:
+        lengths = [int(s) for s in sizes]
+    if any(s < 0 for s in lengths) or sum(lengths) != length:
+        raise ShapeError(f"split: sizes {lengths} sum to {sum(lengths)} but axis {axis} of {x.name!r} "
                          f"(shape {list(x.shape)}) has length {length}")
     parts, start = [], 0
-    for s in sizes:
+    for s in lengths:
         ranges = [(0, d, 1) for d in x.shape]
         ranges[axis] = (start, start + s, 1)
         parts.append(x._derive(ops.slice_(x.node, ranges)))
@@ -440,8 +465,9 @@ def _index(node: Node, key, name: str) -> Node:
             expanded.append(k)
     expanded.extend([slice(None)] * (node.ndim - sum(1 for k in expanded if k is not None)))
 
-    ranges, takes, out_shape_plan = [], [], []
-    array_axis = None
+    ranges, takes = [], []
+    out_shape_plan: list[tuple[str, int | None]] = []  # ("new", None) or ("keep", axis of the sliced node)
+    array_axis: int | None = None
     axis = 0
     kinds = []  # one entry per index element, None included (it separates advanced indices in numpy)
     for k in expanded:
@@ -493,9 +519,9 @@ def _index(node: Node, key, name: str) -> Node:
     out = ops.slice_(node, ranges)
     for ax, idx in takes:
         out = ops.take(out, idx, ax)
-    new_shape = [1 if kind == "new" else out.shape[ax] for kind, ax in out_shape_plan]
+    new_shape = [1 if ax is None else out.shape[ax] for _, ax in out_shape_plan]
     out = ops.reshape(out, tuple(new_shape))
-    if move_to_front:
+    if move_to_front and array_axis is not None:
         p = out_shape_plan.index(("keep", array_axis))
         out = ops.permute(out, (p,) + tuple(i for i in range(len(new_shape)) if i != p))
     return out

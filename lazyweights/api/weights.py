@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from ..core.errors import DTypeError, ShapeError, missing_weight
 from ..core.quantization import QuantizationEncoding
 from ..formats.checkpoint import Checkpoint, WeightsFormat
 from ..formats.open import open_checkpoint
+from ..formats.source import TensorRecord, TorchTensorRecord
 from ..graph import ops
 from .weight import Weight
 from .weight_data import WeightData
@@ -55,6 +56,8 @@ class Weights:
     """Hierarchical access to a checkpoint's tensors (the seed's `Weights` protocol, lazy)."""
 
     __slots__ = ("_shared", "_prefix")
+    _shared: _Shared  # set through object.__setattr__ (__setattr__ refuses assignment)
+    _prefix: str
 
     def __init__(self, shared: _Shared, prefix: str = ""):
         object.__setattr__(self, "_shared", shared)
@@ -106,6 +109,7 @@ class Weights:
                 yield name[cut:], Weights(self._shared, name)
 
     def keys(self) -> Iterator[str]:
+        """Names under this prefix, relative to it (as `items()` yields them), reading nothing."""
         for name, _ in self.items():
             yield name
 
@@ -207,6 +211,7 @@ class Weights:
     # --- checkpoint facts -------------------------------------------------------------------------------
     @property
     def format(self) -> WeightsFormat:
+        """The checkpoint's format (`WeightsFormat.safetensors`, `.gguf` or `.pytorch`)."""
         return self._shared.checkpoint.format
 
     @property
@@ -223,12 +228,14 @@ class Weights:
         return config_from_metadata(self.format, self.metadata, self.files, self._shared.names)
 
     @property
-    def records(self) -> dict:
-        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name."""
+    def records(self) -> Mapping[str, TensorRecord | TorchTensorRecord]:
+        """Every stored tensor's `TensorRecord` (file, offset, bytes, dtype, shape, encoding), by full name (a
+        pickle checkpoint's records hold torch's map instead of an offset)."""
         return self._shared.checkpoint.records
 
     @property
     def files(self) -> list[str]:
+        """The checkpoint's files, in the order they were opened (shards in index order)."""
         return list(self._shared.checkpoint.files)
 
     def __contains__(self, name: str) -> bool:

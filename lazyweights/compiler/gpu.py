@@ -24,6 +24,7 @@ import numpy as np
 
 from ..core.dtype import DType
 from ..core.errors import BudgetError
+from ..core.quantization import QuantizationEncoding
 from ..core.units import parse_size
 from ..graph.layout import nrows, row_alignment
 from ..graph.node import Node
@@ -34,7 +35,8 @@ from .steps import DEFAULT_BUDGET, Step, compile_steps
 
 DEFAULT_GPU_BLOCK_BYTES = 16 << 20  # source bytes per block: large enough for full PCIe speed per copy
 
-UINT_OF_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+UINT_OF_SIZE: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                                     8: np.dtype(np.uint64)}
 
 # Where each op runs in the GPU executor: "device" ops may join the device program (`split_chain` checks
 # dtypes, block types and ranks); every other op is part of the host part, read into pinned memory.
@@ -57,12 +59,13 @@ class DeviceProgram:
     One kernel per block."""
 
     src: DType                      # dtype of the host part's rows (uint8 for a dequantize)
-    dequant: object = None          # QuantizationEncoding or None
+    dequant: QuantizationEncoding | None = None
     chain: tuple = ()               # ((DType, DType), ...)
     out: DType = DType.float32      # dtype the kernel stores (the step's dtype, up to a same-size bitcast)
 
     @property
     def out_size(self) -> int:
+        """Bytes per element the kernel stores (the size of `out`)."""
         return self.out.size_in_bytes
 
     def __str__(self) -> str:
@@ -153,10 +156,13 @@ class GpuStep:
 
     @property
     def name(self) -> str:
+        """The step's first output name, which labels it in errors and progress."""
         return self.step.outputs[0]
 
 
 class GpuPlan(NamedTuple):
+    """A plan's steps for the GPU executor and the per-slot buffers it needs (pinned host, device staging)."""
+
     steps: list[GpuStep]
     pinned_bytes: int   # one slot's pinned buffer
     device_bytes: int   # one slot's device staging buffer (0 when no step runs a program)

@@ -60,14 +60,17 @@ class Step:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the step's result (its root node's)."""
         return self.node.nbytes
 
     @property
     def sources(self) -> list[SourceRecord]:
+        """The source records this step reads (one per SOURCE node in its chain, repeats kept)."""
         return [n.arg for n in self.nodes if n.op is Op.SOURCE]
 
     @property
     def read_bytes(self) -> int:
+        """Bytes read from sources, each distinct record once."""
         return sum(r.nbytes for r in {r for r in self.sources})
 
     @property
@@ -78,6 +81,10 @@ class Step:
         return max(len(b) for b in self.blocks) * self.work_per_row
 
     def order_key(self):
+        """Sort key that orders steps by where they read: (file, offset of the first source, first output).
+
+        Steps with no sources (constants) sort first, by output name.
+        """
         srcs = self.sources
         if not srcs:
             return ("", 0, self.outputs[0])

@@ -21,14 +21,27 @@ class DeviceRef:
 
     @staticmethod
     def CPU(id: int = 0) -> "DeviceRef":  # noqa: N802 - the seed system's spelling
+        """The host (the seed system's `DeviceRef.CPU()`).
+
+        Example:
+            >>> DeviceRef.CPU().is_gpu
+            False
+        """
         return DeviceRef("cpu", id)
 
     @staticmethod
     def GPU(id: int = 0) -> "DeviceRef":  # noqa: N802
+        """GPU number `id` (the seed system's `DeviceRef.GPU(0)`).
+
+        Example:
+            >>> DeviceRef.GPU(1).is_gpu, DeviceRef.GPU(1).id
+            (True, 1)
+        """
         return DeviceRef("gpu", id)
 
     @property
     def is_gpu(self) -> bool:
+        """True for a GPU device (a property, as in the seed system)."""
         return self.kind == "gpu"
 
     @classmethod

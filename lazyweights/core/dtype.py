@@ -15,6 +15,7 @@ Example:
 """
 from __future__ import annotations
 
+import builtins
 import enum
 
 import ml_dtypes
@@ -64,28 +65,38 @@ class DType(enum.Enum):
         return 4 if self is DType.float4_e2m1fn else 8 * self.size_in_bytes
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
+        """True for floating-point types (float16/32/64, bfloat16, the float8 and float4 kinds).
+
+        Example:
+            >>> DType.bfloat16.is_float, DType.int8.is_float
+            (True, False)
+        """
         return self in _FLOATS
 
     @property
-    def is_float8(self) -> bool:
+    def is_float8(self) -> builtins.bool:
+        """True for the 8-bit float kinds (e4m3fn, e4m3fnuz, e5m2, e5m2fnuz, e8m0fnu)."""
         return self.name.startswith("float8")
 
     @property
-    def is_half(self) -> bool:
+    def is_half(self) -> builtins.bool:
         """16-bit floats: float16 and bfloat16."""
         return self in (DType.float16, DType.bfloat16)
 
     @property
-    def is_integral(self) -> bool:
+    def is_integral(self) -> builtins.bool:
+        """True for signed and unsigned integers (bool is not one)."""
         return self.name.startswith(("int", "uint"))
 
     @property
-    def is_signed_integral(self) -> bool:
+    def is_signed_integral(self) -> builtins.bool:
+        """True for int8..int64."""
         return self.name.startswith("int")
 
     @property
-    def is_unsigned_integral(self) -> bool:
+    def is_unsigned_integral(self) -> builtins.bool:
+        """True for uint8..uint64."""
         return self.name.startswith("uint")
 
     @property

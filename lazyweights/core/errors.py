@@ -224,12 +224,17 @@ class DTypeError(LazyWeightsError, TypeError, ValueError):
 
 
 class LoadError(LazyWeightsError, ValueError):
-    """`load_state_dict` found missing, unexpected or mismatched weights (all are listed in one message)."""
+    """`load_state_dict` found missing, unexpected or mismatched weights (all are listed in one message).
+    `report` is the `CheckReport` behind the message, when there is one."""
+
+    def __init__(self, message: str, report: object | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 class TorchLoadError(LoadError, RuntimeError):
     """`load_into_torch` found missing, unexpected or mismatched weights (a RuntimeError, as torch's own
-    `load_state_dict` raises)."""
+    `load_state_dict` raises). `report` is the `CheckReport` behind the message, when there is one."""
 
 
 class BudgetError(LazyWeightsError, ValueError):

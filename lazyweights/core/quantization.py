@@ -86,6 +86,13 @@ class QuantizationEncoding(enum.Enum):
 
     @classmethod
     def parse(cls, value) -> "QuantizationEncoding | None":
+        """An encoding from a member, its name in any case (`"q4_k"`, `"QuantizationEncoding.Q4_K"`), another library's
+        enum member of the same name (MAX's), or None (no encoding). Anything else is a DTypeError.
+
+        Example:
+            >>> QuantizationEncoding.parse("q8_0"), QuantizationEncoding.parse(None)
+            (<QuantizationEncoding.Q8_0>, None)
+        """
         if value is None or isinstance(value, QuantizationEncoding):
             return value
         if isinstance(value, enum.Enum):  # another library's member of the same name (MAX's Q4_K)
@@ -95,6 +102,19 @@ class QuantizationEncoding(enum.Enum):
             if key in cls.__members__:
                 return cls[key]
         raise DTypeError(f"unknown quantization encoding {value!r}; known: {', '.join(cls.__members__)}")
+
+    @classmethod
+    def parse_required(cls, value, what: str = "quantization encoding") -> "QuantizationEncoding":
+        """`parse`, where None is an error too: for code that has an encoding by contract (a kernel's).
+
+        Example:
+            >>> QuantizationEncoding.parse_required("q4_k").block_bytes
+            144
+        """
+        enc = cls.parse(value)
+        if enc is None:
+            raise DTypeError(f"{what}: an encoding is needed here, got None")
+        return enc
 
 
 # (values per block, bytes per block), as llama.cpp's ggml-common.h defines them. GPTQ packs 8 int4 values

@@ -12,6 +12,7 @@ from .errors import DependencyError, DTypeError
 
 
 def import_torch():
+    """Import PyTorch, or raise DependencyError with the install hint (torch is optional)."""
     try:
         import torch
     except ImportError:  # pragma: no cover - exercised only without torch
@@ -20,6 +21,7 @@ def import_torch():
 
 
 def torch_dtype_table(torch) -> dict:
+    """{torch dtype: DType} for the dtypes this torch build has (uint16..64 and float8 only in newer torch)."""
     table = {
         torch.bool: DType.bool, torch.int8: DType.int8, torch.int16: DType.int16, torch.int32: DType.int32,
         torch.int64: DType.int64, torch.uint8: DType.uint8, torch.float16: DType.float16,

@@ -13,11 +13,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
+from typing import Mapping, Union
 
 from ..core.errors import FormatError
 from ..io.remote import is_url
-from .source import TensorRecord
+from .source import TensorRecord, TorchTensorRecord
 
 PathLike = Union[str, os.PathLike]
 
@@ -35,17 +35,19 @@ class Checkpoint:
     """Every tensor of a checkpoint (by name, in file order) and its metadata."""
 
     format: WeightsFormat
-    records: dict[str, TensorRecord]
+    records: Mapping[str, TensorRecord | TorchTensorRecord]  # name -> record, file order (pickles: torch's map)
     metadata: dict = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
 
 
-def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
+def read_index(index: Path | str) -> tuple[list[Path | str], dict[str, Path | str], dict]:
     """Parse model.safetensors.index.json; every shard must exist inside the index's directory.
 
-    A URL index names its shards relative to the index's URL (as the Hugging Face hub lays them out)."""
+    A URL index names its shards relative to the index's URL (as the Hugging Face hub lays them out), and
+    they come back as URL strings; a local index's shards come back as `Path`s."""
     if is_url(index):
         return _read_remote_index(str(index))
+    index = Path(index)
     try:
         doc = json.loads(index.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -61,8 +63,8 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
     # the index names ('../x', '/abs', 'a/../../x') is confined to the index's directory; symlinks placed
     # there by the local filesystem are trusted (test_security.py).
     root = Path(os.path.abspath(index.parent))
-    shards: dict[str, Path] = {}
-    mapping: dict[str, Path] = {}
+    shards: dict[str, Path | str] = {}
+    mapping: dict[str, Path | str] = {}
     for name, rel in weight_map.items():
         if rel not in shards:
             target = Path(os.path.normpath(os.path.join(root, rel)))
@@ -77,7 +79,7 @@ def read_index(index: Path) -> tuple[list[Path], dict[str, Path], dict]:
     return list(shards.values()), mapping, meta
 
 
-def _read_remote_index(url: str) -> tuple[list, dict, dict]:
+def _read_remote_index(url: str) -> tuple[list[Path | str], dict[str, Path | str], dict]:
     from ..io.remote import fetch_small
 
     try:
@@ -89,8 +91,8 @@ def _read_remote_index(url: str) -> tuple[list, dict, dict]:
                                                    for k, v in weight_map.items()):
         raise FormatError(f"{url}: 'weight_map' must be an object mapping tensor names to shard file names")
     base = url.split("?", 1)[0].rsplit("/", 1)[0]
-    shards: dict[str, str] = {}
-    mapping: dict[str, str] = {}
+    shards: dict[str, Path | str] = {}
+    mapping: dict[str, Path | str] = {}
     for name, rel in weight_map.items():
         if rel not in shards:
             # the same confinement as for local indexes: no '..', no absolute names, no other host

@@ -368,10 +368,12 @@ class StoredParts:
         self.size = records[0].file.size
 
     def prefetch(self, offset: int, length: int) -> None:
+        """Bring every stored part's bytes in (remote sources fetch them; local maps ignore it)."""
         for r in self.records:
             r.file.prefetch(r.offset, r.nbytes)
 
     def check_unchanged(self, tensor: str | None = None) -> None:
+        """Raise SourceChangedError if any part's file changed since it was opened."""
         for r in self.records:
             r.file.check_unchanged(r.name)
 
@@ -400,6 +402,7 @@ class DecompressedRecord:
 
     @property
     def node(self) -> Node:
+        """The dense tensor's graph, built once on first use (thread-safe) and shared after."""
         with self._lock:
             if self._node is None:
                 self._node = self.build()

@@ -140,7 +140,7 @@ class GGUFArray(Sequence):
     def raw(self) -> memoryview:
         """The stored bytes of the elements (for strings: each u64 length + bytes), zero-copy."""
         self._file.check_unchanged()
-        return memoryview(self._file.view(self._offset, self._nbytes))
+        return self._file.view(self._offset, self._nbytes).data
 
     def numpy(self) -> np.ndarray:
         """Numeric arrays as a read-only numpy view (BOOL as numpy bool). TypeError for strings/arrays."""
@@ -151,12 +151,13 @@ class GGUFArray(Sequence):
         return arr != 0 if self.type is GGUFValueType.BOOL else arr
 
     def tolist(self) -> list:
+        """The elements as Python values (strings decoded), read once and cached."""
         if self._cache is None:
             if self.type in SCALAR_FORMATS:
                 self._cache = self.numpy().tolist()
             else:
                 self._file.check_unchanged()
-                buf = memoryview(self._file.view(self._offset, self._nbytes))
+                buf = self._file.view(self._offset, self._nbytes).data
                 self._cache = _decode_elements(buf, self.type, self._count)
         return self._cache
 
@@ -183,7 +184,7 @@ class GGUFArray(Sequence):
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
-    __hash__ = None  # like a list
+    __hash__ = None  # type: ignore[assignment]  # unhashable like a list; typeshed types object.__hash__ as a method
 
     def __repr__(self) -> str:
         if self._count <= 6:
@@ -250,6 +251,7 @@ class GGUFMetadata(dict):
         self.types: dict[str, GGUFValueType] = {}
 
     def copy(self) -> "GGUFMetadata":
+        """A copy (values and their recorded GGUF types) that can be edited without touching this one."""
         new = GGUFMetadata(self)
         new.types = {k: t for k, t in self.types.items() if k in new}
         return new
@@ -270,7 +272,7 @@ class _Cursor:
         self.where = file.path
         # The whole file's bytes, unread: a local map, or a remote object's sparse mirror whose header bytes
         # `fetch` brings in before they are parsed (None for local files, where every byte is present).
-        self.buf = memoryview(file.whole_view())
+        self.buf = file.whole_view().data
         self.pos = 0
         self.size = file.size
         self.fetch = getattr(file, "ensure_header", None)

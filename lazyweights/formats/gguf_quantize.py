@@ -59,6 +59,10 @@ _FLOAT_TYPE = {"F32": DType.float32, "F16": DType.float16, "BF16": DType.bfloat1
 
 
 class QuantizedOutputs(NamedTuple):
+    """What `quantize_outputs` returns: the nodes to write, the block type of each, llama.cpp's choice and
+    reason per tensor, and the metadata to write with them.
+    """
+
     outputs: dict[str, Node]                               # name -> node (quantize nodes where a type applies)
     encodings: dict[str, QuantizationEncoding | None]      # name -> block type written (None: a plain dtype)
     types: dict[str, TypeChoice]                           # name -> llama.cpp's choice and its reason
@@ -87,7 +91,7 @@ class KVOverride(NamedTuple):
 
     key: str
     type: str
-    value: object
+    value: int | float | str  # a bool is an int
 
     def gguf_value(self) -> GGUFValue:
         """What llama-quantize writes for it: int as uint32 of the absolute value (llama.cpp PR 14182), float
@@ -136,7 +140,7 @@ def parse_kv_override(text: str) -> KVOverride:
 def _checked_override(key: str, kind: str, value, text) -> KVOverride:
     try:
         if kind == "int":
-            v: object = int(value)
+            v: int | float | str = int(value)
             if not -2**63 <= int(value) < 2**63:
                 raise ValueError("outside int64")
         elif kind == "float":
@@ -312,7 +316,7 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
             new[name] = ops.cast(node, _FLOAT_TYPE[choice.type]) if node.dtype.is_float else node
             encodings[name] = None
             continue
-        enc = QuantizationEncoding.parse(choice.type)
+        enc = QuantizationEncoding.parse_required(choice.type, f"quantize {name!r}")
         weights = None
         if im is not None:
             experts = node.shape[0] if node.ndim == 3 else 1

@@ -89,6 +89,7 @@ class GGUFTensorSlot:
 
     @property
     def end(self) -> int:
+        """The file offset just past the tensor's bytes (`offset + nbytes`)."""
         return self.offset + self.nbytes
 
 
@@ -217,15 +218,14 @@ def encode_kv(key: str, value, known_type: GGUFValueType | None = None) -> bytes
     """One metadata entry's bytes: key string, value type, value. `known_type` (e.g. from GGUFMetadata.types)
     is used when the value fits it; otherwise the type is inferred."""
     what = f"key {key!r}"
-    sub = None
+    t: GGUFValueType
+    sub: GGUFValueType | None = None
     if isinstance(value, GGUFValue):
         value, t, sub = value
+    elif known_type is not None and _fits(value, known_type):
+        t = known_type
     else:
-        t = None
-        if known_type is not None and _fits(value, known_type):
-            t = known_type
-        if t is None:
-            t = _infer_scalar_type(value, what)
+        t = _infer_scalar_type(value, what)
     if t is GGUFValueType.ARRAY:
         body = _pack_array(value, sub, what)
     else:
@@ -407,7 +407,7 @@ def _as_bytes(name: str, slot: GGUFTensorSlot, data) -> memoryview:
                 f"{slot.dtype.name}{list(slot.shape)}" + (f" ({slot.encoding.name} blocks)" if slot.encoding else "")
             )
         arr = np.ascontiguousarray(data).reshape(-1)
-        return memoryview(arr.view(np.uint8))
+        return arr.view(np.uint8).data
     try:
         mv = memoryview(data)
     except TypeError:
@@ -426,7 +426,7 @@ class GGUFStreamWriter:
         self.layout = layout
         self._lock = threading.Lock()
         self._written: dict[str, list[list[int]]] = {name: [] for name in layout.slots}
-        self._starts = None
+        self._starts: tuple[list[int], list[GGUFTensorSlot]] | None = None
         # The planned size from the start, sparse: a full disk fails at the write that hits it, naming the
         # tensor (tests/run/test_faults.py::test_real_full_tmpfs).
         self.file = AtomicFile(path, layout.total_size, fsync=fsync, reserve=False)

@@ -50,6 +50,7 @@ from typing import Iterator
 import numpy as np
 
 from ..core.errors import FormatError, ImatrixFormatError, ImatrixShapeError
+from .source import TensorRecord
 
 GGUF_MAGIC = b"GGUF"
 
@@ -194,7 +195,7 @@ def _read_gguf(path: str) -> Imatrix:
     if missing:
         # llama-quantize refuses such a file ("missing imatrix metadata")
         raise ImatrixFormatError(f"{path}: GGUF imatrix lacks the metadata key(s) {', '.join(missing)}")
-    pairs: dict[str, dict[str, object]] = {}
+    pairs: dict[str, dict[str, TensorRecord]] = {}
     for rec in records:
         for suffix in (".in_sum2", ".counts"):
             if rec.name.endswith(suffix):

@@ -24,21 +24,21 @@ from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from .source import SourceFile, TensorRecord, absolute_location
 
 
-def _as_paths(paths: PathLike | Iterable[PathLike]) -> list:
-    """Local paths as `Path`s; URLs stay strings (a `Path` would fold their '//')."""
+def _as_paths(paths: PathLike | Iterable[PathLike]) -> list[Path | str]:
+    """Local paths as `Path`s; URLs stay strings (a `Path` would fold their '//'), so below a `str` is a URL."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    out = [p if is_url(p) else Path(p) for p in paths]
+    out: list[Path | str] = [os.fspath(p) if is_url(p) else Path(p) for p in paths]
     if not out:
         raise UsageError("load_weights() was given no paths")
     return out
 
 
-def _expand(paths: list[Path]) -> list[Path]:
+def _expand(paths: list[Path | str]) -> list[Path | str]:
     """Directories become their checkpoint files (the index if there is one)."""
-    out: list = []
+    out: list[Path | str] = []
     for p in paths:
-        if is_url(p):
+        if isinstance(p, str):  # a URL (see _as_paths)
             out.extend(_expand_url(p))
             continue
         if p.is_dir():
@@ -142,9 +142,10 @@ def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, 
 def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
     from .torch_pickle import is_pickle_checkpoint, pickle_allowed, read_torch_checkpoint
 
-    local = not any(is_url(p) for p in _as_paths(paths))
-    if pickle_allowed(allow_pickle) and local and is_pickle_checkpoint(_as_paths(paths)):
-        return read_torch_checkpoint(_as_paths(paths))
+    given = _as_paths(paths)
+    local = [p for p in given if isinstance(p, Path)]  # URLs are strings (_as_paths)
+    if pickle_allowed(allow_pickle) and len(local) == len(given) and is_pickle_checkpoint(local):
+        return read_torch_checkpoint(local)
     files = _expand(_as_paths(paths))
     fmt = weights_format(files)
     if fmt is WeightsFormat.pytorch:
@@ -160,14 +161,14 @@ def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
     return _open_safetensors(files)
 
 
-def _open_safetensors(files: list[Path]) -> Checkpoint:
+def _open_safetensors(files: list[Path | str]) -> Checkpoint:
     from .safetensors import read_safetensors
 
-    shard_files: list[Path] = []
-    index_map: dict[str, Path] | None = None
+    shard_files: list[Path | str] = []
+    index_map: dict[str, Path | str] | None = None
     index_meta: dict = {}
     for f in files:
-        if (_url_name(f) if is_url(f) else f.name).endswith(".index.json"):
+        if (_url_name(f) if isinstance(f, str) else f.name).endswith(".index.json"):
             idx_shards, idx_map, index_meta = read_index(f)
             shard_files.extend(idx_shards)
             index_map = {**(index_map or {}), **idx_map}
@@ -193,14 +194,14 @@ def _open_safetensors(files: list[Path]) -> Checkpoint:
                 )
             records[r.name] = r
     if index_map is not None:
-        for name, shard in index_map.items():
+        for name, where in index_map.items():
             rec = records.get(name)
             if rec is None:
-                raise FormatError(f"{shard}: the index names tensor {name!r} in this shard but the shard does not "
+                raise FormatError(f"{where}: the index names tensor {name!r} in this shard but the shard does not "
                                   "contain it")
-            if rec.file.path != absolute_location(shard):
+            if rec.file.path != absolute_location(where):
                 raise FormatError(
-                    f"tensor {name!r}: the index places it in {shard} but it is in {rec.file.path}"
+                    f"tensor {name!r}: the index places it in {where} but it is in {rec.file.path}"
                 )
     return Checkpoint(WeightsFormat.safetensors, records, metadata, seen_files)
 

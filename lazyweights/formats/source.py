@@ -226,3 +226,41 @@ class TensorRecord:
             return raw.view(self.dtype.to_numpy()).reshape(self.shape)
         raw = self.file.view(self.offset, self.nbytes)
         return raw.view(self.dtype.to_numpy()).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class PickleFile:
+    """The file of a pickle checkpoint (`formats/torch_pickle.py`): torch owns its map, so there is nothing to
+    check or prefetch; it has the `SourceFile` calls records' users make."""
+
+    path: str
+    size: int
+
+    def check_unchanged(self, tensor: str | None = None) -> None:
+        """Nothing to check: torch owns the map, which cannot change under it."""
+        return None
+
+    def prefetch(self, offset: int, length: int) -> None:
+        """Nothing to ask for: torch's map of a local file (`Weights.prefetch` calls it on every record's file)."""
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class TorchTensorRecord:
+    """A tensor of a pickle checkpoint: like `TensorRecord`, but its bytes are torch's map, held by `node`
+    (a `const` node over a read-only numpy view). `offset` is unknown (None). Made by
+    `formats/torch_pickle.py`; defined here, beside `TensorRecord`, so `Checkpoint` can name both."""
+
+    file: PickleFile
+    name: str
+    nbytes: int
+    dtype: DType
+    shape: tuple[int, ...]
+    node: Any
+    encoding: Any = None
+    offset: Any = None
+    extra: Any = field(default=None)
+
+    def array(self, check: bool = True, fetch: bool = True) -> np.ndarray:  # local: always present
+        """The tensor's bytes as a read-only numpy view of torch's map (always present: the file is local)."""
+        return self.node.arg.array

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 
 from ..core.dtype import DType
 from ..core.errors import DependencyError, DTypeError, FormatError, UsageError
+from .source import PickleFile, TorchTensorRecord
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 INDEX_SUFFIX = ".bin.index.json"
@@ -91,39 +91,11 @@ def _expand(paths: list[Path]) -> list[Path]:
                 out.extend(found)
                 continue
         if p.name.lower().endswith(INDEX_SUFFIX):
-            shards, _, _ = read_index(p)  # shard names confined to the index's directory
-            out.extend(shards)
+            shards, _, _ = read_index(p)  # shard names confined to the index's directory (Paths: p is local)
+            out.extend(Path(s) for s in shards)
         else:
             out.append(p)
     return list(dict.fromkeys(Path(os.path.abspath(p)) for p in out))
-
-
-@dataclass(frozen=True)
-class _PickleFile:
-    path: str
-    size: int
-
-    def check_unchanged(self, tensor: str | None = None) -> None:  # torch owns the map
-        return None
-
-
-@dataclass(frozen=True, eq=False)
-class TorchTensorRecord:
-    """A tensor of a pickle checkpoint: like `TensorRecord`, but its bytes are torch's map, held by `node`
-    (a `const` node over a read-only numpy view). `offset` is unknown (None)."""
-
-    file: _PickleFile
-    name: str
-    nbytes: int
-    dtype: DType
-    shape: tuple[int, ...]
-    node: Any
-    encoding: Any = None
-    offset: Any = None
-    extra: Any = field(default=None)
-
-    def array(self, check: bool = True, fetch: bool = True) -> np.ndarray:  # local: always present
-        return self.node.arg.array
 
 
 def _torch_dtypes(torch) -> dict:
@@ -211,7 +183,7 @@ def read_torch_checkpoint(paths: list[Path]):
         obj = _load_one(torch, f)
         tensors: dict = {}
         _flatten(obj, "", tensors, metadata, torch)
-        pf = _PickleFile(where, os.path.getsize(where))
+        pf = PickleFile(where, os.path.getsize(where))
         for name, t in tensors.items():
             if name in records:
                 raise FormatError(f"tensor {name!r} appears in two checkpoint files: {records[name].file.path} and "

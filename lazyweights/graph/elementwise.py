@@ -27,6 +27,12 @@ BINARY_OPS = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "div": np.d
 
 
 def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], what: str) -> tuple[int, ...]:
+    """numpy's broadcast of two shapes, or a ShapeError naming `what` and both shapes.
+
+    Example:
+        >>> broadcast_shape((4, 1), (3,), "mul")
+        (4, 3)
+    """
     try:
         return tuple(int(d) for d in np.broadcast_shapes(a, b))
     except ValueError:

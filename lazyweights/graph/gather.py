@@ -59,6 +59,8 @@ GATHER = OpTable("row gather", skip=GroupOp.Leaf | (frozenset(Op) - GroupOp.Layo
 
 
 class Move(NamedTuple):
+    """How a gather moves data: in runs of `run` elements, and the function mapping output units to source units."""
+
     run: int  # every unit must divide this
     source_units: Callable[[Node, np.ndarray, int], np.ndarray]
 
@@ -69,6 +71,7 @@ def _remap(ids: np.ndarray, per_run: int, out_lead: tuple, in_lead: tuple, coord
     together. (Runs once per block: one- and two-axis leads, the common case, skip numpy's general
     unravel/ravel, which cost 30 us a block.)"""
     lead, within = (ids, None) if per_run == 1 else np.divmod(ids, per_run)
+    coords: tuple[np.ndarray, ...]
     if len(out_lead) == 1:
         coords = (lead,)
     elif len(out_lead) == 2:

@@ -52,6 +52,7 @@ def view_of(node: Node, base_of: Callable[[Node], np.ndarray], cache: dict | Non
     """`node` as a numpy view of the arrays `base_of` gives for its leaves, or None if it must be computed."""
     if cache is not None and node in cache:
         return cache[node]
+    v: np.ndarray | None
     if node.op in GroupOp.Leaf:
         v = base_of(node)
     else:

@@ -165,10 +165,12 @@ class Node:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the node's value (`size * dtype.size_in_bytes`)."""
         return self.size * self.dtype.size_in_bytes
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.shape)
 
     def toposort(self) -> list["Node"]:

@@ -55,7 +55,10 @@ class Op(str, enum.Enum):
     # Compare, hash and print as the plain string, so `node.op == "cast"` and plan text are unchanged.
     __hash__ = str.__hash__
     __str__ = str.__str__
-    __format__ = str.__format__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
+
     __repr__ = str.__repr__
 
 
@@ -94,6 +97,7 @@ class OpTable(dict):
         return add
 
     def missing(self) -> set[Op]:
+        """Ops with neither an entry nor a declared skip: what a table test reports as forgotten."""
         return set(Op) - set(self) - self.skip
 
     def __repr__(self) -> str:

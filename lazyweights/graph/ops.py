@@ -203,7 +203,7 @@ def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
     """Basic slicing with one (start, stop, step) per axis; steps must be positive."""
     if len(slices) != x.ndim:
         raise ShapeError(f"slice: {len(slices)} ranges for {x.ndim}-d {_fmt(x.dtype, x.shape)}")
-    norm = []
+    ranges: list[tuple[int, int, int]] = []
     shape = []
     for dim, (start, stop, step) in zip(x.shape, slices):
         if step <= 0:
@@ -211,9 +211,9 @@ def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
         start, stop, step = slice(start, stop, step).indices(dim)
         n = max(0, (stop - start + step - 1) // step)
         stop = start + n * step if n else start
-        norm.append((start, stop, step))
+        ranges.append((start, stop, step))
         shape.append(n)
-    norm = tuple(norm)
+    norm = tuple(ranges)
     if all(r == (0, d, 1) for r, d in zip(norm, x.shape)):
         return x
     return Node(Op.SLICE, (x,), norm, x.dtype, tuple(shape))

@@ -79,6 +79,11 @@ def sink_slices(root: Node) -> Node:
     return done[root]
 
 
+def _first_src(x: Node) -> Node:
+    """`x`'s first input, or `x` itself for a leaf (the op cases that read it never see a leaf)."""
+    return x.srcs[0] if x.srcs else x
+
+
 def _full(x: Node, axis: int) -> tuple[int, int, int]:
     return (0, x.shape[axis], 1)
 
@@ -88,17 +93,17 @@ def _slice_below(x: Node, slices: tuple) -> Node:
     slices = tuple(slices)
     if all(r == _full(x, i) for i, r in enumerate(slices)):
         return x
-    op, src = x.op, (x.srcs[0] if x.srcs else None)
+    op, src = x.op, _first_src(x)
     if op is Op.PERMUTE:
-        inner = [None] * x.ndim
+        unpermuted: list = [None] * x.ndim
         for out_axis, in_axis in enumerate(x.arg):
-            inner[in_axis] = slices[out_axis]
-        return ops.permute(_slice_below(src, tuple(inner)), x.arg)
+            unpermuted[in_axis] = slices[out_axis]
+        return ops.permute(_slice_below(src, tuple(unpermuted)), x.arg)
     if op is Op.TAKE:
         axis, index = x.arg
         start, stop, step = slices[axis]
-        inner = slices[:axis] + (_full(src, axis),) + slices[axis + 1:]
-        return ops.take(_slice_below(src, inner), index.array[start:stop:step], axis)
+        whole_axis = slices[:axis] + (_full(src, axis),) + slices[axis + 1:]
+        return ops.take(_slice_below(src, whole_axis), index.array[start:stop:step], axis)
     if op is Op.CAST:
         return ops.cast(_slice_below(src, slices), x.dtype)
     if op is Op.DEQUANTIZE and slices[-1] == _full(x, x.ndim - 1):
@@ -208,9 +213,9 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
         return None
     target = _merged_shape(n)
     if strided_layout(n, views) is not None:
-        m = ops.reshape(n, target)
-        return m if strided_layout(m, views) is not None else None  # a strided view that cannot merge stays whole
-    op, src = n.op, (n.srcs[0] if n.srcs else None)
+        merged = ops.reshape(n, target)  # a strided view that cannot merge stays whole
+        return merged if strided_layout(merged, views) is not None else None
+    op, src = n.op, _first_src(n)
     if op is Op.RESHAPE:
         if src.shape == target:  # e.g. stack's [1, R, C] over an [R, C] part
             return src
@@ -257,8 +262,9 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
             return None
         return binary(n.arg, a, b)
     if op is Op.CONCAT:
-        parts = [_merge(s, memo, views) for s in n.srcs]
-        if any(p is None for p in parts):
+        maybe = [_merge(s, memo, views) for s in n.srcs]
+        parts = [p for p in maybe if p is not None]
+        if len(parts) != len(maybe):
             return None
         if n.arg == 0:
             return ops.concat(parts, 0)

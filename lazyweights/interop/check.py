@@ -44,15 +44,15 @@ import numpy as np
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, LazyWeightsError, LoadError, ShapeError, UsageError
-from ..core.names import split_numbers as _split_numbers
-from ..core.names import suggest_all
+from ..core.names import fold_names, fold_numbers, fold_words, format_index_set, render, split_digits, suggest_all
 from ..core.quantization import QuantizationEncoding
 from ..core.torch_dtypes import import_torch, torch_dtype_table
 from ..graph.opcodes import Op
 
 __all__ = [
     "CheckReport", "Missing", "Unexpected", "Mismatch", "InvalidValue", "RenameCollision", "TensorSpec",
-    "check", "check_unique_renames", "find_rename_collisions",
+    "check", "check_unique_renames", "find_rename_collisions", "fold_rows",
+    "fold_names", "format_index_set",  # lazyweights.core.names', re-exported for the report's callers
 ]
 
 
@@ -71,6 +71,7 @@ class TensorSpec:
         return f"{dt}{_shape_str(self.shape)}{enc}"
 
     def to_dict(self) -> dict:
+        """JSON-ready form: dtype and encoding by name, shape as a list."""
         return {
             "dtype": self.dtype.name if isinstance(self.dtype, DType) else str(self.dtype),
             "shape": list(self.shape),
@@ -139,6 +140,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """True when there is no problem at all, strict: unexpected weights count."""
         return self.problem_count(strict=True) == 0
 
     def problem_count(self, strict: bool = True) -> int:
@@ -171,6 +173,7 @@ class CheckReport:
         }
 
     def summary(self) -> str:
+        """The one-line summary: expected, matching, and the problems by kind (`check: 4 weights expected, ...`)."""
         parts = []
         for n, word in ((len(self.missing), "missing"), (len(self.unexpected), "unexpected"),
                         (len(self.dtype_mismatches), "dtype"), (len(self.shape_mismatches), "shape"),
@@ -198,21 +201,21 @@ class CheckReport:
             out.append(("missing", m.name, str(m.expected), "-", hint))
         for u in self.unexpected:
             out.append(("unexpected", u.name, "-", str(u.actual) if u.actual is not None else u.type_name, ""))
-        for m in self.dtype_mismatches:
+        for d in self.dtype_mismatches:
             hint = ""
-            if isinstance(m.expected, DType) and isinstance(m.actual, DType):
-                hint = f"cast it in the adapter: .astype({m.expected})" if long else f".astype({m.expected})"
-            out.append(("dtype", m.name, dt(m.expected), dt(m.actual), hint))
-        for m in self.shape_mismatches:
-            out.append(("shape", m.name, shp(m.expected), shp(m.actual), _shape_hint(m.expected, m.actual, long)))
-        for m in self.encoding_mismatches:
-            if m.expected is None:
+            if isinstance(d.expected, DType) and isinstance(d.actual, DType):
+                hint = f"cast it in the adapter: .astype({d.expected})" if long else f".astype({d.expected})"
+            out.append(("dtype", d.name, dt(d.expected), dt(d.actual), hint))
+        for s in self.shape_mismatches:
+            out.append(("shape", s.name, shp(s.expected), shp(s.actual), _shape_hint(s.expected, s.actual, long)))
+        for e in self.encoding_mismatches:
+            if e.expected is None:
                 hint = "call .dequantize() in the adapter" if long else ".dequantize()"
-            elif m.actual is not None:
+            elif e.actual is not None:
                 hint = "or pass override_quantization_encoding=True" if long else "override_quantization_encoding=True"
             else:
                 hint = "the value is not quantized"
-            out.append(("encoding", m.name, _value_str(m.expected), _value_str(m.actual), hint))
+            out.append(("encoding", e.name, _value_str(e.expected), _value_str(e.actual), hint))
         for v in self.invalid_values:
             out.append(("not array", v.name, "array", v.type_name, v.reason))
         return out
@@ -274,120 +277,35 @@ def _shape_hint(expected, actual, long: bool = False) -> str:
 # --- folding layer indices ----------------------------------------------------------------------------------
 
 
-def format_index_set(values: Iterable[int]) -> str:
-    """{0..21}, {0,2,5..7}, or a bare number for one value."""
-    vs = sorted(set(values))
-    if len(vs) == 1:
-        return str(vs[0])
-    runs, start, prev = [], vs[0], vs[0]
-    for v in vs[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        if prev - start >= 2:
-            runs.append(f"{start}..{prev}")
-        elif prev == start + 1:
-            runs.append(f"{start},{prev}")
-        else:
-            runs.append(str(start))
-        if v is not None:
-            start = prev = v
-    return "{" + ",".join(runs) + "}"
+def fold_rows(rows: Sequence[tuple[str, str, str, str, str]]) -> list[tuple[str, str, str, str, str]]:
+    """Merge report rows that differ only in the numbers of their names, then in one word of them.
 
+    Folding is `lazyweights.core.names`' (exact brace patterns); rows fold only when kind, expected, actual
+    and hint agree, except that a hint quoting a name with the same numbers folds along with it.
 
-def _fold_boxes(tuples: Iterable[tuple[int, ...]]) -> list[tuple[frozenset, ...]]:
-    """Cover a set of index tuples with cartesian boxes (merging from the last position to the first)."""
-    boxes = {tuple(frozenset([v]) for v in t) for t in tuples}
-    k = len(next(iter(boxes))) if boxes else 0
-    for pos in reversed(range(k)):
-        groups: dict[tuple, set] = {}
-        for b in boxes:
-            groups.setdefault(b[:pos] + b[pos + 1:], set()).update(b[pos])
-        boxes = {key[:pos] + (frozenset(s),) + key[pos:] for key, s in groups.items()}
-    return sorted(boxes, key=lambda b: tuple(min(s) for s in b))
-
-
-def _render(template: tuple[str | None, ...], box: tuple[frozenset, ...]) -> str:
-    it = iter(box)
-    return ".".join(p if p is not None else format_index_set(next(it)) for p in template)
-
-
-def fold_rows(rows: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """Merge rows that differ only in the numeric parts of their names (the hint follows along)."""
-    groups: dict[tuple, list[tuple[int, ...]]] = {}
-    order: list[tuple] = []
+    Example:
+        >>> fold_rows([("missing", f"l.{i}.w", "f32[2]", "-", f"did you mean 'l.{i}.W'?") for i in range(3)])
+        [('missing', 'l.{0..2}.w', 'f32[2]', '-', "did you mean 'l.{0..2}.W'?")]
+    """
+    keyed = []
     for kind, name, expected, actual, hint in rows:
-        template, nums = _split_numbers(name)
+        nums = split_digits(name)[1]
         hint_key: Any = hint
         m = re.match(r"^(.*?)'([^']*)'(.*)$", hint)
         if m and nums:
-            h_template, h_nums = _split_numbers(m.group(2))
+            h_template, h_nums = split_digits(m.group(2))
             if h_nums == nums:
                 hint_key = (m.group(1), h_template, m.group(3))
-        key = (kind, template, expected, actual, hint_key)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(nums)
+        keyed.append(((kind, expected, actual, hint_key), name))
     out = []
-    for key in order:
-        kind, template, expected, actual, hint_key = key
-        for box in _fold_boxes(groups[key]):
-            name = _render(template, box)
-            if isinstance(hint_key, tuple):
-                pre, h_template, post = hint_key
-                hint = f"{pre}'{_render(h_template, box)}'{post}"
-            else:
-                hint = hint_key
-            out.append((kind, name, expected, actual, hint))
-    return _fold_words(out)
-
-
-def _split_top(name: str) -> list[str]:
-    """Split on dots outside braces ('layers.{0..3}.w' -> ['layers', '{0..3}', 'w'])."""
-    parts, depth, cur = [], 0, []
-    for ch in name:
-        if ch == "." and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        depth += (ch == "{") - (ch == "}")
-        cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def _fold_words(rows: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
-    """Merge rows whose names differ in one word: 'attention.{q_proj,k_proj}.weight'."""
-    if len(rows) < 2:
-        return rows
-    width = max(len(_split_top(r[1])) for r in rows)
-    for pos in reversed(range(width)):
-        groups: dict[tuple, list] = {}
-        for r in rows:
-            parts = _split_top(r[1])
-            word = parts[pos] if pos < len(parts) else None
-            if word is None or not word or "{" in word or word.isdigit():
-                key = ("<keep>", id(r), r)
-            else:
-                key = (r[0], tuple(parts[:pos]), tuple(parts[pos + 1:]), r[2], r[3], r[4])
-            groups.setdefault(key, []).append((r, word))
-        rows = []
-        for key, members in groups.items():
-            if key[0] == "<keep>" or len(members) == 1:
-                rows.extend(m[0] for m in members)
-                continue
-            words = list(dict.fromkeys(m[1] for m in members))
-            parts = _split_top(members[0][0][1])
-            parts[pos] = "{" + ",".join(words) + "}"
-            r = members[0][0]
-            rows.append((r[0], ".".join(parts)) + tuple(r[2:]))
-    return rows
-
-
-def fold_names(names: Iterable[str]) -> list[str]:
-    """Fold a list of names: ['layers.0.w', 'layers.1.w'] -> ['layers.{0,1}.w']."""
-    return [r[1] for r in fold_rows([("", n, "", "", "") for n in names])]
+    for (kind, expected, actual, hint_key), name, box in fold_numbers(keyed):
+        if isinstance(hint_key, tuple):
+            pre, h_template, post = hint_key
+            hint = f"{pre}'{render(h_template, box)}'{post}"
+        else:
+            hint = hint_key
+        out.append(((kind, expected, actual, hint), name))
+    return [(kind, name, expected, actual, hint) for (kind, expected, actual, hint), name in fold_words(out)]
 
 
 # --- what the module expects ----------------------------------------------------------------------------------
@@ -406,6 +324,7 @@ class Slot:
 
     @property
     def spec(self) -> TensorSpec:
+        """What the slot must hold, as a `TensorSpec` (dtype, shape, encoding)."""
         return TensorSpec(self.dtype, self.shape, self.encoding)
 
 
@@ -480,7 +399,7 @@ def expected_layout(slot: Slot, encoding: QuantizationEncoding | None) -> tuple[
     if not slot.shape:
         return DType.uint8, slot.shape
     last = slot.shape[-1]
-    if declared_packed:
+    if declared_packed and slot.encoding is not None:
         last = slot.encoding.elements_per_row_bytes(last)
     return DType.uint8, slot.shape[:-1] + (encoding.row_bytes_for_elements(last),)
 

@@ -66,11 +66,12 @@ from ..core.dtype import DType
 from ..core.errors import DTypeError, LoadError, UsageError, did_you_mean
 from ..core.quantization import QuantizationEncoding
 from ..graph.opcodes import Op
+from ..io.source import ByteSource
 
 __all__ = [
     "as_max_adapter", "to_max_state_dict", "load_max_module", "check_max_module", "reopen_lazily",
     "to_max_dtype", "from_max_dtype", "to_max_encoding", "from_max_encoding", "to_max_device",
-    "from_max_device", "to_max_buffer", "to_max_weight_data", "max_nan_payloads",
+    "from_max_device", "to_max_buffer", "to_max_weight_data", "max_nan_payloads", "MaxAdapter",
 ]
 
 
@@ -129,6 +130,7 @@ def to_max_encoding(encoding, name: str | None = None):
 
 
 def from_max_encoding(max_encoding) -> QuantizationEncoding | None:
+    """A MAX `QuantizationEncoding` (or its name, or None) as lazyweights' encoding."""
     return QuantizationEncoding.parse(max_encoding)
 
 
@@ -140,6 +142,7 @@ def to_max_device(device):
 
 
 def from_max_device(max_device) -> DeviceRef:
+    """A MAX `DeviceRef` (or anything with a device kind and id) as lazyweights' `DeviceRef`."""
     return DeviceRef.parse(max_device)
 
 
@@ -185,7 +188,7 @@ class _CopyOnWriteMaps:
     """Copy-on-write maps of the checkpoint files a plan reads, to hand MAX writable zero-copy views."""
 
     def __init__(self, plan: Plan):
-        self.files = {}
+        self.files: dict[str, tuple[ByteSource, int]] = {}  # path -> (file, address of its map)
         for node in plan.nodes():
             if node.op is Op.SOURCE:
                 f = node.arg.file
@@ -280,8 +283,8 @@ def _apply_max_nan_rule(wd: WeightData, arr: np.ndarray) -> np.ndarray:
 
 
 # --- checking against a MAX module, then loading it --------------------------------------------------------
-def _static_dims(shape) -> list:
-    dims = []
+def _static_dims(shape) -> list[int | None]:
+    dims: list[int | None] = []
     for d in shape:
         try:
             dims.append(int(d))
@@ -428,7 +431,7 @@ class _BufferAccessor:
 
 def as_max_adapter(lazy_adapter: Callable[..., Mapping[str, Any]], *, reopen: str = "auto", device=None,
                    budget=None, workers: int | None = None, zero_copy: bool = True,
-                   nan_payloads: str = "ml_dtypes") -> Callable[..., dict]:
+                   nan_payloads: str = "ml_dtypes") -> MaxAdapter:
     """Wrap a lazy, seed-style adapter as a MAX `WeightsAdapter`.
 
     The result is called by MAX as `adapter(state_dict, huggingface_config=..., pipeline_config=...)`
@@ -438,19 +441,33 @@ def as_max_adapter(lazy_adapter: Callable[..., Mapping[str, Any]], *, reopen: st
     `device`: None (host, as MAX's own adapters return), a GPU, or "pipeline" (the pipeline's first
     device). The route taken is in `adapter.last_route` after a call."""
 
-    @functools.wraps(lazy_adapter)
-    def adapter(state_dict, huggingface_config=None, pipeline_config=None, **kwargs):
-        lazy_in, route = reopen_lazily(state_dict, pipeline_config, reopen=reopen)
-        adapter.last_route = route
-        out = lazy_adapter(lazy_in, huggingface_config=huggingface_config, pipeline_config=pipeline_config,
-                           **kwargs)
-        dev = _pipeline_device(pipeline_config) if device == "pipeline" else device
-        return to_max_state_dict(out, device=dev, budget=budget, workers=workers, zero_copy=zero_copy,
-                                 nan_payloads=nan_payloads)
+    return MaxAdapter(lazy_adapter, reopen=reopen, device=device, budget=budget, workers=workers,
+                      zero_copy=zero_copy, nan_payloads=nan_payloads)
 
-    adapter.last_route = None
-    adapter.lazy_adapter = lazy_adapter
-    return adapter
+
+class MaxAdapter:
+    """What `as_max_adapter` returns: a MAX `WeightsAdapter` (a callable) that also keeps `lazy_adapter` and
+    the route its last call took (`last_route`: "private", "paths" or "buffers"; None before a call).
+
+    It wraps the lazy adapter (`functools.update_wrapper`), so its name and docstring are the adapter's.
+    """
+
+    def __init__(self, lazy_adapter: Callable[..., Mapping[str, Any]], *, reopen: str, device, budget,
+                 workers: int | None, zero_copy: bool, nan_payloads: str):
+        self.lazy_adapter = lazy_adapter
+        self.last_route: str | None = None
+        self.reopen, self.device, self.budget, self.workers = reopen, device, budget, workers
+        self.zero_copy, self.nan_payloads = zero_copy, nan_payloads
+        functools.update_wrapper(self, lazy_adapter)
+
+    def __call__(self, state_dict, huggingface_config=None, pipeline_config=None, **kwargs) -> dict:
+        lazy_in, route = reopen_lazily(state_dict, pipeline_config, reopen=self.reopen)
+        self.last_route = route
+        out = self.lazy_adapter(lazy_in, huggingface_config=huggingface_config, pipeline_config=pipeline_config,
+                                **kwargs)
+        dev = _pipeline_device(pipeline_config) if self.device == "pipeline" else self.device
+        return to_max_state_dict(out, device=dev, budget=self.budget, workers=self.workers,
+                                 zero_copy=self.zero_copy, nan_payloads=self.nan_payloads)
 
 
 def _pipeline_device(pipeline_config):

@@ -95,6 +95,13 @@ def _check_alignment_arg(weight_alignment) -> None:
 class Module:
     """A tree of weights and sub-modules. Subclass it and assign `Weight`s and `Module`s as attributes."""
 
+    # Set in __init__ through object.__setattr__ (this class's __setattr__ declares weights and sub-modules).
+    _sublayers: dict[str, Module]         # attribute -> Module
+    _layer_weights: dict[str, Weight]     # declared weight name -> Weight
+    _weight_attrs: dict[str, str]         # attribute -> declared weight name
+    _shared_weights: set[str]             # declared names loaded elsewhere
+    _weight_values: dict[str, Any]        # full name -> array (numpy, or CuPy on a GPU; root module's values)
+
     def __init__(self):
         # __setattr__ may run before super().__init__() in a subclass; do not reset what it set up.
         if "_sublayers" not in self.__dict__:
@@ -150,6 +157,7 @@ class Module:
 
     @property
     def sublayers(self) -> dict[str, "Module"]:
+        """The direct child modules by attribute name (LayerList entries by index)."""
         return self._sublayers
 
     @property
@@ -243,9 +251,7 @@ class Module:
         report, resolved = validate(self._lw_slots(), state_dict,
                                     override_quantization_encoding=override_quantization_encoding)
         if report.problem_count(strict=strict):
-            err = LoadError(load_error_message(report, strict, f"{type(self).__name__}"))
-            err.report = report
-            raise err
+            raise LoadError(load_error_message(report, strict, f"{type(self).__name__}"), report)
 
         buffers: dict = {}
         sources = {}
@@ -284,6 +290,8 @@ class Module:
 class LayerList(Module):
     """A list of sub-modules named by index: `layers.0`, `layers.1`, ..."""
 
+    layers: list[Module]  # set in __init__ through object.__setattr__
+
     def __init__(self, layers: Iterable[Module] = ()):
         super().__init__()
         object.__setattr__(self, "layers", [])
@@ -296,16 +304,19 @@ class LayerList(Module):
             self._sublayers[str(i)] = layer
 
     def append(self, layer: Module) -> None:
+        """Add a layer at the end; it is named by its index (`layers.3`)."""
         if not isinstance(layer, Module):
             raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.append(layer)
         self._sublayers[str(len(self.layers) - 1)] = layer
 
     def extend(self, layers: Iterable[Module]) -> None:
+        """Append each layer in order."""
         for layer in layers:
             self.append(layer)
 
     def insert(self, index: int, layer: Module) -> None:
+        """Insert a layer at `index`; the layers after it are renumbered."""
         if not isinstance(layer, Module):
             raise ArgumentTypeError(f"LayerList holds Modules, got {type(layer).__name__}")
         self.layers.insert(index, layer)

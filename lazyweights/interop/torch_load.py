@@ -47,6 +47,8 @@ __all__ = ["load_into_torch", "TorchLoadError", "IncompatibleKeys", "torch_dtype
 
 
 class IncompatibleKeys(NamedTuple):
+    """What `load_into_torch` returns, as torch's `load_state_dict` does: the keys missing and unexpected."""
+
     missing_keys: list
     unexpected_keys: list
 
@@ -157,9 +159,8 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
     report, resolved = validate(slots, state_dict, cast_to=caster)
     missing, unexpected = _torch_order(torch_module, report)
     if report.problem_count(strict=strict):
-        err = TorchLoadError(_error_message(report, strict, type(torch_module).__name__, cast, missing, unexpected))
-        err.report = report
-        raise err
+        raise TorchLoadError(_error_message(report, strict, type(torch_module).__name__, cast, missing, unexpected),
+                             report)
 
     views: dict[str, np.ndarray] = {}
     staged: dict[str, tuple[Any, np.ndarray]] = {}

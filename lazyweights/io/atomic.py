@@ -112,6 +112,7 @@ class AtomicFile:
 
     @property
     def closed(self) -> bool:
+        """True once the file was committed or aborted."""
         return self.state != "open"
 
     def _fd(self) -> int:

@@ -229,7 +229,7 @@ class _HTTP:
                               url=self.url) from None
         return size, r.headers.get("ETag")
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
+    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview | _FileSink) -> None:
         import requests
         import urllib3
 
@@ -324,27 +324,70 @@ class _HTTP:
         return parts
 
 
-def _read_body(read, out: memoryview, start: int, end: int, stream=None) -> None:
-    """Receive a ranged body's `end - start` bytes into `out`. `stream`: the urllib3 response under it
-    (requests' `r.raw`, botocore's `Body._raw_stream`); where it has http.client's response underneath, the
-    bytes go from the socket into `out` with `readinto` (one copy, into the mirror's own pages), instead of
-    `read` making a bytes object per megabyte that is then copied again. Both see the same raw bytes: we ask
-    for `Accept-Encoding: identity` and never decode."""
+class _FileSink:
+    """Where a ranged body goes: the mirror file at the range's offset, written with pwrite."""
+
+    def __init__(self, fd: int, offset: int):
+        self.fd, self.offset = fd, offset
+
+    def write(self, pos: int, data: memoryview) -> None:
+        done = 0
+        while done < len(data):  # pwrite may write less than asked
+            done += os.pwrite(self.fd, data[done:], self.offset + pos + done)
+
+
+_BOUNCE = threading.local()
+_BOUNCE_BYTES = 4 << 20
+
+
+def _bounce_buffer() -> memoryview:
+    """This thread's reusable receive buffer: allocated once, so it stays warm (fresh memory is slow here)."""
+    buf = getattr(_BOUNCE, "view", None)
+    if buf is None:
+        buf = _BOUNCE.view = memoryview(bytearray(_BOUNCE_BYTES))
+    return buf
+
+
+def _read_body(read, out: memoryview | _FileSink, start: int, end: int, stream=None) -> None:
+    """Receive a ranged body's `end - start` bytes into `out`: a buffer, or a `_FileSink` (the mirror).
+
+    `stream`: the urllib3 response under it (requests' `r.raw`, botocore's `Body._raw_stream`). Where it has
+    http.client's response underneath, the bytes go from the socket into this thread's warm bounce buffer
+    with `readinto` and from there into the file: two copies of each byte and no allocation, where `read`
+    makes a fresh bytes object per megabyte (fresh memory, then copied again). Both see the same raw bytes:
+    we ask for `Accept-Encoding: identity` and never decode. Why not receive straight into a writable map of
+    the mirror: measured on this VM, a store into a file hole costs as much as the pwrite it saves, and a
+    full disk would then be a SIGBUS instead of an OSError."""
     pos, want = 0, end - start
     fp = getattr(stream, "_fp", None)
-    if fp is not None and hasattr(fp, "readinto") and not getattr(stream, "_fp_bytes_read", 0):
+    if fp is None or not hasattr(fp, "readinto") or getattr(stream, "_fp_bytes_read", 0):
+        while pos < want:
+            chunk = read(min(1 << 20, want - pos))
+            if not chunk:
+                raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
+            if isinstance(out, _FileSink):
+                out.write(pos, memoryview(chunk))
+            else:
+                out[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return
+    if not isinstance(out, _FileSink):
         while pos < want:
             n = fp.readinto(out[pos:want])
             if not n:
                 raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
             pos += n
         return
+    buf = _bounce_buffer()
     while pos < want:
-        chunk = read(min(1 << 20, want - pos))
-        if not chunk:
-            raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
-        out[pos:pos + len(chunk)] = chunk
-        pos += len(chunk)
+        fill, room = 0, min(len(buf), want - pos)
+        while fill < room:
+            n = fp.readinto(buf[fill:room])
+            if not n:
+                raise _Transient(f"truncated body: {pos + fill} of {want} bytes arrived")
+            fill += n
+        out.write(pos, buf[:fill])
+        pos += fill
 
 
 class _S3:
@@ -388,7 +431,7 @@ class _S3:
             raise self._error(e, "cannot open") from None
         return int(head["ContentLength"]), head.get("ETag")
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
+    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview | _FileSink) -> None:
         kwargs = {"IfMatch": etag} if etag else {}
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}", **kwargs)
@@ -462,15 +505,6 @@ def url_exists(url: str) -> bool:
 
 
 # --- the file ---------------------------------------------------------------------------------------------
-def _can_reserve(fd: int) -> bool:
-    """Whether the file system under `fd` reserves blocks with posix_fallocate (tmpfs, ext4, xfs, btrfs do)."""
-    try:
-        os.posix_fallocate(fd, 0, 1)
-    except (OSError, AttributeError):  # EOPNOTSUPP (some network and FUSE file systems); no posix_fallocate
-        return False
-    return True
-
-
 class RemoteFile:
     """One remote object, read by validated byte ranges into a sparse, memory-mapped local mirror.
 
@@ -536,12 +570,6 @@ class RemoteFile:
         os.ftruncate(fd, self.size)  # sparse: holes cost no disk
         self._fd = fd
         self._map = mmap.mmap(fd, self.size, access=mmap.ACCESS_READ) if self.size else None
-        # A shared writable map of the same file: ranged bodies are received straight into it (the read-only
-        # map above sees them: one page cache). Only where blocks can be reserved first (posix_fallocate), so
-        # a full disk is an OSError from the reservation, never a SIGBUS from a store into a hole.
-        self._receive: memoryview | None = None
-        if self.size and _can_reserve(fd):
-            self._receive = memoryview(mmap.mmap(fd, self.size, access=mmap.ACCESS_WRITE))
         self._buffer = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)
 
     def _save_meta(self) -> None:
@@ -566,15 +594,9 @@ class RemoteFile:
                 delay = min(delay * 2, 5.0)
 
     def _fetch_part(self, start: int, end: int) -> None:
-        what = f"bytes [{start}, {end})"
-        if self._receive is not None:
-            os.posix_fallocate(self._fd, start, end - start)  # ENOSPC here, as an OSError
-            # a failed attempt leaves some bytes written, but the range is marked held only after success
-            self._retrying(self._backend.get, what, start, end, self.size, self.etag, self._receive[start:end])
-        else:
-            buf = bytearray(end - start)
-            self._retrying(self._backend.get, what, start, end, self.size, self.etag, memoryview(buf))
-            os.pwrite(self._fd, buf, start)
+        # a failed attempt may leave some bytes written, but the range is marked held only after success
+        self._retrying(self._backend.get, f"bytes [{start}, {end})", start, end, self.size, self.etag,
+                       _FileSink(self._fd, start))
         with self._lock:
             self.bytes_fetched += end - start
             self.requests += 1

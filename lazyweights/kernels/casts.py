@@ -153,7 +153,8 @@ _BYTE_FLOATS = tuple(
                  "float6_e3m2fn")
     if hasattr(ml_dtypes, name)
 )
-_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_UINT: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                              8: np.dtype(np.uint64)}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -164,7 +165,9 @@ class _Kernel(NamedTuple):
     src_view: np.dtype  # unsigned integer views the kernel sees
     dst_view: np.dtype
     args: tuple
-    check: str  # "f16bits": verify on all 65536 patterns; "f32bits": on the edge set; "": exact by design
+    # "f16bits": verify on all 65536 patterns; "f32bits": on the edge set; "": exact by design; "lut": a lookup
+    # table kernel whose table `_resolve` makes on first use (then it is exact by design)
+    check: str
 
     def run(self, src: np.ndarray, out_flat: np.ndarray, rows: int | np.ndarray = 1, cols: int = -1,
             first: int = 0, stride: int = 0) -> None:
@@ -215,7 +218,7 @@ def _build_table(K) -> dict[tuple[np.dtype, np.dtype], _Kernel]:
     for src in _BYTE_FLOATS:
         for dst in (_F32, _F16, _BF16, _F64) + _BYTE_FLOATS:
             if dst != src and np.can_cast(src, dst, casting="unsafe"):  # e8m0 <-> fp8 has no cast
-                table[(src, dst)] = _Kernel(K.k_lut, u8, _UINT[dst.itemsize], None, "")  # table made lazily
+                table[(src, dst)] = _Kernel(K.k_lut, u8, _UINT[dst.itemsize], (), "lut")  # table made lazily
     return table
 
 
@@ -333,8 +336,9 @@ def _kernel_for(src_dtype: np.dtype, dst_dtype: np.dtype) -> _Kernel | None:
 
 def _resolve(key) -> _Kernel | None:
     """Look a pair up in the table; on its first use check it against astype (thread-safe)."""
-    kernel = (_table or {}).get(key)
-    if kernel is None or key in _disabled:
+    table = _table
+    kernel = table.get(key) if table is not None else None
+    if table is None or kernel is None or key in _disabled:
         return None
     if key in _verified:
         return kernel
@@ -342,14 +346,14 @@ def _resolve(key) -> _Kernel | None:
         if key in _disabled:
             return None
         if key in _verified:
-            return _table[key]
-        if kernel.fn is _K.k_lut and kernel.args is None:
+            return table[key]
+        if kernel.check == "lut":
             src_dtype, dst_dtype = key
             codes = np.arange(256, dtype=np.uint8).view(src_dtype)
             with np.errstate(all="ignore"):
                 lut = np.ascontiguousarray(codes.astype(dst_dtype).view(kernel.dst_view))
-            kernel = kernel._replace(args=(lut,))
-            _table[key] = kernel
+            kernel = kernel._replace(args=(lut,), check="")
+            table[key] = kernel
         if _verify(key, kernel) is None:
             return None
         _verified.add(key)
@@ -391,7 +395,7 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
         return True
     if not warm_up():
         return False
-    return (src, dst) in _table and (src, dst) not in _disabled
+    return _table is not None and (src, dst) in _table and (src, dst) not in _disabled
 
 
 def _blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, int]]:
@@ -568,8 +572,7 @@ def _reshape_without_copy(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _same_size_uint(dtype: np.dtype) -> np.dtype | None:
     """The unsigned integer dtype of `dtype`'s size, to move values as plain bits (None for odd sizes)."""
-    return {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
-            8: np.dtype(np.uint64)}.get(dtype.itemsize)
+    return _UINT.get(dtype.itemsize)
 
 
 def _row_table(src: np.ndarray) -> np.ndarray | None:
@@ -643,7 +646,7 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         kernel = _kernel_for(src.dtype, out.dtype)
         if kernel is not None:
             table = _row_table(src)
-    if table is None:
+    if table is None or kernel is None:
         _check_row_index(idx, src.shape[0])
         if out.size == 0:
             return

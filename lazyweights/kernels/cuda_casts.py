@@ -97,7 +97,8 @@ def half_modes() -> tuple[tuple[int, int, int], int]:
     from .casts import numpy_half_modes
 
     narrow, quiet = numpy_half_modes()
-    return tuple(int(v) for v in narrow), (0x400000 if quiet else 0)
+    base, payload, zero_fix = (int(v) for v in narrow)
+    return (base, payload, zero_fix), (0x400000 if quiet else 0)
 
 
 # ==========================================================================================================
@@ -421,7 +422,7 @@ def cuda_chain_expr(chain: Chain, x: str = "x") -> str:
     return expr
 
 
-_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
+_UINT: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
 
 
 def reference_cast(x: np.ndarray, dtype) -> np.ndarray:

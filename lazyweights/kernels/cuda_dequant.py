@@ -401,8 +401,8 @@ DEVICE_DEQUANT = frozenset(_KERNELS)
 def reference_values(encoding, src: np.ndarray, start: int = 0, stop: int | None = None) -> np.ndarray:
     """Values [start, stop) of the flat dequantized stream of packed bytes `src`, computed the way the CUDA
     kernel's threads compute them (one output index each). float32, 1-D."""
-    ref = _KERNELS[Q.parse(encoding)][0]
-    enc = Q.parse(encoding)
+    enc = Q.parse_required(encoding, "reference_values")
+    ref = _KERNELS[enc][0]
     src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
     n = src.size // enc.block_bytes * enc.block_elements
     stop = n if stop is None else stop
@@ -416,7 +416,7 @@ def reference_values(encoding, src: np.ndarray, start: int = 0, stop: int | None
 def reference_dequantize(encoding, src: np.ndarray, chunk: int = 1 << 20) -> np.ndarray:
     """Dequantize packed blocks uint8 [rows, row_bytes] (or 1-D) with the device algorithm, in numpy:
     float32 [rows, row_values], like `lazyweights.quant.dequantize`. Works in chunks of `chunk` values."""
-    enc = Q.parse(encoding)
+    enc = Q.parse_required(encoding, "reference_dequantize")
     src = np.ascontiguousarray(src)
     flat = src.reshape(-1)
     n = flat.size // enc.block_bytes * enc.block_elements
@@ -499,7 +499,7 @@ def launch(encoding, chain, src, out, stream=None) -> None:
     CuPy array of the chain's result width, or float32) on `stream`."""
     import cupy
 
-    enc = Q.parse(encoding)
+    enc = Q.parse_required(encoding, "launch")
     n = src.size // enc.block_bytes * enc.block_elements
     if out.size != n:
         raise ValueError(f"dequantize {enc.name}: {src.size} packed bytes give {n} values, output has {out.size}")

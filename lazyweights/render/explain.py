@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..compiler.steps import compile_steps
 from ..core.errors import UsageError
+from ..core.names import name_pattern
 from ..core.units import format_bytes
 from ..graph.node import Node, toposort
 from ..graph.opcodes import Op, OpTable
@@ -167,58 +167,6 @@ def op_label(node: Node) -> str:
     return f"{node.op}[{a}]" if a else node.op
 
 
-_NUM = re.compile(r"(\d+)")
-
-
-def _compress_ints(values: list[str]) -> str:
-    """['0','1','2','5'] -> '0..2,5' ; keeps zero padding when every value has the same padded width."""
-    uniq = sorted(set(values), key=lambda v: (int(v), v))
-    zero_padded = len({len(v) for v in uniq}) == 1 and any(v.startswith("0") and len(v) > 1 for v in uniq)
-    width = len(uniq[0]) if zero_padded else 0
-    ints = sorted({int(v) for v in uniq})
-    fmt = (lambda i: str(i).zfill(width)) if width else str
-    parts, i = [], 0
-    while i < len(ints):
-        j = i
-        while j + 1 < len(ints) and ints[j + 1] == ints[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{fmt(ints[i])}..{fmt(ints[j])}")
-        else:
-            parts.extend(fmt(v) for v in ints[i:j + 1])
-        i = j + 1
-    return ",".join(parts)
-
-
-def name_pattern(names) -> str:
-    """One name for many that differ only in numbers: ['a.0.w', 'a.1.w', 'a.2.w'] -> 'a.{0..2}.w'.
-
-    Names that differ in anything else are shown as the first name and a count.
-    """
-    names = list(dict.fromkeys(names))
-    if not names:
-        return ""
-    if len(names) == 1:
-        return names[0]
-    split = [_NUM.split(n) for n in names]
-    first = split[0]
-    if any(len(s) != len(first) for s in split) or any(
-        s[i] != first[i] for s in split for i in range(0, len(first), 2)
-    ):
-        return f"{names[0]} (+{len(names) - 1} more)"
-    out = []
-    for i, tok in enumerate(first):
-        if i % 2 == 0:
-            out.append(tok)
-            continue
-        col = [s[i] for s in split]
-        if len(set(col)) == 1:
-            out.append(tok)
-        else:
-            out.append("{" + _compress_ints(col) + "}")
-    return "".join(out)
-
-
 def _template(name: str) -> tuple[str, ...]:
     """Dot components with integer components blanked: 'layers.3.w' -> ('layers', '#', 'w')."""
     return tuple("#" if c.isdigit() else c for c in name.split("."))
@@ -238,10 +186,12 @@ class ViewNode:
 
     @property
     def count(self) -> int:
+        """How many plan nodes this printed node stands for."""
         return len(self.members)
 
     @property
     def op(self) -> str:
+        """The op of the representative node (`"cast"`, `"source"`, ...)."""
         return self.node.op
 
     @property
@@ -251,6 +201,7 @@ class ViewNode:
 
     @property
     def total_nbytes(self) -> int:
+        """Bytes of all the plan nodes it stands for."""
         return sum(m.nbytes for m in self.members)
 
     def source_text(self) -> str:
@@ -284,10 +235,12 @@ class ViewGroup:
 
     @property
     def count(self) -> int:
+        """How many outputs the group prints as one chain."""
         return len(self.names)
 
     @property
     def label(self) -> str:
+        """The outputs' names folded into one label (`layers.{0..21}.mlp.up_proj.weight`)."""
         return name_pattern(self.names)
 
 
@@ -303,6 +256,7 @@ class View:
     grouped: bool
 
     def stats(self) -> dict:
+        """The plan's counts and bytes (`plan_stats`) over the nodes of this view."""
         return plan_stats(self.outputs, self.all_nodes)
 
 
@@ -343,8 +297,9 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
     def signature(chain: list[Node]):
         local: dict[Node, int] = {}
-        sig = []
+        sig: list[tuple] = []
         for n in chain:
+            key: tuple
             if owners[n] > 1:
                 key = ("shared", n)
             else:
@@ -355,6 +310,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
     buckets: dict[tuple, list[str]] = {}
     for name in names:
+        key: tuple
         if group_layers and any(c.isdigit() for c in name.split(".")):
             key = ("g", _template(name), signature(chains[name]))
         else:
@@ -429,7 +385,8 @@ def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None =
 
     for n in order:
         op = n.op
-        src = n.srcs[0] if n.srcs else None
+        src = n.srcs[0] if n.srcs else n  # a leaf (no inputs) takes the first branch and never reads src
+        owner: Node | None
         if op in (Op.SOURCE, Op.CONST):
             owner, contig = None, True
         elif op in _ALLOCATING:
@@ -501,8 +458,8 @@ def _steps_header(steps) -> str:
         k = str(getattr(st, "kind", "?"))
         kinds[k] = kinds.get(k, 0) + 1
     head = f"steps: {len(steps)} (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")"
-    blocks = [getattr(st, "blocks", None) for st in steps]
-    if all(b is not None for b in blocks) and steps:
+    blocks = [b for b in (getattr(st, "blocks", None) for st in steps) if b is not None]
+    if steps and len(blocks) == len(steps):
         nblocks = sum(len(b) for b in blocks)
         largest = max((getattr(st, "block_bytes", 0) or 0) for st in steps)
         head += f", {nblocks} block{'s' if nblocks != 1 else ''} at the default budget"

@@ -128,8 +128,8 @@ def _pull_reshape(node: Node, rows: Rows, cache) -> np.ndarray:
         return np.ascontiguousarray(pull(src, in_rows, cache)).reshape((len(rows),) + out_tail)
     if r_out and r_in % r_out == 0:
         k = r_in // r_out
-        block = np.ascontiguousarray(pull(src, rows // k, cache)).reshape(len(rows), k, r_out)
-        return block[np.arange(len(rows)), rows % k].reshape((len(rows),) + out_tail)
+        per_row = np.ascontiguousarray(pull(src, rows // k, cache)).reshape(len(rows), k, r_out)
+        return per_row[np.arange(len(rows)), rows % k].reshape((len(rows),) + out_tail)
     lo, hi = int(rows.min()), int(rows.max()) + 1
     return _pull_reshape(node, range(lo, hi), cache)[rows - lo]
 
@@ -184,7 +184,7 @@ def _pull_concat(node: Node, rows: Rows, cache) -> np.ndarray:
         n = s.shape[0]
         mask = (want >= start) & (want < start + n)
         if mask.any():
-            local = want[mask] - start
+            local: Rows = want[mask] - start
             if isinstance(rows, range):
                 local = range(int(local[0]), int(local[-1]) + 1)
             parts.append(pull(s, local, cache))

@@ -66,8 +66,13 @@ class Sink(Protocol):
     keep_views: bool  # True: zero-copy views of the sources are results as they are (no block to run)
     in_place: bool  # True: blocks are computed into memory that keeps them (nothing reads them back)
 
-    def tasks(self, steps: list[Step]) -> list[BlockTask]: ...
-    def run_block(self, task: BlockTask) -> int: ...  # returns the bytes it produced
+    def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        """The blocks to run for these compiled steps (the sink allocates or opens its targets here)."""
+        ...
+
+    def run_block(self, task: BlockTask) -> int:
+        """Compute one block and deliver it; returns the bytes it produced (for progress)."""
+        ...
 
 
 def resolve_scheduler(scheduler):

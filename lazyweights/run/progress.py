@@ -22,6 +22,11 @@ from ..core.units import format_bytes
 
 
 class Progress:
+    """A byte-count progress line on a stream (stderr by default), redrawn at most every `min_interval` s.
+
+    Thread-safe: every worker calls `advance` with the bytes it produced; `close` draws the final line.
+    """
+
     def __init__(self, total: int, label: str = "", stream=None, min_interval: float = 0.1):
         self.total = max(0, int(total))
         self.label = label
@@ -34,6 +39,7 @@ class Progress:
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def advance(self, nbytes: int) -> None:
+        """Count `nbytes` more done and redraw if `min_interval` has passed."""
         with self._lock:
             self.done += nbytes
             now = time.perf_counter()
@@ -56,6 +62,7 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
+        """Draw the final line (counting the total as done when one was given)."""
         with self._lock:
             self.done = max(self.done, self.total) if self.total else self.done
             self._draw(time.perf_counter(), final=True)

@@ -133,7 +133,7 @@ def evaluate(roots: Iterable[Node], names: dict[Node, str] | None = None) -> lis
     """
     roots = list(roots)
     order = toposort(roots)
-    remaining = {}
+    remaining: dict[Node, int] = {}
     for n in order:
         for s in n.srcs:
             remaining[s] = remaining.get(s, 0) + 1

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..compiler.steps import Step
-from ..core.errors import DTypeError, ShapeError, UsageError
+from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
@@ -58,12 +58,18 @@ class MemorySink:
         self._result: dict[str, np.ndarray] = {}
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        """One task per block of every step; results are allocated (or taken from `out`) before any block runs,
+        and view steps are answered at once with a zero-copy view.
+        """
         out, tasks = self.out, []
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
             if step.kind == "view" and not dsts:
                 fetch_step_sources(step, None)  # a remote mirror holds only what was fetched
                 view = full_view(step.node)
+                if view is None:  # the compiler makes a "view" step only of what graph.layout.view_of replays
+                    raise ExecutionError(f"step for {step.outputs[0]!r} was compiled as a view but is not one",
+                                         step.outputs[0])
                 for name in step.outputs:
                     self._result[name] = view
                 continue
@@ -84,6 +90,9 @@ class MemorySink:
         return tasks
 
     def run_block(self, task: BlockTask) -> int:
+        """Compute one block straight into its result rows (and copy it to any extra outputs of the step).
+        Returns the bytes written.
+        """
         step, rows, (primary, extra), cache = task
         node = step.node
         check_unchanged_sources(step)
@@ -100,6 +109,7 @@ class MemorySink:
         return primary[rows.start:rows.stop].nbytes if node.shape else primary.nbytes
 
     def result(self) -> dict[str, np.ndarray]:
+        """{output name: array}, in plan order, once every task has run."""
         return {name: self._result[name] for name in self.outputs}
 
 
@@ -141,12 +151,14 @@ class WriterSink:
         self.label = label
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
+        """One task per block (or, when `ordered`, one per step so each target is written front to back)."""
         if self.ordered:
             return [BlockTask(s, range(0, s.node.shape[0] if s.node.shape else 1), self._targets(s), {})
                     for s in steps]
         tasks = []
         for s in steps:
-            targets, cache = self._targets(s), {}  # one cache per step, shared by its blocks
+            targets = self._targets(s)
+            cache: dict[Node, Any] = {}  # one cache per step, shared by its blocks
             tasks += [BlockTask(s, rows, targets, cache) for rows in s.blocks]
         return tasks
 
@@ -154,6 +166,7 @@ class WriterSink:
         return [t for name in step.outputs for t in self.targets.get(name, ())]
 
     def run_block(self, task: BlockTask) -> int:
+        """Compute and write one task's rows to every target; returns the bytes produced."""
         if self.ordered:
             return sum(write_block(task._replace(rows=rows)) for rows in task.step.blocks)
         return write_block(task)

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +50,16 @@ def _groups(outputs: Mapping[str, Node], order) -> list[list[str]]:
     return groups
 
 
+@dataclass
+class _State:
+    """What `stream`'s producer thread and its caller share, under one condition variable."""
+
+    ahead: int = 0                                   # bytes computed and not yet handed out
+    error: tuple[int, BaseException] | None = None   # (group index, what its computation raised)
+    stop: bool = False                               # the caller has gone: produce nothing more
+    next: int = 0                                    # the group the caller waits for
+
+
 def stream(outputs: Mapping[str, Node], order: Iterable | None = None, *, prefetch=DEFAULT_PREFETCH, budget=None,
            scheduler=None, workers: int | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """Yield `(name, array)` for the outputs named by `order` (names or groups of names; default: every
@@ -60,16 +71,16 @@ def stream(outputs: Mapping[str, Node], order: Iterable | None = None, *, prefet
         sched = "threads" if not isinstance(sched, str) else "sync"
     sizes = [sum(outputs[n].nbytes for n in g) for g in groups]
     done: dict[int, dict] = {}
-    state = {"ahead": 0, "error": None, "stop": False, "next": 0}
+    state = _State()
     cond = threading.Condition()
 
     def produce() -> None:
         for i, group in enumerate(groups):
             with cond:
                 # at least the group the caller waits for; more only while the window has room
-                while not state["stop"] and i > state["next"] and state["ahead"] + sizes[i] > window:
+                while not state.stop and i > state.next and state.ahead + sizes[i] > window:
                     cond.wait()
-                if state["stop"]:
+                if state.stop:
                     return
             try:
                 part = {n: outputs[n] for n in group}
@@ -78,12 +89,12 @@ def stream(outputs: Mapping[str, Node], order: Iterable | None = None, *, prefet
                 result = sink.result()
             except BaseException as e:  # handed to the caller at this group's turn
                 with cond:
-                    state["error"] = (i, e)
+                    state.error = (i, e)
                     cond.notify_all()
                 return
             with cond:
                 done[i] = result
-                state["ahead"] += sizes[i]
+                state.ahead += sizes[i]
                 cond.notify_all()
 
     producer = threading.Thread(target=produce, name="lazyweights-stream", daemon=True)
@@ -91,20 +102,20 @@ def stream(outputs: Mapping[str, Node], order: Iterable | None = None, *, prefet
     try:
         for i, group in enumerate(groups):
             with cond:
-                while i not in done and not (state["error"] and state["error"][0] <= i):
+                while i not in done and not (state.error is not None and state.error[0] <= i):
                     cond.wait()
-                if i not in done:
-                    raise state["error"][1]
+                if i not in done and state.error is not None:
+                    raise state.error[1]
                 result = done.pop(i)
             for name in group:
                 yield name, result.pop(name)
             with cond:
-                state["ahead"] -= sizes[i]
-                state["next"] = i + 1
+                state.ahead -= sizes[i]
+                state.next = i + 1
                 cond.notify_all()
     finally:
         with cond:
-            state["stop"] = True
+            state.stop = True
             cond.notify_all()
         producer.join()
 

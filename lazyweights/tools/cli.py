@@ -116,6 +116,7 @@ def _json_scalar_metadata(meta) -> dict:
 
 # --- inspect -----------------------------------------------------------------------------------------------
 def cmd_inspect(args) -> int:
+    """`lazyweights inspect PATH...`: tensors and totals per dtype (reads headers only); returns the exit status."""
     from ..formats.open import open_checkpoint
 
     ck = open_checkpoint(args.paths, allow_pickle=args.allow_pickle, storage_options=args.storage_options,
@@ -129,10 +130,10 @@ def cmd_inspect(args) -> int:
         r = ck.records[name]
         enc = getattr(r, "encoding", None)
         key = enc.name if enc is not None else r.dtype.name
-        t = totals.setdefault(key, [0, 0, 0])
-        t[0] += 1
-        t[1] += r.nbytes
-        t[2] += _elements(r)
+        tot = totals.setdefault(key, [0, 0, 0])
+        tot[0] += 1
+        tot[1] += r.nbytes
+        tot[2] += _elements(r)
         tensors.append({
             "name": name, "dtype": r.dtype.name, "shape": list(r.shape),
             "quantization": enc.name if enc is not None else None, "nbytes": r.nbytes,
@@ -210,6 +211,7 @@ def _adapted_plan(args):
 
 
 def cmd_plan(args) -> int:
+    """`lazyweights plan ADAPTER PATH...`: print the adapter's plan (and draw it with --visualize)."""
     p, _ = _adapted_plan(args)
     _out(p.explain(group_layers=not args.no_group).rstrip("\n"))
     if args.visualize:
@@ -295,6 +297,9 @@ def _with_warnings(fn):
 
 
 def cmd_quantize(args) -> int:
+    """`lazyweights quantize IN.gguf OUT.gguf PRESET`: requantize a bf16/f16/f32 GGUF as llama-quantize does, in one
+    streaming pass.
+    """
     from ..api.plan import Plan
     from ..api.weights import load_weights
 
@@ -319,6 +324,7 @@ def cmd_quantize(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    """`lazyweights convert ADAPTER PATH... -o OUT`: run an adapter's plan and save it (quantizing with --quant)."""
     quant: dict = {}
     options = _quant_options(args)
     if args.quant is not None:
@@ -378,6 +384,7 @@ def _instantiate_module(obj, hf_config):
 
 
 def cmd_check(args) -> int:
+    """`lazyweights check ADAPTER PATH... --module MOD:CLASS`: the bring-up report; exit status 1 on problems."""
     from ..adapters.loader import load_config, load_object
 
     try:
@@ -453,6 +460,7 @@ def _compare(a, b, rtol: float, atol: float, chunk: int = 1 << 21) -> dict:
 
 
 def cmd_diff(args) -> int:
+    """`lazyweights diff A B`: tensors added, removed and changed between two checkpoints; 1 when they differ."""
     from ..api.weights import load_weights
 
     wa, wb = load_weights([args.a]), load_weights([args.b])
@@ -514,9 +522,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `lazyweights` argument parser with every subcommand.
+
+    Example:
+        >>> build_parser().parse_args(["inspect", "model.safetensors"]).command
+        'inspect'
+    """
     from ..core.version import __version__
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback on errors")
     parser = _Parser(prog=PROG, description="Lazy weight adapters: inspect checkpoints, print and draw adapter "
@@ -639,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_verify(args) -> int:
+    """`lazyweights verify PATH`: check a checkpoint against its manifest (or write one with --write)."""
     from .verify import verify, write_manifest
 
     if not os.path.exists(args.path):
@@ -655,6 +670,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    """`lazyweights demo`: write a small Llama-shaped checkpoint, adapt it lazily, print the plan, save the result
+    and verify every byte against numpy.
+    """
     from .demo import run_demo
 
     return run_demo(args.workdir, layers=args.layers, budget=args.budget)

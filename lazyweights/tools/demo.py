@@ -171,6 +171,7 @@ def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", 
 
 
 def main(argv=None) -> int:
+    """`python -m lazyweights.tools.demo [--workdir DIR] [--layers N] [--budget SIZE]`; returns the exit status."""
     ap = argparse.ArgumentParser(prog="lazyweights demo", description=__doc__.split("\n\n")[1])
     ap.add_argument("--workdir", default=None, help="where to write the checkpoint and the output (default: a temp "
                                                     "dir)")

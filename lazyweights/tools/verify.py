@@ -184,9 +184,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when every tensor matched and none was missing or unexpected."""
         return not (self.mismatched or self.missing or self.unexpected)
 
     def summary(self) -> str:
+        """One line per problem (MISMATCH, MISSING, UNEXPECTED), then the verdict with the counts."""
         lines = []
         for n in self.mismatched:
             lines.append(f"MISMATCH  {n}: {self.details.get(n, '')}")
@@ -201,6 +203,7 @@ class VerifyReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
+        """JSON-ready form of the report (`lazyweights verify --json`)."""
         return {"path": self.path, "manifest": self.manifest, "ok": self.ok, "checked": self.checked,
                 "mismatched": self.mismatched, "missing": self.missing, "unexpected": self.unexpected,
                 "details": self.details}

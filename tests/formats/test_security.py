@@ -173,6 +173,17 @@ def test_weights_only_loads_tensors_zero_copy(torch_ckpt):
     np.testing.assert_array_equal(f32, sd["model"]["layers.0.w"].float().numpy())
 
 
+def test_weights_only_prefetch_and_materialize(torch_ckpt):
+    # Weights.prefetch asks each record's file for a read-ahead; torch's map has nothing to ask, and the call
+    # raised AttributeError ('_PickleFile' had no 'prefetch') until mypy saw the record union (issue 25).
+    torch, path, sd = torch_ckpt
+    w = lw.load_weights(path, allow_pickle="weights_only")
+    assert w.model.prefetch() == sum(t.numel() * t.element_size() for t in sd["model"].values())
+    got = w.model.materialize()
+    ref = sd["model"]["layers.0.w"]
+    assert ref.dtype == torch.bfloat16 and got["layers.0.w"].tobytes() == ref.view(torch.int16).numpy().tobytes()
+
+
 def test_weights_only_checkpoint_converts_to_safetensors(torch_ckpt, tmp_path):
     from safetensors.torch import load_file
 

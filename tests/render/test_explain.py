@@ -277,7 +277,12 @@ def test_name_pattern_and_bytes():
     assert name_pattern(["a.0.w", "a.2.w", "a.3.w", "a.4.w"]) == "a.{0,2..4}.w"
     assert name_pattern(["l.0.e.1", "l.1.e.1"]) == "l.{0,1}.e.1"
     assert name_pattern(["m-00001-of-00003", "m-00003-of-00003"]) == "m-{00001,00003}-of-00003"
-    assert name_pattern(["x.w", "y.w"]) == "x.w (+1 more)"
+    # names that differ in one word fold to an exact pattern (core.names, shared with the bring-up report)
+    assert name_pattern(["x.w", "y.w"]) == "{x,y}.w"
+    assert name_pattern(["x.w", "y.v", "z.u"]) == "x.w (+2 more)"
+    # a ragged set is never shown as a box that claims names that are not there (l.1.e.{2,3} is absent)
+    ragged = [f"l.0.e.{j}" for j in range(4)] + ["l.1.e.0", "l.1.e.1"]
+    assert name_pattern(ragged) == "l.0.e.{0..3} (+2 more)"
     assert format_bytes(512) == "512 B"
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 2**30) == "3 GiB"
