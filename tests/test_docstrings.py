@@ -16,9 +16,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lazyweights"
 
 MISSING = {
-    "lazyweights.adapters.archs:Arch",
-    "lazyweights.adapters.archs:unknown_architecture",
-    "lazyweights.adapters.hparams:rope_parameters",
     "lazyweights.adapters.w1:target_dtype",
     "lazyweights.io.remote:RangeSet.add",
     "lazyweights.io.remote:RangeSet.missing",

@@ -49,6 +49,9 @@ def _p(key: str, *hf: str, kind: str = "u32") -> HParam:
 
 
 class Arch(NamedTuple):
+    """One architecture's record: its Hugging Face model_type and class, the llama.cpp architecture it becomes,
+    its hyperparameter rows and the value transforms llama.cpp's converter applies (one comment per field)."""
+
     model_type: str
     gguf: str
     hf_class: str
@@ -267,6 +270,7 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
 
 
 def unknown_architecture(what: str, value: Any, known: list[str]) -> UnsupportedArchitectureError:
+    """The error for an architecture outside `known`, naming the three nearest (difflib) and listing all."""
     near = difflib.get_close_matches(str(value), known, n=3, cutoff=0.0)
     return UnsupportedArchitectureError(
         f"{what} {value!r} is not supported; nearest supported: {', '.join(near)} (all: {', '.join(known)})")

@@ -40,6 +40,7 @@ def _first(cfg: Mapping[str, Any], names: Iterable[str]):
 
 
 def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """transformers 5's `rope_parameters` (its `full_attention` entry where it has one per layer type), or {}."""
     params = cfg.get("rope_parameters")
     if isinstance(params, Mapping):
         return params.get("full_attention", params) if isinstance(params.get("full_attention"), Mapping) \
