@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
@@ -90,6 +90,11 @@ def _unsupported(what: str, value) -> UnsupportedArchitectureError:
 
 
 # --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
+def _canonical(model_type: Any) -> Any:
+    """A config's `model_type` under the name its record has (an alias resolved); anything else unchanged."""
+    return _ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
+
+
 def _plain(v):
     return v.tolist() if hasattr(v, "tolist") else v
 
@@ -129,6 +134,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if missing:
         raise GGUFConfigError(f"GGUF metadata ({arch}) lacks what a Hugging Face config needs: "
                               f"{', '.join(missing)}", missing)
+    n_vocab = int(vocab or 0)  # not None: checked above
 
     def get(key, default=None):
         return _plain(md.get(f"{arch}.{key}", default))
@@ -138,7 +144,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if not rec.legacy:
         from .hparams import hf_config
 
-        out = hf_config(rec, md, names, int(vocab), arch)
+        out = hf_config(rec, md, names, n_vocab, arch)
         for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                           ("pad_token_id", "padding_token_id")):
             if f"tokenizer.ggml.{key}" in md:
@@ -159,7 +165,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     cfg: dict[str, Any] = {
         "architectures": [cls],
         "model_type": model_type,
-        "vocab_size": int(vocab),
+        "vocab_size": n_vocab,
         "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
@@ -348,7 +354,7 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)
-        merged.setdefault("model_type", _ALIASES.get(doc.get("model_type"), doc.get("model_type")))
+        merged.setdefault("model_type", _canonical(doc.get("model_type")))
         vision = doc.get("vision_config")
         if isinstance(vision, Mapping) and isinstance(vision.get("deepstack_visual_indexes"), list):
             # Qwen3-VL: the text model takes this many vision layers' features (llama.cpp's n_deepstack_layers)
@@ -399,8 +405,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     from ..formats.gguf_writer import GGUFValue
 
     cfg = _text_part(dict(config))
-    mt = cfg.get("model_type")
-    mt = _ALIASES.get(mt, mt)
+    mt = _canonical(cfg.get("model_type"))
     if mt not in SUPPORTED:
         raise _unsupported("Hugging Face model_type", mt)
     arch = SUPPORTED[mt][0]
@@ -528,7 +533,7 @@ def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
         weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
     if not weight:
         return 0, quantized
-    top = max(weight, key=weight.get)
+    top = max(weight, key=weight.__getitem__)
     if top in _FILE_TYPE_BY_ENCODING:
         return _FILE_TYPE_BY_ENCODING[top], quantized
     if top in _FILE_TYPE_BY_DTYPE:
@@ -542,7 +547,7 @@ class ConvertedStateDict(dict):
     (HF -> GGUF) or `extra_files()` (GGUF -> HF: name -> bytes, built only when saving)."""
 
     gguf_metadata: dict | None = None
-    extra_files = None
+    extra_files: Callable[[], dict[str, bytes]] | None = None
 
 
 def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *, tokenizer: bool = True,
@@ -563,7 +568,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         folder = _source_folder(state_dict)
     cfg = _config_dict(huggingface_config, folder)
     cfg_text = _text_part(cfg)
-    mt = _ALIASES.get(cfg_text.get("model_type"), cfg_text.get("model_type"))
+    mt = _canonical(cfg_text.get("model_type"))
     if mt not in SUPPORTED:
         raise _unsupported("Hugging Face model_type", mt)
     arch = SUPPORTED[mt][0]

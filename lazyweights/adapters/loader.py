@@ -24,14 +24,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 import re
 import sys
-from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
-from ..core.errors import AdapterError, ConfigError, FormatError, LazyWeightsError, UsageError
+from ..core.errors import AdapterError, FormatError, LazyWeightsError, UsageError
 
 DEFAULT_FUNCTIONS = {
     "safetensors": "convert_safetensor_state_dict",
@@ -184,33 +182,14 @@ def load_adapter(spec, fmt=None) -> Callable:
 def load_config(weights, paths=None, hf_config: str | None = None):
     """The `huggingface_config` for a checkpoint: `hf_config` (a config.json path) if given, else the
     config.json beside the checkpoint, else (GGUF) one built from the file's metadata; None if none."""
-    try:
-        from ..formats.config import config_from_metadata, load_hf_config
-    except ImportError:  # pragma: no cover - config.py ships with the package; kept for partial installs
-        config_from_metadata = load_hf_config = None
+    from ..formats.config import config_from_metadata, load_hf_config
+
     if hf_config:
-        if load_hf_config is not None:
-            return load_hf_config(hf_config)
-        return _simple_config(hf_config)
+        return load_hf_config(hf_config)
     files = list(getattr(weights, "files", []) or [])
     fmt = getattr(weights, "format", None)
-    if config_from_metadata is not None:
-        names = [n for n, _ in weights.items()] if hasattr(weights, "items") else None
-        return config_from_metadata(fmt, getattr(weights, "metadata", {}) or {}, files, names)
-    for f in files[:1]:
-        candidate = os.path.join(os.path.dirname(os.path.abspath(f)), "config.json")
-        if os.path.isfile(candidate):
-            return _simple_config(candidate)
-    return None
-
-
-def _simple_config(path: str):
-    path = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    with open(path, encoding="utf-8") as fh:
-        doc = json.load(fh)
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{path}: config.json holds a {type(doc).__name__}, expected an object")
-    return SimpleNamespace(**doc)
+    names = [n for n, _ in weights.items()] if hasattr(weights, "items") else None
+    return config_from_metadata(fmt, getattr(weights, "metadata", {}) or {}, files, names)
 
 
 def call_adapter(fn: Callable, state_dict: Mapping[str, Any], **kwargs):

@@ -45,6 +45,7 @@ def rope_perm(head_dim: int) -> np.ndarray:
 
 
 def target_dtype(name: str) -> DType:
+    """W1's cast: norms to float32, every other tensor to float16."""
     return DType.float32 if "norm" in name else DType.float16
 
 

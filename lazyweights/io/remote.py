@@ -112,6 +112,7 @@ class RangeSet:
             self.add(s, e)
 
     def add(self, start: int, end: int) -> None:
+        """Mark [start, end) held, merging it with the ranges it touches or overlaps; an empty range is ignored."""
         if end <= start:
             return
         i = bisect.bisect_left(self.ranges, (start, start))
@@ -139,6 +140,7 @@ class RangeSet:
         self.ranges = merged
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of [start, end) not held yet, in order (what a fetch of that range must still get)."""
         out, pos = [], start
         i = max(0, bisect.bisect_right(self.ranges, (start, start)) - 1)
         for s, e in self.ranges[i:]:
@@ -175,6 +177,7 @@ class RangeSet:
         return out
 
     def total(self) -> int:
+        """How many bytes are held (the sum of the ranges' lengths)."""
         return sum(e - s for s, e in self.ranges)
 
 
@@ -303,8 +306,9 @@ class _HTTP:
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, OSError,
                 urllib3.exceptions.HTTPError) as e:
             raise _Transient(f"multi-range body failed: {e}") from None
-        parts, pos = [], 0
-        for s, e in ranges:
+        parts: list[bytes] = []
+        pos = 0
+        for s, stop in ranges:
             head = body.find(b"--" + boundary, pos)
             blank = body.find(b"\r\n\r\n", head)
             if head < 0 or blank < 0:
@@ -313,14 +317,14 @@ class _HTTP:
             for line in body[head:blank].split(b"\r\n"):
                 if line.lower().startswith(b"content-range:"):
                     got = _content_range(line.split(b":", 1)[1].strip().decode())
-            if got is None or got[:2] != (s, e) or got[2] not in (-1, size):
-                raise SourceChangedError(f"{self.url}: a multi-range part for bytes [{s}, {e}) came back as {got}: "
+            if got is None or got[:2] != (s, stop) or got[2] not in (-1, size):
+                raise SourceChangedError(f"{self.url}: a multi-range part for bytes [{s}, {stop}) came back as {got}: "
                                          "the object changed or the server reordered the parts")
-            data = body[blank + 4:blank + 4 + (e - s)]
-            if len(data) != e - s:
-                raise _Transient(f"truncated multi-range body: part [{s}, {e}) has {len(data)} bytes")
+            data = body[blank + 4:blank + 4 + (stop - s)]
+            if len(data) != stop - s:
+                raise _Transient(f"truncated multi-range body: part [{s}, {stop}) has {len(data)} bytes")
             parts.append(data)
-            pos = blank + 4 + (e - s)
+            pos = blank + 4 + (stop - s)
         return parts
 
 
@@ -360,7 +364,7 @@ def _read_body(read, out: memoryview | _FileSink, start: int, end: int, stream=N
     full disk would then be a SIGBUS instead of an OSError."""
     pos, want = 0, end - start
     fp = getattr(stream, "_fp", None)
-    if fp is None or not hasattr(fp, "readinto") or getattr(stream, "_fp_bytes_read", 0):
+    if fp is None or not hasattr(fp, "readinto") or int(getattr(stream, "_fp_bytes_read", 0) or 0):
         while pos < want:
             chunk = read(min(1 << 20, want - pos))
             if not chunk:
@@ -668,7 +672,8 @@ class RemoteFile:
                 # thousands of runs are one claim, and the overlap test stays cheap (a few claims at a time).
                 # A hull is conservative: a piece inside another caller's hull waits, then is re-checked.
                 claims = sorted(self._inflight)
-                free, waiting = [], set()
+                free: list[tuple[int, int]] = []
+                waiting: set[threading.Event] = set()
                 for s, e in missing:
                     i = bisect.bisect_left(claims, (e,))
                     busy = [c for c in claims[max(0, i - len(claims)):i] if c[1] > s]

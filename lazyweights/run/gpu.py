@@ -102,6 +102,8 @@ INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an
 
 
 def default_host_threads() -> int:
+    """Host threads filling pinned buffers: `LAZYWEIGHTS_GPU_HOST_THREADS` if set, else the available CPUs
+    clamped to 2..4 (more did not help on the hosts measured; the link, not the fills, is then the bound)."""
     env = os.environ.get("LAZYWEIGHTS_GPU_HOST_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -164,6 +166,7 @@ class DeviceArrays(dict):
         self.dtypes: dict[str, DType] = dict(dtypes or {})
 
     def to_torch(self, name: str | None = None):
+        """One output as a zero-copy torch tensor of its real dtype (bf16/fp8 included), or all of them as a dict."""
         if name is None:
             return {k: to_torch(v, self.dtypes.get(k)) for k, v in self.items()}
         return to_torch(self[name], self.dtypes.get(name))
@@ -205,13 +208,16 @@ class CupyDevice:
         self.device = cupy.cuda.Device(device_id)
 
     def activate(self):
+        """The CUDA device as a context manager: work inside it runs on this backend's GPU."""
         return self.device
 
     # memory
     def empty(self, shape, dtype: np.dtype):
+        """An uninitialised device array (an output; from CuPy's pool)."""
         return self.cupy.empty(shape, dtype)
 
     def pinned(self, nbytes: int) -> np.ndarray:
+        """A page-locked host buffer of `nbytes`, as a uint8 numpy array (host rows are staged here)."""
         # Straight from cudaHostAlloc, not CuPy's pinned pool: freed memory goes back to the OS, so the
         # budget really bounds what this run holds.
         from cupy.cuda import pinned_memory
@@ -220,27 +226,33 @@ class CupyDevice:
         return np.ndarray((nbytes,), np.uint8, buffer=ptr)
 
     def staging(self, nbytes: int):
+        """A device buffer of `nbytes` for one slot's raw source bytes, outside CuPy's pool."""
         mem = self.cupy.cuda.Memory(max(1, nbytes))  # cudaMalloc, outside the pool (freed on release)
         return self.cupy.ndarray((nbytes,), self.cupy.uint8, self.cupy.cuda.MemoryPointer(mem, 0))
 
     def release(self, buf) -> None:
+        """Give a pinned or staging buffer back (CuPy frees it when its last reference goes)."""
         pass  # freed when the last reference goes
 
     # streams
     def stream(self):
+        """A new non-blocking CUDA stream (one per slot)."""
         return self.cupy.cuda.Stream(non_blocking=True)
 
     def record(self, stream):
+        """An event recorded on `stream` now: done when everything enqueued before it is done."""
         ev = self.cupy.cuda.Event(block=False, disable_timing=True)
         ev.record(stream)
         return ev
 
     def synchronize(self, streams) -> None:
+        """Wait until all work enqueued on `streams` has finished."""
         for s in streams:
             s.synchronize()
 
     # work
     def h2d(self, dst, src: np.ndarray, stream) -> None:
+        """Enqueue an async copy of pinned host bytes `src` into device array `dst` on `stream`."""
         # The runtime call, not MemoryPointer.copy_from_host_async, whose pointer argument changed type
         # across CuPy versions. `src` is pinned, so this returns at once and the DMA runs on `stream`.
         if src.nbytes:
@@ -248,6 +260,7 @@ class CupyDevice:
             rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream.ptr)
 
     def d2d(self, dst, src, stream) -> None:
+        """Enqueue an async device-to-device copy of `src` into `dst` on `stream`."""
         if src.nbytes:
             rt = self.cupy.cuda.runtime
             rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDeviceToDevice, stream.ptr)
@@ -266,6 +279,7 @@ class CupyDevice:
 
     # arrays
     def flat_bytes(self, arr):
+        """`arr` as a flat uint8 view of its bytes (no copy)."""
         return arr.reshape(-1).view(self.cupy.uint8)
 
     def as_destination(self, name: str, value, dtype: DType, shape):
@@ -296,6 +310,9 @@ class CupyDevice:
 
 
 def check_device_destination(name: str, arr, dtype: DType, shape):
+    """A caller-given device array checked as the CPU executor checks numpy ones: the storage dtype of
+    `dtype`, C-contiguous, as many elements as `shape`; named `DTypeError`/`ShapeError` otherwise. Returns it
+    reshaped to `shape` (a view)."""
     want = storage_dtype(dtype)
     if np.dtype(arr.dtype) != want:
         note = f" ({dtype.name} is held as {want.name} on the GPU)" if want != dtype.to_numpy() else ""
@@ -326,7 +343,7 @@ class _Slot:
         self.index = index
         self.stream = backend.stream()
         self.event = None
-        self.pinned = None
+        self.pinned: np.ndarray | None = None
         self.dev = None
 
     def wait(self) -> None:
@@ -448,10 +465,17 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     return DeviceArrays({name: result[name] for name in outputs}, dtypes)
 
 
-def _fill(task, pinned: np.ndarray) -> None:
+def _tag(e: BaseException, task) -> None:
+    """Attach the failing block to its exception, so the main thread can name the tensor (`name_error`)."""
+    setattr(e, "_lw_task", task)  # noqa: B010 (an attribute exceptions do not declare)
+
+
+def _fill(task, pinned: np.ndarray | None) -> None:
     """Host thread: write the block's host-part rows (source dtype) into the pinned buffer."""
     step, rows, g = task[0], task[1], task[2]
     try:
+        if pinned is None:  # compile_gpu_steps gives every block with host rows its staging
+            raise ExecutionError(f"{g.name!r}: a block with host rows has no pinned staging buffer", tensor=g.name)
         for r in step.sources:
             r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check before touching pages
         fetch_step_sources(step, None)  # a remote mirror holds only what was fetched: the step's ranges first
@@ -463,7 +487,7 @@ def _fill(task, pinned: np.ndarray) -> None:
         else:
             write_rows(host, rows, buf.reshape((len(rows),) + host.shape[1:]), {})
     except BaseException as e:
-        e._lw_task = task
+        _tag(e, task)
         raise
 
 
@@ -475,7 +499,7 @@ def _launch(backend, entry, bar) -> None:
         _enqueue(backend, task, slot.pinned, slot.dev, slot.stream)
         slot.event = backend.record(slot.stream)
     except BaseException as e:
-        e._lw_task = task
+        _tag(e, task)
         raise
     if bar:
         bar.advance(len(task[1]) * task[2].out_row_bytes)
@@ -507,7 +531,7 @@ def _run_solo(backend, task, slot: _Slot, bar) -> None:
         try:
             _enqueue(backend, task, pinned, dev, slot.stream)
         except BaseException as e:
-            e._lw_task = task
+            _tag(e, task)
             raise
         backend.synchronize([slot.stream])
     finally:
