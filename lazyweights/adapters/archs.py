@@ -10,8 +10,8 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Six of the first ten families
-(`legacy`: llama, mistral, mixtral, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in
+Adding an architecture is a record here and a line in the test's table. Five of the first ten families
+(`legacy`: llama, mixtral, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in
 `hf_export` (Gemma 2/3 layer types and attention scale, Llama 3 RoPE, Phi-3's LongRoPE context); their tensor
 names come from gguf-py like every other family's.
 
@@ -76,6 +76,8 @@ class Arch(NamedTuple):
     window_flag: str = ""               # config flag saying the sliding_window applies (Qwen: use_sliding_window)
     back_as: str = ""                   # GGUF -> HF as this record's model (a VL model's text part alone)
     mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
+    head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
+    window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -111,7 +113,9 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
 _RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
     Arch("llama", "llama", "LlamaForCausalLM", rope_permute=True, legacy=True),
-    Arch("mistral", "llama", "MistralForCausalLM", rope_permute=True, legacy=True),
+    # Mistral: HF -> GGUF only (a llama GGUF converts back as llama)
+    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True),
     Arch("mixtral", "llama", "MixtralForCausalLM", rope_permute=True, legacy=True),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),

@@ -34,9 +34,9 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
-The table above is the hand-checked families (`archs.Arch.legacy`: llama, mistral, mixtral, gemma2, gemma3,
-phi3); every other family's keys come from its record (`adapters/archs.py`, turned into keys by
-`adapters/hparams.py`).
+The table above is the hand-checked families (`archs.Arch.legacy`: llama, mixtral, gemma2, gemma3, phi3); every
+other family's keys come from its record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`;
+Mistral's writes the same keys in the same order as llama's code).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape

@@ -122,13 +122,17 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
-        md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
+        if not rec.head_dims:
+            md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
+            md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     theta = _first(cfg, ("rope_theta",))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
     if theta is not None:
         md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
+    if rec.head_dims:
+        md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
+        md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
         md[f"{a}.rope.dimension_count"] = GGUFValue(int(_rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
@@ -136,7 +140,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if cfg.get("vocab_size") is not None:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
     window = cfg.get("sliding_window")
-    if rec.window_flag and window and cfg.get(rec.window_flag):
+    if window and (rec.window_always or (rec.window_flag and cfg.get(rec.window_flag))):
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(window), T.UINT32)
     md.update(_rope_scaling(a, cfg))
     if rec.mla:
