@@ -10,10 +10,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Five of the first ten families
-(`legacy`: llama, mixtral, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in
-`hf_export` (Gemma 2/3 layer types and attention scale, Llama 3 RoPE, Phi-3's LongRoPE context); their tensor
-names come from gguf-py like every other family's.
+Adding an architecture is a record here and a line in the test's table. Four of the first ten families
+(`legacy`: llama, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` (Gemma 2/3
+layer types and attention scale, Llama 3 RoPE, Phi-3's LongRoPE context), and a llama GGUF (mistral's and
+mixtral's too) converts back through llama's; their tensor names come from gguf-py like every other family's.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -78,6 +78,7 @@ class Arch(NamedTuple):
     mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
+    tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -113,10 +114,11 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
 _RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
     Arch("llama", "llama", "LlamaForCausalLM", rope_permute=True, legacy=True),
-    # Mistral: HF -> GGUF only (a llama GGUF converts back as llama)
+    # Mistral, Mixtral: HF -> GGUF from the records (a llama GGUF converts back through llama's hand-checked code)
     Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
          window_always=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", rope_permute=True, legacy=True),
+    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
     Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),

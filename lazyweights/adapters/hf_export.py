@@ -34,9 +34,10 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
-The table above is the hand-checked families (`archs.Arch.legacy`: llama, mixtral, gemma2, gemma3, phi3); every
-other family's keys come from its record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`;
-Mistral's writes the same keys in the same order as llama's code).
+The table above is the hand-checked families (`archs.Arch.legacy`: llama, gemma2, gemma3, phi3, and every llama
+GGUF read back, mistral's and mixtral's included); every other family's keys come from its record
+(`adapters/archs.py`, turned into keys by `adapters/hparams.py`; Mistral's and Mixtral's write the same keys in
+the same order as llama's code did).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
@@ -141,7 +142,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
 
     names = set(tensor_names) if tensor_names is not None else None
     rec = ARCHS[model_type]
-    if not rec.legacy:
+    if not rec.legacy and arch != "llama":  # a llama GGUF (mistral, mixtral) converts back through llama's code
         from .hparams import hf_config
 
         out = hf_config(rec, md, names, n_vocab, arch)
@@ -496,14 +497,6 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
             put("rope.freq_base_swa", float(local), T.FLOAT32)
         if cfg.get("final_logit_softcapping") is not None:
             put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
-    if mt == "mixtral":
-        count = cfg.get("num_local_experts") if cfg.get("num_local_experts") is not None else cfg.get("num_experts")
-        if count is None or cfg.get("num_experts_per_tok") is None:
-            missing = [k for k, v in (("num_local_experts (or num_experts)", count),
-                                      ("num_experts_per_tok", cfg.get("num_experts_per_tok"))) if v is None]
-            raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
-        put("expert_count", int(count), T.UINT32)
-        put("expert_used_count", int(cfg["num_experts_per_tok"]), T.UINT32)
     return md
 
 

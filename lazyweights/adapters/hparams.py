@@ -95,9 +95,10 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
 
     a = rec.gguf
     md: dict[str, Any] = {}
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rec.hparams}
-    missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rec.hparams for k in [hp.key]
-               if k in _REQUIRED and found[k] is None and k not in rec.gguf_fixed]
+    rows = (*rec.hparams, *rec.tail)
+    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rows}
+    missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
+               if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
@@ -105,15 +106,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
-    for hp in rec.hparams:
-        v = found[hp.key]
-        if isinstance(v, list):  # per-layer lists (HunYuan's moe_topk, ...): llama.cpp takes one value
-            if not v or any(x != v[0] for x in v):
-                raise GGUFConfigError(f"config.json ({rec.model_type}): {' or '.join(hp.hf)} varies per layer "
-                                      f"({v}); llama.cpp's {a}.{hp.key} holds one value", [f"{a}.{hp.key}"])
-            v = v[0]
-        if v is not None:
-            md[f"{a}.{hp.key}"] = _value(hp, v)
+    md.update(_rows(rec, rec.hparams, found))
     for key, v in rec.gguf_fixed.items():
         if f"{a}.{key}" in md:
             continue  # the config's own value wins
@@ -155,6 +148,24 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if rec.sliding and cfg.get("sliding_window") is not None:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+    md.update(_rows(rec, rec.tail, found))
+    return md
+
+
+def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
+    """`{arch}.{key}` values for `rows` from what the config holds (`found`); a per-layer list must repeat one
+    value (GGUFConfigError otherwise)."""
+    a = rec.gguf
+    md: dict[str, Any] = {}
+    for hp in rows:
+        v = found[hp.key]
+        if isinstance(v, list):  # per-layer lists (HunYuan's moe_topk, ...): llama.cpp takes one value
+            if not v or any(x != v[0] for x in v):
+                raise GGUFConfigError(f"config.json ({rec.model_type}): {' or '.join(hp.hf)} varies per layer "
+                                      f"({v}); llama.cpp's {a}.{hp.key} holds one value", [f"{a}.{hp.key}"])
+            v = v[0]
+        if v is not None:
+            md[f"{a}.{hp.key}"] = _value(hp, v)
     return md
 
 
@@ -228,7 +239,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         return v.tolist() if hasattr(v, "tolist") else v
 
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
-    for hp in rec.hparams:
+    for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
         if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
