@@ -10,10 +10,11 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Four of the first ten families
-(`legacy`: llama, gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` (Gemma 2/3
-layer types and attention scale, Llama 3 RoPE, Phi-3's LongRoPE context), and a llama GGUF (mistral's and
-mixtral's too) converts back through llama's; their tensor names come from gguf-py like every other family's.
+Adding an architecture is a record here and a line in the test's table. Three of the first ten families
+(gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` both ways (Gemma 2/3 layer
+types and attention scale, Phi-3's LongRoPE context); llama, mistral and mixtral write their GGUF keys from
+their rows, and a llama GGUF converts back through hand-checked code (`legacy`: Llama 3 RoPE factors from
+the `rope_freqs` tensor); their tensor names come from gguf-py like every other family's.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -65,7 +66,8 @@ class Arch(NamedTuple):
     dropped: tuple[str, ...] = ()       # HF tensor suffixes llama.cpp has no use for
     hf_extra: Mapping[str, Any] = {}    # config.json entries this family fixes (GGUF -> HF)
     tied: bool = False                  # config.json's tie_word_embeddings default
-    legacy: bool = False                # hyperparameters from hf_export's hand-checked code
+    legacy: bool = False                # config.json back from a GGUF by hf_export's hand-checked code (and,
+                                        # with no hparams rows, the GGUF keys too)
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
@@ -113,11 +115,13 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
 
 _RECORDS: tuple[Arch, ...] = (
     # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
-    Arch("llama", "llama", "LlamaForCausalLM", rope_permute=True, legacy=True),
-    # Mistral, Mixtral: HF -> GGUF from the records (a llama GGUF converts back through llama's hand-checked code)
-    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+    # llama, Mistral, Mixtral: HF -> GGUF from the rows; a llama GGUF converts back through hand-checked code
+    # (Llama 3 RoPE factors from the rope_freqs tensor, the bias flags)
+    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
          window_always=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
+         window_always=True),
+    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
          window_always=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),

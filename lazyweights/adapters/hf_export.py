@@ -34,10 +34,10 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
-The table above is the hand-checked families (`archs.Arch.legacy`: llama, gemma2, gemma3, phi3, and every llama
-GGUF read back, mistral's and mixtral's included); every other family's keys come from its record
-(`adapters/archs.py`, turned into keys by `adapters/hparams.py`; Mistral's and Mixtral's write the same keys in
-the same order as llama's code did).
+The table above is the hand-checked families both ways for gemma2, gemma3 and phi3, and GGUF -> HF for a
+llama GGUF (`archs.Arch.legacy`); every other direction and family takes its keys from the records
+(`adapters/archs.py`, turned into keys by `adapters/hparams.py`; llama's, mistral's and mixtral's rows write the
+same keys in the same order as the hand-written code did).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
@@ -142,7 +142,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
 
     names = set(tensor_names) if tensor_names is not None else None
     rec = ARCHS[model_type]
-    if not rec.legacy and arch != "llama":  # a llama GGUF (mistral, mixtral) converts back through llama's code
+    if not rec.legacy:
         from .hparams import hf_config
 
         out = hf_config(rec, md, names, n_vocab, arch)
@@ -412,7 +412,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     arch = SUPPORTED[mt][0]
     need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
     missing = [k for k in need if cfg.get(k) is None]
-    if missing and ARCHS[mt].legacy:
+    if missing and not ARCHS[mt].hparams:
         raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
     md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
                                 "general.type": GGUFValue("model", T.STRING)}
@@ -423,7 +423,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         md["general.quantization_version"] = GGUFValue(2, T.UINT32)
     if file_type is not None:
         md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
-    if not ARCHS[mt].legacy:
+    if ARCHS[mt].hparams:  # every family but gemma2, gemma3 and phi3
         from .hparams import gguf_hparams
 
         md.update(gguf_hparams(ARCHS[mt], cfg))
@@ -447,11 +447,9 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     put("attention.layer_norm_rms_epsilon", None if eps is None else float(eps), T.FLOAT32)
     theta = _rope_theta(cfg)
     put("rope.freq_base", theta, T.FLOAT32)
-    if arch in ("llama", "gemma2", "gemma3") or head_dim != hidden // heads:
+    if arch in ("gemma2", "gemma3") or head_dim != hidden // heads:
         put("attention.key_length", head_dim, T.UINT32)
         put("attention.value_length", head_dim, T.UINT32)
-    if arch == "llama":
-        put("rope.dimension_count", head_dim, T.UINT32)
     if arch == "phi3":
         put("rope.dimension_count", int(head_dim * float(_cfg_get(cfg, "partial_rotary_factor", 1.0))), T.UINT32)
         if cfg.get("original_max_position_embeddings"):
