@@ -382,3 +382,29 @@ def test_config_is_found_beside_the_source_under_ops(tiny_llama, tmp_path):
     adapted = convert_hf_to_gguf(state, None, tokenizer=False)
     assert adapted.gguf_metadata["general.architecture"].value == "llama"
     assert adapted.gguf_metadata["llama.block_count"].value == 2
+
+
+def test_llama_family_records_keep_the_hand_written_key_order():
+    """llama, mistral and mixtral write their GGUF keys from records (issue 27): the same keys, values and order
+    as the hand-written code wrote them before the move (recorded from main at ab1a21e), so the GGUF header bytes
+    are unchanged; a Mixtral config without expert counts is refused naming both."""
+    from lazyweights.adapters.hf_export import gguf_metadata_from_hf
+
+    cfg = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
+               max_position_embeddings=128, head_dim=32, rope_theta=1e6, sliding_window=4096, rms_norm_eps=1e-5,
+               vocab_size=100, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    want = [("context_length", 128), ("embedding_length", 64), ("block_count", 2), ("feed_forward_length", 96),
+            ("attention.head_count", 4), ("attention.head_count_kv", 4), ("attention.layer_norm_rms_epsilon", 1e-05),
+            ("rope.freq_base", 1000000.0), ("attention.key_length", 32), ("attention.value_length", 32),
+            ("rope.dimension_count", 32), ("vocab_size", 100), ("attention.sliding_window", 4096),
+            ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0), ("rope.scaling.original_context_length", 64)]
+    experts = [("expert_count", 4), ("expert_used_count", 2)]
+    for mt, extra, tail in (("llama", {}, []), ("mistral", {}, []),
+                            ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, experts)):
+        md = gguf_metadata_from_hf(dict(cfg, model_type=mt, **extra))
+        got = [(k.split(".", 1)[1], v.value) for k, v in md.items() if k.startswith("llama.")]
+        assert got == want + tail, mt
+    small = gguf_metadata_from_hf(dict(cfg, model_type="mistral", head_dim=None, sliding_window=0))
+    assert small["llama.attention.key_length"].value == 16 and "llama.attention.sliding_window" not in small
+    with pytest.raises(GGUFConfigError, match="num_local_experts.*num_experts_per_tok"):
+        gguf_metadata_from_hf(dict(cfg, model_type="mixtral"))
