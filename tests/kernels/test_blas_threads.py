@@ -12,7 +12,9 @@ from lazyweights.kernels.blas import single_threaded_blas
 
 
 def _blas_threads() -> list[int]:
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    """numpy's own BLAS (torch, when loaded, brings another that single_threaded_blas leaves alone)."""
+    return [i["num_threads"] for i in threadpool_info()
+            if i["user_api"] == "blas" and "numpy" in i["filepath"]]
 
 
 @pytest.fixture
