@@ -27,7 +27,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
+
+from bench_quantize_pass import measured  # (wall seconds, peak RssAnon) of a subprocess
 
 BUILD = r"""
 import sys, torch, transformers
@@ -79,28 +80,6 @@ ignore = sorted(n[:-7] for n in names if n.endswith(".weight") and n[:-7] + ".we
 convert_checkpoint(src, dst, CompressedTensorsDequantizer(src, ignore=ignore, dtype=torch.bfloat16),
                    max_workers=threads, device="cpu")
 """
-
-
-def measured(cmd):
-    """(wall seconds, peak RssAnon bytes) of a subprocess."""
-    subprocess.run(["sync"], check=True)
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = 0
-    while p.poll() is None:
-        try:
-            with open(f"/proc/{p.pid}/status") as f:
-                for line in f:
-                    if line.startswith("RssAnon:"):
-                        peak = max(peak, int(line.split()[1]) * 1024)
-        except OSError:
-            pass
-        time.sleep(0.02)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode(errors="replace")
-    if p.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err[-3000:]}")
-    return wall, peak
 
 
 def folder_bytes(d):

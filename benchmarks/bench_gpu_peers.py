@@ -90,30 +90,27 @@ class W1Torch:
         return n, t.to(torch.float32 if "norm" in n else torch.float16)
 
 
-def naive(ckpt: str, w1: W1Torch) -> dict:
+def _safe_open_w1(ckpt: str, w1: W1Torch, device: str | None) -> dict:
+    """Every tensor through safetensors' `safe_open` (onto `device`, or the host and then `.cuda()`), W1 on it."""
     from safetensors import safe_open
 
     out = {}
     for f in _files(ckpt):
-        with safe_open(f, framework="pt") as fh:
+        with safe_open(f, framework="pt", **({"device": device} if device else {})) as fh:
             for k in fh.keys():
-                n, t = w1(k, fh.get_tensor(k).cuda())
+                t = fh.get_tensor(k)
+                n, t = w1(k, t if device else t.cuda())
                 if n is not None:
                     out[n] = t
     return out
+
+
+def naive(ckpt: str, w1: W1Torch) -> dict:
+    return _safe_open_w1(ckpt, w1, None)
 
 
 def safetensors_cuda(ckpt: str, w1: W1Torch) -> dict:
-    from safetensors import safe_open
-
-    out = {}
-    for f in _files(ckpt):
-        with safe_open(f, framework="pt", device="cuda:0") as fh:
-            for k in fh.keys():
-                n, t = w1(k, fh.get_tensor(k))
-                if n is not None:
-                    out[n] = t
-    return out
+    return _safe_open_w1(ckpt, w1, "cuda:0")
 
 
 def fastsafetensors(ckpt: str, w1: W1Torch) -> dict:
@@ -238,29 +235,11 @@ CONTESTANTS = {"naive": naive, "safetensors": safetensors_cuda, "fastsafetensors
                "instanttensor": instanttensor, "lazyweights": lazyweights_gpu}
 
 
-def pinned_h2d_seconds(nbytes: int, reps: int = 5) -> float:
-    """Seconds of one cudaMemcpyAsync of nbytes from pinned host memory to the device (best of reps)."""
-    import cupy
-    from cupy.cuda import pinned_memory
+def pinned_h2d_seconds(nbytes: int) -> float:
+    """Seconds of one cudaMemcpyAsync of nbytes from pinned host memory to the device (best of 5)."""
+    from bench_gpu import pinned_h2d_bandwidth
 
-    mem = pinned_memory.PinnedMemory(nbytes)
-    host = np.ndarray((nbytes,), np.uint8, buffer=pinned_memory.PinnedMemoryPointer(mem, 0))
-    host[::4096] = 1
-    dev = cupy.empty(nbytes, cupy.uint8)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    rt = cupy.cuda.runtime
-    best = float("inf")
-    for _ in range(reps):
-        start.record(stream)
-        rt.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes, rt.memcpyHostToDevice, stream.ptr)
-        end.record(stream)
-        end.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    del dev, host, mem
-    cupy.get_default_memory_pool().free_all_blocks()
-    cupy.get_default_pinned_memory_pool().free_all_blocks()
-    return best
+    return nbytes / pinned_h2d_bandwidth(nbytes)
 
 
 def drop_cache(files: list[str]) -> str:

@@ -232,7 +232,7 @@ class _HTTP:
                               url=self.url) from None
         return size, r.headers.get("ETag")
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview | _FileSink) -> None:
+    def get(self, start: int, end: int, size: int, etag: str | None, out: _FileSink) -> None:
         import requests
         import urllib3
 
@@ -352,8 +352,8 @@ def _bounce_buffer() -> memoryview:
     return buf
 
 
-def _read_body(read, out: memoryview | _FileSink, start: int, end: int, stream=None) -> None:
-    """Receive a ranged body's `end - start` bytes into `out`: a buffer, or a `_FileSink` (the mirror).
+def _read_body(read, out: _FileSink, start: int, end: int, stream=None) -> None:
+    """Receive a ranged body's `end - start` bytes into `out` (the mirror, at the range's offset).
 
     `stream`: the urllib3 response under it (requests' `r.raw`, botocore's `Body._raw_stream`). Where it has
     http.client's response underneath, the bytes go from the socket into this thread's warm bounce buffer
@@ -369,18 +369,8 @@ def _read_body(read, out: memoryview | _FileSink, start: int, end: int, stream=N
             chunk = read(min(1 << 20, want - pos))
             if not chunk:
                 raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
-            if isinstance(out, _FileSink):
-                out.write(pos, memoryview(chunk))
-            else:
-                out[pos:pos + len(chunk)] = chunk
+            out.write(pos, memoryview(chunk))
             pos += len(chunk)
-        return
-    if not isinstance(out, _FileSink):
-        while pos < want:
-            n = fp.readinto(out[pos:want])
-            if not n:
-                raise _Transient(f"truncated body: {pos} of {want} bytes arrived")
-            pos += n
         return
     buf = _bounce_buffer()
     while pos < want:
@@ -435,7 +425,7 @@ class _S3:
             raise self._error(e, "cannot open") from None
         return int(head["ContentLength"]), head.get("ETag")
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview | _FileSink) -> None:
+    def get(self, start: int, end: int, size: int, etag: str | None, out: _FileSink) -> None:
         kwargs = {"IfMatch": etag} if etag else {}
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}", **kwargs)

@@ -570,11 +570,6 @@ def _reshape_without_copy(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return view
 
 
-def _same_size_uint(dtype: np.dtype) -> np.dtype | None:
-    """The unsigned integer dtype of `dtype`'s size, to move values as plain bits (None for odd sizes)."""
-    return _UINT.get(dtype.itemsize)
-
-
 def _row_table(src: np.ndarray) -> np.ndarray | None:
     """`src` as a 2-D (rows, elements per row) view whose rows are contiguous and evenly spaced, without
     copying; None if it is not one (or is misaligned)."""
@@ -653,7 +648,7 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         if src.dtype == out.dtype:
             # Moved as unsigned integers of the same size: numpy's take and fancy indexing on a user dtype
             # (ml_dtypes' bfloat16, the float8s) go element by element through the dtype's hooks (7x slower).
-            bits = _same_size_uint(src.dtype)
+            bits = _UINT.get(src.dtype.itemsize)
             if bits is not None and src.dtype.kind not in "biuf":
                 src, out = src.view(bits), out.view(bits)
             if src.flags.c_contiguous:
