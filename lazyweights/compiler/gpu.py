@@ -48,6 +48,7 @@ GPU_SPLIT.update({
     Op.CAST: "device", Op.BITCAST: "device", Op.DEQUANTIZE: "device",
     Op.QUANTIZE: "host",   # llama.cpp's quantizers run on the CPU
     Op.BINARY: "host",     # arithmetic between tensors (scales, LoRA deltas) stays on the host
+    Op.UNARY: "host",      # exp/log/neg of small tensors (Mamba's A) beside the binary arithmetic
     Op.LORA: "host",       # the LoRA matmul runs in numpy's BLAS on the host
 })
 

@@ -224,7 +224,8 @@ WHOLE_INPUT.register(Op.PERMUTE)(
     lambda n, views: n.arg[0] != 0 and strided_layout(n, views) is None)  # output rows from a later input axis
 WHOLE_INPUT.register(Op.DEQUANTIZE, Op.QUANTIZE)(lambda n, views: n.ndim < 2)  # 1-D: one row of blocks
 WHOLE_INPUT.register(Op.RESHAPE)(lambda n, views: not n.shape or not n.srcs[0].shape)
-WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE, Op.CONCAT, Op.BINARY)(
+WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE, Op.CONCAT, Op.BINARY,
+                      Op.UNARY)(
     lambda n, views: False)
 WHOLE_INPUT.register(Op.LORA)(lambda n, views: False)  # rows of W (and B); A is read whole by every block
 

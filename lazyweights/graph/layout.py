@@ -163,7 +163,7 @@ def _align_slice(node: Node) -> int:
     return g if (step == 1 and a % g == 0) else 1
 
 
-@ROW_ALIGN.register(Op.BINARY)
+@ROW_ALIGN.register(Op.BINARY, Op.UNARY)
 def _align_all_inputs(node: Node) -> int:
     return math.lcm(*[row_alignment(s) for s in node.srcs])
 

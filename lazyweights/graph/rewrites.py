@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import ops
-from .elementwise import binary
+from .elementwise import binary, unary
 from .layout import strided_layout
 from .lora import lora_update
 from .lora import rebuild as lora_rebuild
@@ -106,6 +106,8 @@ def _slice_below(x: Node, slices: tuple) -> Node:
         return ops.take(_slice_below(src, whole_axis), index.array[start:stop:step], axis)
     if op is Op.CAST:
         return ops.cast(_slice_below(src, slices), x.dtype)
+    if op is Op.UNARY:  # elementwise: the same box of its input
+        return unary(x.arg, _slice_below(src, slices))
     if op is Op.DEQUANTIZE and slices[-1] == _full(x, x.ndim - 1):
         return ops.dequantize(_slice_below(src, slices[:-1] + (_full(src, src.ndim - 1),)), *x.arg)
     if op is Op.SLICE:
@@ -165,6 +167,7 @@ REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
 REBUILD.register(Op.DEQUANTIZE)(lambda n, srcs: ops.dequantize(srcs[0], *n.arg))
 REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], *n.arg))
 REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
+REBUILD.register(Op.UNARY)(lambda n, srcs: unary(n.arg, srcs[0]))
 REBUILD.register(Op.LORA)(lora_rebuild)
 
 
@@ -225,6 +228,9 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
     if op is Op.CAST:
         m = _merge(src, memo, views)
         return None if m is None else ops.cast(m, n.dtype)
+    if op is Op.UNARY:
+        m = _merge(src, memo, views)
+        return None if m is None else unary(n.arg, m)
     if op is Op.BITCAST:
         m = _merge(src, memo, views) if src.ndim == n.ndim else None
         return None if m is None else ops.bitcast(m, n.dtype)

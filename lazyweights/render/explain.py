@@ -118,9 +118,9 @@ def _arg_source(node: Node) -> str:
     return node.arg.encoding.name if getattr(node.arg, "encoding", None) is not None else ""
 
 
-@EXPLAIN.register(Op.BINARY)
-def _arg_binary(node: Node) -> str:
-    return node.arg  # mul, add, sub, div
+@EXPLAIN.register(Op.BINARY, Op.UNARY)
+def _arg_elementwise(node: Node) -> str:
+    return node.arg  # mul, add, sub, div; exp, log, neg
 
 
 @EXPLAIN.register(Op.LORA)
@@ -342,7 +342,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
 
 # --- statistics ---------------------------------------------------------------------------------------
-_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary", "lora"})
+_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary", "unary", "lora"})
 
 
 def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None = None) -> int:

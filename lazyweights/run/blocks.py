@@ -269,6 +269,13 @@ def _pull_binary(node: Node, rows: Rows, cache) -> np.ndarray:
     return numpy_binary(node, a, b)
 
 
+@PULL.register(Op.UNARY)
+def _pull_unary(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.elementwise import numpy_unary
+
+    return numpy_unary(node, pull(node.srcs[0], rows, cache))
+
+
 
 def _lora_inputs(node: Node, rows: Rows, cache) -> tuple[np.ndarray, list]:
     factors = []

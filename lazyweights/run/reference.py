@@ -116,6 +116,13 @@ def _binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return numpy_binary(node, a, b)
 
 
+@REFERENCE.register(Op.UNARY)
+def _unary(node: Node, a: np.ndarray) -> np.ndarray:
+    from ..graph.elementwise import numpy_unary
+
+    return numpy_unary(node, a)
+
+
 
 
 @REFERENCE.register(Op.LORA)
