@@ -81,6 +81,10 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    ssm: int = 0                        # Mamba state-space layers, generation 1 or 2 (`transforms.ssm_to_gguf`):
+                                        # A stored as -exp(A_log), conv1d squeezed to 2-D; 2: A/D as [n_head, 1],
+                                        # the gated norm as [n_group, d_inner / n_group]
+    pad_vocab: int = 0                  # token list padded to a multiple of this (Mamba's pad_vocab_size_multiple)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -248,6 +252,27 @@ _RECORDS += (
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
+_SSM = (_p("embedding_length", "hidden_size", "d_model"), BLK, _p("ssm.conv_kernel", "conv_kernel", "d_conv"),
+        _p("ssm.state_size", "state_size", "d_state"),
+        _p("attention.layer_norm_rms_epsilon", "layer_norm_epsilon", "rms_norm_eps", kind="f32"))
+# llama.cpp reads no context length, feed-forward size or head count for Mamba, but its loader wants the keys
+_SSM_FIXED = {"context_length": 1 << 20, "feed_forward_length": 0, "attention.head_count": 0}
+_RECORDS += (  # state-space models (llama.cpp's conversion/mamba.py)
+    Arch("mamba", "mamba", "MambaForCausalLM",
+         (*_SSM, _p("ssm.inner_size", "intermediate_size", "d_inner"), _p("ssm.time_step_rank", "time_step_rank",
+                                                                            "dt_rank")),
+         ssm=1, pad_vocab=8, tied=True, gguf_fixed={**_SSM_FIXED, "ssm.dt_b_c_rms": False}),
+    # Falcon Mamba: RMS norms (no weight) on dt, B and C; llama.cpp takes their eps from the layer norms'
+    Arch("falcon_mamba", "mamba", "FalconMambaForCausalLM",
+         (*_SSM, _p("ssm.inner_size", "intermediate_size", "d_inner"), _p("ssm.time_step_rank", "time_step_rank",
+                                                                            "dt_rank")),
+         ssm=1, pad_vocab=8, tied=True, gguf_fixed={**_SSM_FIXED, "ssm.dt_b_c_rms": True}),
+    # Mamba-2: one dt / A / D per head (time_step_rank = heads), B and C in n_groups groups, a grouped gated norm
+    Arch("mamba2", "mamba2", "Mamba2ForCausalLM",
+         (*_SSM, _p("ssm.inner_size", "expand", "hidden_size", kind="prod"), _p("ssm.time_step_rank", "num_heads"),
+          _p("ssm.group_count", "n_groups")),
+         ssm=2, pad_vocab=16, gguf_fixed=_SSM_FIXED),
+)
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
@@ -272,6 +297,9 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches
+    if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
+        rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])
+        matches = [a for a in matches if a.gguf_fixed.get("ssm.dt_b_c_rms") == rms] or matches
     if matches and md is not None and f"{arch}.attention.sliding_window" in md:
         matches = [a for a in matches if a.sliding] or matches
     if matches:

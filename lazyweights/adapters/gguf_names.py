@@ -53,7 +53,15 @@ from ..core.errors import (
 from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
-from .transforms import regroup_qkv, rope_permutation, rope_permute, rope_unpermute, transpose2d
+from .transforms import (
+    regroup_qkv,
+    rope_permutation,
+    rope_permute,
+    rope_unpermute,
+    ssm_to_gguf,
+    ssm_to_hf,
+    transpose2d,
+)
 
 __all__ = ["rope_permutation", "rope_permute", "rope_unpermute", "gguf_to_hf", "hf_to_gguf", "gguf_name_to_hf",
            "hf_name_to_gguf", "gguf_metadata_from_config", "EXPERTS", "GGUF_ONLY"]
@@ -78,6 +86,14 @@ NORM_SHIFT_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.norm_shift)
 GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
+# Mamba's layer tensors whose values llama.cpp's converter changes (A and D have no .weight suffix); llama.cpp's
+# converter stores them in float32 (ssm_conv1d by name, the rest as 1-D, suffix-less or norm tensors)
+_SSM_VALUE_RE = re.compile(r"^blk\.\d+\.(ssm_a|ssm_d|ssm_conv1d\.weight|ssm_norm\.weight)$")
+
+
+def _ssm_part(gguf_name: str) -> str | None:
+    m = _SSM_VALUE_RE.match(gguf_name)
+    return m[1].split(".")[0] if m else None
 
 
 def _check_arch(arch: str) -> Arch:
@@ -244,6 +260,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             wd = transpose2d(wd if wd.quantization_encoding is None else wd.dequantize())
         if rec.norm_shift and hf.endswith("norm.weight"):
             wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -rec.norm_shift)
+        if rec.ssm and (ssm := _ssm_part(name)):
+            wd = ssm_to_hf(wd, ssm, rec.ssm)
         if dequantize_to is not None:
             if wd.quantization_encoding is not None:
                 wd = wd.dequantize(dequantize_to)
@@ -298,7 +316,11 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = transpose2d(wd)
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
-        if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
+        ssm = _ssm_part(g) if rec.ssm else None
+        if ssm:
+            wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(_text_config(config), "n_groups", 1) or 1))
+        if norm_dtype is not None and (wd.ndim == 1 or ssm) and wd.quantization_encoding is None and \
+                wd.dtype.is_float:
             wd = wd.astype(norm_dtype)
         if rec.norm_shift and name.endswith("norm.weight"):
             wd = _add_scalar(wd, rec.norm_shift)

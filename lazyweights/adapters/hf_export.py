@@ -541,6 +541,36 @@ class ConvertedStateDict(dict):
     extra_files: Callable[[], dict[str, bytes]] | None = None
 
 
+def pad_token_list(md: dict, vocab_size: int, multiple: int) -> None:
+    """Pad the GGUF token list (in place) with unused `[PAD{i}]` tokens up to `vocab_size` rounded up to a
+    multiple of `multiple`, as llama.cpp's Mamba converter does (its embedding has that many rows).
+
+    Example:
+        >>> from gguf.constants import GGUFValueType as T
+        >>> from lazyweights.formats.gguf_writer import GGUFValue
+        >>> md = {"tokenizer.ggml.tokens": GGUFValue(["a", "b", "c"], T.ARRAY, T.STRING),
+        ...       "tokenizer.ggml.token_type": GGUFValue([1, 1, 1], T.ARRAY, T.INT32)}
+        >>> pad_token_list(md, 3, 4)
+        >>> md["tokenizer.ggml.tokens"].value, md["tokenizer.ggml.token_type"].value
+        (['a', 'b', 'c', '[PAD3]'], [1, 1, 1, 5])
+    """
+    from ..formats.gguf_writer import GGUFValue
+
+    tokens = md.get("tokenizer.ggml.tokens")
+    if tokens is None or multiple <= 0:
+        return
+    n = len(tokens.value)
+    target = -(max(vocab_size, n) // -multiple) * multiple
+    if target == n:
+        return
+    extra = range(n, target)
+    md["tokenizer.ggml.tokens"] = GGUFValue(list(tokens.value) + [f"[PAD{i}]" for i in extra], *tokens[1:])
+    for key, fill in (("tokenizer.ggml.token_type", 5), ("tokenizer.ggml.scores", 0.0)):  # 5: UNUSED
+        v = md.get(key)
+        if v is not None:
+            md[key] = GGUFValue(list(v.value) + [fill] * len(extra), *v[1:])
+
+
 def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *, tokenizer: bool = True,
                        folder: str | None = None, **unused_kwargs) -> ConvertedStateDict:
     """The seed-style HF -> GGUF adapter: GGUF tensor names and llama.cpp's value conventions (`hf_to_gguf`),
@@ -595,6 +625,9 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
             raise UsageError("convert_hf_to_gguf: cannot tell the checkpoint folder to read tokenizer.json "
                                    "from; pass folder=... (or tokenizer=False)")
         md.update(gguf_tokenizer_metadata(folder, arch))
+        if ARCHS[mt].pad_vocab:
+            pad_token_list(md, int(cfg_text.get("vocab_size") or 0), int(
+                cfg_text.get("pad_vocab_size_multiple") or ARCHS[mt].pad_vocab))
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
     return out

@@ -101,6 +101,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
+    if rec.ssm:
+        return _ssm_hparams(rec, cfg, found)
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
@@ -150,6 +152,41 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     md.update(_rows(rec, rec.tail, found))
     return md
+
+
+def _ssm_hparams(rec: Arch, cfg: Mapping[str, Any], found: dict[str, Any]) -> dict:
+    """Mamba's keys: the rows, with llama.cpp's converter's defaults where the config has none (d_conv 4,
+    d_state 16 (Mamba-2: 128), d_inner 2 x hidden, Mamba's dt_rank ceil(hidden / 16), Mamba-2's heads
+    d_inner / head_dim (64), one group, eps 1e-5), then the fixed keys (no context length or heads)."""
+    hidden = int(found["embedding_length"])
+    inner = found.get("ssm.inner_size") or 2 * hidden
+    head_dim = int(_first(cfg, ("mamba_d_head", "head_dim")) or 64)
+    defaults = {"ssm.conv_kernel": 4, "ssm.state_size": 16 if rec.ssm == 1 else 128, "ssm.inner_size": inner,
+                "ssm.time_step_rank": -(hidden // -16) if rec.ssm == 1 else int(inner) // head_dim,
+                "attention.layer_norm_rms_epsilon": 1e-5}
+    if rec.ssm == 2:
+        defaults["ssm.group_count"] = 1
+    full = {k: (defaults.get(k) if v is None else v) for k, v in found.items()}
+    md = _rows(rec, rec.hparams, full)
+    for key, v in rec.gguf_fixed.items():
+        kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
+        md[f"{rec.gguf}.{key}"] = _value(HParam(key, (), kind), v)
+    return md
+
+
+def _ssm_config(rec: Arch, get, names: set[str] | None) -> dict:
+    """config.json's Mamba sizes back from the GGUF keys (`expand` and, for Mamba-2, `head_dim` derived)."""
+    hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+    cfg: dict[str, Any] = {"expand": inner // hidden}
+    if rec.ssm == 2:
+        heads = int(get("ssm.time_step_rank"))
+        cfg.update(num_heads=heads, head_dim=inner // heads)
+    else:
+        cfg["intermediate_size"] = inner
+    if names is not None:
+        cfg["use_conv_bias"] = "blk.0.ssm_conv1d.bias" in names
+        cfg["use_bias"] = "blk.0.ssm_in.bias" in names
+    return cfg
 
 
 def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
@@ -243,6 +280,11 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = get(hp.key)
         if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+    if rec.ssm:
+        cfg.update(_ssm_config(rec, get, names), **rec.hf_extra)
+        if names is not None:
+            cfg["tie_word_embeddings"] = "output.weight" not in names
+        return cfg
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)

@@ -28,6 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+_DT_BIAS = ("mixer.dt_bias", "mixer.dt.bias")  # Mamba-2's dt_bias: gguf-py lists its module as `mixer.dt`
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
 
@@ -56,6 +57,8 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
     number in the name is the block."""
     if name.endswith(_SCORE_BIAS[0]):  # DeepSeek-style routers' parameter, a bias in gguf-py's table
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
+    if name.endswith(_DT_BIAS[0]):
+        name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
@@ -74,18 +77,30 @@ def _hf_to_gguf_name(name: str, arch: str) -> str | None:
 
 
 def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
-    """Every Hugging Face name gguf-py maps to this GGUF name, in gguf-py's order."""
+    """Every Hugging Face name gguf-py maps to this GGUF name, in gguf-py's order (a name with no
+    `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`)."""
     m = _BLK.match(name)
     base = "blk.0." + name[m.end():] if m else name
+    if not base.endswith(_SUFFIXES):
+        cands = _inverse(arch).get(base, ())
+        return tuple(_HF_BID.sub(m[1], c, count=1) for c in cands) if m else cands
     for suffix in _SUFFIXES:
         if base.endswith(suffix):
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
             out = tuple(c + suffix for c in cands)
-            return tuple(c[: -len(_SCORE_BIAS[1])] + _SCORE_BIAS[0] if c.endswith(_SCORE_BIAS[1]) else c
-                         for c in out)
+            return tuple(_hf_spelling(c) for c in out)
     return ()
+
+
+def _hf_spelling(name: str) -> str:
+    """gguf-py's module-style name for a bare parameter (`gate.e_score_correction.bias`, `mixer.dt.bias`) as the
+    Hugging Face parameter (`gate.e_score_correction_bias`, `mixer.dt_bias`)."""
+    for hf, gg in (_SCORE_BIAS, _DT_BIAS):
+        if name.endswith(gg):
+            return name[: -len(gg)] + hf
+    return name
 
 
 def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,

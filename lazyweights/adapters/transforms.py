@@ -103,3 +103,61 @@ def transpose2d(wd: WeightData) -> WeightData:
     if wd.ndim != 2:
         raise ShapeError(f"transposing {wd.name!r}: expected a 2-D weight, got shape {list(wd.shape)}")
     return wd.transpose((1, 0))
+
+
+def _unary(wd: WeightData, *kinds: str) -> WeightData:
+    from ..graph.elementwise import unary
+
+    if wd.quantization_encoding is not None:
+        wd = wd.dequantize()
+    node = wd.node
+    for kind in kinds:
+        node = unary(kind, node)
+    return WeightData.wrap(node, wd.name, None)
+
+
+def ssm_to_gguf(wd: WeightData, part: str, generation: int, n_group: int = 1) -> WeightData:
+    """A Mamba layer tensor (Hugging Face -> GGUF, `part`: its GGUF name's layer part) as llama.cpp's converter
+    stores it: `A = -exp(A_log)`, the conv1d weight `[d_inner, 1, d_conv]` squeezed to `[d_inner, d_conv]`;
+    Mamba-2's per-head A and D as `[n_head, 1]` and its gated norm as `[n_group, d_inner / n_group]`.
+
+    Example:
+        >>> import numpy as np
+        >>> a_log = WeightData.from_numpy(np.log(np.arange(1, 5, dtype=np.float32)), "A_log")
+        >>> ssm_to_gguf(a_log, "ssm_a", 2).to_numpy().ravel().tolist()
+        [-1.0, -2.0, -3.0, -4.0]
+    """
+    if part == "ssm_a":
+        wd = _unary(wd, "exp", "neg")
+    if part == "ssm_conv1d" and wd.ndim == 3 and wd.shape[1] == 1:
+        return wd.reshape((wd.shape[0], wd.shape[2]))
+    if generation == 2 and part in ("ssm_a", "ssm_d") and wd.ndim == 1:
+        return wd.reshape((wd.shape[0], 1))
+    if generation == 2 and part == "ssm_norm" and wd.ndim == 1:
+        if n_group <= 0 or wd.shape[0] % n_group:
+            raise ShapeError(f"Mamba-2 norm {wd.name!r}: {wd.shape[0]} values do not split into {n_group} groups")
+        return wd.reshape((n_group, wd.shape[0] // n_group))
+    return wd
+
+
+def ssm_to_hf(wd: WeightData, part: str, generation: int) -> WeightData:
+    """The inverse of `ssm_to_gguf` (GGUF -> Hugging Face): `A_log = log(-A)`, conv1d `[d_inner, 1, d_conv]`,
+    Mamba-2's A, D and norm flat again.
+
+    Example:
+        >>> import numpy as np
+        >>> a = WeightData.from_numpy(-np.exp(np.ones((2, 1), np.float32)), "A")
+        >>> [round(x, 6) for x in ssm_to_hf(a, "ssm_a", 2).to_numpy().tolist()]
+        [1.0, 1.0]
+    """
+    if part == "ssm_a":
+        wd = _unary(wd, "neg", "log")
+    if part == "ssm_conv1d" and wd.ndim == 2:
+        if wd.quantization_encoding is not None:
+            wd = wd.dequantize()
+        return wd.reshape((wd.shape[0], 1, wd.shape[1]))
+    if generation == 2 and part in ("ssm_a", "ssm_d", "ssm_norm") and wd.ndim == 2:
+        if wd.quantization_encoding is not None:
+            wd = wd.dequantize()
+        return wd.reshape((wd.shape[0] * wd.shape[1],))
+    return wd

@@ -1,0 +1,109 @@
+"""State-space families (Mamba, Falcon Mamba, Mamba-2), each judged by llama.cpp and by transformers, as in
+test_arch_breadth: a tiny random transformers model (hidden 64, 2 layers, float32, the shared tiny byte-level BPE
+tokenizer) saved with `save_pretrained`, then
+
+(a) HF -> GGUF (`export_gguf`); llama.cpp loads the file and its next-token distribution at every position of a
+    prompt equals transformers' (max KL < 1e-3, same argmax away from near ties);
+(b) GGUF -> HF (`export_hf_folder`, float32) loads in transformers as the same class with the original logits.
+
+The values llama.cpp's converter changes are checked against gguf-py's reader too: A = -exp(A_log), the conv1d
+weight squeezed to 2-D, Mamba-2's A/D as [n_head, 1] and its norm as [n_group, d_inner / n_group], the token list
+padded to the vocabulary's multiple.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from test_arch_breadth import _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
+
+from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
+
+_SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+_MAMBA = dict(hidden_size=64, num_hidden_layers=2, state_size=8, **_SPECIAL)
+
+# family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
+SSM_FAMILIES = {
+    "mamba": ("MambaConfig", dict(_MAMBA), "mamba", 8),
+    "falcon_mamba": ("FalconMambaConfig", dict(_MAMBA), "mamba", 8),
+    "mamba2": ("Mamba2Config", dict(_MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8), "mamba2", 16),
+}
+
+
+def _vocab(tok, multiple):
+    """The tokenizer's size rounded up to `multiple` plus one more block: the model's embedding is larger than the
+    token list, as in real Mamba checkpoints (50280 rows for 50277 tokens), so the padding is exercised."""
+    return -(len(tok) // -multiple) * multiple + multiple
+
+
+def make_ssm_family(name, tok, folder):
+    cls, kwargs, _, multiple = SSM_FAMILIES[name]
+    cfg = getattr(transformers, cls)(**kwargs)
+    cfg.vocab_size = _vocab(tok, multiple)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():  # non-trivial norms, biases, A and D, so a missed transform shows
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def _tensor(reader, name):
+    t = next(t for t in reader.tensors if t.name == name)
+    return np.asarray(t.data).reshape([int(d) for d in reversed(t.shape)])
+
+
+@pytest.mark.parametrize("name", list(SSM_FAMILIES))
+def test_ssm_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
+    hf = str(tmp_path / "hf")
+    model = make_ssm_family(name, tokenizer, hf)
+    ids = tokenizer(PROMPT)["input_ids"]
+    ref = _logits(model, ids)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    arch = SSM_FAMILIES[name][2]
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == arch
+    assert len(r.fields["tokenizer.ggml.tokens"].data) == model.config.vocab_size > len(tokenizer)
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    a = _tensor(r, "blk.1.ssm_a")
+    np.testing.assert_allclose(a.reshape(-1), -np.exp(sd["backbone.layers.1.mixer.A_log"]).reshape(-1), rtol=1e-6)
+    conv = sd["backbone.layers.1.mixer.conv1d.weight"]
+    assert _tensor(r, "blk.1.ssm_conv1d.weight").tolist() == conv[:, 0, :].tolist()
+    if arch == "mamba2":
+        assert a.shape == (model.config.num_heads, 1)
+        norm = _tensor(r, "blk.0.ssm_norm.weight")
+        assert norm.shape == (2, norm.size // 2)
+        assert norm.reshape(-1).tolist() == sd["backbone.layers.0.mixer.norm.weight"].tolist()
+        assert _tensor(r, "blk.0.ssm_dt.bias").tolist() == sd["backbone.layers.0.mixer.dt_bias"].tolist()
+    else:
+        assert bool(r.fields["mamba.ssm.dt_b_c_rms"].parts[-1][0]) is (name == "falcon_mamba")
+
+    mine = llama_cpp_logits(path, ids)
+    kl = _kl(ref, mine)
+    assert kl.max() < 1e-3, f"{name}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
+    top2 = np.sort(ref, -1)[:, -2:]
+    ties = (top2[:, 1] - top2[:, 0]) < 1e-3  # a near tie in a random model: float32 noise may flip it
+    assert ((mine.argmax(-1) == ref.argmax(-1)) | ties).all(), name
+    assert (~ties).sum() >= 0.9 * len(ids)  # the argmax check is not vacuous
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32")
+    with open(os.path.join(back, "config.json")) as fh:
+        assert json.load(fh)["model_type"] == model.config.model_type
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    assert type(m).__name__ == type(model).__name__
+    np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
