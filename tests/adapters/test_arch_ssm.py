@@ -29,7 +29,9 @@ from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shar
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 
 _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
-_MAMBA = dict(hidden_size=64, num_hidden_layers=2, state_size=8, **_SPECIAL)
+# dt initialised in [0.5, 1] (not [0.001, 0.1]): the state then carries enough of the past that a wrong A moves
+# llama.cpp's next-token distribution far beyond the KL bound (A = -A_log instead of -exp(A_log): KL 0.36)
+_MAMBA = dict(hidden_size=64, num_hidden_layers=2, state_size=8, time_step_min=0.5, time_step_max=1.0, **_SPECIAL)
 
 # family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
 SSM_FAMILIES = {
