@@ -28,7 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
-_DT_BIAS = ("mixer.dt_bias", "mixer.dt.bias")  # Mamba-2's dt_bias: gguf-py lists its module as `mixer.dt`
+_DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
 
@@ -90,14 +90,16 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
             out = tuple(c + suffix for c in cands)
-            return tuple(_hf_spelling(c) for c in out)
+            out = tuple(_hf_spelling(c) for c in out)
+            # Mamba-2's bare dt_bias is the same GGUF tensor as Mamba's dt_proj.bias: the model's keys choose
+            return out + tuple(c[: -len(_DT_BIAS[1])] + _DT_BIAS[0] for c in out if c.endswith(_DT_BIAS[1]))
     return ()
 
 
 def _hf_spelling(name: str) -> str:
-    """gguf-py's module-style name for a bare parameter (`gate.e_score_correction.bias`, `mixer.dt.bias`) as the
-    Hugging Face parameter (`gate.e_score_correction_bias`, `mixer.dt_bias`)."""
-    for hf, gg in (_SCORE_BIAS, _DT_BIAS):
+    """gguf-py's module-style name for a bare parameter (`gate.e_score_correction.bias`) as the Hugging Face
+    parameter (`gate.e_score_correction_bias`)."""
+    for hf, gg in (_SCORE_BIAS,):
         if name.endswith(gg):
             return name[: -len(gg)] + hf
     return name
