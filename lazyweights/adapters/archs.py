@@ -85,6 +85,8 @@ class Arch(NamedTuple):
                                         # A stored as -exp(A_log), conv1d squeezed to 2-D; 2: A/D as [n_head, 1],
                                         # the gated norm as [n_group, d_inner / n_group]
     pad_vocab: int = 0                  # token list padded to a multiple of this (Mamba's pad_vocab_size_multiple)
+    hybrid: bool = False                # attention and Mamba layers: head_count_kv per layer, 0 on Mamba layers
+    shared_gate_up: str = ""            # HF shared-expert tensor holding [gate; up] rows (Granite's shared_mlp)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -272,6 +274,22 @@ _RECORDS += (  # state-space models (llama.cpp's conversion/mamba.py)
          (*_SSM, _p("ssm.inner_size", "expand", "hidden_size", kind="prod"), _p("ssm.time_step_rank", "num_heads"),
           _p("ssm.group_count", "n_groups")),
          ssm=2, pad_vocab=16, gguf_fixed=_SSM_FIXED),
+)
+_GRANITE_SCALES = (_p("embedding_scale", "embedding_multiplier", kind="f32"),
+                   _p("residual_scale", "residual_multiplier", kind="f32"),
+                   _p("attention.scale", "attention_multiplier", kind="f32"),
+                   _p("logit_scale", "logits_scaling", kind="f32"))
+_HYBRID_SSM = (_p("ssm.conv_kernel", "mamba_d_conv", "conv_kernel"), _p("ssm.state_size", "mamba_d_state", "state_size"),
+               _p("ssm.group_count", "mamba_n_groups", "n_groups"),
+               _p("ssm.inner_size", "mamba_expand", "hidden_size", kind="prod"),
+               _p("ssm.time_step_rank", "mamba_n_heads", "num_heads"))
+_RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/granite.py GraniteHybridModel)
+    # Granite 4.0: RoPE only where position_embedding_type says so (rope.scaling.finetuned is llama.cpp's switch)
+    Arch("granitemoehybrid", "granitehybrid", "GraniteMoeHybridForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1], *_GRANITE_SCALES,
+          _p("expert_shared_feed_forward_length", "shared_intermediate_size"), *_HYBRID_SSM),
+         rope_permute=True, ssm=2, hybrid=True, pad_vocab=8, fused_gate_up_exps="block_sparse_moe.input_linear",
+         shared_gate_up="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

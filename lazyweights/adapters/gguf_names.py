@@ -166,6 +166,10 @@ def _heads(config) -> tuple[int, int]:
             n_kv = 1 if _get(config, "multi_query", True) else n_head
     if n_kv is None:
         n_kv = n_head
+    if hasattr(n_kv, "tolist"):
+        n_kv = n_kv.tolist()
+    if isinstance(n_kv, list) and n_kv and len({int(k) for k in n_kv if k}) == 1:
+        n_kv = max(int(k) for k in n_kv)  # a hybrid's attention layers (0 marks its Mamba layers)
     if not isinstance(n_kv, int) or n_kv <= 0:
         raise ConfigError(
             f"num_key_value_heads must be a positive integer (a per-layer list is not supported here), got {n_kv!r}"
@@ -231,11 +235,14 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     if rec.mla:
         state = _join_kv_b(state)
+    if rec.shared_gate_up:
+        state = _fuse_shared_gate_up(state, rec.shared_gate_up)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
         if (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
-                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")):
+                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")) or \
+                (rec.shared_gate_up and name.endswith(rec.shared_gate_up + ".weight")):
             wd = _as_wd(value, name)
             if dequantize_to is not None and wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
@@ -298,6 +305,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
             out.update(_split_gate_up(name, _as_wd(value, name)))
             continue
+        if rec.shared_gate_up and name.endswith(rec.shared_gate_up + ".weight"):
+            out.update(_split_shared_gate_up(name, _as_wd(value, name)))
+            continue
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
             continue
@@ -318,7 +328,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
         ssm = _ssm_part(g) if rec.ssm else None
         if ssm:
-            wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(_text_config(config), "n_groups", 1) or 1))
+            cfg = _text_config(config)
+            wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
         if norm_dtype is not None and (wd.ndim == 1 or ssm) and wd.quantization_encoding is None and \
                 wd.dtype.is_float:
             wd = wd.astype(norm_dtype)
@@ -339,6 +350,36 @@ def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
     gate, up = split(wd, 2, axis=1)
     g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
     return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _split_shared_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
+    """A shared expert's `[2 * ff, hidden]` [gate; up] tensor (Granite's shared_mlp.input_linear) as llama.cpp's
+    ffn_gate_shexp / ffn_up_shexp."""
+    from ..api.weight_data import split
+
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 2 or wd.shape[0] % 2:
+        raise ShapeError(f"{name!r}: a fused shared gate/up must be [2 * ff, hidden], got {list(wd.shape)}")
+    gate, up = split(wd, 2, axis=0)
+    g, u = f"blk.{m[1]}.ffn_gate_shexp.weight", f"blk.{m[1]}.ffn_up_shexp.weight"
+    return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _fuse_shared_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
+    """llama.cpp's ffn_gate_shexp / ffn_up_shexp joined back into the Hugging Face [gate; up] tensor."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_shexp\.weight$", name)
+        up = f"blk.{m[1]}.ffn_up_shexp.weight" if m else ""
+        if m is None or up not in state:
+            continue
+        parts = [_as_wd(out.pop(n), n) for n in (name, up)]
+        parts = [p if p.quantization_encoding is None else p.dequantize() for p in parts]
+        hf = f"model.layers.{m[1]}.{hf_part}.weight"
+        out[hf] = _renamed(concat(parts, axis=0), hf)
+    return out
 
 
 def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
-    if rec.ssm:
+    if rec.ssm and not rec.hybrid:
         return _ssm_hparams(rec, cfg, found)
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
@@ -151,7 +151,60 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     md.update(_rows(rec, rec.tail, found))
+    if rec.hybrid:
+        md.update(_hybrid_hparams(rec, cfg, found))
     return md
+
+
+def attention_layers(cfg: Mapping[str, Any], n: int) -> list[bool]:
+    """Per layer of a hybrid, true = attention (else Mamba): from `layer_types` ("attention" /
+    "full_attention"), else `attn_layer_indices`, else every `attn_layer_period`-th layer from
+    `attn_layer_offset` (Bamba's spellings, as llama.cpp's converter reads them)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        return [t in ("attention", "full_attention") for t in types]
+    idx = cfg.get("attn_layer_indices")
+    if isinstance(idx, list):
+        return [i in idx for i in range(n)]
+    period, offset = cfg.get("attn_layer_period"), cfg.get("attn_layer_offset")
+    if period and offset is not None:
+        return [i % int(period) == int(offset) for i in range(n)]
+    raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): a hybrid needs layer_types, attn_layer_indices "
+                          f"or attn_layer_period/offset to tell attention from Mamba layers",
+                          ["attention.head_count_kv"])
+
+
+def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any]) -> dict:
+    """A hybrid's per-layer kv head count (0 marks a Mamba layer, as llama.cpp reads it) and its RoPE switch."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a = rec.gguf
+    n = int(found["block_count"])
+    heads = int(found["attention.head_count"])
+    kv = _kv_heads(rec, cfg, heads)
+    out = {f"{a}.attention.head_count_kv": GGUFValue([kv if att else 0 for att in attention_layers(cfg, n)],
+                                                     T.ARRAY, T.INT32)}
+    if "rope.scaling.finetuned" not in rec.gguf_fixed:
+        out[f"{a}.rope.scaling.finetuned"] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
+    return out
+
+
+def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
+    """config.json's hybrid facts back: layer types from the per-layer kv counts, the Mamba sizes, RoPE."""
+    kv = get("attention.head_count_kv")
+    kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
+    hidden, inner, heads = int(get("embedding_length")), int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
+    cfg: dict[str, Any] = {"layer_types": ["attention" if k else "mamba" for k in kv],
+                           "num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden,
+                           "mamba_d_head": inner // heads}
+    if "rope.scaling.finetuned" not in rec.gguf_fixed:
+        cfg["position_embedding_type"] = "rope" if get("rope.scaling.finetuned", True) else None
+    if names is not None:
+        cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
+        cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
+    return cfg
 
 
 def _ssm_hparams(rec: Arch, cfg: Mapping[str, Any], found: dict[str, Any]) -> dict:
@@ -278,9 +331,11 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
+        if isinstance(v, list):  # a hybrid's per-layer kv heads: `_hybrid_config` writes them
+            continue
         if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
-    if rec.ssm:
+    if rec.ssm and not rec.hybrid:
         cfg.update(_ssm_config(rec, get, names), **rec.hf_extra)
         if names is not None:
             cfg["tie_word_embeddings"] = "output.weight" not in names
@@ -315,6 +370,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
     if rec.mla:
         cfg.update(_mla_config(get), num_key_value_heads=heads)
+    if rec.hybrid:
+        cfg.update(_hybrid_config(rec, get, names))
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:
@@ -348,6 +405,8 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     def get(key):
         v = md.get(f"{arch}.{key}")
         v = getattr(v, "value", v)
+        if isinstance(v, list) and v:  # a hybrid's per-layer kv heads (0 on Mamba layers): the attention layers'
+            v = max(v)
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     embd, heads = get("embedding_length"), get("attention.head_count")

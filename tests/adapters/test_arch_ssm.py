@@ -32,13 +32,26 @@ _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 # dt initialised in [0.5, 1] (not [0.001, 0.1]): the state then carries enough of the past that a wrong A moves
 # llama.cpp's next-token distribution far beyond the KL bound (A = -A_log instead of -exp(A_log): KL 0.36)
 _MAMBA = dict(hidden_size=64, num_hidden_layers=2, state_size=8, time_step_min=0.5, time_step_max=1.0, **_SPECIAL)
+_GRANITE_HYBRID = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=96, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
+                       shared_intermediate_size=48, layer_types=["mamba", "attention"], mamba_n_heads=8,
+                       mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
+                       embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0,
+                       **_SPECIAL)
 
 # family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
 SSM_FAMILIES = {
     "mamba": ("MambaConfig", dict(_MAMBA), "mamba", 8),
     "falcon_mamba": ("FalconMambaConfig", dict(_MAMBA), "mamba", 8),
     "mamba2": ("Mamba2Config", dict(_MAMBA, num_heads=8, head_dim=16, n_groups=2, chunk_size=8), "mamba2", 16),
+    # Granite 4.0: a Mamba-2 layer then an attention layer, MoE with a shared expert, Granite's scales; no RoPE
+    # (position_embedding_type None, as the real models) and with it
+    "granitemoehybrid": ("GraniteMoeHybridConfig", _GRANITE_HYBRID, "granitehybrid", 8),
+    "granitemoehybrid_rope": ("GraniteMoeHybridConfig", dict(_GRANITE_HYBRID, position_embedding_type="rope"),
+                              "granitehybrid", 8),
 }
+# where each family keeps its Mamba layer's tensors (layer 0 is a Mamba layer in every family)
+_MIXER = {"granitehybrid": "model.layers.0.mamba."}
 
 
 def _vocab(tok, multiple):
@@ -49,7 +62,7 @@ def _vocab(tok, multiple):
 
 def make_ssm_family(name, tok, folder):
     cls, kwargs, _, multiple = SSM_FAMILIES[name]
-    cfg = getattr(transformers, cls)(**kwargs)
+    cfg = getattr(transformers, cls)(**dict(kwargs))
     cfg.vocab_size = _vocab(tok, multiple)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
@@ -80,18 +93,26 @@ def test_ssm_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
     arch = SSM_FAMILIES[name][2]
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == arch
     assert len(r.fields["tokenizer.ggml.tokens"].data) == model.config.vocab_size > len(tokenizer)
-    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    a = _tensor(r, "blk.1.ssm_a")
-    np.testing.assert_allclose(a.reshape(-1), -np.exp(sd["backbone.layers.1.mixer.A_log"]).reshape(-1), rtol=1e-6)
-    conv = sd["backbone.layers.1.mixer.conv1d.weight"]
-    assert _tensor(r, "blk.1.ssm_conv1d.weight").tolist() == conv[:, 0, :].tolist()
-    if arch == "mamba2":
-        assert a.shape == (model.config.num_heads, 1)
+    from safetensors.numpy import load_file
+
+    sd = load_file(os.path.join(hf, "model.safetensors"))
+    mixer = _MIXER.get(arch, "backbone.layers.0.mixer.")
+    a = _tensor(r, "blk.0.ssm_a")
+    np.testing.assert_allclose(a.reshape(-1), -np.exp(sd[mixer + "A_log"]).reshape(-1), rtol=1e-6)
+    assert _tensor(r, "blk.0.ssm_conv1d.weight").tolist() == sd[mixer + "conv1d.weight"][:, 0, :].tolist()
+    if arch != "mamba":
+        assert a.shape == (sd[mixer + "A_log"].shape[0], 1)
         norm = _tensor(r, "blk.0.ssm_norm.weight")
         assert norm.shape == (2, norm.size // 2)
-        assert norm.reshape(-1).tolist() == sd["backbone.layers.0.mixer.norm.weight"].tolist()
-        assert _tensor(r, "blk.0.ssm_dt.bias").tolist() == sd["backbone.layers.0.mixer.dt_bias"].tolist()
-    else:
+        assert norm.reshape(-1).tolist() == sd[mixer + "norm.weight"].tolist()
+        assert _tensor(r, "blk.0.ssm_dt.bias").tolist() == sd[mixer + "dt_bias"].tolist()
+    if arch == "granitehybrid":
+        assert r.fields["granitehybrid.attention.head_count_kv"].contents() == [0, 2]
+        rope = bool(r.fields["granitehybrid.rope.scaling.finetuned"].parts[-1][0])
+        assert rope is (model.config.position_embedding_type == "rope")
+        gate_up = sd["model.layers.1.shared_mlp.input_linear.weight"]
+        assert _tensor(r, "blk.1.ffn_up_shexp.weight").tolist() == gate_up[48:].tolist()
+    if arch == "mamba":
         assert bool(r.fields["mamba.ssm.dt_b_c_rms"].parts[-1][0]) is (name == "falcon_mamba")
 
     mine = llama_cpp_logits(path, ids)
