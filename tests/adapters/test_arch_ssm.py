@@ -36,7 +36,8 @@ _GRANITE_HYBRID = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=
                        intermediate_size=96, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
                        shared_intermediate_size=48, layer_types=["mamba", "attention"], mamba_n_heads=8,
                        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
-                       embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0,
+                       embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=1.0, logits_scaling=4.0,
+                       initializer_range=0.2,
                        **_SPECIAL)
 
 # family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
