@@ -279,7 +279,8 @@ _GRANITE_SCALES = (_p("embedding_scale", "embedding_multiplier", kind="f32"),
                    _p("residual_scale", "residual_multiplier", kind="f32"),
                    _p("attention.scale", "attention_multiplier", kind="f32"),
                    _p("logit_scale", "logits_scaling", kind="f32"))
-_HYBRID_SSM = (_p("ssm.conv_kernel", "mamba_d_conv", "conv_kernel"), _p("ssm.state_size", "mamba_d_state", "state_size"),
+_HYBRID_SSM = (_p("ssm.conv_kernel", "mamba_d_conv", "conv_kernel"),
+               _p("ssm.state_size", "mamba_d_state", "state_size"),
                _p("ssm.group_count", "mamba_n_groups", "n_groups"),
                _p("ssm.inner_size", "mamba_expand", "hidden_size", kind="prod"),
                _p("ssm.time_step_rank", "mamba_n_heads", "num_heads"))
@@ -290,6 +291,9 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("expert_shared_feed_forward_length", "shared_intermediate_size"), *_HYBRID_SSM),
          rope_permute=True, ssm=2, hybrid=True, pad_vocab=8, fused_gate_up_exps="block_sparse_moe.input_linear",
          shared_gate_up="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
+    # Bamba: the same converter; always RoPE, partial (rope_parameters.partial_rotary_factor), a dense MLP
+    Arch("bamba", "granitehybrid", "BambaForCausalLM", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
+         partial_rotary=True, ssm=2, hybrid=True, pad_vocab=8, gguf_fixed={"rope.scaling.finetuned": True}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
@@ -315,6 +319,9 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches
+    if len(matches) > 1 and md is not None and arch == "granitehybrid":  # Bamba: dense, always RoPE
+        bamba = not int(md.get(f"{arch}.expert_count", 0) or 0) and bool(md.get(f"{arch}.rope.scaling.finetuned"))
+        matches = [a for a in matches if (a.model_type == "bamba") == bamba] or matches
     if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
         rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])
         matches = [a for a in matches if a.gguf_fixed.get("ssm.dt_b_c_rms") == rms] or matches

@@ -221,6 +221,9 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     """
     arch = _arch_of(config, arch)
     rec = _check_arch(arch)
+    md = _get(config, "metadata")  # a GGUFConfig: its keys tell records sharing an architecture apart (bamba)
+    if md is not None and hasattr(md, "get") and sum(a.gguf == arch for a in ARCHS.values()) > 1:
+        rec = arch_for_gguf(arch, md)
     if dequantize_to is not None:
         dequantize_to = DType.parse(dequantize_to)
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
@@ -260,7 +263,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         if hf is None:
             continue
         if permuted and (n := _rope_heads(hf, heads)):
-            wd = rope_unpermute(wd, n)
+            wd = rope_unpermute(wd, n, _rotary_dims(config, arch, wd.shape[0] // n) if rec.partial_rotary else None)
         if rec.qkv_groups and heads and _part(name) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0], inverse=True)
         if rec.transposed and hf.endswith(rec.transposed):
@@ -321,7 +324,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if g is None:
             continue
         if permuted and (n := _rope_heads(name, heads)):
-            wd = rope_permute(wd, n)
+            wd = rope_permute(wd, n, _rotary_dims(config, arch, wd.shape[0] // n) if rec.partial_rotary else None)
         if rec.transposed and name.endswith(rec.transposed):
             wd = transpose2d(wd)
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
@@ -502,6 +505,20 @@ def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:
         g = f"blk.{layer}.{part}.{kind}"
         rest[g] = stack([_as_wd(members[e][1], members[e][0]) for e in range(n)])
     return rest
+
+
+def _rotary_dims(config, arch: str, head_dim: int) -> int | None:
+    """Rotary dimensions per head of a partial-rotary family: the GGUF's `rope.dimension_count`, else the
+    config's partial_rotary_factor (rope_parameters first) times `head_dim`; None: the whole head."""
+    md = _get(config, "metadata")  # a GGUFConfig's raw key/values (any mapping-like reader)
+    if md is not None and hasattr(md, "get") and md.get(f"{arch}.rope.dimension_count") is not None:
+        return int(md.get(f"{arch}.rope.dimension_count"))
+    cfg = _text_config(config)
+    params = _get(cfg, "rope_parameters")
+    factor = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    if factor is None:
+        factor = _get(cfg, "partial_rotary_factor")
+    return None if factor is None else int(float(factor) * head_dim)
 
 
 def _rope_heads(hf_name: str, heads: tuple[int, int] | None) -> int:

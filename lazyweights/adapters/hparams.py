@@ -196,9 +196,12 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
     kv = get("attention.head_count_kv")
     kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
     hidden, inner, heads = int(get("embedding_length")), int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
-    cfg: dict[str, Any] = {"layer_types": ["attention" if k else "mamba" for k in kv],
-                           "num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden,
+    cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden,
                            "mamba_d_head": inner // heads}
+    if rec.model_type == "bamba":  # Bamba's layer_types is a read-only property over attn_layer_indices
+        cfg["attn_layer_indices"] = [i for i, k in enumerate(kv) if k]
+    else:
+        cfg["layer_types"] = ["attention" if k else "mamba" for k in kv]
     if "rope.scaling.finetuned" not in rec.gguf_fixed:
         cfg["position_embedding_type"] = "rope" if get("rope.scaling.finetuned", True) else None
     if names is not None:

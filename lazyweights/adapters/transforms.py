@@ -24,20 +24,37 @@ from ..core.errors import DTypeError, ShapeError
 from ..graph import ops
 
 
-def rope_permutation(rows: int, n_head: int) -> np.ndarray:
+def rope_permutation(rows: int, n_head: int, rot: int | None = None) -> np.ndarray:
     """Row indices of llama.cpp's permute: `gguf_rows = hf_rows[rope_permutation(rows, n_head)]`.
 
-    Its inverse (`np.argsort` of it) maps GGUF rows back: `hf_rows = gguf_rows[inverse]`.
+    Its inverse (`np.argsort` of it) maps GGUF rows back: `hf_rows = gguf_rows[inverse]`. `rot`: rotary
+    dimensions per head when RoPE covers only the first `rot` of each head (partial rotary): only those rows are
+    interleaved, as llama.cpp's RoPE then rotates pairs (2j, 2j + 1) of the first `rot` and Hugging Face's
+    rotate_half pairs (j, j + rot / 2).
+
+    Example:
+        >>> rope_permutation(8, 1).tolist(), rope_permutation(8, 1, rot=4).tolist()
+        ([0, 4, 1, 5, 2, 6, 3, 7], [0, 2, 1, 3, 4, 5, 6, 7])
     """
     if n_head <= 0 or rows % (2 * n_head):
         raise ShapeError(f"RoPE permutation: {rows} rows are not divisible into {n_head} heads of an even size")
-    return np.arange(rows).reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(-1)
+    head_dim = rows // n_head
+    if rot is None or rot >= head_dim:
+        return np.arange(rows).reshape(n_head, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
+    if rot <= 0 or rot % 2:
+        raise ShapeError(f"RoPE permutation: {rot} rotary dimensions of a {head_dim}-row head are not a positive even "
+                         "count")
+    one = np.concatenate([np.arange(rot).reshape(2, rot // 2).T.reshape(-1), np.arange(rot, head_dim)])
+    return (np.arange(n_head)[:, None] * head_dim + one[None, :]).reshape(-1)
 
 
-def _rows_perm(wd: WeightData, n_head: int, inverse: bool) -> WeightData:
+def _rows_perm(wd: WeightData, n_head: int, inverse: bool, rot: int | None = None) -> WeightData:
     if not wd.shape:
         raise ShapeError(f"RoPE permutation of {wd.name!r}: a 0-d tensor has no rows")
     rows = wd.shape[0]
+    if rot is not None and n_head > 0 and rows % n_head == 0 and rot < rows // n_head:  # partial rotary: a row take
+        perm = rope_permutation(rows, n_head, rot)
+        return wd[np.argsort(perm) if inverse else perm]
     if rows % (2 * n_head):
         raise ShapeError(
             f"RoPE permutation of {wd.name!r}: {rows} rows are not divisible into {n_head} heads of an even size"
@@ -55,14 +72,16 @@ def _rows_perm(wd: WeightData, n_head: int, inverse: bool) -> WeightData:
     return wd.reshape((n_head, 2, half) + rest).swapaxes(1, 2).reshape(wd.shape)
 
 
-def rope_unpermute(wd: WeightData, n_head: int) -> WeightData:
-    """Undo llama.cpp's q/k row permutation (GGUF -> Hugging Face), lazily; quantized stays quantized."""
-    return _rows_perm(wd, n_head, inverse=True)
+def rope_unpermute(wd: WeightData, n_head: int, rot: int | None = None) -> WeightData:
+    """Undo llama.cpp's q/k row permutation (GGUF -> Hugging Face), lazily; quantized stays quantized. `rot`: the
+    rotary dimensions per head under partial rotary (`rope_permutation`)."""
+    return _rows_perm(wd, n_head, inverse=True, rot=rot)
 
 
-def rope_permute(wd: WeightData, n_head: int) -> WeightData:
-    """Apply llama.cpp's q/k row permutation (Hugging Face -> GGUF), lazily; quantized stays quantized."""
-    return _rows_perm(wd, n_head, inverse=False)
+def rope_permute(wd: WeightData, n_head: int, rot: int | None = None) -> WeightData:
+    """Apply llama.cpp's q/k row permutation (Hugging Face -> GGUF), lazily; quantized stays quantized. `rot`: the
+    rotary dimensions per head under partial rotary (`rope_permutation`)."""
+    return _rows_perm(wd, n_head, inverse=False, rot=rot)
 
 
 def add_scalar(wd: WeightData, value: float) -> WeightData:

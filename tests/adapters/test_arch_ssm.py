@@ -32,13 +32,13 @@ _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 # dt initialised in [0.5, 1] (not [0.001, 0.1]): the state then carries enough of the past that a wrong A moves
 # llama.cpp's next-token distribution far beyond the KL bound (A = -A_log instead of -exp(A_log): KL 0.36)
 _MAMBA = dict(hidden_size=64, num_hidden_layers=2, state_size=8, time_step_min=0.5, time_step_max=1.0, **_SPECIAL)
-_GRANITE_HYBRID = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=96, max_position_embeddings=128, num_local_experts=4, num_experts_per_tok=2,
-                       shared_intermediate_size=48, layer_types=["mamba", "attention"], mamba_n_heads=8,
-                       mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8,
+_HYBRID = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+               max_position_embeddings=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
+               mamba_chunk_size=8, **_SPECIAL)
+_GRANITE_HYBRID = dict(_HYBRID, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48,
+                       layer_types=["mamba", "attention"],
                        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=1.0, logits_scaling=4.0,
-                       initializer_range=0.2,
-                       **_SPECIAL)
+                       initializer_range=0.2)
 
 # family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
 SSM_FAMILIES = {
@@ -50,6 +50,8 @@ SSM_FAMILIES = {
     "granitemoehybrid": ("GraniteMoeHybridConfig", _GRANITE_HYBRID, "granitehybrid", 8),
     "granitemoehybrid_rope": ("GraniteMoeHybridConfig", dict(_GRANITE_HYBRID, position_embedding_type="rope"),
                               "granitehybrid", 8),
+    # Bamba: Mamba-2 layer then attention layer (attn_layer_indices), RoPE on half of each head, a dense MLP
+    "bamba": ("BambaConfig", dict(_HYBRID, attn_layer_indices=[1], initializer_range=0.2), "granitehybrid", 8),
 }
 # where each family keeps its Mamba layer's tensors (layer 0 is a Mamba layer in every family)
 _MIXER = {"granitehybrid": "model.layers.0.mamba."}
@@ -109,6 +111,7 @@ def test_ssm_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
         assert _tensor(r, "blk.0.ssm_dt.bias").tolist() == sd[mixer + "dt_bias"].tolist()
     if arch == "granitehybrid":
         assert r.fields["granitehybrid.attention.head_count_kv"].contents() == [0, 2]
+    if name.startswith("granitemoehybrid"):
         rope = bool(r.fields["granitehybrid.rope.scaling.finetuned"].parts[-1][0])
         assert rope is (model.config.position_embedding_type == "rope")
         gate_up = sd["model.layers.1.shared_mlp.input_linear.weight"]
