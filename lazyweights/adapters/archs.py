@@ -85,7 +85,9 @@ class Arch(NamedTuple):
                                         # A stored as -exp(A_log), conv1d squeezed to 2-D; 2: A/D as [n_head, 1],
                                         # the gated norm as [n_group, d_inner / n_group]
     pad_vocab: int = 0                  # token list padded to a multiple of this (Mamba's pad_vocab_size_multiple)
-    hybrid: bool = False                # attention and Mamba layers: head_count_kv per layer, 0 on Mamba layers
+    hybrid: str = ""                    # attention and Mamba layers (head_count_kv per layer, 0 on Mamba layers),
+                                        # config.json naming the attention layers: layer_types, attn_layer_indices
+                                        # or attn_layer_period (with _offset)
     shared_gate_up: str = ""            # HF shared-expert tensor holding [gate; up] rows (Granite's shared_mlp)
 
 
@@ -289,11 +291,20 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
     Arch("granitemoehybrid", "granitehybrid", "GraniteMoeHybridForCausalLM",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1], *_GRANITE_SCALES,
           _p("expert_shared_feed_forward_length", "shared_intermediate_size"), *_HYBRID_SSM),
-         rope_permute=True, ssm=2, hybrid=True, pad_vocab=8, fused_gate_up_exps="block_sparse_moe.input_linear",
+         rope_permute=True, ssm=2, hybrid="layer_types", pad_vocab=8,
+         fused_gate_up_exps="block_sparse_moe.input_linear",
          shared_gate_up="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
     # Bamba: the same converter; always RoPE, partial (rope_parameters.partial_rotary_factor), a dense MLP
     Arch("bamba", "granitehybrid", "BambaForCausalLM", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
-         partial_rotary=True, ssm=2, hybrid=True, pad_vocab=8, gguf_fixed={"rope.scaling.finetuned": True}),
+         partial_rotary=True, ssm=2, hybrid="attn_layer_indices", pad_vocab=8,
+         gguf_fixed={"rope.scaling.finetuned": True}),
+    # Jamba: Mamba (1) layers with RMS norms on dt, B and C, attention without RoPE every attn_layer_period-th
+    # layer, per-expert MoE every expert_layer_period-th layer (dense MLP elsewhere); llama.cpp's conversion/jamba.py
+    Arch("jamba", "jamba", "JambaForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_experts", "num_local_experts"), _MOE[1],
+          _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_expand", "hidden_size", kind="prod"),
+          _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_dt_rank")),
+         ssm=1, hybrid="attn_layer_period", experts="feed_forward.experts", hf_prefer=(".feed_forward.",)),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

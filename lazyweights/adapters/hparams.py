@@ -175,7 +175,8 @@ def attention_layers(cfg: Mapping[str, Any], n: int) -> list[bool]:
 
 
 def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any]) -> dict:
-    """A hybrid's per-layer kv head count (0 marks a Mamba layer, as llama.cpp reads it) and its RoPE switch."""
+    """A hybrid's per-layer kv head count (0 marks a Mamba layer, as llama.cpp reads it) and Granite's RoPE
+    switch."""
     from gguf.constants import GGUFValueType as T
 
     from ..formats.gguf_writer import GGUFValue
@@ -186,23 +187,42 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
     kv = _kv_heads(rec, cfg, heads)
     out = {f"{a}.attention.head_count_kv": GGUFValue([kv if att else 0 for att in attention_layers(cfg, n)],
                                                      T.ARRAY, T.INT32)}
-    if "rope.scaling.finetuned" not in rec.gguf_fixed:
+    if a == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
         out[f"{a}.rope.scaling.finetuned"] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
     return out
 
 
+def _period(flags: list[bool], what: str) -> dict:
+    """`{what}_period` / `{what}_offset` (Jamba's spelling) for a per-layer pattern: the smallest period whose
+    `i % period == offset` marks exactly the flagged layers."""
+    n = len(flags)
+    for period in range(1, n + 1):
+        for offset in range(period):
+            if all(f == (i % period == offset) for i, f in enumerate(flags)):
+                return {f"{what}_period": period, f"{what}_offset": offset}
+    raise GGUFConfigError(f"the {what.split('_')[0]} layers {[i for i, f in enumerate(flags) if f]} of {n} are not "
+                          f"every period-th layer from an offset, as config.json's {what}_period/offset says",
+                          [f"{what}_period"])
+
+
 def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
-    """config.json's hybrid facts back: layer types from the per-layer kv counts, the Mamba sizes, RoPE."""
+    """config.json's hybrid facts back: which layers attend (in the record's spelling) from the per-layer kv
+    counts, the Mamba sizes, Granite's RoPE switch."""
     kv = get("attention.head_count_kv")
     kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
-    hidden, inner, heads = int(get("embedding_length")), int(get("ssm.inner_size")), int(get("ssm.time_step_rank"))
-    cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden,
-                           "mamba_d_head": inner // heads}
-    if rec.model_type == "bamba":  # Bamba's layer_types is a read-only property over attn_layer_indices
+    hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+    cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden}
+    if rec.ssm == 2:
+        cfg["mamba_d_head"] = inner // int(get("ssm.time_step_rank"))
+    if rec.hybrid == "attn_layer_indices":  # Bamba: its layer_types is a read-only property over these
         cfg["attn_layer_indices"] = [i for i, k in enumerate(kv) if k]
+    elif rec.hybrid == "attn_layer_period":  # Jamba: attention and expert layers as period and offset
+        cfg.update(_period([bool(k) for k in kv], "attn_layer"))
+        if names is not None and get("expert_count"):
+            cfg.update(_period([f"blk.{i}.ffn_gate_inp.weight" in names for i in range(len(kv))], "expert_layer"))
     else:
         cfg["layer_types"] = ["attention" if k else "mamba" for k in kv]
-    if "rope.scaling.finetuned" not in rec.gguf_fixed:
+    if rec.gguf == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
         cfg["position_embedding_type"] = "rope" if get("rope.scaling.finetuned", True) else None
     if names is not None:
         cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
