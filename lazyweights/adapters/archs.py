@@ -87,7 +87,8 @@ class Arch(NamedTuple):
     pad_vocab: int = 0                  # token list padded to a multiple of this (Mamba's pad_vocab_size_multiple)
     hybrid: str = ""                    # attention and Mamba layers (head_count_kv per layer, 0 on Mamba layers),
                                         # config.json naming the attention layers: layer_types, attn_layer_indices
-                                        # or attn_layer_period (with _offset)
+                                        # attn_layer_period (with _offset) or layers_block_type (Nemotron-H's
+                                        # attention / mlp / mamba layers)
     shared_gate_up: str = ""            # HF shared-expert tensor holding [gate; up] rows (Granite's shared_mlp)
 
 
@@ -298,6 +299,15 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
     Arch("bamba", "granitehybrid", "BambaForCausalLM", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
          partial_rotary=True, ssm=2, hybrid="attn_layer_indices", pad_vocab=8,
          gguf_fixed={"rope.scaling.finetuned": True}),
+    # Nemotron-H: each layer one of Mamba-2, attention (no RoPE) or a relu2 MLP (layers_block_type); llama.cpp
+    # marks Mamba layers by no kv heads and no MLP (conversion/nemotron.py); its eps is a LayerNorm key
+    Arch("nemotron_h", "nemotron_h", "NemotronHForCausalLM",
+         (CTX, EMB, BLK, FFN, HEAD, KV, _ln("layer_norm_epsilon"), _p("ssm.conv_kernel", "conv_kernel"),
+          _p("ssm.state_size", "ssm_state_size"), _p("ssm.group_count", "n_groups"),
+          _p("ssm.inner_size", "mamba_num_heads", "mamba_head_dim", kind="prod"),
+          _p("ssm.time_step_rank", "mamba_num_heads")),
+         ssm=2, hybrid="layers_block_type", pad_vocab=8,
+         hf_prefer=("backbone.",)),  # without transformers: the saved names (its memory says model.*)
     # Jamba: Mamba (1) layers with RMS norms on dt, B and C, attention without RoPE every attn_layer_period-th
     # layer, per-expert MoE every expert_layer_period-th layer (dense MLP elsewhere); llama.cpp's conversion/jamba.py
     Arch("jamba", "jamba", "JambaForCausalLM",

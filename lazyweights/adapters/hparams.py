@@ -96,6 +96,9 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
+    kinds = cfg.get(rec.hybrid) if rec.hybrid else None
+    if isinstance(kinds, list) and cfg.get("num_hidden_layers") is None:  # Nemotron-H: the layer list's length
+        cfg = {**cfg, "num_hidden_layers": len(kinds)}
     found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
@@ -156,19 +159,26 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     return md
 
 
-def attention_layers(cfg: Mapping[str, Any], n: int) -> list[bool]:
-    """Per layer of a hybrid, true = attention (else Mamba): from `layer_types` ("attention" /
-    "full_attention"), else `attn_layer_indices`, else every `attn_layer_period`-th layer from
-    `attn_layer_offset` (Bamba's spellings, as llama.cpp's converter reads them)."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == n:
-        return [t in ("attention", "full_attention") for t in types]
+_PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}  # Nemotron-H's hybrid_override_pattern
+
+
+def layer_kinds(cfg: Mapping[str, Any], n: int) -> list[str]:
+    """Per layer of a hybrid, "attention", "mamba" or "mlp": from `layer_types` / `layers_block_type`
+    ("attention" / "full_attention", "mamba" / "linear_attention", "mlp"), Nemotron-H's `hybrid_override_pattern`
+    ("M*-"), else `attn_layer_indices`, else every `attn_layer_period`-th layer from `attn_layer_offset` (Bamba's
+    and Jamba's spellings, as llama.cpp's converter reads them; the rest are Mamba layers)."""
+    for key in ("layer_types", "layers_block_type", "hybrid_override_pattern"):
+        types = cfg.get(key)
+        if isinstance(types, (list, str)) and len(types) == n:
+            kinds = [_PATTERN.get(t, t) if isinstance(types, str) else t for t in types]
+            return ["attention" if t in ("attention", "full_attention") else "mlp" if t == "mlp" else
+                    "moe" if t == "moe" else "mamba" for t in kinds]
     idx = cfg.get("attn_layer_indices")
     if isinstance(idx, list):
-        return [i in idx for i in range(n)]
+        return ["attention" if i in idx else "mamba" for i in range(n)]
     period, offset = cfg.get("attn_layer_period"), cfg.get("attn_layer_offset")
     if period and offset is not None:
-        return [i % int(period) == int(offset) for i in range(n)]
+        return ["attention" if i % int(period) == int(offset) else "mamba" for i in range(n)]
     raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): a hybrid needs layer_types, attn_layer_indices "
                           f"or attn_layer_period/offset to tell attention from Mamba layers",
                           ["attention.head_count_kv"])
@@ -185,8 +195,15 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
     n = int(found["block_count"])
     heads = int(found["attention.head_count"])
     kv = _kv_heads(rec, cfg, heads)
-    out = {f"{a}.attention.head_count_kv": GGUFValue([kv if att else 0 for att in attention_layers(cfg, n)],
-                                                     T.ARRAY, T.INT32)}
+    kinds = layer_kinds(cfg, n)
+    if "moe" in kinds:
+        raise GGUFConfigError(f"config.json ({rec.model_type}): MoE layers in {kinds} are not supported yet",
+                              [f"{a}.expert_count"])
+    out = {f"{a}.attention.head_count_kv": GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY,
+                                                     T.INT32)}
+    if "mlp" in kinds:  # Nemotron-H: MLP-only layers; llama.cpp reads a layer with no kv heads and no MLP as Mamba
+        ff = int(found.get("feed_forward_length") or 0)
+        out[f"{a}.feed_forward_length"] = GGUFValue([ff if k == "mlp" else 0 for k in kinds], T.ARRAY, T.INT32)
     if a == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
         out[f"{a}.rope.scaling.finetuned"] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
     return out
@@ -211,7 +228,16 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
     kv = get("attention.head_count_kv")
     kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
     hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
-    cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv), "mamba_expand": inner // hidden}
+    cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv)}
+    if rec.hybrid == "layers_block_type":  # Nemotron-H: MLP layers from the per-layer feed-forward sizes
+        ff = get("feed_forward_length")
+        ff = ff if isinstance(ff, list) else [0] * len(kv)
+        cfg["intermediate_size"] = max([int(f) for f in ff] + [0])
+        cfg["mamba_head_dim"] = inner // int(get("ssm.time_step_rank"))
+        cfg["layers_block_type"] = ["full_attention" if k else "mlp" if f else "linear_attention"
+                                    for k, f in zip(kv, ff)]
+        return cfg
+    cfg["mamba_expand"] = inner // hidden
     if rec.ssm == 2:
         cfg["mamba_d_head"] = inner // int(get("ssm.time_step_rank"))
     if rec.hybrid == "attn_layer_indices":  # Bamba: its layer_types is a read-only property over these

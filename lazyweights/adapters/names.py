@@ -121,6 +121,9 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
         if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
+        if not hits:  # transformers 5 renames a base prefix in memory only (Nemotron-H: saved backbone.*, model.*)
+            tails = {k.split(".", 1)[1] for k in exp if "." in k}
+            hits = [c for c in cands if "." in c and c.split(".", 1)[1] in tails]
         if hits:
             return hits[0]
         # none declared: transformers 5 renames some parameters inside the model (fused MoE experts) and maps

@@ -52,13 +52,19 @@ SSM_FAMILIES = {
                               "granitehybrid", 8),
     # Bamba: Mamba-2 layer then attention layer (attn_layer_indices), RoPE on half of each head, a dense MLP
     "bamba": ("BambaConfig", dict(_HYBRID, attn_layer_indices=[1], initializer_range=0.2), "granitehybrid", 8),
+    # Nemotron-H: Mamba-2, attention, relu2 MLP layers; dt initialised up to 1 (transformers clamps dt at
+    # time_step_min, llama.cpp does not: that stays at its default 0.001)
+    "nemotron_h": ("NemotronHConfig", dict(_HYBRID, head_dim=16, layers_block_type=["mamba", "attention", "mlp"],
+                                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
+                                          chunk_size=8, time_step_max=1.0,
+                                          initializer_range=0.2, num_hidden_layers=3), "nemotron_h", 8),
     # Jamba: Mamba layer (dense MLP) then attention layer (4 experts), as Jamba's periods and offsets say
     "jamba": ("JambaConfig", dict(_HYBRID, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                                   expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_dt_rank=4,
                                   initializer_range=0.2), "jamba", 0),
 }
 # where each family keeps its Mamba layer's tensors (layer 0 is a Mamba layer in every family)
-_MIXER = {"granitehybrid": "model.layers.0.mamba.", "jamba": "model.layers.0.mamba."}
+_MIXER = {"granitehybrid": "model.layers.0.mamba.", "jamba": "model.layers.0.mamba."}  # else backbone.layers.0.mixer.
 
 
 def _vocab(tok, multiple):
