@@ -90,6 +90,8 @@ class Arch(NamedTuple):
                                         # attn_layer_period (with _offset) or layers_block_type (Nemotron-H's
                                         # attention / mlp / mamba layers)
     shared_gate_up: str = ""            # HF shared-expert tensor holding [gate; up] rows (Granite's shared_mlp)
+    mup: bool = False                   # Falcon-H1's muP multipliers folded into the weights (`transforms.mup_scale`);
+                                        # back, config.json sets them all to 1
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -308,6 +310,17 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("ssm.time_step_rank", "mamba_num_heads")),
          ssm=2, hybrid="layers_block_type", pad_vocab=8,
          hf_prefer=("backbone.",)),  # without transformers: the saved names (its memory says model.*)
+    # Falcon-H1: attention and Mamba-2 in parallel in every layer, then an MLP; muP multipliers folded into the
+    # weights as llama.cpp's conversion/falcon_h1.py does (config.json back: every multiplier 1)
+    Arch("falcon_h1", "falcon-h1", "FalconH1ForCausalLM",
+         (*_LLAMA_LIKE, _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_d_ssm"),
+          _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_n_heads"),
+          _p("ssm.group_count", "mamba_n_groups")),
+         ssm=2, mup=True, hf_extra={"lm_head_multiplier": 1.0, "embedding_multiplier": 1.0,
+                                    "mlp_multipliers": [1.0, 1.0], "key_multiplier": 1.0,
+                                    "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0,
+                                    "ssm_multipliers": [1.0] * 5, "ssm_in_multiplier": 1.0,
+                                    "ssm_out_multiplier": 1.0}),
     # Jamba: Mamba (1) layers with RMS norms on dt, B and C, attention without RoPE every attn_layer_period-th
     # layer, per-expert MoE every expert_layer_period-th layer (dense MLP elsewhere); llama.cpp's conversion/jamba.py
     Arch("jamba", "jamba", "JambaForCausalLM",

@@ -42,6 +42,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import (
@@ -57,7 +59,9 @@ from .transforms import (
     regroup_qkv,
     rope_permutation,
     rope_permute,
+    mup_scale,
     rope_unpermute,
+    scaled,
     ssm_to_gguf,
     ssm_to_hf,
     transpose2d,
@@ -329,6 +333,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = transpose2d(wd)
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
+        if rec.mup and (mup := mup_scale(name, _text_config(config))) is not None and mup is not False:
+            if isinstance(mup, np.ndarray) or mup != 1.0:
+                wd = scaled(wd, mup)
         ssm = _ssm_part(g) if rec.ssm else None
         if ssm:
             cfg = _text_config(config)

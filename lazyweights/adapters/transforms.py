@@ -180,3 +180,55 @@ def ssm_to_hf(wd: WeightData, part: str, generation: int) -> WeightData:
             wd = wd.dequantize()
         return wd.reshape((wd.shape[0] * wd.shape[1],))
     return wd
+
+
+def mup_scale(hf_name: str, cfg) -> float | np.ndarray | None:
+    """Falcon-H1's muP multiplier for a Hugging Face weight, as llama.cpp's converter folds it in (None: none):
+    gate/down MLP multipliers, attention in (q, k, v; k also times key_multiplier) and out, the Mamba in/out
+    multipliers, the embedding and lm_head multipliers, and for `in_proj` one factor per output row (the five
+    `ssm_multipliers` over its z, x, B, C and dt rows). `cfg`: config.json's dict.
+
+    Example:
+        >>> mup_scale("model.layers.0.self_attn.k_proj.weight", {"key_multiplier": 2.0, "attention_in_multiplier": 0.5})
+        1.0
+    """
+    def g(key: str, default=1.0):
+        v = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+        return default if v is None else v
+
+    if hf_name.endswith("mamba.in_proj.weight"):
+        inner, gs = int(g("mamba_d_ssm")), int(g("mamba_n_groups")) * int(g("mamba_d_state"))
+        m = [float(x) for x in g("ssm_multipliers", [1.0] * 5)]
+        heads = int(g("mamba_n_heads"))
+        rows = np.concatenate([np.full(n, m[i], np.float64) for i, n in enumerate((inner, inner, gs, gs, heads))])
+        return rows * float(g("ssm_in_multiplier"))
+    table = (("feed_forward.gate_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[0])),
+             ("feed_forward.down_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[1])),
+             ("self_attn.k_proj.weight", float(g("key_multiplier")) * float(g("attention_in_multiplier"))),
+             ("self_attn.q_proj.weight", float(g("attention_in_multiplier"))),
+             ("self_attn.v_proj.weight", float(g("attention_in_multiplier"))),
+             ("self_attn.o_proj.weight", float(g("attention_out_multiplier"))),
+             ("mamba.out_proj.weight", float(g("ssm_out_multiplier"))),
+             ("lm_head.weight", float(g("lm_head_multiplier"))),
+             ("embed_tokens.weight", float(g("embedding_multiplier"))))
+    for suffix, scale in table:
+        if hf_name.endswith(suffix):
+            return scale
+    return None
+
+
+def scaled(wd: WeightData, scale: float | np.ndarray) -> WeightData:
+    """`wd` times a scalar, or one factor per row (a vector as long as its first axis), lazily, in its dtype."""
+    from ..graph.elementwise import binary
+
+    if wd.quantization_encoding is not None or not wd.dtype.is_float:
+        raise DTypeError(f"cannot scale {wd.name!r} ({wd.dtype.name}); dequantize it first")
+    arr = np.asarray(scale, dtype=np.float64)
+    if arr.ndim:
+        if wd.ndim < 1 or arr.shape[0] != wd.shape[0]:
+            raise ShapeError(f"scaling {wd.name!r} {list(wd.shape)}: {arr.shape[0]} row factors")
+        arr = arr.reshape((arr.shape[0],) + (1,) * (wd.ndim - 1))
+    else:
+        arr = arr.reshape((1,) * wd.ndim)
+    const = ops.const(arr.astype(wd.dtype.to_numpy()))
+    return WeightData.wrap(binary("mul", wd.node, const), wd.name, None)
