@@ -56,10 +56,10 @@ from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
 from .transforms import (
+    mup_scale,
     regroup_qkv,
     rope_permutation,
     rope_permute,
-    mup_scale,
     rope_unpermute,
     scaled,
     ssm_to_gguf,
@@ -333,9 +333,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = transpose2d(wd)
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
-        if rec.mup and (mup := mup_scale(name, _text_config(config))) is not None and mup is not False:
-            if isinstance(mup, np.ndarray) or mup != 1.0:
-                wd = scaled(wd, mup)
+        if rec.mup and (mup := mup_scale(name, _text_config(config))) is not None and \
+                (isinstance(mup, np.ndarray) or mup != 1.0):
+            wd = scaled(wd, mup)
         ssm = _ssm_part(g) if rec.ssm else None
         if ssm:
             cfg = _text_config(config)

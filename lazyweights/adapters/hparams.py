@@ -104,8 +104,12 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
-    if rec.ssm and not rec.hybrid:
+    if _pure_ssm(rec):
         return _ssm_hparams(rec, cfg, found)
+    if rec.mup and cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
+        raise GGUFConfigError(f"config.json ({rec.model_type}): llama.cpp's {a} applies the Mamba gated norm after "
+                              "the gate; this model norms before it (mamba_norm_before_gate true)",
+                              ["mamba_norm_before_gate"])
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
@@ -256,6 +260,11 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
     return cfg
 
 
+def _pure_ssm(rec: Arch) -> bool:
+    """A Mamba model without attention (llama.cpp's mamba / mamba2: no head count)."""
+    return bool(rec.ssm) and not rec.hybrid and rec.gguf_fixed.get("attention.head_count") == 0
+
+
 def _ssm_hparams(rec: Arch, cfg: Mapping[str, Any], found: dict[str, Any]) -> dict:
     """Mamba's keys: the rows, with llama.cpp's converter's defaults where the config has none (d_conv 4,
     d_state 16 (Mamba-2: 128), d_inner 2 x hidden, Mamba's dt_rank ceil(hidden / 16), Mamba-2's heads
@@ -384,7 +393,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             continue
         if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
-    if rec.ssm and not rec.hybrid:
+    if _pure_ssm(rec):
         cfg.update(_ssm_config(rec, get, names), **rec.hf_extra)
         if names is not None:
             cfg["tie_word_embeddings"] = "output.weight" not in names
@@ -421,6 +430,14 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.hybrid:
         cfg.update(_hybrid_config(rec, get, names))
+    if rec.mup:  # Falcon-H1: its Mamba sizes and flags; llama.cpp norms after the gate
+        inner = int(get("ssm.inner_size"))
+        cfg["mamba_d_head"] = inner // int(get("ssm.time_step_rank"))
+        if names is not None:
+            cfg["mamba_rms_norm"] = any(n.endswith("ssm_norm.weight") for n in names)
+            cfg["mamba_norm_before_gate"] = False
+            cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
+            cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:

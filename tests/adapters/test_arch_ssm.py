@@ -60,11 +60,14 @@ SSM_FAMILIES = {
                                           initializer_range=0.2, num_hidden_layers=3), "nemotron_h", 8),
     # Falcon-H1: parallel attention and Mamba-2 in each layer; every muP multiplier away from 1 (folded into the
     # weights), RoPE
-    "falcon_h1": ("FalconH1Config", dict(_HYBRID, head_dim=16, mamba_d_ssm=128, initializer_range=0.2,
+    "falcon_h1": ("FalconH1Config", dict(_HYBRID, head_dim=24, mamba_d_ssm=128, initializer_range=0.2,
+                                         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
                                          lm_head_multiplier=0.5, embedding_multiplier=2.0, mlp_multipliers=[0.8, 1.2],
                                          key_multiplier=1.5, attention_in_multiplier=0.7, attention_out_multiplier=1.3,
                                          ssm_multipliers=[0.9, 1.1, 0.6, 1.4, 0.5], ssm_in_multiplier=1.2,
                                          ssm_out_multiplier=0.9), "falcon-h1", 0),
+    "falcon_h1_norm": ("FalconH1Config", dict(_HYBRID, head_dim=16, mamba_d_ssm=128, initializer_range=0.2,
+                                              mamba_rms_norm=True, mamba_norm_before_gate=False), "falcon-h1", 0),
     # Jamba: Mamba layer (dense MLP) then attention layer (4 experts), as Jamba's periods and offsets say
     "jamba": ("JambaConfig", dict(_HYBRID, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                                   expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_dt_rank=4,
@@ -155,3 +158,19 @@ def test_ssm_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     assert type(m).__name__ == type(model).__name__
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_falcon_h1_norm_before_gate_is_refused(tokenizer, tmp_path):  # noqa: F811
+    """llama.cpp's Falcon-H1 graph norms the Mamba output after the gate; a model that norms before it is refused
+    by name, and nothing is written."""
+    from lazyweights.core.errors import GGUFConfigError
+
+    SSM_FAMILIES["falcon_h1_before_gate"] = ("FalconH1Config", dict(SSM_FAMILIES["falcon_h1_norm"][1],
+                                             mamba_norm_before_gate=True), "falcon-h1", 0)
+    try:
+        make_ssm_family("falcon_h1_before_gate", tokenizer, str(tmp_path / "hf"))
+    finally:
+        del SSM_FAMILIES["falcon_h1_before_gate"]
+    with pytest.raises(GGUFConfigError, match="mamba_norm_before_gate true"):
+        export_gguf(str(tmp_path / "hf"), str(tmp_path / "x.gguf"))
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
