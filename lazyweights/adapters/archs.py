@@ -353,8 +353,8 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches
-    if len(matches) > 1 and md is not None and arch == "granitehybrid":  # Bamba: dense, always RoPE
-        bamba = not int(md.get(f"{arch}.expert_count", 0) or 0) and bool(md.get(f"{arch}.rope.scaling.finetuned"))
+    if len(matches) > 1 and md is not None and arch == "granitehybrid":  # Bamba: no experts, no Granite scales
+        bamba = not int(md.get(f"{arch}.expert_count", 0) or 0) and f"{arch}.embedding_scale" not in md
         matches = [a for a in matches if (a.model_type == "bamba") == bamba] or matches
     if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
         rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])

@@ -243,6 +243,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     if rec.mla:
         state = _join_kv_b(state)
     if rec.shared_gate_up:
+        if not any(n.endswith("ffn_gate_inp.weight") for n in state):  # dense: the shared MLP is the MLP
+            state = {re.sub(r"\.ffn_(gate|up|down)\.weight$", r".ffn_\1_shexp.weight", n): v for n, v in state.items()}
         state = _fuse_shared_gate_up(state, rec.shared_gate_up)
     for name, value in state.items():
         if name in GGUF_ONLY:
@@ -313,7 +315,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             out.update(_split_gate_up(name, _as_wd(value, name)))
             continue
         if rec.shared_gate_up and name.endswith(rec.shared_gate_up + ".weight"):
-            out.update(_split_shared_gate_up(name, _as_wd(value, name)))
+            out.update(_split_shared_gate_up(name, _as_wd(value, name), dense=not _get(config, "num_local_experts")))
             continue
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
@@ -324,6 +326,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         wd = _as_wd(value, name)
         if g is not None and _part(g) in _ROW_VECTORS and wd.ndim == 2 and wd.shape[0] == 1:
             wd = wd.reshape((wd.shape[1],))
+        if rec.shared_gate_up and g is not None and g.endswith("ffn_down_shexp.weight") and \
+                not _get(config, "num_local_experts"):
+            g = g.replace("ffn_down_shexp", "ffn_down")  # dense Granite 4.0 H: the shared MLP is the MLP
         g = _name_or_unknown(g, name, strict, unknown)
         if g is None:
             continue
@@ -362,16 +367,17 @@ def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
     return {g: _renamed(gate, g), u: _renamed(up, u)}
 
 
-def _split_shared_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
+def _split_shared_gate_up(name: str, wd: WeightData, dense: bool = False) -> dict[str, WeightData]:
     """A shared expert's `[2 * ff, hidden]` [gate; up] tensor (Granite's shared_mlp.input_linear) as llama.cpp's
-    ffn_gate_shexp / ffn_up_shexp."""
+    ffn_gate_shexp / ffn_up_shexp (`dense`: a model without experts, ffn_gate / ffn_up)."""
     from ..api.weight_data import split
 
     m = re.search(r"\.(\d+)\.", name)
     if m is None or wd.ndim != 2 or wd.shape[0] % 2:
         raise ShapeError(f"{name!r}: a fused shared gate/up must be [2 * ff, hidden], got {list(wd.shape)}")
     gate, up = split(wd, 2, axis=0)
-    g, u = f"blk.{m[1]}.ffn_gate_shexp.weight", f"blk.{m[1]}.ffn_up_shexp.weight"
+    sfx = "" if dense else "_shexp"
+    g, u = f"blk.{m[1]}.ffn_gate{sfx}.weight", f"blk.{m[1]}.ffn_up{sfx}.weight"
     return {g: _renamed(gate, g), u: _renamed(up, u)}
 
 

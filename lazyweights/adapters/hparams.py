@@ -160,6 +160,12 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
         md.update(_hybrid_hparams(rec, cfg, found))
+    if rec.shared_gate_up and not found.get("expert_count"):  # dense Granite 4.0 H: the shared MLP is the MLP
+        for key in ("expert_count", "expert_used_count", "expert_shared_feed_forward_length"):
+            md.pop(f"{a}.{key}", None)
+        shared = found.get("expert_shared_feed_forward_length")
+        if shared:
+            md[f"{a}.feed_forward_length"] = _value(FFN, shared)
     return md
 
 
@@ -254,6 +260,8 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
         cfg["layer_types"] = ["attention" if k else "mamba" for k in kv]
     if rec.gguf == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
         cfg["position_embedding_type"] = "rope" if get("rope.scaling.finetuned", True) else None
+    if rec.shared_gate_up and not get("expert_count"):  # dense: the MLP back as the shared one, no experts
+        cfg.update(num_local_experts=0, shared_intermediate_size=int(get("feed_forward_length")))
     if names is not None:
         cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
         cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)

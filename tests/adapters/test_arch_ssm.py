@@ -50,6 +50,9 @@ SSM_FAMILIES = {
     "granitemoehybrid": ("GraniteMoeHybridConfig", _GRANITE_HYBRID, "granitehybrid", 8),
     "granitemoehybrid_rope": ("GraniteMoeHybridConfig", dict(_GRANITE_HYBRID, position_embedding_type="rope"),
                               "granitehybrid", 8),
+    # a dense Granite 4.0 H (no experts: the shared MLP is llama.cpp's plain MLP)
+    "granitemoehybrid_dense": ("GraniteMoeHybridConfig", dict(_GRANITE_HYBRID, num_local_experts=0,
+                                                              position_embedding_type="rope"), "granitehybrid", 8),
     # Bamba: Mamba-2 layer then attention layer (attn_layer_indices), RoPE on half of each head, a dense MLP
     "bamba": ("BambaConfig", dict(_HYBRID, attn_layer_indices=[1], initializer_range=0.2), "granitehybrid", 8),
     # Nemotron-H: Mamba-2, attention, relu2 MLP layers; dt initialised up to 1 (transformers clamps dt at
@@ -139,7 +142,8 @@ def test_ssm_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
         rope = bool(r.fields["granitehybrid.rope.scaling.finetuned"].parts[-1][0])
         assert rope is (model.config.position_embedding_type == "rope")
         gate_up = sd["model.layers.1.shared_mlp.input_linear.weight"]
-        assert _tensor(r, "blk.1.ffn_up_shexp.weight").tolist() == gate_up[48:].tolist()
+        up = "blk.1.ffn_up.weight" if name.endswith("dense") else "blk.1.ffn_up_shexp.weight"
+        assert _tensor(r, up).tolist() == gate_up[48:].tolist()
     if arch == "mamba":
         assert bool(r.fields["mamba.ssm.dt_b_c_rms"].parts[-1][0]) is (name == "falcon_mamba")
 
