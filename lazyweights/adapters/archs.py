@@ -8,7 +8,9 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
   permutation, norms stored as `w + norm_shift`, Conv1D weights stored transposed, fused qkv rows regrouped
   from `[groups, q_per_group + 2, head_dim]` to `[q; k; v]`;
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
-  when converting back (`hf_extra`).
+  when converting back (`hf_extra`);
+- state-space layers (`ssm`: Mamba's A = -exp(A_log), squeezed conv1d, Mamba-2's per-head shapes) and hybrids
+  (`hybrid`: which config.json key marks the attention layers; llama.cpp reads 0 kv heads as a Mamba layer).
 
 Adding an architecture is a record here and a line in the test's table. Three of the first ten families
 (gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` both ways (Gemma 2/3 layer

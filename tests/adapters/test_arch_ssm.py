@@ -1,6 +1,7 @@
-"""State-space families (Mamba, Falcon Mamba, Mamba-2), each judged by llama.cpp and by transformers, as in
-test_arch_breadth: a tiny random transformers model (hidden 64, 2 layers, float32, the shared tiny byte-level BPE
-tokenizer) saved with `save_pretrained`, then
+"""State-space families (Mamba, Falcon Mamba, Mamba-2) and the hybrids llama.cpp and transformers both have
+(Granite 4.0 H with and without experts and RoPE, Bamba, Jamba, Nemotron-H, Falcon-H1), each judged by llama.cpp
+and by transformers, as in test_arch_breadth: a tiny random transformers model (hidden 64, 2-3 layers, float32,
+the shared tiny byte-level BPE tokenizer) saved with `save_pretrained`, then
 
 (a) HF -> GGUF (`export_gguf`); llama.cpp loads the file and its next-token distribution at every position of a
     prompt equals transformers' (max KL < 1e-3, same argmax away from near ties);
