@@ -66,8 +66,6 @@ class Arch(NamedTuple):
     dropped: tuple[str, ...] = ()       # HF tensor suffixes llama.cpp has no use for
     hf_extra: Mapping[str, Any] = {}    # config.json entries this family fixes (GGUF -> HF)
     tied: bool = False                  # config.json's tie_word_embeddings default
-    legacy: bool = False                # config.json back from a GGUF by hf_export's hand-checked code (and,
-                                        # with no hparams rows, the GGUF keys too)
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
@@ -81,6 +79,18 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    legacy: bool = False                # hyperparameters both ways by hf_export's hand-checked code
+    no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
+    odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
+                                        # hidden / heads (Phi-3)
+    orig_ctx: bool = False              # rope.scaling.original_context_length <-> original_max_position_embeddings
+    rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
+    qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
+                                        # count (llama.cpp's 27B); a config saying otherwise warns
+    swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
+    swa_keys: bool = False              # Gemma 3: sliding_window_pattern (where layer_types is not the default)
+                                        # and rope.freq_base_swa <-> rope_parameters.sliding_attention
+    late: tuple[HParam, ...] = ()       # optional rows written last, None back when absent (Gemma's softcapping)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -114,15 +124,13 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
            _p("expert_group_count", "n_group"), _p("expert_group_used_count", "topk_group"))
 
 _RECORDS: tuple[Arch, ...] = (
-    # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
-    # llama, Mistral, Mixtral: HF -> GGUF from the rows; a llama GGUF converts back through hand-checked code
-    # (Llama 3 RoPE factors from the rope_freqs tensor, the bias flags)
-    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
+    # llama, Mistral, Mixtral (a llama GGUF): the window whenever set, Llama 3 RoPE factors as a tensor
+    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
+         rope_freqs=True, hf_extra={"mlp_bias": False}),
+    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True),
+    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
     Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),

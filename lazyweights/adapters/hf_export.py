@@ -146,6 +146,11 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
         from .hparams import hf_config
 
         out = hf_config(rec, md, names, n_vocab, arch)
+        rope = out.get("rope_parameters", {})
+        if rec.rope_freqs and rope_freqs is not None and rope.get("rope_type") == "default":
+            scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
+            if scaling is not None:
+                rope.update(scaling)
         for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                           ("pad_token_id", "padding_token_id")):
             if f"tokenizer.ggml.{key}" in md:
@@ -570,7 +575,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
     rs = _rope_scaling(cfg_text)
-    if arch == "llama" and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
+    if ARCHS[mt].rope_freqs and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
         # llama.cpp reads Llama 3.1's scaling only from this tensor, as its converter writes it
         heads = int(cfg_text["num_attention_heads"])
         head_dim = int(_cfg_get(cfg_text, "head_dim", int(cfg_text["hidden_size"]) // heads))

@@ -24,7 +24,8 @@ from ..core.errors import GGUFConfigError
 from .archs import FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
-_BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
+_BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral": "attention_bias",
+              "gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
@@ -115,7 +116,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        if not rec.head_dims:
+        if not rec.head_dims and not rec.odd_head_dim:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     theta = _first(cfg, ("rope_theta",))
@@ -123,14 +124,20 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         theta = rope_parameters(cfg).get("rope_theta")
     if theta is not None:
         md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
-    if rec.head_dims:
+    if rec.head_dims or (rec.odd_head_dim and head_dim != hidden // heads):
         md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
         md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
         md[f"{a}.rope.dimension_count"] = GGUFValue(int(_rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
-    if cfg.get("vocab_size") is not None:
+    orig = _first(cfg, ("original_max_position_embeddings",)) or \
+        _first(rope_parameters(cfg), ("original_max_position_embeddings",))
+    if rec.orig_ctx and orig:
+        md[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(orig), T.UINT32)
+    if rec.qpas_27b:
+        _check_attention_scale(rec, cfg, hidden, heads, head_dim)
+    if cfg.get("vocab_size") is not None and not rec.no_vocab:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
     window = cfg.get("sliding_window")
     if window and (rec.window_always or (rec.window_flag and cfg.get(rec.window_flag))):
@@ -148,8 +155,49 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if rec.sliding and cfg.get("sliding_window") is not None:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+    if rec.swa_keys:
+        md.update(_swa_keys(rec, cfg))
+    md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     return md
+
+
+def _check_attention_scale(rec: Arch, cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int) -> None:
+    """Warn where config.json's query_pre_attn_scalar is not the scale llama.cpp computes for a Gemma model:
+    1/sqrt(head_dim), or 1/sqrt(hidden / heads) at the 27B block count (`Arch.qpas_27b`)."""
+    qpas = cfg.get("query_pre_attn_scalar")
+    want = hidden // heads if int(cfg.get("num_hidden_layers") or 0) == rec.qpas_27b else head_dim
+    if qpas is not None and int(qpas) != want:
+        import warnings
+
+        warnings.warn(f"config.json ({rec.model_type}): query_pre_attn_scalar {qpas} is not what llama.cpp uses "
+                      f"for this model ({want}); the GGUF will compute a different attention scale", stacklevel=3)
+
+
+def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
+    """Gemma 3's sliding-window keys: the per-layer pattern where layer_types is not every `swa_period`-th layer
+    global (llama.cpp's default), and `rope.freq_base_swa` where the sliding layers' theta is not 10000."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a, out = rec.gguf, {}
+    types, n = cfg.get("layer_types"), int(cfg.get("num_hidden_layers") or 0)
+    if isinstance(types, list) and types != _every_nth(n, rec.swa_period):
+        out[f"{a}.attention.sliding_window_pattern"] = GGUFValue([t == "sliding_attention" for t in types],
+                                                                 T.ARRAY, T.BOOL)
+    local = cfg.get("rope_local_base_freq")
+    params = cfg.get("rope_parameters")
+    if local is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+        local = params["sliding_attention"].get("rope_theta")
+    if local is not None and float(local) != 10000.0:
+        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+    return out
+
+
+def _every_nth(n: int, period: int) -> list[str]:
+    """layer_types with every `period`-th layer global, the rest sliding (Gemma 2: 2, Gemma 3: 6)."""
+    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n)]
 
 
 def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
@@ -271,10 +319,28 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         elif not window:  # no window: every layer global (EXAONE 4 would otherwise derive a pattern from 0)
             cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
+    if rec.window_always:
+        window = get("attention.sliding_window")
+        cfg["sliding_window"] = int(window) if window else None
+    if rec.orig_ctx and get("rope.scaling.original_context_length"):
+        cfg["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    if rec.qpas_27b:  # the scale llama.cpp computes (see _check_attention_scale)
+        cfg["query_pre_attn_scalar"] = hidden // heads if int(get("block_count")) == rec.qpas_27b else head_dim
+    if rec.swa_period:
+        pattern = get("attention.sliding_window_pattern") if rec.swa_keys else None
+        cfg["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern]
+                              if isinstance(pattern, list) else _every_nth(int(get("block_count")), rec.swa_period))
+    for hp in rec.late:
+        v = get(hp.key)
+        cfg[hp.hf[0]] = float(v) if v else None
     if rec.mla:
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
+    elif rec.swa_keys:  # Gemma 3: the sliding layers' own theta
+        cfg["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": float(get("rope.freq_base_swa", 10000.0))},
+                                  "full_attention": rope}
     else:
         cfg["rope_parameters"] = rope
     cfg.update(rec.hf_extra)
