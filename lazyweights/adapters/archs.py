@@ -144,7 +144,9 @@ _RECORDS: tuple[Arch, ...] = (
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
     Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
     Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
-    Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True, hf_prefer=(".gate_up_proj.", ".qkv_proj.")),
+    # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE's original context
+    Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
+         window_always=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."), hf_extra={"hidden_act": "silu"}),
     # record-driven families
     Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,
