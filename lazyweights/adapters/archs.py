@@ -79,7 +79,6 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
-    legacy: bool = False                # hyperparameters both ways by hf_export's hand-checked code
     no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
     odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
                                         # hidden / heads (Phi-3)
@@ -112,6 +111,8 @@ def _ln(name: str) -> HParam:
 _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
 _MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
+_SOFTCAP = (_p("final_logit_softcapping", "final_logit_softcapping", kind="f32"),
+            _p("attn_logit_softcapping", "attn_logit_softcapping", kind="f32"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 _MLA = (_p("attention.q_lora_rank", "q_lora_rank"), _p("attention.kv_lora_rank", "kv_lora_rank"))
 # DeepSeek-style MoE: routed experts, shared experts, dense leading layers, scaled (optionally normalised) weights
@@ -142,8 +143,14 @@ _RECORDS: tuple[Arch, ...] = (
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
-    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
-    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
+    # Gemma 2/3: key_length always, no vocab_size key, llama.cpp's attention scale, alternating (Gemma 2) or every
+    # 6th layer global (Gemma 3: else a per-layer pattern, and the sliding layers' own theta), softcapping
+    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=46, swa_period=2, late=_SOFTCAP,
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
+         hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
     # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE's original context
     Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
          window_always=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."), hf_extra={"hidden_act": "silu"}),

@@ -72,13 +72,10 @@ from ..core.errors import (
 from .archs import ALIASES as _ALIASES
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
+from .hparams import check_shapes, gguf_hparams, hf_config
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
 SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
-_GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
-
-_GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
-
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -94,10 +91,6 @@ def _unsupported(what: str, value) -> UnsupportedArchitectureError:
 def _canonical(model_type: Any) -> Any:
     """A config's `model_type` under the name its record has (an alias resolved); anything else unchanged."""
     return _ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
-
-
-def _plain(v):
-    return v.tolist() if hasattr(v, "tolist") else v
 
 
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
@@ -137,116 +130,20 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
                               f"{', '.join(missing)}", missing)
     n_vocab = int(vocab or 0)  # not None: checked above
 
-    def get(key, default=None):
-        return _plain(md.get(f"{arch}.{key}", default))
-
     names = set(tensor_names) if tensor_names is not None else None
     rec = ARCHS[model_type]
-    if not rec.legacy:
-        from .hparams import hf_config
-
-        out = hf_config(rec, md, names, n_vocab, arch)
-        rope = out.get("rope_parameters", {})
-        if rec.rope_freqs and rope_freqs is not None and rope.get("rope_type") == "default":
-            scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
-            if scaling is not None:
-                rope.update(scaling)
-        for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                          ("pad_token_id", "padding_token_id")):
-            if f"tokenizer.ggml.{key}" in md:
-                out[attr] = int(md[f"tokenizer.ggml.{key}"])
-        if "general.name" in md:
-            out["_name_or_path"] = str(md["general.name"])
-        return out
-    heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
-    kv = get("attention.head_count_kv", heads)
-    if isinstance(kv, list):  # per-layer counts: all equal in the architectures supported here
-        if len(set(kv)) != 1:
-            raise GGUFConfigError(f"{arch}.attention.head_count_kv varies per layer ({kv}); not supported")
-        kv = kv[0]
-    head_dim = int(get("attention.key_length", hidden // heads))
-    gemma = model_type.startswith("gemma")
-    _, cls = SUPPORTED[model_type]
-    cfg: dict[str, Any] = {
-        "architectures": [cls],
-        "model_type": model_type,
-        "vocab_size": n_vocab,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv),
-        "head_dim": head_dim,
-        "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-    }
-    if f"{arch}.feed_forward_length" in md:
-        cfg["intermediate_size"] = int(get("feed_forward_length"))
-    if names is not None:
-        cfg["tie_word_embeddings"] = "output.weight" not in names
+    out = hf_config(rec, md, names, n_vocab, arch)
+    rope = out.get("rope_parameters", {})
+    if rec.rope_freqs and rope_freqs is not None and rope.get("rope_type") == "default":
+        scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
+        if scaling is not None:
+            rope.update(scaling)
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         if f"tokenizer.ggml.{key}" in md:
-            cfg[attr] = int(md[f"tokenizer.ggml.{key}"])
-    scaling = _rope_scaling_from_gguf(md, arch)
-    if scaling is None and rope_freqs is not None:
-        scaling = llama3_rope_params(rope_freqs, cfg["rope_theta"], head_dim)
-    if scaling is not None:
-        cfg["rope_scaling"] = scaling
-    sw = get("attention.sliding_window")
-    if model_type in ("llama", "mistral", "mixtral", "phi3"):
-        cfg["sliding_window"] = int(sw) if sw else None
-    if model_type in ("llama", "mistral", "mixtral"):
-        cfg["attention_bias"] = names is not None and "blk.0.attn_q.bias" in names
-    if model_type == "llama":
-        cfg["mlp_bias"] = False
-    if moe:  # mixtral
-        cfg["num_local_experts"] = int(get("expert_count"))
-        cfg["num_experts_per_tok"] = int(get("expert_used_count", 2))
-    if model_type == "phi3":
-        rot = get("rope.dimension_count")
-        cfg["partial_rotary_factor"] = (int(rot) / head_dim) if rot else 1.0
-        cfg["hidden_act"] = "silu"
-        orig = get("rope.scaling.original_context_length")
-        if orig:
-            cfg["original_max_position_embeddings"] = int(orig)
-    if gemma:
-        cfg["hidden_activation"] = "gelu_pytorch_tanh"
-        # llama.cpp scales attention by 1/sqrt(head_dim), except for the 27B models (46 Gemma 2 layers, 62 Gemma 3
-        # layers), which it scales by 1/sqrt(hidden / heads) as their Hugging Face configs do
-        big = (model_type, cfg["num_hidden_layers"]) in _GEMMA_27B_LAYERS
-        cfg["query_pre_attn_scalar"] = hidden // heads if big else head_dim
-        cfg["sliding_window"] = int(sw) if sw else None
-        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
-            v = get(k)
-            cfg[k] = float(v) if v else None
-        n = cfg["num_hidden_layers"]
-        if model_type == "gemma2":
-            cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-        else:
-            pattern = get("attention.sliding_window_pattern", _GEMMA3_PATTERN)
-            if isinstance(pattern, list):  # per layer: true = sliding
-                types = ["sliding_attention" if p else "full_attention" for p in pattern]
-            else:
-                p = int(pattern)
-                types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(n)]
-            cfg["layer_types"] = types
-            cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+            out[attr] = int(md[f"tokenizer.ggml.{key}"])
     if "general.name" in md:
-        cfg["_name_or_path"] = str(md["general.name"])
-    return cfg
-
-
-def _rope_scaling_from_gguf(md, arch) -> dict | None:
-    kind = md.get(f"{arch}.rope.scaling.type")
-    factor = md.get(f"{arch}.rope.scaling.factor")
-    if kind in (None, "none") or factor is None:
-        return None
-    out: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor)}
-    orig = md.get(f"{arch}.rope.scaling.original_context_length")
-    if orig is not None:
-        out["original_max_position_embeddings"] = int(orig)
+        out["_name_or_path"] = str(md["general.name"])
     return out
 
 
@@ -415,10 +312,6 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     if mt not in SUPPORTED:
         raise _unsupported("Hugging Face model_type", mt)
     arch = SUPPORTED[mt][0]
-    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
-    missing = [k for k in need if cfg.get(k) is None]
-    if missing and not ARCHS[mt].hparams:
-        raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
     md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
                                 "general.type": GGUFValue("model", T.STRING)}
     nm = name or cfg.get("_name_or_path") or config.get("_name_or_path")
@@ -428,78 +321,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         md["general.quantization_version"] = GGUFValue(2, T.UINT32)
     if file_type is not None:
         md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
-    if ARCHS[mt].hparams:  # every family but gemma2, gemma3 and phi3
-        from .hparams import gguf_hparams
-
-        md.update(gguf_hparams(ARCHS[mt], cfg))
-        return md
-
-    def put(key, value, t):
-        if value is not None:
-            md[f"{arch}.{key}"] = GGUFValue(value, t)
-
-    heads = int(cfg["num_attention_heads"])
-    hidden = int(cfg["hidden_size"])
-    head_dim = int(_cfg_get(cfg, "head_dim", hidden // heads))
-    put("context_length", int(cfg["max_position_embeddings"]), T.UINT32)
-    put("embedding_length", hidden, T.UINT32)
-    put("block_count", int(cfg["num_hidden_layers"]), T.UINT32)
-    if cfg.get("intermediate_size") is not None:
-        put("feed_forward_length", int(cfg["intermediate_size"]), T.UINT32)
-    put("attention.head_count", heads, T.UINT32)
-    put("attention.head_count_kv", int(_cfg_get(cfg, "num_key_value_heads", heads)), T.UINT32)
-    eps = cfg.get("rms_norm_eps")
-    put("attention.layer_norm_rms_epsilon", None if eps is None else float(eps), T.FLOAT32)
-    theta = _rope_theta(cfg)
-    put("rope.freq_base", theta, T.FLOAT32)
-    if arch in ("gemma2", "gemma3") or head_dim != hidden // heads:
-        put("attention.key_length", head_dim, T.UINT32)
-        put("attention.value_length", head_dim, T.UINT32)
-    if arch == "phi3":
-        put("rope.dimension_count", int(head_dim * float(_cfg_get(cfg, "partial_rotary_factor", 1.0))), T.UINT32)
-        if cfg.get("original_max_position_embeddings"):
-            put("rope.scaling.original_context_length", int(cfg["original_max_position_embeddings"]), T.UINT32)
-    if cfg.get("vocab_size") is not None and arch not in ("gemma3", "gemma2"):
-        put("vocab_size", int(cfg["vocab_size"]), T.UINT32)
-    sw = cfg.get("sliding_window")
-    if sw:
-        put("attention.sliding_window", int(sw), T.UINT32)
-    rs = _rope_scaling(cfg)
-    if rs is not None:
-        kind = rs.get("rope_type") or rs.get("type")
-        if kind in ("linear", "yarn") and rs.get("factor") is not None:
-            put("rope.scaling.type", str(kind), T.STRING)
-            put("rope.scaling.factor", float(rs["factor"]), T.FLOAT32)
-            if rs.get("original_max_position_embeddings") is not None:
-                put("rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]), T.UINT32)
-    if mt in ("gemma2", "gemma3_text"):
-        qpas = cfg.get("query_pre_attn_scalar")
-        big = (mt, int(cfg["num_hidden_layers"])) in _GEMMA_27B_LAYERS
-        if qpas is not None and int(qpas) != (hidden // heads if big else head_dim):
-            import warnings
-
-            warnings.warn(f"config.json ({mt}): query_pre_attn_scalar {qpas} is not what llama.cpp uses for this "
-                          f"model ({hidden // heads if big else head_dim}); the GGUF will compute a different "
-                          "attention scale", stacklevel=2)
-    if mt == "gemma2":
-        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if cfg.get(k) is not None:
-                put(k, float(cfg[k]), T.FLOAT32)
-    if mt == "gemma3_text":
-        types = cfg.get("layer_types")
-        n = int(cfg["num_hidden_layers"])
-        default = ["sliding_attention" if (i + 1) % _GEMMA3_PATTERN else "full_attention" for i in range(n)]
-        if isinstance(types, list) and types != default:
-            put("attention.sliding_window_pattern", [t == "sliding_attention" for t in types], T.ARRAY)
-            md[f"{arch}.attention.sliding_window_pattern"] = GGUFValue(
-                [t == "sliding_attention" for t in types], T.ARRAY, T.BOOL)
-        local = cfg.get("rope_local_base_freq")
-        if local is None:
-            local = _rope_theta(cfg, "sliding_attention")
-        if local is not None and float(local) != 10000.0:
-            put("rope.freq_base_swa", float(local), T.FLOAT32)
-        if cfg.get("final_logit_softcapping") is not None:
-            put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
+    md.update(gguf_hparams(ARCHS[mt], cfg))
     return md
 
 
@@ -588,7 +410,6 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
-    from .hparams import check_shapes
     from .names import hf_to_gguf_name
 
     sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
