@@ -84,6 +84,8 @@ class Arch(NamedTuple):
                                         # hidden / heads (Phi-3)
     orig_ctx: bool = False              # rope.scaling.original_context_length <-> original_max_position_embeddings
     rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
+    longrope: bool = False              # Phi-3's LongRoPE: short/long factors as rope_factors_{short,long}.weight
+                                        # and rope.scaling.attn_factor, both ways
     qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
                                         # count (llama.cpp's 27B); a config saying otherwise warns
     swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
@@ -151,9 +153,11 @@ _RECORDS: tuple[Arch, ...] = (
     Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
          window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
          hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
-    # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE's original context
+    # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
+    # original context, attention factor)
     Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
-         window_always=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."), hf_extra={"hidden_act": "silu"}),
+         window_always=True, longrope=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."),
+         hf_extra={"hidden_act": "silu"}),
     # record-driven families
     Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,

@@ -101,12 +101,13 @@ def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
-                        vocab_size: int | None = None, rope_freqs=None) -> dict:
+                        vocab_size: int | None = None, rope_freqs=None, rope_factors=None) -> dict:
     """The `config.json` dict for a GGUF file's metadata (see the module docstring's table).
 
     `tensor_names` (the GGUF tensor names) decides `tie_word_embeddings`; `vocab_size` is used when the
     metadata has neither `{arch}.vocab_size` nor a token list (e.g. the embedding's row count);
-    `rope_freqs` (the values of a `rope_freqs.weight` tensor) gives a llama3 `rope_scaling`.
+    `rope_freqs` (the values of a `rope_freqs.weight` tensor) gives a llama3 `rope_parameters`;
+    `rope_factors` ({"long": values, "short": values} of `rope_factors_{long,short}.weight`) Phi-3's LongRoPE.
     GGUFConfigError lists every missing required key. Example: see the module docstring.
     """
     md = metadata
@@ -138,12 +139,34 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
         scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
         if scaling is not None:
             rope.update(scaling)
+    if rec.longrope and rope_factors:
+        rope.update(_longrope_from_gguf(md, arch, rope_factors))
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         if f"tokenizer.ggml.{key}" in md:
             out[attr] = int(md[f"tokenizer.ggml.{key}"])
     if "general.name" in md:
         out["_name_or_path"] = str(md["general.name"])
+    return out
+
+
+def _longrope_from_gguf(md: Mapping[str, Any], arch: str, factors: Mapping[str, Any]) -> dict:
+    """`rope_parameters` for Phi-3's LongRoPE from the two factor tensors and the GGUF's original context
+    (GGUFConfigError when one tensor or the original context is missing)."""
+    import numpy as np
+
+    orig = md.get(f"{arch}.rope.scaling.original_context_length")
+    missing = [f"rope_factors_{w}.weight" for w in ("long", "short") if factors.get(w) is None]
+    if orig is None:
+        missing.append(f"{arch}.rope.scaling.original_context_length")
+    if missing:
+        raise GGUFConfigError(f"GGUF ({arch}) has LongRoPE factors but lacks {', '.join(missing)}", missing)
+    out: dict[str, Any] = {"rope_type": "longrope", "original_max_position_embeddings": int(orig or 0)}  # checked above
+    for w in ("long", "short"):
+        out[f"{w}_factor"] = [float(x) for x in np.asarray(factors[w], dtype=np.float32).reshape(-1)]
+    attn = md.get(f"{arch}.rope.scaling.attn_factor")
+    if attn is not None:
+        out["attention_factor"] = float(attn)
     return out
 
 
@@ -406,6 +429,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
+    if ARCHS[mt].longrope:
+        adapted.update(_longrope_tensors(cfg_text))
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
@@ -423,6 +448,29 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         md.update(gguf_tokenizer_metadata(folder, arch))
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
+    return out
+
+
+def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
+    """Phi-3's LongRoPE factors as llama.cpp's converter stores them: `rope_factors_long.weight` and
+    `rope_factors_short.weight`, float32, one per rotary frequency (ConfigError naming both lengths otherwise)."""
+    import numpy as np
+
+    from .hparams import longrope_parameters, rotary_factor
+
+    rs = longrope_parameters(cfg)
+    if rs is None:
+        return {}
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(_cfg_get(cfg, "head_dim", int(cfg["hidden_size"]) // heads))
+    want = int(rotary_factor(cfg) * head_dim) // 2
+    out = {}
+    for which in ("long", "short"):
+        f = np.asarray(rs.get(f"{which}_factor") or [], dtype=np.float32)
+        if f.shape != (want,):
+            raise ConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE {which}_factor has {f.size} values; "
+                              f"the {want * 2} rotary dimensions need {want}")
+        out[f"rope_factors_{which}.weight"] = WeightData.from_numpy(f, f"rope_factors_{which}.weight")
     return out
 
 
@@ -520,13 +568,14 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
 
 
 def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
-                     vocab_size: int | None = None, rope_freqs=None) -> dict[str, bytes]:
+                     vocab_size: int | None = None, rope_freqs=None, rope_factors=None) -> dict[str, bytes]:
     """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json,
     generation_config.json and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
     from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
 
     cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
-                              rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs)
+                              rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs,
+                              rope_factors=rope_factors() if callable(rope_factors) else rope_factors)
     files = {
         "config.json": (json.dumps(cfg, indent=2) + "\n").encode(),
         "generation_config.json": (json.dumps(generation_config_from_gguf(metadata), indent=2) + "\n").encode(),
@@ -548,14 +597,20 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
     names = list(tensor_names)
     emb = adapted.get("model.embed_tokens.weight")
     vocab = emb.shape[0] if emb is not None and getattr(emb, "shape", None) else None
-    freqs = None
-    if "rope_freqs.weight" in names and isinstance(tensor_names, Mapping):
+    freqs = factors = None
+    if isinstance(tensor_names, Mapping):  # the RoPE factor tensors, read on save
         from ..api.weight_data import as_weight_data
 
-        src = tensor_names["rope_freqs.weight"]
-        freqs = lambda: as_weight_data(src, "rope_freqs.weight").to_numpy()  # noqa: E731  (read on save)
+        def read(name):
+            return as_weight_data(tensor_names[name], name).to_numpy()
+
+        if "rope_freqs.weight" in names:
+            freqs = lambda: read("rope_freqs.weight")  # noqa: E731
+        if {"rope_factors_long.weight", "rope_factors_short.weight"} & set(names):
+            factors = lambda: {w: read(f"rope_factors_{w}.weight") if f"rope_factors_{w}.weight" in names  # noqa: E731
+                               else None for w in ("long", "short")}
     out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab,
-                                               rope_freqs=freqs)
+                                               rope_freqs=freqs, rope_factors=factors)
     return out
 
 

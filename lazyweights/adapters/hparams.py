@@ -49,7 +49,13 @@ def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
-def _rotary_factor(cfg: Mapping[str, Any]) -> float:
+def rotary_factor(cfg: Mapping[str, Any]) -> float:
+    """The rotary fraction of each head: `rope_parameters.partial_rotary_factor` (where transformers 5 writes it,
+    e.g. Phi-4-mini's 0.75), else the top-level `partial_rotary_factor` / `rotary_pct`, else 1.
+
+    >>> rotary_factor({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}})
+    0.75
+    """
     v = _first(rope_parameters(cfg), ("partial_rotary_factor",))
     if v is None:
         v = _first(cfg, ("partial_rotary_factor", "rotary_pct"))
@@ -128,13 +134,15 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
         md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
-        md[f"{a}.rope.dimension_count"] = GGUFValue(int(_rotary_factor(cfg) * head_dim), T.UINT32)
+        md[f"{a}.rope.dimension_count"] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
     orig = _first(cfg, ("original_max_position_embeddings",)) or \
         _first(rope_parameters(cfg), ("original_max_position_embeddings",))
     if rec.orig_ctx and orig:
         md[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(orig), T.UINT32)
+    if rec.longrope and longrope_parameters(cfg) is not None:
+        md[f"{a}.rope.scaling.attn_factor"] = GGUFValue(longrope_attn_factor(cfg), T.FLOAT32)
     if rec.qpas_27b:
         _check_attention_scale(rec, cfg, hidden, heads, head_dim)
     if cfg.get("vocab_size") is not None and not rec.no_vocab:
@@ -160,6 +168,42 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     return md
+
+
+def longrope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The LongRoPE (Phi-3 "longrope", formerly "su") parameters of a config: `rope_scaling` or
+    `rope_parameters` when its type says so and it holds long factors, else None.
+
+    >>> longrope_parameters({"rope_scaling": {"type": "su", "long_factor": [2.0], "short_factor": [1.0]}})["type"]
+    'su'
+    """
+    rs = cfg.get("rope_scaling")
+    rs = rs if isinstance(rs, Mapping) else rope_parameters(cfg)
+    kind = str(rs.get("rope_type") or rs.get("type") or "").lower()
+    return rs if kind in ("longrope", "su") and rs.get("long_factor") else None
+
+
+def longrope_attn_factor(cfg: Mapping[str, Any]) -> float:
+    """LongRoPE's attention (cos/sin) scale: the config's `attention_factor`, else as transformers and llama.cpp's
+    converter compute it, sqrt(1 + ln(s) / ln(original context)) with s = context / original context (1 if s <= 1).
+
+    >>> round(longrope_attn_factor({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    ...     "rope_parameters": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}), 4)
+    1.1902
+    """
+    import math
+
+    rs = longrope_parameters(cfg) or {}
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    orig = _first(rs, ("original_max_position_embeddings",)) or _first(cfg, ("original_max_position_embeddings",))
+    ctx = _first(cfg, ("max_position_embeddings", "n_positions"))
+    if not orig or not ctx:
+        raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE needs max_position_embeddings and "
+                              f"original_max_position_embeddings, got {ctx} and {orig}",
+                              ["original_max_position_embeddings"])
+    scale = float(ctx) / float(orig)
+    return math.sqrt(1 + math.log(scale) / math.log(float(orig))) if scale > 1.0 else 1.0
 
 
 def _check_attention_scale(rec: Arch, cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int) -> None:
