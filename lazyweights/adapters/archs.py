@@ -10,11 +10,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Three of the first ten families
-(gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` both ways (Gemma 2/3 layer
-types and attention scale, Phi-3's LongRoPE context); llama, mistral and mixtral write their GGUF keys from
-their rows, and a llama GGUF converts back through hand-checked code (`legacy`: Llama 3 RoPE factors from
-the `rope_freqs` tensor); their tensor names come from gguf-py like every other family's.
+Adding an architecture is a record here and a line in the test's table. Every family is a record both ways,
+the first ten included: a fact only some families have is a field (Llama 3's `rope_freqs` tensor, Phi-3's
+`longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` / `swa_keys` layer types
+and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type

@@ -10,7 +10,8 @@ builds every GGUF key from `config.json` and the tokenizer files alone (`gguf_me
 `general.*` with a `general.file_type` computed from the tensors written, `{arch}.*` hyperparameters and
 `tokenizer.*`.
 
-Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them):
+Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them), for every
+family from its record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`); the common ones:
 
     {a}.context_length                  max_position_embeddings        (required)
     {a}.embedding_length                hidden_size                    (required)
@@ -19,25 +20,20 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     {a}.feed_forward_length             intermediate_size              (required except for MoE)
     {a}.attention.head_count_kv         num_key_value_heads            default: head_count
     {a}.attention.key_length            head_dim                       default: embedding_length / head_count
-    {a}.attention.layer_norm_rms_epsilon rms_norm_eps                  default: 1e-5 (1e-6 for Gemma)
-    {a}.rope.freq_base                  rope_theta                     default: 10000
-    {a}.rope.dimension_count            (phi3: partial_rotary_factor = dimension_count / head_dim)
-    {a}.rope.scaling.type/factor/original_context_length   rope_scaling
-    rope_freqs.weight (tensor)          rope_scaling {"rope_type": "llama3", ...}: llama.cpp's converter stores
-                                        Llama 3.1's per-frequency factors as a tensor; written from the config,
-                                        and the config is recovered from it (`llama3_rope_params`)
+    {a}.attention.layer_norm_rms_epsilon rms_norm_eps
+    {a}.rope.freq_base                  rope_parameters.rope_theta (or rope_theta)
+    {a}.rope.dimension_count            head_dim x rope_parameters.partial_rotary_factor (phi3, partial rotary)
+    {a}.rope.scaling.type/factor/original_context_length   rope_parameters (linear, yarn)
+    rope_freqs.weight (tensor)          rope_parameters {"rope_type": "llama3", ...} (llama, `llama3_rope_params`)
+    rope_factors_long/short.weight, {a}.rope.scaling.attn_factor   rope_parameters {"rope_type": "longrope"}
+                                        (phi3), with {a}.rope.scaling.original_context_length
     {a}.attention.sliding_window        sliding_window
-    {a}.attention.sliding_window_pattern (gemma3: layer_types; default every 6th layer global)
-    {a}.rope.freq_base_swa              (gemma3: rope_local_base_freq, default 10000)
-    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2)
+    {a}.attention.sliding_window_pattern layer_types (gemma3 where not every 6th layer global; olmo3, cohere2)
+    {a}.rope.freq_base_swa              rope_parameters.sliding_attention.rope_theta (gemma3)
+    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2; gemma3 the first)
     {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
-
-The table above is the hand-checked families both ways for gemma2, gemma3 and phi3, and GGUF -> HF for a
-llama GGUF (`archs.Arch.legacy`); every other direction and family takes its keys from the records
-(`adapters/archs.py`, turned into keys by `adapters/hparams.py`; llama's, mistral's and mixtral's rows write the
-same keys in the same order as the hand-written code did).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
