@@ -333,6 +333,11 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
+        if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
+            if not v or any(x != v[0] for x in v):
+                raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
+                                      f"value", [f"{a}.{hp.key}"])
+            v = v[0]
         if v is not None and hp.kind != "prod":
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))

@@ -28,7 +28,7 @@ from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shar
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 from lazyweights.adapters.hf_export import gguf_metadata_from_hf, hf_config_from_gguf  # noqa: E402
-from lazyweights.core.errors import ConfigError  # noqa: E402
+from lazyweights.core.errors import ConfigError, GGUFConfigError  # noqa: E402
 
 _TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=128, bos_token_id=0, eos_token_id=1, pad_token_id=2)
@@ -216,7 +216,8 @@ _PINNED = {
     "phi3_odd_head": (dict(model_type="phi3", partial_rotary_factor=0.5, head_dim=32),
                       [("context_length", 128), ("embedding_length", 64), ("block_count", 8),
                        ("feed_forward_length", 96), ("attention.head_count", 4), ("attention.head_count_kv", 2),
-                       ("attention.layer_norm_rms_epsilon", 1e-5), ("attention.key_length", 32), ("attention.value_length", 32), ("rope.dimension_count", 16),
+                       ("attention.layer_norm_rms_epsilon", 1e-5), ("attention.key_length", 32),
+                       ("attention.value_length", 32), ("rope.dimension_count", 16),
                        ("vocab_size", 100)]),
     "gemma2": (dict(model_type="gemma2", head_dim=16, sliding_window=4, final_logit_softcapping=0.5,
                     attn_logit_softcapping=2.0, rms_norm_eps=1e-6, rope_theta=10000.0),
@@ -259,3 +260,15 @@ def test_moved_families_keep_the_hand_written_keys(name):
         assert back["rope_parameters"] == {"sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
                                            "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}}
         assert back["query_pre_attn_scalar"] == 32
+
+
+def test_per_layer_kv_heads_back_to_one_value():
+    """A GGUF may hold head_count_kv per layer: equal values give config.json's one number (as the hand-written
+    code did), differing ones a GGUFConfigError naming the key and the values."""
+    md = {"general.architecture": "llama", "llama.context_length": 128, "llama.embedding_length": 64,
+          "llama.block_count": 2, "llama.attention.head_count": 4, "llama.feed_forward_length": 96,
+          "llama.attention.head_count_kv": np.array([2, 2], np.uint32)}
+    assert hf_config_from_gguf(md, vocab_size=10)["num_key_value_heads"] == 2
+    md["llama.attention.head_count_kv"] = np.array([2, 4], np.uint32)
+    with pytest.raises(GGUFConfigError, match=r"llama.attention.head_count_kv varies per layer \(\[2, 4\]\)"):
+        hf_config_from_gguf(md, vocab_size=10)
