@@ -251,6 +251,8 @@ _RECORDS += (
 _RECORDS += (  # decoders
     # InternLM3: llama.cpp's converter writes a llama GGUF (its rope dimension from head_dim); back as llama
     Arch("internlm3", "llama", "InternLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True),
+    # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
+    Arch("glm", "chatglm", "GlmForCausalLM", _LLAMA_LIKE, partial_rotary=True),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -28,7 +28,7 @@ _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcod
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias", "glm4_moe": "attention_bias"}
+              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 

@@ -35,6 +35,7 @@ _LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, nu
 FAMILIES = {
     "internlm3": ("InternLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "llama",
                   "LlamaForCausalLM"),
+    "glm": ("GlmConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "chatglm", None),
 }
 
 
