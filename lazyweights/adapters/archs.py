@@ -81,6 +81,8 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
+                                        # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -253,6 +255,16 @@ _RECORDS += (  # decoders
     Arch("internlm3", "llama", "InternLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True),
     # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
     Arch("glm", "chatglm", "GlmForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    # GraniteMoeShared: granitemoe plus a shared expert whose fused [gate; up] llama.cpp stores split
+    Arch("granitemoeshared", "granitemoe", "GraniteMoeSharedForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("embedding_scale", "embedding_multiplier", kind="f32"),
+          _p("residual_scale", "residual_multiplier", kind="f32"),
+          _p("attention.scale", "attention_multiplier", kind="f32"),
+          _p("logit_scale", "logits_scaling", kind="f32"),
+          _p("expert_shared_feed_forward_length", "shared_intermediate_size")), rope_permute=True,
+         fused_gate_up_exps="block_sparse_moe.input_linear", fused_gate_up_shexp="shared_mlp.input_linear",
+         hf_prefer=(".output_linear.", ".router.layer.")),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
@@ -271,10 +283,15 @@ def arch_for_model_type(model_type: Any) -> Arch:
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
-    window: olmo3; deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
+    window: olmo3; a later record of the same architecture when the file holds a key of its own rows;
+    deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
     if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
         return ARCHS["mixtral"]
     matches = [a for a in _RECORDS if a.gguf == arch]
+    if len(matches) > 1 and md is not None:  # a later record whose own rows' keys the file holds (granitemoeshared)
+        base = {hp.key for hp in (*matches[0].hparams, *matches[0].tail)}
+        own = [a for a in matches[1:] if any(hp.key not in base and f"{arch}.{hp.key}" in md for hp in a.hparams)]
+        matches = own or matches
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches

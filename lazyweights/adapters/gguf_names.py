@@ -200,7 +200,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     describes); by default those of the family's model with transformers' default config.
     """
     arch = _arch_of(config, arch)
-    rec = _check_arch(arch)
+    md = getattr(config, "metadata", None)  # a GGUFConfig: its keys pick among records of one architecture
+    rec = arch_for_gguf(arch, md if isinstance(md, Mapping) else None)
     if dequantize_to is not None:
         dequantize_to = DType.parse(dequantize_to)
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
@@ -215,11 +216,14 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     if rec.mla:
         state = _join_kv_b(state)
+    if rec.fused_gate_up_shexp:
+        state = _join_pair(state, ("ffn_gate_shexp", "ffn_up_shexp"), rec.fused_gate_up_shexp)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
         if (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
-                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")):
+                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")) or \
+                (rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight")):
             wd = _as_wd(value, name)
             if dequantize_to is not None and wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
@@ -283,6 +287,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
             continue
+        if rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight"):
+            out.update(_split_pair(name, _as_wd(value, name), ("ffn_gate_shexp", "ffn_up_shexp")))
+            continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
             g = name  # already stacked under its GGUF name by _stack_experts
@@ -335,6 +342,39 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
                 gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
             hf = f"model.layers.{m[1]}.{hf_part}.weight"
             out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
+    return out
+
+
+def _split_pair(name: str, wd: WeightData, parts: tuple[str, str]) -> dict[str, WeightData]:
+    """A Hugging Face 2-D [first; second] tensor (GraniteMoeShared's shared [gate; up]) as llama.cpp's two
+    tensors `blk.N.{parts[0]}` / `blk.N.{parts[1]}`, halves of the rows."""
+    from ..api.weight_data import split
+
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 2 or wd.shape[0] % 2:
+        raise ShapeError(f"{name!r}: a fused [{parts[0]}; {parts[1]}] tensor must be 2-D with an even row count, "
+                         f"got {list(wd.shape)}")
+    a, b = split(wd, 2, axis=0)
+    ga, gb = f"blk.{m[1]}.{parts[0]}.weight", f"blk.{m[1]}.{parts[1]}.weight"
+    return {ga: _renamed(a, ga), gb: _renamed(b, gb)}
+
+
+def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str) -> dict[str, Any]:
+    """llama.cpp's `blk.N.{parts[0]}` / `blk.N.{parts[1]}` joined back into the Hugging Face 2-D tensor
+    `model.layers.N.{hf_part}.weight` (the inverse of `_split_pair`)."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(rf"^blk\.(\d+)\.{parts[0]}\.weight$", name)
+        second = f"blk.{m[1]}.{parts[1]}.weight" if m else ""
+        if m is None or second not in state:
+            continue
+        a, b = _as_wd(out.pop(name), name), _as_wd(out.pop(second), second)
+        if a.quantization_encoding is not None or b.quantization_encoding is not None:
+            a, b = a.dequantize(), b.dequantize()
+        hf = f"model.layers.{m[1]}.{hf_part}.weight"
+        out[hf] = _renamed(concat([a, b], axis=0), hf)
     return out
 
 

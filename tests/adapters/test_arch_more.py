@@ -36,6 +36,11 @@ FAMILIES = {
     "internlm3": ("InternLM3Config", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "llama",
                   "LlamaForCausalLM"),
     "glm": ("GlmConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16), "chatglm", None),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, num_local_experts=4,
+                                                        num_experts_per_tok=2, shared_intermediate_size=32,
+                                                        embedding_multiplier=2.0, residual_multiplier=0.5,
+                                                        attention_multiplier=0.1, logits_scaling=0.5),
+                         "granitemoe", None),
 }
 
 
