@@ -265,6 +265,17 @@ _RECORDS += (  # decoders
           _p("expert_shared_feed_forward_length", "shared_intermediate_size")), rope_permute=True,
          fused_gate_up_exps="block_sparse_moe.input_linear", fused_gate_up_shexp="shared_mlp.input_linear",
          hf_prefer=(".output_linear.", ".router.layer.")),
+    # EXAONE MoE (K-EXAONE): DeepSeek-V3-style sigmoid router with a score bias, shared experts, qk norms,
+    # sliding-window layers (the global ones without RoPE in both)
+    Arch("exaone_moe", "exaone-moe", "ExaoneMoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"),
+          _p("expert_shared_feed_forward_length", "moe_intermediate_size", "num_shared_experts", kind="prod"),
+          _p("expert_weights_scale", "routed_scaling_factor", kind="f32"),
+          _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
+          _p("leading_dense_block_count", "first_k_dense_replace")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM),
+         gguf_fixed={"expert_gating_func": 2}),  # sigmoid
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -41,6 +41,10 @@ FAMILIES = {
                                                         embedding_multiplier=2.0, residual_multiplier=0.5,
                                                         attention_multiplier=0.1, logits_scaling=0.5),
                          "granitemoe", None),
+    "exaone_moe": ("ExaoneMoeConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
+                                           routed_scaling_factor=1.5, sliding_window=4,
+                                           layer_types=["sliding_attention", "full_attention"]), "exaone-moe", None),
 }
 
 
