@@ -37,8 +37,9 @@ from ..core.errors import UnsupportedArchitectureError
 
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
-    back). `kind`: u32, f32, bool, or `prod`: a u32 that is the product of every name in `hf` (all present),
-    derived one way only (its factors are rows of their own)."""
+    back). `kind`: u32, f32, bool, `prod`: a u32 that is the product of every name in `hf` (all present),
+    derived one way only (its factors are rows of their own), or `lead`: a u32 written back under `hf[0]`
+    whose source may also be a per-layer MLP type list, counted as its leading "dense" entries."""
 
     key: str
     hf: tuple[str, ...]
@@ -276,6 +277,16 @@ _RECORDS += (  # decoders
           _p("leading_dense_block_count", "first_k_dense_replace")),
          sliding=True, experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM),
          gguf_fixed={"expert_gating_func": 2}),  # sigmoid
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and sigmoid-routed experts (a deepseek2 GGUF, back as deepseek_v3); its
+    # config may say the dense lead layers only as mlp_layer_types
+    Arch("glm4_moe_lite", "deepseek2", "Glm4MoeLiteForCausalLM",
+         (*BASE, RMS, *(hp if hp.key != "leading_dense_block_count" else
+                        _p(hp.key, "first_k_dense_replace", "mlp_layer_types", kind="lead") for hp in _DS_MOE), *_MLA),
+         mla=True, experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),
+    # Solar Open: llama.cpp's converter writes it as GLM-4.5 (glm4moe; back as glm4_moe), full rotary, every
+    # layer MoE (its config has no first_k_dense_replace; GLM-4.5's defaults to 1)
+    Arch("solar_open", "glm4moe", "SolarOpenForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+         hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2, "leading_dense_block_count": 0}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

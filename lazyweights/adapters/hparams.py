@@ -65,6 +65,14 @@ def _product(cfg: Mapping[str, Any], names: Iterable[str]):
     return out
 
 
+def _leading_dense(v):
+    """A `lead` row's value: an int as is, a per-layer MLP type list (`mlp_layer_types`) as its count of leading
+    "dense" entries."""
+    if isinstance(v, list):
+        return next((i for i, t in enumerate(v) if t != "dense"), len(v))
+    return v
+
+
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
     if rec.model_type == "gpt_bigcode":
         return 1 if cfg.get("multi_query", True) else heads
@@ -96,7 +104,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rows}
+    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _leading_dense(_first(cfg, hp.hf))
+             if hp.kind == "lead" else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:

@@ -30,6 +30,10 @@ from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 _LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    max_position_embeddings=128, **_SPECIAL)
+_MLA = dict(_LLAMA_LIKE, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=12, head_dim=8)
+_DS_MOE = dict(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+               routed_scaling_factor=1.5, norm_topk_prob=True)
 
 # family -> (transformers config class, config kwargs, GGUF architecture, model class GGUF -> HF gives)
 FAMILIES = {
@@ -45,6 +49,10 @@ FAMILIES = {
                                            moe_intermediate_size=32, num_shared_experts=1, first_k_dense_replace=1,
                                            routed_scaling_factor=1.5, sliding_window=4,
                                            layer_types=["sliding_attention", "full_attention"]), "exaone-moe", None),
+    # its dense lead layer said by mlp_layer_types alone (the config has no first_k_dense_replace)
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(_MLA, **_DS_MOE), "deepseek2", "DeepseekV3ForCausalLM"),
+    "solar_open": ("SolarOpenConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, **_DS_MOE), "glm4moe",
+                   "Glm4MoeForCausalLM"),
 }
 
 
