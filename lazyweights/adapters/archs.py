@@ -84,6 +84,8 @@ class Arch(NamedTuple):
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
     fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
                                         # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
+    requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
+                                        # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -287,6 +289,15 @@ _RECORDS += (  # decoders
     # layer MoE (its config has no first_k_dense_replace; GLM-4.5's defaults to 1)
     Arch("solar_open", "glm4moe", "SolarOpenForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2, "leading_dense_block_count": 0}),
+    # AFMoE (Arcee Trinity): gated attention, qk norms, pre/post norms, sigmoid router with a bias, shared experts,
+    # sliding-window layers (RoPE on those only: llama.cpp skips it every 4th layer, the real models' global ones);
+    # llama.cpp always renormalizes the top-k weights and scales the embeddings by sqrt(hidden) (muP)
+    Arch("afmoe", "afmoe", "AfmoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"), _p("leading_dense_block_count", "num_dense_layers"),
+          _p("expert_weights_scale", "route_scale", kind="f32")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".router.gate.", *_QK_NORM),
+         gguf_fixed={"expert_weights_norm": True, "expert_gating_func": 2}, requires={"mup_enabled": True}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

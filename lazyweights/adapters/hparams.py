@@ -110,6 +110,10 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
+    wrong = [f"{k}={cfg.get(k)!r}" for k, v in rec.requires.items() if cfg.get(k) != v]
+    if wrong:
+        raise GGUFConfigError(f"config.json ({rec.model_type}) has {', '.join(wrong)}; llama.cpp's {a} graph "
+                              f"computes only {dict(rec.requires)}", list(rec.requires))
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
@@ -286,7 +290,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
     else:
         cfg["rope_parameters"] = rope
-    cfg.update(rec.hf_extra)
+    cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
         flag = _BIAS_FLAG.get(rec.model_type)

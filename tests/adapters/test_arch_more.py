@@ -53,6 +53,11 @@ FAMILIES = {
     "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(_MLA, **_DS_MOE), "deepseek2", "DeepseekV3ForCausalLM"),
     "solar_open": ("SolarOpenConfig", dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, **_DS_MOE), "glm4moe",
                    "Glm4MoeForCausalLM"),
+    # 4 layers: 3 sliding-window layers with RoPE, a global one without (both graphs)
+    "afmoe": ("AfmoeConfig", dict(_LLAMA_LIKE, num_hidden_layers=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
+                                  num_dense_layers=1, route_scale=1.5, sliding_window=4, mup_enabled=True),
+              "afmoe", None),
 }
 
 
