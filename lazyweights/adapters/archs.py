@@ -84,6 +84,8 @@ class Arch(NamedTuple):
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
     fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
                                         # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
+    expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")  # HF per-expert gate, down, up
+                                        # projection names under `experts` (MiniMax-M2: w1, w2, w3)
     requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
                                         # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
@@ -298,6 +300,13 @@ _RECORDS += (  # decoders
           _p("expert_weights_scale", "route_scale", kind="f32")),
          sliding=True, experts="mlp.experts", hf_prefer=(".router.gate.", *_QK_NORM),
          gguf_fixed={"expert_weights_norm": True, "expert_gating_func": 2}, requires={"mup_enabled": True}),
+    # MiniMax-M2: Mixtral-style experts (w1/w2/w3) under a sigmoid router with a score bias, whole-width qk norms,
+    # partial rotary; llama.cpp's graph always renormalizes the top-k weights, as transformers does
+    Arch("minimax_m2", "minimax-m2", "MiniMaxM2ForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("expert_feed_forward_length", "intermediate_size")), partial_rotary=True,
+         experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3"),
+         hf_prefer=(".block_sparse_moe.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -66,8 +66,8 @@ EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
     "olmoe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
 }
-EXPERTS.update({a.gguf: (a.experts, {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj",
-                                     "ffn_up_exps": "up_proj"}) for a in ARCHS.values() if a.experts})
+EXPERTS.update({a.gguf: (a.experts, dict(zip(("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), a.expert_names)))
+                for a in ARCHS.values() if a.experts})
 # 1-D in GGUF, [1, n] in Hugging Face.
 _ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
 # Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).

@@ -58,6 +58,10 @@ FAMILIES = {
                                   num_experts_per_tok=2, moe_intermediate_size=32, num_shared_experts=1,
                                   num_dense_layers=1, route_scale=1.5, sliding_window=4, mup_enabled=True),
               "afmoe", None),
+    "minimax_m2": ("MiniMaxM2Config", dict(_LLAMA_LIKE, intermediate_size=32, num_key_value_heads=2, head_dim=16,
+                                           num_local_experts=4, num_experts_per_tok=2,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                            "partial_rotary_factor": 0.5}), "minimax-m2", None),
 }
 
 
