@@ -86,6 +86,9 @@ class Arch(NamedTuple):
                                         # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
     expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")  # HF per-expert gate, down, up
                                         # projection names under `experts` (MiniMax-M2: w1, w2, w3)
+    layer_scalars: tuple[tuple[str, str, int], ...] = ()  # (HF per-layer scalar tensor suffix, GGUF per-layer
+                                        # array key in full, its HF ndim): values llama.cpp keeps as metadata
+                                        # (xIELU's, under the global keys xielu.*)
     requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
                                         # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
@@ -307,6 +310,11 @@ _RECORDS += (  # decoders
           _p("expert_feed_forward_length", "intermediate_size")), partial_rotary=True,
          experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3"),
          hf_prefer=(".block_sparse_moe.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
+    # Apertus: qk norms, an up/down MLP with the xIELU activation, whose four per-layer scalars llama.cpp keeps as
+    # metadata arrays (the raw parameters; its kernel applies the softplus as transformers does)
+    Arch("apertus", "apertus", "ApertusForCausalLM", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
+         layer_scalars=(("mlp.act_fn.alpha_n", "xielu.alpha_n", 1), ("mlp.act_fn.alpha_p", "xielu.alpha_p", 1),
+                        ("mlp.act_fn.beta", "xielu.beta", 0), ("mlp.act_fn.eps", "xielu.eps", 0))),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -254,7 +254,60 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             elif wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
         out[hf] = _renamed(wd, hf)
+    if rec.layer_scalars and isinstance(md, Mapping):
+        out.update(scalars_from_metadata(rec, md, arch, _names.layer_count(state), dequantize_to))
     _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
+    return out
+
+
+def scalars_to_metadata(rec: Arch, state: Mapping[str, Any], arch: str) -> dict:
+    """The GGUF per-layer arrays (float32, under the record's full key) of a record's `layer_scalars`, read from the Hugging Face
+    state dict (one scalar tensor per layer; a few bytes each). MissingWeightError naming a missing layer."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    md: dict[str, Any] = {}
+    for suffix, key, _ in rec.layer_scalars:
+        found: dict[int, float] = {}
+        for name, value in state.items():
+            m = re.match(rf"^model\.layers\.(\d+)\.{re.escape(suffix)}$", name)
+            if m:
+                arr = _as_wd(value, name).to_numpy().astype("float32").reshape(-1)
+                if arr.size != 1:
+                    raise ShapeError(f"{name!r}: a per-layer scalar ({key}) must hold one value, got "
+                                     f"shape {list(arr.shape)}")
+                found[int(m[1])] = float(arr[0])
+        if not found:
+            continue
+        gaps = [i for i in range(max(found) + 1) if i not in found]
+        if gaps:
+            raise MissingWeightError(f"model.layers.{gaps[0]}.{suffix} is missing ({key} needs one value "
+                                     f"per layer; layers present: {sorted(found)})")
+        md[key] = GGUFValue([found[i] for i in range(len(found))], T.ARRAY, T.FLOAT32)
+    return md
+
+
+def scalars_from_metadata(rec: Arch, md: Mapping[str, Any], arch: str, n_layers: int,
+                          dtype: DType | None = None) -> dict[str, WeightData]:
+    """The Hugging Face per-layer scalar tensors of a record's `layer_scalars` from the GGUF arrays (a single
+    value is every layer's, as llama.cpp's `get_key_or_arr` reads it)."""
+    import numpy as np
+
+    out: dict[str, WeightData] = {}
+    for suffix, key, ndim in rec.layer_scalars:
+        v = md.get(key)
+        if v is None:
+            continue
+        vals = [float(x) for x in np.asarray(v, dtype=np.float64).reshape(-1)]
+        if len(vals) == 1:
+            vals = vals * n_layers
+        if len(vals) != n_layers:
+            raise ShapeError(f"GGUF {key} ({arch}) holds {len(vals)} values for {n_layers} layers")
+        for i, x in enumerate(vals):
+            name = f"model.layers.{i}.{suffix}"
+            wd = WeightData.from_numpy(np.full((1,) * ndim, x, dtype=np.float32), name)
+            out[name] = wd if dtype is None else _renamed(wd.astype(dtype), name)
     return out
 
 
@@ -278,7 +331,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
-        dropped = rec.dropped + ("rotary_emb.inv_freq",)
+        dropped = rec.dropped + ("rotary_emb.inv_freq",) + tuple(sc[0] for sc in rec.layer_scalars)
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
