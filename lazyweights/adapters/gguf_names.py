@@ -261,8 +261,9 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
 
 
 def scalars_to_metadata(rec: Arch, state: Mapping[str, Any], arch: str) -> dict:
-    """The GGUF per-layer arrays (float32, under the record's full key) of a record's `layer_scalars`, read from the Hugging Face
-    state dict (one scalar tensor per layer; a few bytes each). MissingWeightError naming a missing layer."""
+    """The GGUF per-layer arrays (float32, under the record's full keys) of a record's `layer_scalars`, read from
+    the Hugging Face state dict (one scalar tensor per layer; a few bytes each). MissingWeightError naming a
+    missing layer."""
     from gguf.constants import GGUFValueType as T
 
     from ..formats.gguf_writer import GGUFValue

@@ -64,7 +64,8 @@ FAMILIES = {
                                                             "partial_rotary_factor": 0.5}), "minimax-m2", None),
     # xIELU's per-layer scalars: perturbed by make_family like every 1-D parameter (beta and eps are 0-d buffers)
     "apertus": ("ApertusConfig", dict(_LLAMA_LIKE, num_key_value_heads=2,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), "apertus", None),
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                "apertus", None),
 }
 
 
