@@ -38,7 +38,9 @@ from ..core.errors import UnsupportedArchitectureError
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
     back). `kind`: u32, f32, bool, `prod`: a u32 that is the product of every name in `hf` (all present),
-    derived one way only (its factors are rows of their own), or `lead`: a u32 written back under `hf[0]`
+    derived one way only (its factors are rows of their own), `sum`: a u32 that is the sum of every name in `hf`
+    (all present), `hf[0]` written back as the value less the others (rows of their own), or `lead`: a u32
+    written back under `hf[0]`
     whose source may also be a per-layer MLP type list, counted as its leading "dense" entries."""
 
     key: str
@@ -315,6 +317,12 @@ _RECORDS += (  # decoders
     Arch("apertus", "apertus", "ApertusForCausalLM", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
          layer_scalars=(("mlp.act_fn.alpha_n", "xielu.alpha_n", 1), ("mlp.act_fn.alpha_p", "xielu.alpha_p", 1),
                         ("mlp.act_fn.beta", "xielu.beta", 0), ("mlp.act_fn.eps", "xielu.eps", 0))),
+    # MiniCPM3: DeepSeek-style low-rank q and kv (kv_b kept whole), key = nope + rope dims; llama.cpp's graph
+    # hard-codes the muP scales of the released 4B
+    Arch("minicpm3", "minicpm3", "MiniCPM3ForCausalLM",
+         (*_LLAMA_LIKE, *_MLA, _p("attention.key_length", "qk_nope_head_dim", "qk_rope_head_dim", kind="sum"),
+          _p("attention.value_length", "v_head_dim"), _p("rope.dimension_count", "qk_rope_head_dim")), tied=True,
+         requires={"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

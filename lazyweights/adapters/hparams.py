@@ -65,6 +65,11 @@ def _product(cfg: Mapping[str, Any], names: Iterable[str]):
     return out
 
 
+def _sum(cfg: Mapping[str, Any], names: Iterable[str]):
+    vals = [cfg.get(n) for n in names]
+    return None if any(v is None for v in vals) else sum(int(v) for v in vals)
+
+
 def _leading_dense(v):
     """A `lead` row's value: an int as is, a per-layer MLP type list (`mlp_layer_types`) as its count of leading
     "dense" entries."""
@@ -104,8 +109,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _leading_dense(_first(cfg, hp.hf))
-             if hp.kind == "lead" else _first(cfg, hp.hf) for hp in rows}
+    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf) if hp.kind == "sum"
+             else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead" else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
@@ -128,7 +133,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        if not rec.head_dims:
+        if not rec.head_dims and f"{a}.attention.key_length" not in md:  # a row's own value wins (MiniCPM3)
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     theta = _first(cfg, ("rope_theta",))
@@ -254,8 +259,11 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
-        if v is not None and hp.kind != "prod":
+        if v is not None and hp.kind not in ("prod", "sum"):
             cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+    for hp in rec.hparams:
+        if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
+            cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)

@@ -66,6 +66,8 @@ FAMILIES = {
     "apertus": ("ApertusConfig", dict(_LLAMA_LIKE, num_key_value_heads=2,
                                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
                 "apertus", None),
+    "minicpm3": ("MiniCPM3Config", dict(_LLAMA_LIKE, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+                                        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12), "minicpm3", None),
 }
 
 
