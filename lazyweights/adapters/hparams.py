@@ -65,9 +65,14 @@ def _product(cfg: Mapping[str, Any], names: Iterable[str]):
     return out
 
 
-def _sum(cfg: Mapping[str, Any], names: Iterable[str]):
-    vals = [cfg.get(n) for n in names]
-    return None if any(v is None for v in vals) else sum(int(v) for v in vals)
+def _sum(cfg: Mapping[str, Any], names: Iterable[str]) -> int | None:
+    out = 0
+    for n in names:
+        v = cfg.get(n)
+        if v is None:
+            return None
+        out += int(v)
+    return out
 
 
 def _leading_dense(v):
