@@ -114,8 +114,9 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf) if hp.kind == "sum"
-             else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead" else _first(cfg, hp.hf) for hp in rows}
+    found: dict[str, Any] = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf)
+                             if hp.kind == "sum" else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead"
+                             else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
