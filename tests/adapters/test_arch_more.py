@@ -115,3 +115,63 @@ def test_more_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     assert type(m).__name__ == want
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_config_llama_cpp_cannot_compute_is_refused(tokenizer, tmp_path):  # noqa: F811
+    """A config whose value llama.cpp's graph hard-codes otherwise (AFMoE without muP's embedding scale; MiniCPM3
+    with other muP scales) is a GGUFConfigError naming the key and its value, and nothing is written."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.core.errors import GGUFConfigError
+
+    hf = tmp_path / "hf"
+    make_family("afmoe", tokenizer, str(hf))
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg["mup_enabled"] = False
+    (hf / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(GGUFConfigError, match=r"config.json \(afmoe\) has mup_enabled=False; llama.cpp's afmoe graph"):
+        export_gguf(str(hf), str(tmp_path / "x.gguf"))
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+                intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5, q_lora_rank=24,
+                kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, scale_emb=12,
+                scale_depth=1.4, dim_model_base=256)
+    md = gguf_hparams(ARCHS["minicpm3"], base)
+    assert (md["minicpm3.attention.key_length"].value, md["minicpm3.attention.value_length"].value,
+            md["minicpm3.rope.dimension_count"].value) == (16, 12, 8)
+    with pytest.raises(GGUFConfigError, match=r"scale_emb=10"):
+        gguf_hparams(ARCHS["minicpm3"], dict(base, scale_emb=10))
+
+
+def test_layer_scalars_and_derived_rows():
+    """Apertus's per-layer xIELU scalars are llama.cpp's global `xielu.*` arrays (read from the tensors, back as
+    tensors of the Hugging Face shapes); a `lead` row counts leading dense layers of `mlp_layer_types`; a `sum`
+    row (MiniCPM3's key length) comes back as its first name less the others."""
+    from lazyweights import WeightData
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.gguf_names import scalars_from_metadata, scalars_to_metadata
+    from lazyweights.adapters.hparams import gguf_hparams, hf_config
+    from lazyweights.core.errors import MissingWeightError
+
+    rec = ARCHS["apertus"]
+    state = {f"model.layers.{i}.mlp.act_fn.alpha_n": WeightData.from_numpy(np.array([0.25 * i], np.float32), "a")
+             for i in range(3)}
+    md = scalars_to_metadata(rec, state, "apertus")
+    assert list(md) == ["xielu.alpha_n"] and md["xielu.alpha_n"].value == [0.0, 0.25, 0.5]
+    back = scalars_from_metadata(rec, {"xielu.alpha_n": np.array([0.0, 0.25, 0.5]), "xielu.beta": 0.5}, "apertus", 3)
+    assert back["model.layers.2.mlp.act_fn.alpha_n"].to_numpy().tolist() == [0.5]
+    assert back["model.layers.1.mlp.act_fn.beta"].shape == () and float(back["model.layers.1.mlp.act_fn.beta"]
+                                                                          .to_numpy()) == 0.5
+    del state["model.layers.1.mlp.act_fn.alpha_n"]
+    with pytest.raises(MissingWeightError, match=r"model.layers.1.mlp.act_fn.alpha_n is missing"):
+        scalars_to_metadata(rec, state, "apertus")
+
+    mla = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=3, max_position_embeddings=128,
+               rms_norm_eps=1e-5, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+               v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               mlp_layer_types=["dense", "dense", "sparse"])
+    assert gguf_hparams(ARCHS["glm4_moe_lite"], mla)["deepseek2.leading_dense_block_count"].value == 2
+    m3 = dict(mla, num_key_value_heads=4, scale_emb=12, scale_depth=1.4, dim_model_base=256)
+    md = {k: v.value for k, v in gguf_hparams(ARCHS["minicpm3"], m3).items()}
+    cfg = hf_config(ARCHS["minicpm3"], md, set(), 300)
+    assert (cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]) == (8, 8, 12)
