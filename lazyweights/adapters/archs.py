@@ -38,7 +38,8 @@ from ..core.errors import UnsupportedArchitectureError
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
     back). `kind`: u32, f32, bool, `prod`: a u32 that is the product of every name in `hf` (all present),
-    derived one way only (its factors are rows of their own), `sum`: a u32 that is the sum of every name in `hf`
+    derived one way only (its factors are rows of their own), `f32n`: an f32 whose 0 stands for null (DBRX's
+    clip_qkv: llama.cpp clamps only above 0), `sum`: a u32 that is the sum of every name in `hf`
     (all present), `hf[0]` written back as the value less the others (rows of their own), or `lead`: a u32
     written back under `hf[0]`
     whose source may also be a per-layer MLP type list, counted as its leading "dense" entries."""
@@ -91,6 +92,9 @@ class Arch(NamedTuple):
     layer_scalars: tuple[tuple[str, str, int], ...] = ()  # (HF per-layer scalar tensor suffix, GGUF per-layer
                                         # array key in full, its HF ndim): values llama.cpp keeps as metadata
                                         # (xIELU's, under the global keys xielu.*)
+    flat_experts: str = ""              # HF experts stored flat, one [n_expert * ff, hidden] tensor per projection
+                                        # (`expert_names`; down transposed per expert) under this prefix, `{bid}`
+                                        # the layer (DBRX), <-> llama.cpp's stacked [n_expert, rows, cols]
     requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
                                         # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
@@ -323,6 +327,18 @@ _RECORDS += (  # decoders
          (*_LLAMA_LIKE, *_MLA, _p("attention.key_length", "qk_nope_head_dim", "qk_rope_head_dim", kind="sum"),
           _p("attention.value_length", "v_head_dim"), _p("rope.dimension_count", "qk_rope_head_dim")), tied=True,
          requires={"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}),
+    # DBRX: nested attn_config / ffn_config, fused [q; k; v], bias-free LayerNorms (eps 1e-5, fixed in both), flat
+    # experts (gate w1, up v1, down w2 transposed per expert), qkv clamp (none: 0)
+    Arch("dbrx", "dbrx", "DbrxForCausalLM",
+         (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"),
+          _p("embedding_length", "ffn_config.hidden_size", "d_model"), _p("block_count", "n_layers"),
+          _p("feed_forward_length", "ffn_config.ffn_hidden_size"), _p("attention.head_count", "n_heads"),
+          _p("attention.head_count_kv", "attn_config.kv_n_heads", "num_key_value_heads"),
+          _p("rope.freq_base", "attn_config.rope_theta", "rope_theta", kind="f32"),
+          _p("attention.clamp_kqv", "attn_config.clip_qkv", kind="f32n"),
+          _p("expert_count", "ffn_config.moe_num_experts"), _p("expert_used_count", "ffn_config.moe_top_k")),
+         flat_experts="transformer.blocks.{bid}.ffn.experts.mlp", expert_names=("w1", "w2", "v1"),
+         gguf_fixed={"attention.layer_norm_epsilon": 1e-5, "attention.clamp_kqv": 0.0}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

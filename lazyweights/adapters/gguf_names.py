@@ -229,6 +229,17 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
                 wd = wd.astype(dequantize_to)
             out[name] = _renamed(wd, name)
             continue
+        if rec.flat_experts and (m := _GGUF_LAYER_RE.match(name)) and m[2] in _FLAT_PARTS:
+            flat_hf = f"{rec.flat_experts.format(bid=m[1])}.{rec.expert_names[_FLAT_PARTS.index(m[2])]}"
+            wd = _as_wd(value, name)
+            wd = wd.dequantize(dequantize_to or DType.float32) if wd.quantization_encoding is not None else \
+                wd.astype(dequantize_to) if dequantize_to is not None else wd
+            if wd.ndim != 3:
+                raise ShapeError(f"{name!r}: stacked experts must be 3-D [n_expert, rows, cols], got {list(wd.shape)}")
+            if m[2] == "ffn_down_exps":
+                wd = wd.transpose((0, 2, 1))
+            out[flat_hf] = _renamed(wd.reshape((wd.shape[0] * wd.shape[1], wd.shape[2])), flat_hf)
+            continue
         experts = _split_experts(name, value, arch, dequantize_to)
         if experts is not None:
             out.update(experts)
@@ -344,6 +355,10 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight"):
             out.update(_split_pair(name, _as_wd(value, name), ("ffn_gate_shexp", "ffn_up_shexp")))
             continue
+        if rec.flat_experts and (flat := _flat_expert_part(rec, name)) is not None:
+            flat_g = f"blk.{flat[0]}.{flat[1]}.weight"
+            out[flat_g] = _renamed(_unflatten_experts(rec, name, _as_wd(value, name), flat[1], config), flat_g)
+            continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
             g = name  # already stacked under its GGUF name by _stack_experts
@@ -397,6 +412,32 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
             hf = f"model.layers.{m[1]}.{hf_part}.weight"
             out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
     return out
+
+
+_FLAT_PARTS = ("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps")  # in `Arch.expert_names` order
+
+
+def _flat_expert_part(rec: Arch, name: str) -> tuple[str, str] | None:
+    """(layer, GGUF part) for a Hugging Face flat-expert tensor of `rec.flat_experts`, else None."""
+    pattern = re.escape(rec.flat_experts).replace(re.escape("{bid}"), r"(\d+)")
+    m = re.match(rf"^{pattern}\.([A-Za-z0-9_]+)$", name)
+    if m is None or m[2] not in rec.expert_names:
+        return None
+    return m[1], _FLAT_PARTS[rec.expert_names.index(m[2])]
+
+
+def _unflatten_experts(rec: Arch, name: str, wd: WeightData, part: str, config) -> WeightData:
+    """A flat [n_expert * ff, hidden] expert tensor as llama.cpp's [n_expert, ff, hidden] (down: [n_expert,
+    hidden, ff], each expert's block transposed), n_expert from the record's expert_count row."""
+    from .hparams import config_value
+
+    rows = next((hp.hf for hp in rec.hparams if hp.key == "expert_count"), ())
+    n = config_value(dict(config) if isinstance(config, Mapping) else {}, rows)
+    if not isinstance(n, int) or n <= 0 or wd.ndim != 2 or wd.shape[0] % n:
+        raise ShapeError(f"{name!r}: flat experts {list(wd.shape)} do not split into {n!r} experts "
+                         f"({' or '.join(rows)})")
+    wd = wd.reshape((n, wd.shape[0] // n, wd.shape[1]))
+    return wd.transpose((0, 2, 1)) if part == "ffn_down_exps" else wd
 
 
 def _split_pair(name: str, wd: WeightData, parts: tuple[str, str]) -> dict[str, WeightData]:

@@ -33,10 +33,39 @@ _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.hea
 
 
 def _first(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` the config holds (`a.b`: entry b of the nested dict a, DBRX's attn_config)."""
     for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
+        v = _lookup(cfg, n)
+        if v is not None:
+            return v
     return None
+
+
+def config_value(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` a config.json dict holds, None if none; `a.b` reads entry b of the nested dict a.
+
+    Example:
+        >>> config_value({"ffn_config": {"moe_num_experts": 16}}, ("num_experts", "ffn_config.moe_num_experts"))
+        16
+    """
+    return _first(cfg, names)
+
+
+def _lookup(cfg: Mapping[str, Any], name: str):
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        sub = cfg.get(outer)
+        return sub.get(inner) if isinstance(sub, Mapping) else None
+    return cfg.get(name)
+
+
+def _put(cfg: dict, name: str, value) -> None:
+    """config.json's `name` = value (`a.b`: into the nested dict a)."""
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        cfg.setdefault(outer, {})[inner] = value
+    else:
+        cfg[name] = value
 
 
 def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -88,7 +117,8 @@ def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
         return 1 if cfg.get("multi_query", True) else heads
     if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
         return 1 if cfg.get("multi_query", True) else heads
-    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    names = next((hp.hf for hp in rec.hparams if hp.key == KV.key), KV.hf)  # the record's own (DBRX's nested)
+    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
     return heads if v is None else int(v)
 
 
@@ -97,7 +127,7 @@ def _value(hp: HParam, v):
 
     from ..formats.gguf_writer import GGUFValue
 
-    if hp.kind == "f32":
+    if hp.kind in ("f32", "f32n"):
         return GGUFValue(float(v), T.FLOAT32)
     if hp.kind == "bool":
         return GGUFValue(bool(v), T.BOOL)
@@ -266,7 +296,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
         if v is not None and hp.kind not in ("prod", "sum"):
-            cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+            _put(cfg, hp.hf[0], float(v) if hp.kind == "f32" else None if hp.kind == "f32n" and not v
+                 else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool" else int(v))
     for hp in rec.hparams:
         if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
             cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])

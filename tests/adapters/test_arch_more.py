@@ -68,6 +68,11 @@ FAMILIES = {
                 "apertus", None),
     "minicpm3": ("MiniCPM3Config", dict(_LLAMA_LIKE, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
                                         qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12), "minicpm3", None),
+    # clip_qkv 0.3: the clamp bites in this random model
+    "dbrx": ("DbrxConfig", dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=128,
+                                attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=0.3),
+                                ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2), **_SPECIAL),
+             "dbrx", None),
 }
 
 
