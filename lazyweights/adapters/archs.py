@@ -95,6 +95,9 @@ class Arch(NamedTuple):
     flat_experts: str = ""              # HF experts stored flat, one [n_expert * ff, hidden] tensor per projection
                                         # (`expert_names`; down transposed per expert) under this prefix, `{bid}`
                                         # the layer (DBRX), <-> llama.cpp's stacked [n_expert, rows, cols]
+    experts_in_out: str = ""            # HF prefix in a layer holding gate_up_proj [n_expert, hidden, 2 * ff] and
+                                        # down_proj [n_expert, ff, hidden] ([in, out]: Llama 4), transposed (and
+                                        # the gate/up halves split) for llama.cpp, joined back
     requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
                                         # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
@@ -339,6 +342,13 @@ _RECORDS += (  # decoders
           _p("expert_count", "ffn_config.moe_num_experts"), _p("expert_used_count", "ffn_config.moe_top_k")),
          flat_experts="transformer.blocks.{bid}.ffn.experts.mlp", expert_names=("w1", "w2", "v1"),
          gguf_fixed={"attention.layer_norm_epsilon": 1e-5, "attention.clamp_kqv": 0.0}),
+    # Llama 4's text model: MoE every interleave_moe_layer_step-th layer (top-k sigmoid weights on the input, a
+    # shared expert), [in, out] fused experts, RoPE-free every 4th layer with temperature tuning, L2 qk norms
+    Arch("llama4_text", "llama4", "Llama4ForCausalLM",
+         (CTX, EMB, BLK, _p("feed_forward_length", "intermediate_size_mlp"), HEAD, KV, RMS,
+          _p("expert_count", "num_local_experts"), _MOE[1], _p("expert_feed_forward_length", "intermediate_size"),
+          _p("interleave_moe_layer_step", "interleave_moe_layer_step")), head_dims=True,
+         experts_in_out="feed_forward.experts", hf_prefer=(".feed_forward.",)),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -218,10 +218,13 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _join_kv_b(state)
     if rec.fused_gate_up_shexp:
         state = _join_pair(state, ("ffn_gate_shexp", "ffn_up_shexp"), rec.fused_gate_up_shexp)
+    if rec.experts_in_out:
+        state = _experts_in_out_from_gguf(state, rec.experts_in_out)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
-        if (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
+        if (rec.experts_in_out and name.startswith("model.layers.")) or \
+                (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
                 (rec.mla and name.endswith("self_attn.kv_b_proj.weight")) or \
                 (rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight")):
             wd = _as_wd(value, name)
@@ -355,6 +358,10 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight"):
             out.update(_split_pair(name, _as_wd(value, name), ("ffn_gate_shexp", "ffn_up_shexp")))
             continue
+        if rec.experts_in_out and name.startswith("model.layers.") and \
+                name.endswith((f".{rec.experts_in_out}.gate_up_proj", f".{rec.experts_in_out}.down_proj")):
+            out.update(_experts_in_out_to_gguf(name, _as_wd(value, name)))
+            continue
         if rec.flat_experts and (flat := _flat_expert_part(rec, name)) is not None:
             flat_g = f"blk.{flat[0]}.{flat[1]}.weight"
             out[flat_g] = _renamed(_unflatten_experts(rec, name, _as_wd(value, name), flat[1], config), flat_g)
@@ -411,6 +418,44 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
                 gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
             hf = f"model.layers.{m[1]}.{hf_part}.weight"
             out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
+    return out
+
+
+def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:
+    """Llama 4's [n_expert, in, out] experts as llama.cpp's [n_expert, out, in] stacks (gate_up split in halves)."""
+    from ..api.weight_data import split
+
+    m = re.match(r"^model\.layers\.(\d+)\.", name)
+    if m is None or wd.ndim != 3 or (name.endswith("gate_up_proj") and wd.shape[2] % 2):
+        raise ShapeError(f"{name!r}: [in, out] experts must be [n_expert, in, out] (gate_up: an even out), got "
+                         f"{list(wd.shape)}")
+    wd = wd.transpose((0, 2, 1))
+    if name.endswith("down_proj"):
+        g = f"blk.{m[1]}.ffn_down_exps.weight"
+        return {g: _renamed(wd, g)}
+    gate, up = split(wd, 2, axis=1)
+    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
+    return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _experts_in_out_from_gguf(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """llama.cpp's stacked expert tensors back as Llama 4's [n_expert, in, out] gate_up_proj / down_proj."""
+    from ..api.weight_data import concat
+
+    def plain(n: str) -> WeightData:
+        wd = _as_wd(out.pop(n), n)
+        return wd.dequantize() if wd.quantization_encoding is not None else wd
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
+        up, down = (f"blk.{m[1]}.ffn_up_exps.weight", f"blk.{m[1]}.ffn_down_exps.weight") if m else ("", "")
+        if m is None or up not in state or down not in state:
+            continue
+        gate_up = concat([plain(name), plain(up)], axis=1).transpose((0, 2, 1))
+        hf_gu, hf_d = (f"model.layers.{m[1]}.{prefix}.gate_up_proj", f"model.layers.{m[1]}.{prefix}.down_proj")
+        out[hf_gu] = _renamed(gate_up, hf_gu)
+        out[hf_d] = _renamed(plain(down).transpose((0, 2, 1)), hf_d)
     return out
 
 

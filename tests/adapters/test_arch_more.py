@@ -73,6 +73,12 @@ FAMILIES = {
                                 attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=0.3),
                                 ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2), **_SPECIAL),
              "dbrx", None),
+    # 4 layers: MoE on layers 1 and 3, layer 3 RoPE-free (temperature-tuned) in both graphs
+    "llama4_text": ("Llama4TextConfig", dict(_LLAMA_LIKE, intermediate_size=32, intermediate_size_mlp=96,
+                                             num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+                                             num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                    "llama4", None),
 }
 
 
