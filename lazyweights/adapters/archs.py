@@ -36,8 +36,12 @@ from ..core.errors import UnsupportedArchitectureError
 
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
-    back). `kind`: u32, f32, bool, or `prod`: a u32 that is the product of every name in `hf` (all present),
-    derived one way only (its factors are rows of their own)."""
+    back). `kind`: u32, f32, bool, `prod`: a u32 that is the product of every name in `hf` (all present),
+    derived one way only (its factors are rows of their own), `f32n`: an f32 whose 0 stands for null (DBRX's
+    clip_qkv: llama.cpp clamps only above 0), `sum`: a u32 that is the sum of every name in `hf`
+    (all present), `hf[0]` written back as the value less the others (rows of their own), or `lead`: a u32
+    written back under `hf[0]`
+    whose source may also be a per-layer MLP type list, counted as its leading "dense" entries."""
 
     key: str
     hf: tuple[str, ...]
@@ -91,6 +95,21 @@ class Arch(NamedTuple):
     swa_keys: bool = False              # Gemma 3: sliding_window_pattern (where layer_types is not the default)
                                         # and rope.freq_base_swa <-> rope_parameters.sliding_attention
     late: tuple[HParam, ...] = ()       # optional rows written last, None back when absent (Gemma's softcapping)
+    fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
+                                        # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
+    expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")  # HF per-expert gate, down, up
+                                        # projection names under `experts` (MiniMax-M2: w1, w2, w3)
+    layer_scalars: tuple[tuple[str, str, int], ...] = ()  # (HF per-layer scalar tensor suffix, GGUF per-layer
+                                        # array key in full, its HF ndim): values llama.cpp keeps as metadata
+                                        # (xIELU's, under the global keys xielu.*)
+    flat_experts: str = ""              # HF experts stored flat, one [n_expert * ff, hidden] tensor per projection
+                                        # (`expert_names`; down transposed per expert) under this prefix, `{bid}`
+                                        # the layer (DBRX), <-> llama.cpp's stacked [n_expert, rows, cols]
+    experts_in_out: str = ""            # HF prefix in a layer holding gate_up_proj [n_expert, hidden, 2 * ff] and
+                                        # down_proj [n_expert, ff, hidden] ([in, out]: Llama 4), transposed (and
+                                        # the gate/up halves split) for llama.cpp, joined back
+    requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
+                                        # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -268,6 +287,89 @@ _RECORDS += (
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
+_RECORDS += (  # decoders
+    # InternLM3: llama.cpp's converter writes a llama GGUF (its rope dimension from head_dim); back as llama
+    Arch("internlm3", "llama", "InternLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True),
+    # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
+    Arch("glm", "chatglm", "GlmForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    # GraniteMoeShared: granitemoe plus a shared expert whose fused [gate; up] llama.cpp stores split
+    Arch("granitemoeshared", "granitemoe", "GraniteMoeSharedForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("embedding_scale", "embedding_multiplier", kind="f32"),
+          _p("residual_scale", "residual_multiplier", kind="f32"),
+          _p("attention.scale", "attention_multiplier", kind="f32"),
+          _p("logit_scale", "logits_scaling", kind="f32"),
+          _p("expert_shared_feed_forward_length", "shared_intermediate_size")), rope_permute=True,
+         fused_gate_up_exps="block_sparse_moe.input_linear", fused_gate_up_shexp="shared_mlp.input_linear",
+         hf_prefer=(".output_linear.", ".router.layer.")),
+    # EXAONE MoE (K-EXAONE): DeepSeek-V3-style sigmoid router with a score bias, shared experts, qk norms,
+    # sliding-window layers (the global ones without RoPE in both)
+    Arch("exaone_moe", "exaone-moe", "ExaoneMoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"),
+          _p("expert_shared_feed_forward_length", "moe_intermediate_size", "num_shared_experts", kind="prod"),
+          _p("expert_weights_scale", "routed_scaling_factor", kind="f32"),
+          _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
+          _p("leading_dense_block_count", "first_k_dense_replace")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM),
+         gguf_fixed={"expert_gating_func": 2}),  # sigmoid
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and sigmoid-routed experts (a deepseek2 GGUF, back as deepseek_v3); its
+    # config may say the dense lead layers only as mlp_layer_types
+    Arch("glm4_moe_lite", "deepseek2", "Glm4MoeLiteForCausalLM",
+         (*BASE, RMS, *(hp if hp.key != "leading_dense_block_count" else
+                        _p(hp.key, "first_k_dense_replace", "mlp_layer_types", kind="lead") for hp in _DS_MOE), *_MLA),
+         mla=True, experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),
+    # Solar Open: llama.cpp's converter writes it as GLM-4.5 (glm4moe; back as glm4_moe), full rotary, every
+    # layer MoE (its config has no first_k_dense_replace; GLM-4.5's defaults to 1)
+    Arch("solar_open", "glm4moe", "SolarOpenForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+         hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2, "leading_dense_block_count": 0}),
+    # AFMoE (Arcee Trinity): gated attention, qk norms, pre/post norms, sigmoid router with a bias, shared experts,
+    # sliding-window layers (RoPE on those only: llama.cpp skips it every 4th layer, the real models' global ones);
+    # llama.cpp always renormalizes the top-k weights and scales the embeddings by sqrt(hidden) (muP)
+    Arch("afmoe", "afmoe", "AfmoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"), _p("leading_dense_block_count", "num_dense_layers"),
+          _p("expert_weights_scale", "route_scale", kind="f32")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".router.gate.", *_QK_NORM),
+         gguf_fixed={"expert_weights_norm": True, "expert_gating_func": 2}, requires={"mup_enabled": True}),
+    # MiniMax-M2: Mixtral-style experts (w1/w2/w3) under a sigmoid router with a score bias, whole-width qk norms,
+    # partial rotary; llama.cpp's graph always renormalizes the top-k weights, as transformers does
+    Arch("minimax_m2", "minimax-m2", "MiniMaxM2ForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("expert_feed_forward_length", "intermediate_size")), partial_rotary=True,
+         experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3"),
+         hf_prefer=(".block_sparse_moe.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
+    # Apertus: qk norms, an up/down MLP with the xIELU activation, whose four per-layer scalars llama.cpp keeps as
+    # metadata arrays (the raw parameters; its kernel applies the softplus as transformers does)
+    Arch("apertus", "apertus", "ApertusForCausalLM", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
+         layer_scalars=(("mlp.act_fn.alpha_n", "xielu.alpha_n", 1), ("mlp.act_fn.alpha_p", "xielu.alpha_p", 1),
+                        ("mlp.act_fn.beta", "xielu.beta", 0), ("mlp.act_fn.eps", "xielu.eps", 0))),
+    # MiniCPM3: DeepSeek-style low-rank q and kv (kv_b kept whole), key = nope + rope dims; llama.cpp's graph
+    # hard-codes the muP scales of the released 4B
+    Arch("minicpm3", "minicpm3", "MiniCPM3ForCausalLM",
+         (*_LLAMA_LIKE, *_MLA, _p("attention.key_length", "qk_nope_head_dim", "qk_rope_head_dim", kind="sum"),
+          _p("attention.value_length", "v_head_dim"), _p("rope.dimension_count", "qk_rope_head_dim")), tied=True,
+         requires={"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}),
+    # DBRX: nested attn_config / ffn_config, fused [q; k; v], bias-free LayerNorms (eps 1e-5, fixed in both), flat
+    # experts (gate w1, up v1, down w2 transposed per expert), qkv clamp (none: 0)
+    Arch("dbrx", "dbrx", "DbrxForCausalLM",
+         (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"),
+          _p("embedding_length", "ffn_config.hidden_size", "d_model"), _p("block_count", "n_layers"),
+          _p("feed_forward_length", "ffn_config.ffn_hidden_size"), _p("attention.head_count", "n_heads"),
+          _p("attention.head_count_kv", "attn_config.kv_n_heads", "num_key_value_heads"),
+          _p("rope.freq_base", "attn_config.rope_theta", "rope_theta", kind="f32"),
+          _p("attention.clamp_kqv", "attn_config.clip_qkv", kind="f32n"),
+          _p("expert_count", "ffn_config.moe_num_experts"), _p("expert_used_count", "ffn_config.moe_top_k")),
+         flat_experts="transformer.blocks.{bid}.ffn.experts.mlp", expert_names=("w1", "w2", "v1"),
+         gguf_fixed={"attention.layer_norm_epsilon": 1e-5, "attention.clamp_kqv": 0.0}),
+    # Llama 4's text model: MoE every interleave_moe_layer_step-th layer (top-k sigmoid weights on the input, a
+    # shared expert), [in, out] fused experts, RoPE-free every 4th layer with temperature tuning, L2 qk norms
+    Arch("llama4_text", "llama4", "Llama4ForCausalLM",
+         (CTX, EMB, BLK, _p("feed_forward_length", "intermediate_size_mlp"), HEAD, KV, RMS,
+          _p("expert_count", "num_local_experts"), _MOE[1], _p("expert_feed_forward_length", "intermediate_size"),
+          _p("interleave_moe_layer_step", "interleave_moe_layer_step")), head_dims=True,
+         experts_in_out="feed_forward.experts", hf_prefer=(".feed_forward.",)),
+)
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
@@ -285,10 +387,15 @@ def arch_for_model_type(model_type: Any) -> Arch:
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
-    window: olmo3; deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
+    window: olmo3; a later record of the same architecture when the file holds a key of its own rows;
+    deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
     if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
         return ARCHS["mixtral"]
     matches = [a for a in _RECORDS if a.gguf == arch]
+    if len(matches) > 1 and md is not None:  # a later record whose own rows' keys the file holds (granitemoeshared)
+        base = {hp.key for hp in (*matches[0].hparams, *matches[0].tail)}
+        own = [a for a in matches[1:] if any(hp.key not in base and f"{arch}.{hp.key}" in md for hp in a.hparams)]
+        matches = own or matches
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches

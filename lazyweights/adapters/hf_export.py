@@ -435,6 +435,10 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
 
     sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
     check_shapes(adapted, md, arch, sources, mt)
+    if ARCHS[mt].layer_scalars:  # per-layer scalars llama.cpp keeps as metadata (Apertus's xIELU)
+        from .gguf_names import scalars_to_metadata
+
+        md.update(scalars_to_metadata(ARCHS[mt], state, arch))
     if ARCHS[mt].embedding:
         md.update(_embedding_metadata(arch, cfg_text, folder))
     if tokenizer:

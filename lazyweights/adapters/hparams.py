@@ -30,15 +30,44 @@ _BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral":
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias", "glm4_moe": "attention_bias"}
+              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
 def _first(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` the config holds (`a.b`: entry b of the nested dict a, DBRX's attn_config)."""
     for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
+        v = _lookup(cfg, n)
+        if v is not None:
+            return v
     return None
+
+
+def config_value(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` a config.json dict holds, None if none; `a.b` reads entry b of the nested dict a.
+
+    Example:
+        >>> config_value({"ffn_config": {"moe_num_experts": 16}}, ("num_experts", "ffn_config.moe_num_experts"))
+        16
+    """
+    return _first(cfg, names)
+
+
+def _lookup(cfg: Mapping[str, Any], name: str):
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        sub = cfg.get(outer)
+        return sub.get(inner) if isinstance(sub, Mapping) else None
+    return cfg.get(name)
+
+
+def _put(cfg: dict, name: str, value) -> None:
+    """config.json's `name` = value (`a.b`: into the nested dict a)."""
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        cfg.setdefault(outer, {})[inner] = value
+    else:
+        cfg[name] = value
 
 
 def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -73,12 +102,31 @@ def _product(cfg: Mapping[str, Any], names: Iterable[str]):
     return out
 
 
+def _sum(cfg: Mapping[str, Any], names: Iterable[str]) -> int | None:
+    out = 0
+    for n in names:
+        v = cfg.get(n)
+        if v is None:
+            return None
+        out += int(v)
+    return out
+
+
+def _leading_dense(v):
+    """A `lead` row's value: an int as is, a per-layer MLP type list (`mlp_layer_types`) as its count of leading
+    "dense" entries."""
+    if isinstance(v, list):
+        return next((i for i, t in enumerate(v) if t != "dense"), len(v))
+    return v
+
+
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
     if rec.model_type == "gpt_bigcode":
         return 1 if cfg.get("multi_query", True) else heads
     if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
         return 1 if cfg.get("multi_query", True) else heads
-    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    names = next((hp.hf for hp in rec.hparams if hp.key == KV.key), KV.hf)  # the record's own (DBRX's nested)
+    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
     return heads if v is None else int(v)
 
 
@@ -87,7 +135,7 @@ def _value(hp: HParam, v):
 
     from ..formats.gguf_writer import GGUFValue
 
-    if hp.kind == "f32":
+    if hp.kind in ("f32", "f32n"):
         return GGUFValue(float(v), T.FLOAT32)
     if hp.kind == "bool":
         return GGUFValue(bool(v), T.BOOL)
@@ -104,11 +152,17 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rows}
+    found: dict[str, Any] = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf)
+                             if hp.kind == "sum" else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead"
+                             else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
+    wrong = [f"{k}={cfg.get(k)!r}" for k, v in rec.requires.items() if cfg.get(k) != v]
+    if wrong:
+        raise GGUFConfigError(f"config.json ({rec.model_type}) has {', '.join(wrong)}; llama.cpp's {a} graph "
+                              f"computes only {dict(rec.requires)}", list(rec.requires))
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
@@ -123,7 +177,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        if not rec.head_dims and not rec.odd_head_dim:
+        # a row's own value wins (MiniCPM3); Phi-3 writes them later, and only for an odd head_dim
+        if not rec.head_dims and not rec.odd_head_dim and f"{a}.attention.key_length" not in md:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     theta = _first(cfg, ("rope_theta",))
@@ -339,8 +394,12 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
                 raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
                                       f"value", [f"{a}.{hp.key}"])
             v = v[0]
-        if v is not None and hp.kind != "prod":
-            cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+        if v is not None and hp.kind not in ("prod", "sum"):
+            _put(cfg, hp.hf[0], float(v) if hp.kind == "f32" else None if hp.kind == "f32n" and not v
+                 else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool" else int(v))
+    for hp in rec.hparams:
+        if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
+            cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)
@@ -393,7 +452,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
                                   "full_attention": rope}
     else:
         cfg["rope_parameters"] = rope
-    cfg.update(rec.hf_extra)
+    cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
         flag = _BIAS_FLAG.get(rec.model_type)

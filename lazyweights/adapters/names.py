@@ -28,6 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+_EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
 
@@ -56,6 +57,8 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
     number in the name is the block."""
     if name.endswith(_SCORE_BIAS[0]):  # DeepSeek-style routers' parameter, a bias in gguf-py's table
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
+    if name.endswith(_EXPERT_BIAS[0]):
+        return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
@@ -82,7 +85,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
-            out = tuple(c + suffix for c in cands)
+            out = tuple(c if c.endswith(_EXPERT_BIAS[0]) and suffix == ".bias" else c + suffix for c in cands)
             return tuple(c[: -len(_SCORE_BIAS[1])] + _SCORE_BIAS[0] if c.endswith(_SCORE_BIAS[1]) else c
                          for c in out)
     return ()
