@@ -81,6 +81,8 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
+                                        # drops the rows before (and the context length shrinks by as many)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -247,6 +249,17 @@ _RECORDS += (
     Arch("bert", "bert", "BertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+)
+_RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding GGUFs, pooling from modules.json
+    Arch("nomic_bert", "nomic-bert", "NomicBertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+         embedding=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"},
+         hf_prefer=("encoder.layers.", "emb_ln")),
+    Arch("roberta", "bert", "RobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+         dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"), position_offset=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    Arch("xlm-roberta", "bert", "XLMRobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+         embedding=True, dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
+         position_offset=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

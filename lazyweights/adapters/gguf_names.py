@@ -296,6 +296,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = rope_permute(wd, n)
         if rec.transposed and name.endswith(rec.transposed):
             wd = transpose2d(wd)
+        if rec.position_offset and g == "position_embd.weight":
+            wd = wd[position_offset(config, name, wd.shape[0]):]
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
         if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
@@ -305,6 +307,16 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
+
+
+def position_offset(config, name: str = "embeddings.position_embeddings.weight", rows: int | None = None) -> int:
+    """RoBERTa's first used position row, `pad_token_id + 1` (llama.cpp's converter drops the rows before it);
+    0 without a pad_token_id. ShapeError when `rows` leaves none."""
+    pad = _get(_text_config(config), "pad_token_id")
+    off = 0 if pad is None else int(pad) + 1
+    if rows is not None and off >= rows:
+        raise ShapeError(f"{name!r}: {rows} position rows, but positions start at pad_token_id + 1 = {off}")
+    return off
 
 
 def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:

@@ -106,6 +106,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
+    if rec.position_offset and found.get("context_length") is not None and cfg.get("pad_token_id") is not None:
+        found["context_length"] = int(found["context_length"]) - int(cfg["pad_token_id"]) - 1  # RoBERTa's offset
     md.update(_rows(rec, rec.hparams, found))
     for key, v in rec.gguf_fixed.items():
         if f"{a}.{key}" in md:
@@ -275,7 +277,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
-    else:
+    if not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
     cfg.update(rec.hf_extra)
     if names is not None:

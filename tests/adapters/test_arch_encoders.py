@@ -1,0 +1,178 @@
+"""Encoder families as llama.cpp embedding GGUFs, judged by llama.cpp and by transformers.
+
+For each family a tiny random transformers model (hidden 64, 2 layers, float32) is saved with a tokenizer of the
+kind the family really ships, trained here with the tokenizers library (WordPiece for the BERT-likes, byte-level
+BPE for RoBERTa, Unigram for XLM-RoBERTa), and a sentence-transformers `modules.json` + `1_Pooling/config.json`
+(mean pooling; CLS for one family, to show the pooling type follows the folder). Then:
+
+(a) HF -> GGUF (`export_gguf`): the GGUF's architecture, pooling type and causal flag are checked;
+(b) llama.cpp tokenizes varied texts to transformers' ids;
+(c) llama.cpp's pooled embedding (`Llama(..., embedding=True)`) equals transformers' pooled last hidden state
+    (mean over the tokens, or the first token's for CLS): cosine > 0.999 and atol 2e-3, as the MiniLM test;
+(d) GGUF -> HF (`export_hf_folder`, float32) loads in transformers (`AutoModel`) with the original hidden states.
+    A RoBERTa-family GGUF is llama.cpp's `bert` with the position rows before pad_token_id + 1 dropped, so it
+    comes back as a BertModel whose positions start at 0: the same hidden states on unpadded input.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
+
+_CORPUS = ("The quick brown fox jumps over the lazy dog. A sentence about embeddings and similarity. "
+           "Café naïve résumé, 1234 numbers! Sentence transformers pool the last hidden states. ") * 20
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "A sentence about embeddings and similarity.",
+         "Café naïve résumé, 1234 numbers!", "pooling   the hidden  states"]
+_ENC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+
+# family -> (config class, model class, config kwargs, GGUF architecture, tokenizer kind, pooling)
+FAMILIES = {
+    "nomic_bert": ("NomicBertConfig", "NomicBertModel", dict(_ENC, max_position_embeddings=128), "nomic-bert",
+                   "wordpiece", "mean"),
+    "nomic_bert_cls": ("NomicBertConfig", "NomicBertModel", dict(_ENC, max_position_embeddings=128), "nomic-bert",
+                       "wordpiece", "cls"),
+    "roberta": ("RobertaConfig", "RobertaModel", dict(_ENC, max_position_embeddings=130), "bert", "bpe", "mean"),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(_ENC, max_position_embeddings=130, type_vocab_size=1),
+                    "bert", "unigram", "mean"),
+}
+_POOLING_TYPE = {"mean": 1, "cls": 2}
+
+
+def _wordpiece():
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator([_CORPUS], trainers.WordPieceTrainer(
+        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
+def _bpe():
+    """RoBERTa's: byte-level BPE, <s> $A </s>, <pad> at id 1 (positions start at 2)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([_CORPUS], trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"], show_progress=False))
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), add_prefix_space=False)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                pad_token="<pad>", unk_token="<unk>", cls_token="<s>",
+                                                sep_token="</s>", mask_token="<mask>")
+
+
+def _unigram():
+    """XLM-RoBERTa's: SentencePiece Unigram with a Metaspace prefix, <s> $A </s>, <pad> at id 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator([_CORPUS], trainers.UnigramTrainer(
+        vocab_size=200, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                pad_token="<pad>", unk_token="<unk>", cls_token="<s>",
+                                                sep_token="</s>")
+
+
+_TOKENIZERS = {"wordpiece": _wordpiece, "bpe": _bpe, "unigram": _unigram}
+
+
+@pytest.fixture(scope="module")
+def tokenizers_by_kind():
+    return {k: f() for k, f in _TOKENIZERS.items()}
+
+
+def _pooling_folder(folder, mode, dim):
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    with open(os.path.join(folder, "modules.json"), "w") as fh:
+        json.dump(modules, fh)
+    os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as fh:
+        json.dump({"word_embedding_dimension": dim, "pooling_mode_cls_token": mode == "cls",
+                   "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": False}, fh)
+
+
+def make_encoder(name, tok, folder):
+    cfg_cls, model_cls, kwargs, _, _, pooling = FAMILIES[name]
+    special = {"pad_token_id": tok.pad_token_id}
+    if tok.bos_token_id is not None:
+        special.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = getattr(transformers, cfg_cls)(**kwargs, **special, vocab_size=len(tok))
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases, so a missed transform shows
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    _pooling_folder(folder, pooling, kwargs["hidden_size"])
+    return model
+
+
+def _hidden(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).last_hidden_state[0].float().numpy()
+
+
+def _field(r, key):
+    f = r.fields[key]
+    return f.contents() if hasattr(f, "contents") else f.parts[-1][0]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    _, _, _, arch, kind, pooling = FAMILIES[name]
+    tok = tokenizers_by_kind[kind]
+    hf = str(tmp_path / "hf")
+    model = make_encoder(name, tok, hf)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    assert _field(r, "general.architecture") == arch
+    assert int(_field(r, f"{arch}.pooling_type")) == _POOLING_TYPE[pooling]
+    assert bool(_field(r, f"{arch}.attention.causal")) is False
+
+    llm = llama_cpp.Llama(model_path=path, embedding=True, verbose=False, n_threads=2, n_ctx=128)
+    try:
+        for text in TEXTS:
+            ids = tok(text)["input_ids"]
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, (name, text)
+            hidden = _hidden(model, ids)
+            ref = hidden.mean(0) if pooling == "mean" else hidden[0]
+            got = np.asarray(llm.embed(text, normalize=False), dtype=np.float32).reshape(-1)
+            cos = float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
+            assert cos > 0.999, (name, text, cos)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3)
+    finally:
+        llm.close()
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32", tokenizer=False)
+    m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
+    ids = tok(TEXTS[0])["input_ids"]
+    np.testing.assert_allclose(_hidden(m, ids), _hidden(model, ids), rtol=0, atol=1e-4)
