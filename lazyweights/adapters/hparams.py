@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import FFN, KV, Arch, HParam
+from .archs import CTX, FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
@@ -277,6 +277,9 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
+        pad = md.get("tokenizer.ggml.padding_token_id")
+        if rec.position_offset and pad is not None and get("context_length") is not None:
+            cfg[CTX.hf[0]] = int(get("context_length")) + int(pad) + 1  # RoBERTa's positions from pad + 1
     if not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
     cfg.update(rec.hf_extra)

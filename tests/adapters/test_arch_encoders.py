@@ -43,8 +43,13 @@ FAMILIES = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(_ENC, max_position_embeddings=130), "bert", "bpe", "mean"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(_ENC, max_position_embeddings=130, type_vocab_size=1),
                     "bert", "unigram", "mean"),
+    "jina_embeddings_v3": ("JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model",
+                           dict(_ENC, max_position_embeddings=130, type_vocab_size=1), "jina-bert-v3", "unigram",
+                           "mean"),
 }
 _POOLING_TYPE = {"mean": 1, "cls": 2}
+# GGUF -> HF: llama.cpp's `bert` comes back as BERT (RoBERTa's position rows already start at its first position)
+_BACK = {"roberta": "bert", "xlm-roberta": "bert"}
 
 
 def _wordpiece():
@@ -173,6 +178,11 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
 
     back = str(tmp_path / "back")
     export_hf_folder(path, back, dtype="float32", tokenizer=False)
+    with open(os.path.join(back, "config.json")) as fh:
+        back_cfg = json.load(fh)
+    assert back_cfg["model_type"] == _BACK.get(model.config.model_type, model.config.model_type)
+    offset = model.config.pad_token_id + 1 if back_cfg["model_type"] != model.config.model_type else 0
+    assert back_cfg["max_position_embeddings"] == model.config.max_position_embeddings - offset
     m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
     ids = tok(TEXTS[0])["input_ids"]
     np.testing.assert_allclose(_hidden(m, ids), _hidden(model, ids), rtol=0, atol=1e-4)
