@@ -260,6 +260,14 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
     Arch("xlm-roberta", "bert", "XLMRobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
          embedding=True, dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          position_offset=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    # DistilBERT: BERT without token types (llama.cpp's bert adds none; back as BertModel with a zero row) and
+    # LayerNorm eps fixed at 1e-12
+    Arch("distilbert", "bert", "DistilBertModel",
+         (CTX, _p("embedding_length", "dim", "hidden_size"), _p("block_count", "n_layers", "num_hidden_layers"),
+          _p("feed_forward_length", "hidden_dim", "intermediate_size"),
+          _p("attention.head_count", "n_heads", "num_attention_heads")), embedding=True,
+         dropped=("embeddings.position_ids",),
+         gguf_fixed={"attention.causal": False, "attention.layer_norm_epsilon": 1e-12}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
     # context shrinks by pad_token_id + 1 too); its LoRA task adapters (llama.cpp: separate adapter GGUFs) are
     # not part of transformers' JinaEmbeddingsV3Model and are not converted

@@ -250,6 +250,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             elif wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
         out[hf] = _renamed(wd, hf)
+    if rec.embedding and "token_types.weight" not in state and "token_embd.weight" in state:
+        out.update(_zero_token_types(state["token_embd.weight"], arch, expected_keys, dequantize_to))
     _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
     return out
 
@@ -307,6 +309,19 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
+
+
+def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, WeightData]:
+    """An encoder GGUF without `token_types` (DistilBERT's): llama.cpp adds nothing, so the Hugging Face model
+    (BERT always adds token type 0's row) gets one zero row."""
+    import numpy as np
+
+    hf = gguf_name_to_hf("token_types.weight", arch, expected_keys)
+    wd = _as_wd(embd, "token_embd.weight")
+    if hf is None or wd.ndim != 2:
+        return {}
+    np_dtype = (DType.parse(dtype) if dtype is not None else DType.float32).to_numpy()
+    return {hf: WeightData.from_numpy(np.zeros((1, wd.shape[1]), dtype=np_dtype), hf)}
 
 
 def position_offset(config, name: str = "embeddings.position_embeddings.weight", rows: int | None = None) -> int:

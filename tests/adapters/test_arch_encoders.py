@@ -43,13 +43,16 @@ FAMILIES = {
     "roberta": ("RobertaConfig", "RobertaModel", dict(_ENC, max_position_embeddings=130), "bert", "bpe", "mean"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(_ENC, max_position_embeddings=130, type_vocab_size=1),
                     "bert", "unigram", "mean"),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=64, n_layers=2, n_heads=4, hidden_dim=96,
+                                                               max_position_embeddings=128), "bert", "wordpiece",
+                   "mean"),
     "jina_embeddings_v3": ("JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model",
                            dict(_ENC, max_position_embeddings=130, type_vocab_size=1), "jina-bert-v3", "unigram",
                            "mean"),
 }
 _POOLING_TYPE = {"mean": 1, "cls": 2}
 # GGUF -> HF: llama.cpp's `bert` comes back as BERT (RoBERTa's position rows already start at its first position)
-_BACK = {"roberta": "bert", "xlm-roberta": "bert"}
+_BACK = {"roberta": "bert", "xlm-roberta": "bert", "distilbert": "bert"}
 
 
 def _wordpiece():
@@ -133,7 +136,7 @@ def make_encoder(name, tok, folder):
                 p.copy_(p + 0.1 * torch.randn_like(p))
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    _pooling_folder(folder, pooling, kwargs["hidden_size"])
+    _pooling_folder(folder, pooling, model.config.hidden_size)
     return model
 
 
@@ -181,7 +184,7 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
     with open(os.path.join(back, "config.json")) as fh:
         back_cfg = json.load(fh)
     assert back_cfg["model_type"] == _BACK.get(model.config.model_type, model.config.model_type)
-    offset = model.config.pad_token_id + 1 if back_cfg["model_type"] != model.config.model_type else 0
+    offset = model.config.pad_token_id + 1 if model.config.model_type in ("roberta", "xlm-roberta") else 0
     assert back_cfg["max_position_embeddings"] == model.config.max_position_embeddings - offset
     m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
     ids = tok(TEXTS[0])["input_ids"]
