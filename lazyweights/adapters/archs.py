@@ -83,6 +83,9 @@ class Arch(NamedTuple):
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
     position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
                                         # drops the rows before (and the context length shrinks by as many)
+    window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
+    rope_swa: bool = False              # sliding layers' own RoPE base: rope.freq_base_swa <->
+                                        # rope_parameters.sliding_attention (ModernBERT)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -268,6 +271,13 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
           _p("attention.head_count", "n_heads", "num_attention_heads")), embedding=True,
          dropped=("embeddings.position_ids",),
          gguf_fixed={"attention.causal": False, "attention.layer_norm_epsilon": 1e-12}),
+    # ModernBERT: symmetric sliding window (local_attention) on all layers but every n-th, a GLU FFN (Wi holds
+    # [up; gate]) whose activation llama.cpp reads from hidden_activation, a RoPE base per layer type
+    Arch("modernbert", "modern-bert", "ModernBertModel",
+         (CTX, EMB, BLK, FFN, HEAD, _ln("norm_eps"), _p("hidden_activation", "hidden_activation", "hidden_act",
+                                                       kind="str")),
+         embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
+         gguf_fixed={"attention.causal": False}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
     # context shrinks by pad_token_id + 1 too); its LoRA task adapters (llama.cpp: separate adapter GGUFs) are
     # not part of transformers' JinaEmbeddingsV3Model and are not converted

@@ -83,6 +83,8 @@ def _value(hp: HParam, v):
         return GGUFValue(float(v), T.FLOAT32)
     if hp.kind == "bool":
         return GGUFValue(bool(v), T.BOOL)
+    if hp.kind == "str":
+        return GGUFValue(str(v), T.STRING)
     return GGUFValue(int(v), T.UINT32)
 
 
@@ -120,7 +122,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         if not rec.head_dims:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
-    theta = _first(cfg, ("rope_theta",))
+    theta = _first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
     if theta is not None:
@@ -147,9 +149,17 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
             raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
                                   f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])
         md[f"{a}.rope.dimension_sections"] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
-    if rec.sliding and cfg.get("sliding_window") is not None:
-        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
+    window_hf = rec.window_hf or "sliding_window"
+    if rec.sliding and cfg.get(window_hf) is not None:
+        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg[window_hf]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+    if rec.rope_swa:
+        swa = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
+        params = cfg.get("rope_parameters")
+        if swa is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+            swa = params["sliding_attention"].get("rope_theta")
+        if swa is not None:
+            md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
     md.update(_rows(rec, rec.tail, found))
     return md
 
@@ -225,6 +235,8 @@ def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         return [t == "sliding_attention" for t in types]
+    if cfg.get("global_attn_every_n_layers"):  # ModernBERT's legacy spelling: layer 0 and every n-th global
+        return [i % int(cfg["global_attn_every_n_layers"]) != 0 for i in range(n)]
     p = cfg.get("sliding_window_pattern", 4)
     if isinstance(p, str):  # "LLLG"
         return [p[i % len(p)] == "L" for i in range(n)]
@@ -244,7 +256,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
         if v is not None and hp.kind != "prod":
-            cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+            cfg[hp.hf[0]] = (float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool"
+                             else str(v) if hp.kind == "str" else int(v))
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)
@@ -267,7 +280,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["sliding_window"] = int(window)
     if rec.sliding:
         window = get("attention.sliding_window")
-        cfg["sliding_window"] = int(window) if window else None
+        cfg[rec.window_hf or "sliding_window"] = int(window) if window else None
         pattern = get("attention.sliding_window_pattern")
         if isinstance(pattern, list):
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
@@ -282,6 +295,9 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg[CTX.hf[0]] = int(get("context_length")) + int(pad) + 1  # RoBERTa's positions from pad + 1
     if not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
+    if rec.rope_swa:
+        swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
+        cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
     cfg.update(rec.hf_extra)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
