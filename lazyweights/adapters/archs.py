@@ -278,6 +278,9 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
                                                        kind="str")),
          embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
          gguf_fixed={"attention.causal": False}),
+    # EuroBERT: a bidirectional Llama (GQA, RMSNorm, SwiGLU, RoPE without llama.cpp's q/k permutation)
+    Arch("eurobert", "eurobert", "EuroBertModel", _LLAMA_LIKE, embedding=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
     # context shrinks by pad_token_id + 1 too); its LoRA task adapters (llama.cpp: separate adapter GGUFs) are
     # not part of transformers' JinaEmbeddingsV3Model and are not converted

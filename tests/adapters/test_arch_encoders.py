@@ -1,9 +1,10 @@
 """Encoder families as llama.cpp embedding GGUFs, judged by llama.cpp and by transformers.
 
-For each family a tiny random transformers model (hidden 64, 2 layers, float32) is saved with a tokenizer of the
-kind the family really ships, trained here with the tokenizers library (WordPiece for the BERT-likes, byte-level
-BPE for RoBERTa, Unigram for XLM-RoBERTa), and a sentence-transformers `modules.json` + `1_Pooling/config.json`
-(mean pooling; CLS for one family, to show the pooling type follows the folder). Then:
+For each family a tiny random transformers model (hidden 64, 2-3 layers, float32) is saved with a tokenizer of
+the kind the family really ships, trained here with the tokenizers library (WordPiece for the BERT-likes,
+byte-level BPE for RoBERTa and ModernBERT, Llama 3's byte-level BPE for EuroBERT, Unigram for XLM-RoBERTa and
+Jina v3), and a sentence-transformers `modules.json` + `1_Pooling/config.json` (mean pooling; CLS for one
+family, to show the pooling type follows the folder). Then:
 
 (a) HF -> GGUF (`export_gguf`): the GGUF's architecture, pooling type and causal flag are checked;
 (b) llama.cpp tokenizes varied texts to transformers' ids;
@@ -50,6 +51,9 @@ FAMILIES = {
     "modernbert": ("ModernBertConfig", "ModernBertModel", dict(_ENC, num_hidden_layers=3, max_position_embeddings=128,
                                                                local_attention=8, global_attn_every_n_layers=3),
                    "modern-bert", "bpe", "mean"),
+    "eurobert": ("EuroBertConfig", "EuroBertModel", dict(_ENC, num_key_value_heads=2, head_dim=16,
+                                                         max_position_embeddings=128, mask_token_id=4),
+                 "eurobert", "llama-bpe", "mean"),
     "jina_embeddings_v3": ("JinaEmbeddingsV3Config", "JinaEmbeddingsV3Model",
                            dict(_ENC, max_position_embeddings=130, type_vocab_size=1), "jina-bert-v3", "unigram",
                            "mean"),
@@ -107,7 +111,26 @@ def _unigram():
                                                 sep_token="</s>")
 
 
-_TOKENIZERS = {"wordpiece": _wordpiece, "bpe": _bpe, "unigram": _unigram}
+def _llama_bpe():
+    """EuroBERT's: Llama 3's byte-level BPE (its split regex), <s> $A </s>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from lazyweights.formats.hf_tokenizer import PRE_TOKENIZER_SPLITS
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRE_TOKENIZER_SPLITS["llama-bpe"]), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([_CORPUS], trainers.BpeTrainer(
+        vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<s>", "</s>", "<pad>", "<unk>", "<mask>"], show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+
+
+_TOKENIZERS = {"wordpiece": _wordpiece, "bpe": _bpe, "unigram": _unigram, "llama-bpe": _llama_bpe}
 
 
 @pytest.fixture(scope="module")
