@@ -9,10 +9,12 @@ family, to show the pooling type follows the folder). Then:
 (a) HF -> GGUF (`export_gguf`): the GGUF's architecture, pooling type and causal flag are checked;
 (b) llama.cpp tokenizes varied texts to transformers' ids;
 (c) llama.cpp's pooled embedding (`Llama(..., embedding=True)`) equals transformers' pooled last hidden state
-    (mean over the tokens, or the first token's for CLS): cosine > 0.999 and atol 2e-3, as the MiniLM test;
+    (mean over the tokens, or the first token's for CLS): cosine > 0.999 and atol 2e-3, as the MiniLM test, and
+    atol 5e-4 (relative to the largest value) since the weights are the same float32 values;
 (d) GGUF -> HF (`export_hf_folder`, float32) loads in transformers (`AutoModel`) with the original hidden states.
     A RoBERTa-family GGUF is llama.cpp's `bert` with the position rows before pad_token_id + 1 dropped, so it
-    comes back as a BertModel whose positions start at 0: the same hidden states on unpadded input.
+    comes back as a BertModel whose positions start at 0: the same hidden states on unpadded input (DistilBERT's
+    too, with a zero token-type row: llama.cpp adds none).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 _CORPUS = ("The quick brown fox jumps over the lazy dog. A sentence about embeddings and similarity. "
            "Café naïve résumé, 1234 numbers! Sentence transformers pool the last hidden states. ") * 20
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A sentence about embeddings and similarity.",
-         "Café naïve résumé, 1234 numbers!", "pooling   the hidden  states"]
+         "Café naïve résumé, 1234 numbers!", "pooling   the hidden  states", "UPPER case, tabs\tand 日本語 🤖"]
 _ENC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
 
 # family -> (config class, model class, config kwargs, GGUF architecture, tokenizer kind, pooling)
@@ -221,3 +223,38 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
     m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
     ids = tok(TEXTS[0])["input_ids"]
     np.testing.assert_allclose(_hidden(m, ids), _hidden(model, ids), rtol=0, atol=1e-4)
+
+
+def test_modernbert_legacy_config_names_give_the_same_keys():
+    """ModernBERT's configs before transformers 5 (global_rope_theta, local_rope_theta, global_attn_every_n_layers)
+    and transformers 5's (rope_parameters per layer type, layer_types) give the same GGUF keys."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hparams import gguf_hparams
+
+    base = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=4, intermediate_size=96, norm_eps=1e-5,
+                max_position_embeddings=128, local_attention=8, hidden_activation="gelu")
+    new = gguf_hparams(ARCHS["modernbert"], dict(base, layer_types=["full_attention", "sliding_attention",
+                                                                    "sliding_attention", "full_attention"],
+                                                 rope_parameters={"full_attention": {"rope_theta": 160000.0},
+                                                                  "sliding_attention": {"rope_theta": 10000.0}}))
+    old = gguf_hparams(ARCHS["modernbert"], dict(base, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                                                 local_rope_theta=10000.0))
+    values = {k: v.value for k, v in new.items()}
+    assert values == {k: v.value for k, v in old.items()}
+    assert values["modern-bert.attention.sliding_window_pattern"] == [False, True, True, False]
+    assert (values["modern-bert.rope.freq_base"], values["modern-bert.rope.freq_base_swa"]) == (160000.0, 10000.0)
+    assert values["modern-bert.hidden_activation"] == "gelu" and values["modern-bert.attention.causal"] is False
+
+
+def test_roberta_position_rows_short_of_the_offset_name_the_tensor():
+    """RoBERTa's positions start at pad_token_id + 1: a position table with no row past it is refused by name."""
+    from lazyweights import WeightData
+    from lazyweights.adapters.gguf_names import hf_to_gguf
+    from lazyweights.core.errors import ShapeError
+
+    pos = WeightData.from_numpy(np.zeros((2, 8), np.float32), "embeddings.position_embeddings.weight")
+    with pytest.raises(ShapeError, match=r"'embeddings.position_embeddings.weight': 2 position rows, but positions "
+                                         r"start at pad_token_id \+ 1 = 2"):
+        hf_to_gguf({"embeddings.position_embeddings.weight": pos}, {"model_type": "roberta", "pad_token_id": 1})
+    out = hf_to_gguf({"embeddings.position_embeddings.weight": pos}, {"model_type": "roberta", "pad_token_id": 0})
+    assert out["position_embd.weight"].shape == (1, 8)
