@@ -11,7 +11,8 @@ family, to show the pooling type follows the folder). Then:
 (c) llama.cpp's pooled embedding (`Llama(..., embedding=True)`) equals transformers' pooled last hidden state
     (mean over the tokens, or the first token's for CLS): cosine > 0.999 and atol 2e-3, as the MiniLM test, and
     atol 5e-4 (relative to the largest value) since the weights are the same float32 values;
-(d) GGUF -> HF (`export_hf_folder`, float32) loads in transformers (`AutoModel`) with the original hidden states.
+(d) GGUF -> HF (`export_hf_folder`, float32) loads in transformers (`AutoModel`) with the original hidden states,
+    and its tokenizer (`AutoTokenizer`, from the GGUF's metadata) gives the original ids.
     A RoBERTa-family GGUF is llama.cpp's `bert` with the position rows before pad_token_id + 1 dropped, so it
     comes back as a BertModel whose positions start at 0: the same hidden states on unpadded input (DistilBERT's
     too, with a zero token-type row: llama.cpp adds none).
@@ -214,7 +215,7 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
         llm.close()
 
     back = str(tmp_path / "back")
-    export_hf_folder(path, back, dtype="float32", tokenizer=False)
+    export_hf_folder(path, back, dtype="float32")
     with open(os.path.join(back, "config.json")) as fh:
         back_cfg = json.load(fh)
     assert back_cfg["model_type"] == _BACK.get(model.config.model_type, model.config.model_type)
@@ -223,6 +224,9 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
     m = transformers.AutoModel.from_pretrained(back, dtype=torch.float32).eval()
     ids = tok(TEXTS[0])["input_ids"]
     np.testing.assert_allclose(_hidden(m, ids), _hidden(model, ids), rtol=0, atol=1e-4)
+    back_tok = transformers.AutoTokenizer.from_pretrained(back)
+    for text in TEXTS:
+        assert back_tok(text)["input_ids"] == tok(text)["input_ids"], (name, text)
 
 
 def test_modernbert_legacy_config_names_give_the_same_keys():
