@@ -254,7 +254,11 @@ _RECORDS += (
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
 _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding GGUFs, pooling from modules.json
-    Arch("nomic_bert", "nomic-bert", "NomicBertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+    # the remote-code config.json names (n_embd, n_positions 8192 ...) are the legacy aliases; its trained context
+    # (max_trained_positions) is what llama.cpp's converter writes, as transformers 5's max_position_embeddings
+    Arch("nomic_bert", "nomic-bert", "NomicBertModel",
+         (_p("context_length", "max_position_embeddings", "max_trained_positions", "n_positions"), EMB, BLK, FFN,
+          HEAD, _ln("layer_norm_eps")),
          embedding=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"},
          hf_prefer=("encoder.layers.", "emb_ln")),
     Arch("roberta", "bert", "RobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,

@@ -125,6 +125,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     theta = _first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
+    if theta is None:
+        theta = cfg.get("rotary_emb_base")  # remote-code spelling (nomic-bert, old GPT-NeoX configs)
     if theta is not None:
         md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
     if rec.head_dims:

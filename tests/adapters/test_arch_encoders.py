@@ -262,3 +262,22 @@ def test_roberta_position_rows_short_of_the_offset_name_the_tensor():
         hf_to_gguf({"embeddings.position_embeddings.weight": pos}, {"model_type": "roberta", "pad_token_id": 1})
     out = hf_to_gguf({"embeddings.position_embeddings.weight": pos}, {"model_type": "roberta", "pad_token_id": 0})
     assert out["position_embd.weight"].shape == (1, 8)
+
+
+def test_nomic_remote_code_config_gives_the_keys_of_transformers5():
+    """nomic-embed-text-v1.5's config.json as its remote code spells it (n_embd, n_positions 8192 with
+    max_trained_positions 2048, rotary_emb_base, layer_norm_epsilon) gives the GGUF keys transformers 5's native
+    NomicBertConfig gives; the context is the trained 2048, as llama.cpp's converter writes it."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hparams import gguf_hparams
+
+    remote = {"model_type": "nomic_bert", "n_embd": 768, "n_head": 12, "n_inner": 3072, "n_layer": 12,
+              "n_positions": 8192, "max_trained_positions": 2048, "rotary_emb_base": 1000,
+              "layer_norm_epsilon": 1e-12, "activation_function": "swiglu", "type_vocab_size": 2, "vocab_size": 30528}
+    native = transformers.NomicBertConfig().to_dict()
+    a = {k: v.value for k, v in gguf_hparams(ARCHS["nomic_bert"], remote).items()}
+    b = {k: v.value for k, v in gguf_hparams(ARCHS["nomic_bert"], native).items()}
+    # transformers 5 also spells out head_dim (hidden / heads, llama.cpp's default)
+    assert (b.pop("nomic-bert.attention.key_length"), b.pop("nomic-bert.attention.value_length")) == (64, 64)
+    assert a == b
+    assert (a["nomic-bert.context_length"], a["nomic-bert.rope.freq_base"]) == (2048, 1000.0)
