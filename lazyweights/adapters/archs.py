@@ -286,11 +286,13 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
     Arch("eurobert", "eurobert", "EuroBertModel", _LLAMA_LIKE, embedding=True,
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
-    # context shrinks by pad_token_id + 1 too); its LoRA task adapters (llama.cpp: separate adapter GGUFs) are
-    # not part of transformers' JinaEmbeddingsV3Model and are not converted
+    # context shrinks by pad_token_id + 1 too). Its remote-code folders say model_type xlm-roberta with
+    # lora_adaptations (hf_export reads them as this record) and hold parametrized weights; their LoRA task
+    # adapters (llama.cpp: separate adapter GGUFs; not part of transformers' JinaEmbeddingsV3Model) are dropped
     Arch("jina_embeddings_v3", "jina-bert-v3", "JinaEmbeddingsV3Model",
          (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True, position_offset=True,
-         dropped=("pooler.dense.weight", "pooler.dense.bias"), gguf_fixed={"attention.causal": False},
+         dropped=("pooler.dense.weight", "pooler.dense.bias", "0.lora_A", "0.lora_B"),
+         gguf_fixed={"attention.causal": False},
          hf_extra={"hidden_act": "gelu"}, hf_prefer=("encoder.layers.", "emb_ln", ".mixer.", ".mlp.fc1.", ".mlp.fc2.")),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}

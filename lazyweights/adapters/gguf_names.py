@@ -77,6 +77,7 @@ NORM_SHIFT_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.norm_shift)
 # GGUF-only tensors with no Hugging Face counterpart.
 GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
+_PARAMETRIZED = ".parametrizations.weight.original"
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
 
 
@@ -276,6 +277,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
+        if name.endswith(_PARAMETRIZED):  # torch.nn.utils.parametrize's saved name (jina-embeddings-v3's LoRA)
+            name = name[: -len(_PARAMETRIZED)] + ".weight"
         dropped = rec.dropped + ("rotary_emb.inv_freq",)
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too

@@ -281,3 +281,57 @@ def test_nomic_remote_code_config_gives_the_keys_of_transformers5():
     assert (b.pop("nomic-bert.attention.key_length"), b.pop("nomic-bert.attention.value_length")) == (64, 64)
     assert a == b
     assert (a["nomic-bert.context_length"], a["nomic-bert.rope.freq_base"]) == (2048, 1000.0)
+
+
+def test_jina_v3_remote_code_folder(tokenizers_by_kind, tmp_path):
+    """A jina-embeddings-v3 folder as its remote code writes it (model_type xlm-roberta with lora_adaptations,
+    `roberta.`-prefixed names, parametrized Linear weights with their LoRA task tensors, rotary_emb_base) -> the
+    same jina-bert-v3 GGUF as transformers' native model, LoRA tensors left out: llama.cpp's embedding equals the
+    native model's."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from safetensors.numpy import load_file, save_file
+
+    tok = tokenizers_by_kind["unigram"]
+    native = str(tmp_path / "native")
+    model = make_encoder("jina_embeddings_v3", tok, native)
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for k, v in load_file(os.path.join(native, "model.safetensors")).items():
+        if k.endswith(".weight") and v.ndim == 2 and "embeddings" not in k:
+            base = "roberta." + k[: -len(".weight")] + ".parametrizations.weight"
+            tensors[base + ".original"] = v
+            tensors[base + ".0.lora_A"] = rng.standard_normal((3, 4, v.shape[1])).astype(np.float32)
+            tensors[base + ".0.lora_B"] = rng.standard_normal((3, v.shape[0], 4)).astype(np.float32)
+        else:
+            tensors["roberta." + k] = v
+    save_file(tensors, str(remote / "model.safetensors"))
+    with open(os.path.join(native, "config.json")) as fh:
+        cfg = json.load(fh)
+    theta = cfg.pop("rope_parameters")["rope_theta"]
+    cfg.update(model_type="xlm-roberta", architectures=["XLMRobertaLoRA"], rotary_emb_base=theta,
+               position_embedding_type="rotary", lora_adaptations=["retrieval.query", "retrieval.passage", "x"])
+    (remote / "config.json").write_text(json.dumps(cfg))
+    for f in os.listdir(native):
+        if f not in ("model.safetensors", "config.json") and os.path.isfile(os.path.join(native, f)):
+            (remote / f).write_bytes(open(os.path.join(native, f), "rb").read())
+    os.makedirs(remote / "1_Pooling")
+    (remote / "1_Pooling" / "config.json").write_bytes(open(os.path.join(native, "1_Pooling", "config.json"),
+                                                            "rb").read())
+
+    a, b = str(tmp_path / "native.gguf"), str(tmp_path / "remote.gguf")
+    export_gguf(native, a)
+    export_gguf(str(remote), b)
+    ra, rb = gguf.GGUFReader(a), gguf.GGUFReader(b)
+    assert _field(rb, "general.architecture") == "jina-bert-v3"
+    assert sorted(t.name for t in rb.tensors) == sorted(t.name for t in ra.tensors)
+    assert not [t.name for t in rb.tensors if "lora" in t.name]
+    llm = llama_cpp.Llama(model_path=b, embedding=True, verbose=False, n_threads=2, n_ctx=128)
+    try:
+        ids = tok(TEXTS[0])["input_ids"]
+        ref = _hidden(model, ids).mean(0)
+        got = np.asarray(llm.embed(TEXTS[0], normalize=False), dtype=np.float32).reshape(-1)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 * max(1.0, float(np.abs(ref).max())))
+    finally:
+        llm.close()
