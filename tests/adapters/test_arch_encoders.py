@@ -2,8 +2,8 @@
 
 For each family a tiny random transformers model (hidden 64, 2-3 layers, float32) is saved with a tokenizer of
 the kind the family really ships, trained here with the tokenizers library (WordPiece for the BERT-likes,
-byte-level BPE for RoBERTa and ModernBERT, Llama 3's byte-level BPE for EuroBERT, Unigram for XLM-RoBERTa and
-Jina v3), and a sentence-transformers `modules.json` + `1_Pooling/config.json` (mean pooling; CLS for one
+byte-level BPE for RoBERTa and ModernBERT, Llama 3's byte-level BPE for EuroBERT, Unigram for Jina v3, and for
+XLM-RoBERTa a SentencePiece Unigram with its nmt_nfkc charsmap made a fast tokenizer by transformers), and a sentence-transformers `modules.json` + `1_Pooling/config.json` (mean pooling; CLS for one
 family, to show the pooling type follows the folder). Then:
 
 (a) HF -> GGUF (`export_gguf`): the GGUF's architecture, pooling type and causal flag are checked;
@@ -35,7 +35,8 @@ from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 _CORPUS = ("The quick brown fox jumps over the lazy dog. A sentence about embeddings and similarity. "
            "Café naïve résumé, 1234 numbers! Sentence transformers pool the last hidden states. ") * 20
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "A sentence about embeddings and similarity.",
-         "Café naïve résumé, 1234 numbers!", "pooling   the hidden  states", "UPPER case, tabs\tand 日本語 🤖"]
+         "Café naïve résumé, 1234 numbers!", "pooling   the hidden  states", "UPPER case, tabs\tand 日本語 🤖",
+         "\uff21\uff22\uff23 full-width, no\u00a0break"]
 _ENC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
 
 # family -> (config class, model class, config kwargs, GGUF architecture, tokenizer kind, pooling)
@@ -46,7 +47,7 @@ FAMILIES = {
                        "wordpiece", "cls"),
     "roberta": ("RobertaConfig", "RobertaModel", dict(_ENC, max_position_embeddings=130), "bert", "bpe", "mean"),
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(_ENC, max_position_embeddings=130, type_vocab_size=1),
-                    "bert", "unigram", "mean"),
+                    "bert", "xlmr-spm", "mean"),
     "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=64, n_layers=2, n_heads=4, hidden_dim=96,
                                                                max_position_embeddings=128), "bert", "wordpiece",
                    "mean"),
@@ -133,12 +134,33 @@ def _llama_bpe():
                                                 pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
 
 
+def _xlmr_sentencepiece(folder):
+    """XLM-RoBERTa's real pipeline: a SentencePiece Unigram model (nmt_nfkc charsmap, whitespace collapsed, dummy
+    prefix) trained by sentencepiece, made a fast tokenizer by transformers' XLMRobertaTokenizer (fairseq ids:
+    <s> 0, <pad> 1, </s> 2, <unk> 3, pieces shifted by one); the tokenizers-trained Unigram without sentencepiece."""
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        return _unigram()
+    os.makedirs(folder, exist_ok=True)
+    text = os.path.join(folder, "train.txt")
+    with open(text, "w", encoding="utf-8") as fh:
+        fh.write("\n".join([_CORPUS[:200]] * 50 + ["UPPER case, tabs and 日本語 中文"]))
+    spm.SentencePieceTrainer.train(input=text, model_prefix=os.path.join(folder, "sentencepiece.bpe"),
+                                   vocab_size=150, model_type="unigram", character_coverage=1.0,
+                                   hard_vocab_limit=False, minloglevel=2)
+    os.remove(text)
+    return transformers.XLMRobertaTokenizer.from_pretrained(folder)
+
+
 _TOKENIZERS = {"wordpiece": _wordpiece, "bpe": _bpe, "unigram": _unigram, "llama-bpe": _llama_bpe}
 
 
 @pytest.fixture(scope="module")
-def tokenizers_by_kind():
-    return {k: f() for k, f in _TOKENIZERS.items()}
+def tokenizers_by_kind(tmp_path_factory):
+    out = {k: f() for k, f in _TOKENIZERS.items()}
+    out["xlmr-spm"] = _xlmr_sentencepiece(str(tmp_path_factory.mktemp("xlmr_spm")))
+    return out
 
 
 def _pooling_folder(folder, mode, dim):
