@@ -10,11 +10,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Three of the first ten families
-(gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` both ways (Gemma 2/3 layer
-types and attention scale, Phi-3's LongRoPE context); llama, mistral and mixtral write their GGUF keys from
-their rows, and a llama GGUF converts back through hand-checked code (`legacy`: Llama 3 RoPE factors from
-the `rope_freqs` tensor); their tensor names come from gguf-py like every other family's.
+Adding an architecture is a record here and a line in the test's table. Every family is a record both ways,
+the first ten included: a fact only some families have is a field (Llama 3's `rope_freqs` tensor, Phi-3's
+`longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` / `swa_keys` layer types
+and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -66,8 +65,6 @@ class Arch(NamedTuple):
     dropped: tuple[str, ...] = ()       # HF tensor suffixes llama.cpp has no use for
     hf_extra: Mapping[str, Any] = {}    # config.json entries this family fixes (GGUF -> HF)
     tied: bool = False                  # config.json's tie_word_embeddings default
-    legacy: bool = False                # config.json back from a GGUF by hf_export's hand-checked code (and,
-                                        # with no hparams rows, the GGUF keys too)
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
@@ -81,6 +78,19 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
+    odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
+                                        # hidden / heads (Phi-3)
+    orig_ctx: bool = False              # rope.scaling.original_context_length <-> original_max_position_embeddings
+    rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
+    longrope: bool = False              # Phi-3's LongRoPE: short/long factors as rope_factors_{short,long}.weight
+                                        # and rope.scaling.attn_factor, both ways
+    qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
+                                        # count (llama.cpp's 27B); a config saying otherwise warns
+    swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
+    swa_keys: bool = False              # Gemma 3: sliding_window_pattern (where layer_types is not the default)
+                                        # and rope.freq_base_swa <-> rope_parameters.sliding_attention
+    late: tuple[HParam, ...] = ()       # optional rows written last, None back when absent (Gemma's softcapping)
     position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
                                         # drops the rows before (and the context length shrinks by as many)
     window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
@@ -107,6 +117,8 @@ def _ln(name: str) -> HParam:
 _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
 _MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
+_SOFTCAP = (_p("final_logit_softcapping", "final_logit_softcapping", kind="f32"),
+            _p("attn_logit_softcapping", "attn_logit_softcapping", kind="f32"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 _MLA = (_p("attention.q_lora_rank", "q_lora_rank"), _p("attention.kv_lora_rank", "kv_lora_rank"))
 # DeepSeek-style MoE: routed experts, shared experts, dense leading layers, scaled (optionally normalised) weights
@@ -119,15 +131,13 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
            _p("expert_group_count", "n_group"), _p("expert_group_used_count", "topk_group"))
 
 _RECORDS: tuple[Arch, ...] = (
-    # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
-    # llama, Mistral, Mixtral: HF -> GGUF from the rows; a llama GGUF converts back through hand-checked code
-    # (Llama 3 RoPE factors from the rope_freqs tensor, the bias flags)
-    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
+    # llama, Mistral, Mixtral (a llama GGUF): the window whenever set, Llama 3 RoPE factors as a tensor
+    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
+         rope_freqs=True, hf_extra={"mlp_bias": False}),
+    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True),
+    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
     Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
@@ -139,9 +149,19 @@ _RECORDS: tuple[Arch, ...] = (
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
-    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
-    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
-    Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True, hf_prefer=(".gate_up_proj.", ".qkv_proj.")),
+    # Gemma 2/3: key_length always, no vocab_size key, llama.cpp's attention scale, alternating (Gemma 2) or every
+    # 6th layer global (Gemma 3: else a per-layer pattern, and the sliding layers' own theta), softcapping
+    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=46, swa_period=2, late=_SOFTCAP,
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
+         hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+    # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
+    # original context, attention factor)
+    Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
+         window_always=True, longrope=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."),
+         hf_extra={"hidden_act": "silu"}),
     # record-driven families
     Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,
