@@ -2,10 +2,13 @@
 
 HF -> GGUF: each `HParam` takes the first of its config.json names present (transformers 5 names first,
 then the legacy aliases: `n_embd`, `rotary_pct`, `n_ctx` ...), typed as gguf-py's writer types it. Besides the
-rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`), `rope.dimension_count` (head_dim, times
+rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`; legacy `global_rope_theta`,
+`rotary_emb_base`), `rope.dimension_count` (head_dim, times
 `partial_rotary_factor` / `rotary_pct` for partial-rotary families), `key_length`/`value_length` from an
 explicit `head_dim`, `vocab_size`, and what a record's flags add (Phi-3's original context and LongRoPE attention
-factor, Gemma's per-layer pattern, sliding-window RoPE base and softcapping rows).
+factor, Gemma's per-layer pattern, sliding-window RoPE base and softcapping rows; RoBERTa's context shortened
+by pad_token_id + 1; ModernBERT's window under `local_attention` and its sliding layers' RoPE base), and `str`
+rows (ModernBERT's `hidden_activation`).
 
 GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
 the tensors say (`tie_word_embeddings`, the family's attention-bias flag).
