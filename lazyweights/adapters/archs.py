@@ -110,6 +110,11 @@ class Arch(NamedTuple):
                                         # the gate/up halves split) for llama.cpp, joined back
     requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
                                         # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
+    position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
+                                        # drops the rows before (and the context length shrinks by as many)
+    window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
+    rope_swa: bool = False              # sliding layers' own RoPE base: rope.freq_base_swa <->
+                                        # rope_parameters.sliding_attention (ModernBERT)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -369,6 +374,48 @@ _RECORDS += (  # decoders
           _p("expert_count", "num_local_experts"), _MOE[1], _p("expert_feed_forward_length", "intermediate_size"),
           _p("interleave_moe_layer_step", "interleave_moe_layer_step")), head_dims=True,
          experts_in_out="feed_forward.experts", hf_prefer=(".feed_forward.",)),
+)
+_RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding GGUFs, pooling from modules.json
+    # the remote-code config.json names (n_embd, n_positions 8192 ...) are the legacy aliases; its trained context
+    # (max_trained_positions) is what llama.cpp's converter writes, as transformers 5's max_position_embeddings
+    Arch("nomic_bert", "nomic-bert", "NomicBertModel",
+         (_p("context_length", "max_position_embeddings", "max_trained_positions", "n_positions"), EMB, BLK, FFN,
+          HEAD, _ln("layer_norm_eps")),
+         embedding=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"},
+         hf_prefer=("encoder.layers.", "emb_ln")),
+    Arch("roberta", "bert", "RobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+         dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"), position_offset=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    Arch("xlm-roberta", "bert", "XLMRobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+         embedding=True, dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
+         position_offset=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    # DistilBERT: BERT without token types (llama.cpp's bert adds none; back as BertModel with a zero row) and
+    # LayerNorm eps fixed at 1e-12
+    Arch("distilbert", "bert", "DistilBertModel",
+         (CTX, _p("embedding_length", "dim", "hidden_size"), _p("block_count", "n_layers", "num_hidden_layers"),
+          _p("feed_forward_length", "hidden_dim", "intermediate_size"),
+          _p("attention.head_count", "n_heads", "num_attention_heads")), embedding=True,
+         dropped=("embeddings.position_ids",),
+         gguf_fixed={"attention.causal": False, "attention.layer_norm_epsilon": 1e-12}),
+    # ModernBERT: symmetric sliding window (local_attention) on all layers but every n-th, a GLU FFN (Wi holds
+    # [up; gate]) whose activation llama.cpp reads from hidden_activation, a RoPE base per layer type
+    Arch("modernbert", "modern-bert", "ModernBertModel",
+         (CTX, EMB, BLK, FFN, HEAD, _ln("norm_eps"), _p("hidden_activation", "hidden_activation", "hidden_act",
+                                                       kind="str")),
+         embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
+         gguf_fixed={"attention.causal": False}),
+    # EuroBERT: a bidirectional Llama (GQA, RMSNorm, SwiGLU, RoPE without llama.cpp's q/k permutation)
+    Arch("eurobert", "eurobert", "EuroBertModel", _LLAMA_LIKE, embedding=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
+    # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
+    # context shrinks by pad_token_id + 1 too). Its remote-code folders say model_type xlm-roberta with
+    # lora_adaptations (hf_export reads them as this record) and hold parametrized weights; their LoRA task
+    # adapters (llama.cpp: separate adapter GGUFs; not part of transformers' JinaEmbeddingsV3Model) are dropped
+    Arch("jina_embeddings_v3", "jina-bert-v3", "JinaEmbeddingsV3Model",
+         (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True, position_offset=True,
+         dropped=("pooler.dense.weight", "pooler.dense.bias", "0.lora_A", "0.lora_B"),
+         gguf_fixed={"attention.causal": False},
+         hf_extra={"hidden_act": "gelu"}, hf_prefer=("encoder.layers.", "emb_ln", ".mixer.", ".mlp.fc1.", ".mlp.fc2.")),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -77,6 +77,7 @@ NORM_SHIFT_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.norm_shift)
 # GGUF-only tensors with no Hugging Face counterpart.
 GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
+_PARAMETRIZED = ".parametrizations.weight.original"
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
 
 
@@ -270,6 +271,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         out[hf] = _renamed(wd, hf)
     if rec.layer_scalars and isinstance(md, Mapping):
         out.update(scalars_from_metadata(rec, md, arch, _names.layer_count(state), dequantize_to))
+    if rec.embedding and "token_types.weight" not in state and "token_embd.weight" in state:
+        out.update(_zero_token_types(state["token_embd.weight"], arch, expected_keys, dequantize_to))
     _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
     return out
 
@@ -346,6 +349,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     unknown: list[str] = []
     state = _stack_experts(state, arch)
     for name, value in state.items():
+        if name.endswith(_PARAMETRIZED):  # torch.nn.utils.parametrize's saved name (jina-embeddings-v3's LoRA)
+            name = name[: -len(_PARAMETRIZED)] + ".weight"
         dropped = rec.dropped + ("rotary_emb.inv_freq",) + tuple(sc[0] for sc in rec.layer_scalars)
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
@@ -379,6 +384,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = rope_permute(wd, n)
         if rec.transposed and name.endswith(rec.transposed):
             wd = transpose2d(wd)
+        if rec.position_offset and g == "position_embd.weight":
+            wd = wd[position_offset(config, name, wd.shape[0]):]
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
         if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
@@ -388,6 +395,29 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
+
+
+def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, WeightData]:
+    """An encoder GGUF without `token_types` (DistilBERT's): llama.cpp adds nothing, so the Hugging Face model
+    (BERT always adds token type 0's row) gets one zero row."""
+    import numpy as np
+
+    hf = gguf_name_to_hf("token_types.weight", arch, expected_keys)
+    wd = _as_wd(embd, "token_embd.weight")
+    if hf is None or wd.ndim != 2:
+        return {}
+    np_dtype = (DType.parse(dtype) if dtype is not None else DType.float32).to_numpy()
+    return {hf: WeightData.from_numpy(np.zeros((1, wd.shape[1]), dtype=np_dtype), hf)}
+
+
+def position_offset(config, name: str = "embeddings.position_embeddings.weight", rows: int | None = None) -> int:
+    """RoBERTa's first used position row, `pad_token_id + 1` (llama.cpp's converter drops the rows before it);
+    0 without a pad_token_id. ShapeError when `rows` leaves none."""
+    pad = _get(_text_config(config), "pad_token_id")
+    off = 0 if pad is None else int(pad) + 1
+    if rows is not None and off >= rows:
+        raise ShapeError(f"{name!r}: {rows} position rows, but positions start at pad_token_id + 1 = {off}")
+    return off
 
 
 def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:

@@ -273,6 +273,9 @@ def _cfg_get(cfg: Mapping[str, Any], key: str, default=None):
 
 
 def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    if doc.get("model_type") == "xlm-roberta" and doc.get("lora_adaptations"):
+        # jina-embeddings-v3's remote-code config (llama.cpp's converter: jina-bert-v3 when LoRA tasks are listed)
+        return dict(doc, model_type="jina_embeddings_v3")
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)

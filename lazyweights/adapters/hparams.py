@@ -2,10 +2,13 @@
 
 HF -> GGUF: each `HParam` takes the first of its config.json names present (transformers 5 names first,
 then the legacy aliases: `n_embd`, `rotary_pct`, `n_ctx` ...), typed as gguf-py's writer types it. Besides the
-rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`), `rope.dimension_count` (head_dim, times
+rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`; legacy `global_rope_theta`,
+`rotary_emb_base`), `rope.dimension_count` (head_dim, times
 `partial_rotary_factor` / `rotary_pct` for partial-rotary families), `key_length`/`value_length` from an
 explicit `head_dim`, `vocab_size`, and what a record's flags add (Phi-3's original context and LongRoPE attention
-factor, Gemma's per-layer pattern, sliding-window RoPE base and softcapping rows).
+factor, Gemma's per-layer pattern, sliding-window RoPE base and softcapping rows; RoBERTa's context shortened
+by pad_token_id + 1; ModernBERT's window under `local_attention` and its sliding layers' RoPE base), and `str`
+rows (ModernBERT's `hidden_activation`).
 
 GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
 the tensors say (`tie_word_embeddings`, the family's attention-bias flag).
@@ -22,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import FFN, KV, Arch, HParam
+from .archs import CTX, FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral": "attention_bias",
@@ -139,6 +142,8 @@ def _value(hp: HParam, v):
         return GGUFValue(float(v), T.FLOAT32)
     if hp.kind == "bool":
         return GGUFValue(bool(v), T.BOOL)
+    if hp.kind == "str":
+        return GGUFValue(str(v), T.STRING)
     return GGUFValue(int(v), T.UINT32)
 
 
@@ -168,6 +173,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
+    if rec.position_offset and found.get("context_length") is not None and cfg.get("pad_token_id") is not None:
+        found["context_length"] = int(found["context_length"]) - int(cfg["pad_token_id"]) - 1  # RoBERTa's offset
     md.update(_rows(rec, rec.hparams, found))
     for key, v in rec.gguf_fixed.items():
         if f"{a}.{key}" in md:
@@ -181,9 +188,11 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         if not rec.head_dims and not rec.odd_head_dim and f"{a}.attention.key_length" not in md:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
-    theta = _first(cfg, ("rope_theta",))
+    theta = _first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
+    if theta is None:
+        theta = cfg.get("rotary_emb_base")  # remote-code spelling (nomic-bert, old GPT-NeoX configs)
     if theta is not None:
         md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
     if rec.head_dims or (rec.odd_head_dim and head_dim != hidden // heads):
@@ -216,9 +225,17 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
             raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
                                   f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])
         md[f"{a}.rope.dimension_sections"] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
-    if rec.sliding and cfg.get("sliding_window") is not None:
-        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
+    window_hf = rec.window_hf or "sliding_window"
+    if rec.sliding and cfg.get(window_hf) is not None:
+        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg[window_hf]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+    if rec.rope_swa:
+        swa = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
+        params = cfg.get("rope_parameters")
+        if swa is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+            swa = params["sliding_attention"].get("rope_theta")
+        if swa is not None:
+            md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
     if rec.swa_keys:
         md.update(_swa_keys(rec, cfg))
     md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
@@ -371,6 +388,8 @@ def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         return [t == "sliding_attention" for t in types]
+    if cfg.get("global_attn_every_n_layers"):  # ModernBERT's legacy spelling: layer 0 and every n-th global
+        return [i % int(cfg["global_attn_every_n_layers"]) != 0 for i in range(n)]
     p = cfg.get("sliding_window_pattern", 4)
     if isinstance(p, str):  # "LLLG"
         return [p[i % len(p)] == "L" for i in range(n)]
@@ -396,7 +415,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             v = v[0]
         if v is not None and hp.kind not in ("prod", "sum"):
             _put(cfg, hp.hf[0], float(v) if hp.kind == "f32" else None if hp.kind == "f32n" and not v
-                 else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool" else int(v))
+                 else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool"
+                 else str(v) if hp.kind == "str" else int(v))
     for hp in rec.hparams:
         if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
             cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])
@@ -422,7 +442,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["sliding_window"] = int(window)
     if rec.sliding:
         window = get("attention.sliding_window")
-        cfg["sliding_window"] = int(window) if window else None
+        cfg[rec.window_hf or "sliding_window"] = int(window) if window else None
         pattern = get("attention.sliding_window_pattern")
         if isinstance(pattern, list):
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
@@ -446,12 +466,18 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
-    elif rec.swa_keys:  # Gemma 3: the sliding layers' own theta
+        pad = md.get("tokenizer.ggml.padding_token_id")
+        if rec.position_offset and pad is not None and get("context_length") is not None:
+            cfg[CTX.hf[0]] = int(get("context_length")) + int(pad) + 1  # RoBERTa's positions from pad + 1
+    if rec.swa_keys:  # Gemma 3: the sliding layers' own theta
         cfg["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
                                                         "rope_theta": float(get("rope.freq_base_swa", 10000.0))},
                                   "full_attention": rope}
-    else:
+    elif not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
+    if rec.rope_swa:
+        swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
+        cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names

@@ -94,8 +94,9 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
 def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
                     prefer: tuple[str, ...] = ()) -> str | None:
     """The Hugging Face name for a GGUF tensor: the candidate in `expected` (the model's own keys) if given;
-    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first),
-    then the first of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
+    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first;
+    among equals, the one holding more of them), then the first of transformers' llama-style names
+    (`model.layers.N.self_attn...`) in gguf-py's order."""
     cands = gguf_to_hf_candidates(name, arch)
     if not cands:
         return None
@@ -111,7 +112,8 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
             return hits[0]
         # none declared: transformers 5 renames some parameters inside the model (fused MoE experts) and maps
         # the saved names to them on load, so the saved-name candidates below are what a folder holds
-    return min(cands, key=lambda c: (_prefer_rank(c, prefer), _llama_style_rank(c), cands.index(c)))
+    return min(cands, key=lambda c: (_prefer_rank(c, prefer), -sum(p in c for p in prefer), _llama_style_rank(c),
+                                     cands.index(c)))
 
 
 def _prefer_rank(name: str, prefer: tuple[str, ...]) -> int:
