@@ -22,16 +22,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from test_arch_breadth import _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import _LLAMA_LIKE, _MLA, _SPECIAL, _kl, _logits, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 
-_SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
-_LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                   max_position_embeddings=128, **_SPECIAL)
-_MLA = dict(_LLAMA_LIKE, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
-            qk_rope_head_dim=8, v_head_dim=12, head_dim=8)
 _DS_MOE = dict(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
                routed_scaling_factor=1.5, norm_topk_prob=True)
 
