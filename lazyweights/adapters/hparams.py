@@ -230,10 +230,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg[window_hf]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     if rec.rope_swa:
-        swa = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
-        params = cfg.get("rope_parameters")
-        if swa is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
-            swa = params["sliding_attention"].get("rope_theta")
+        swa = _swa_theta(cfg)
         if swa is not None:
             md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
     if rec.swa_keys:
@@ -303,13 +300,21 @@ def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if isinstance(types, list) and types != _every_nth(n, rec.swa_period):
         out[f"{a}.attention.sliding_window_pattern"] = GGUFValue([t == "sliding_attention" for t in types],
                                                                  T.ARRAY, T.BOOL)
-    local = cfg.get("rope_local_base_freq")
-    params = cfg.get("rope_parameters")
-    if local is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
-        local = params["sliding_attention"].get("rope_theta")
+    local = _swa_theta(cfg)
     if local is not None and float(local) != 10000.0:
         out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
     return out
+
+
+def _swa_theta(cfg: Mapping[str, Any]):
+    """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
+    or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
+    the config has none."""
+    v = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
+    params = cfg.get("rope_parameters")
+    if v is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+        v = params["sliding_attention"].get("rope_theta")
+    return v
 
 
 def _every_nth(n: int, period: int) -> list[str]:
