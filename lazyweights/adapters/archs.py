@@ -491,6 +491,19 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
                                     "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0,
                                     "ssm_multipliers": [1.0] * 5, "ssm_in_multiplier": 1.0,
                                     "ssm_out_multiplier": 1.0}),
+    # Nemotron-H with MoE layers ("moe" in layers_block_type): llama.cpp's nemotron_h_moe (sigmoid router with a
+    # score bias, relu2 experts without a gate, a shared expert); hf_export reads such a config as this record
+    Arch("nemotron_h_moe", "nemotron_h_moe", "NemotronHForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _ln("layer_norm_epsilon"), _p("ssm.conv_kernel", "conv_kernel"),
+          _p("ssm.state_size", "ssm_state_size"), _p("ssm.group_count", "n_groups"),
+          _p("ssm.inner_size", "mamba_num_heads", "mamba_head_dim", kind="prod"),
+          _p("ssm.time_step_rank", "mamba_num_heads"), _p("expert_count", "n_routed_experts"), _MOE[1],
+          _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
+          _p("expert_shared_count", "n_shared_experts"), _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
+          _p("expert_weights_scale", "routed_scaling_factor", kind="f32"), _p("expert_group_count", "n_group")),
+         ssm=2, hybrid="layers_block_type", pad_vocab=8, experts="mixer.experts", hf_prefer=("backbone.",),
+         hf_extra={"model_type": "nemotron_h"}),
     # Jamba: Mamba (1) layers with RMS norms on dt, B and C, attention without RoPE every attn_layer_period-th
     # layer, per-expert MoE every expert_layer_period-th layer (dense MLP elsewhere); llama.cpp's conversion/jamba.py
     Arch("jamba", "jamba", "JambaForCausalLM",

@@ -661,7 +661,7 @@ def _split_experts(name: str, value, arch: str, dequantize_to) -> dict[str, Weig
     return out
 
 
-_HF_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
+_HF_EXPERT_RE = re.compile(r"^(?:model|backbone)\.layers\.(\d+)\.(.+)\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
 
 
 def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:

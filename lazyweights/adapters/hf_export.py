@@ -276,6 +276,9 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     if doc.get("model_type") == "xlm-roberta" and doc.get("lora_adaptations"):
         # jina-embeddings-v3's remote-code config (llama.cpp's converter: jina-bert-v3 when LoRA tasks are listed)
         return dict(doc, model_type="jina_embeddings_v3")
+    kinds = doc.get("layers_block_type") or doc.get("hybrid_override_pattern") or ()
+    if doc.get("model_type") == "nemotron_h" and ("moe" in kinds or "E" in kinds):
+        return dict(doc, model_type="nemotron_h_moe")  # llama.cpp's converter: nemotron_h_moe for MoE layers
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)

@@ -294,14 +294,16 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
     heads = int(found["attention.head_count"])
     kv = _kv_heads(rec, cfg, heads)
     kinds = layer_kinds(cfg, n)
-    if "moe" in kinds:
-        raise GGUFConfigError(f"config.json ({rec.model_type}): MoE layers in {kinds} are not supported yet",
+    if "moe" in kinds and not found.get("expert_count"):
+        raise GGUFConfigError(f"config.json ({rec.model_type}): MoE layers in {kinds} but no expert count",
                               [f"{a}.expert_count"])
     out = {f"{a}.attention.head_count_kv": GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY,
                                                      T.INT32)}
-    if "mlp" in kinds:  # Nemotron-H: MLP-only layers; llama.cpp reads a layer with no kv heads and no MLP as Mamba
+    if "mlp" in kinds or "moe" in kinds:  # Nemotron-H: MLP or MoE layers; no kv heads and no MLP: a Mamba layer
         ff = int(found.get("feed_forward_length") or 0)
-        out[f"{a}.feed_forward_length"] = GGUFValue([ff if k == "mlp" else 0 for k in kinds], T.ARRAY, T.INT32)
+        moe = int(found.get("expert_feed_forward_length") or 0)
+        out[f"{a}.feed_forward_length"] = GGUFValue([ff if k == "mlp" else moe if k == "moe" else 0 for k in kinds],
+                                                    T.ARRAY, T.INT32)
     if a == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
         out[f"{a}.rope.scaling.finetuned"] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
     return out
@@ -332,7 +334,8 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
         ff = ff if isinstance(ff, list) else [0] * len(kv)
         cfg["intermediate_size"] = max([int(f) for f in ff] + [0])
         cfg["mamba_head_dim"] = inner // int(get("ssm.time_step_rank"))
-        cfg["layers_block_type"] = ["full_attention" if k else "mlp" if f else "linear_attention"
+        mlp = "moe" if get("expert_count") else "mlp"
+        cfg["layers_block_type"] = ["full_attention" if k else mlp if f else "linear_attention"
                                     for k, f in zip(kv, ff)]
         return cfg
     cfg["mamba_expand"] = inner // hidden

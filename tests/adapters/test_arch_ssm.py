@@ -41,6 +41,9 @@ _GRANITE_HYBRID = dict(_HYBRID, num_local_experts=4, num_experts_per_tok=2, shar
                        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=1.0, logits_scaling=4.0,
                        initializer_range=0.2)
 
+_NEMOTRON = dict(_HYBRID, head_dim=16, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
+                 chunk_size=8, time_step_max=1.0, initializer_range=0.2, num_hidden_layers=3)
+
 # family -> (transformers config class, config kwargs, GGUF architecture, vocabulary multiple llama.cpp pads to)
 SSM_FAMILIES = {
     "mamba": ("MambaConfig", dict(_MAMBA), "mamba", 8),
@@ -58,10 +61,8 @@ SSM_FAMILIES = {
     "bamba": ("BambaConfig", dict(_HYBRID, attn_layer_indices=[1], initializer_range=0.2), "granitehybrid", 8),
     # Nemotron-H: Mamba-2, attention, relu2 MLP layers; dt initialised up to 1 (transformers clamps dt at
     # time_step_min, llama.cpp does not: that stays at its default 0.001)
-    "nemotron_h": ("NemotronHConfig", dict(_HYBRID, head_dim=16, layers_block_type=["mamba", "attention", "mlp"],
-                                          mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=8,
-                                          chunk_size=8, time_step_max=1.0,
-                                          initializer_range=0.2, num_hidden_layers=3), "nemotron_h", 8),
+    "nemotron_h": ("NemotronHConfig", dict(_NEMOTRON, layers_block_type=["mamba", "attention", "mlp"]), "nemotron_h",
+                   8),
     # Falcon-H1: parallel attention and Mamba-2 in each layer; every muP multiplier away from 1 (folded into the
     # weights), RoPE
     "falcon_h1": ("FalconH1Config", dict(_HYBRID, head_dim=24, mamba_d_ssm=128, initializer_range=0.2,
@@ -72,6 +73,11 @@ SSM_FAMILIES = {
                                          ssm_out_multiplier=0.9), "falcon-h1", 0),
     "falcon_h1_norm": ("FalconH1Config", dict(_HYBRID, head_dim=16, mamba_d_ssm=128, initializer_range=0.2,
                                               mamba_rms_norm=True, mamba_norm_before_gate=False), "falcon-h1", 0),
+    # Nemotron-H with a MoE layer (llama.cpp's nemotron_h_moe): sigmoid router with a score bias, shared expert
+    "nemotron_h_moe": ("NemotronHConfig", dict(_NEMOTRON, layers_block_type=["mamba", "attention", "moe"],
+                                              n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                              moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+                                              routed_scaling_factor=1.5), "nemotron_h_moe", 8),
     # Jamba: Mamba layer (dense MLP) then attention layer (4 experts), as Jamba's periods and offsets say
     "jamba": ("JambaConfig", dict(_HYBRID, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
                                   expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_dt_rank=4,
