@@ -81,6 +81,10 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    oai_experts: str = ""               # gpt-oss's fused experts under this prefix: gate_up_proj [E, in, 2 * ff]
+                                        # (gate/up interleaved), down_proj [E, ff, out], their biases, or the
+                                        # MXFP4 `*_blocks`/`*_scales` kept packed; `self_attn.sinks` too
+    yarn_truncate: bool | None = None   # config.json's rope_parameters.truncate back from a GGUF (gpt-oss: False)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -247,6 +251,12 @@ _RECORDS += (
     Arch("bert", "bert", "BertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+)
+_RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), attention sinks, sliding layers
+    Arch("gpt_oss", "gpt-oss", "GptOssForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("expert_feed_forward_length", "intermediate_size")),
+         sliding=True, oai_experts="mlp.experts", yarn_truncate=False),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -694,13 +694,17 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
 
 
 def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
-                     vocab_size: int | None = None, rope_freqs=None) -> dict[str, bytes]:
-    """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json,
-    generation_config.json and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
+                     vocab_size: int | None = None, rope_freqs=None,
+                     quantization_config: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json (with
+    `quantization_config` when given: gpt-oss's experts written back as MXFP4 blocks), generation_config.json
+    and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
     from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
 
     cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
                               rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs)
+    if quantization_config is not None:
+        cfg["quantization_config"] = dict(quantization_config)
     files = {
         "config.json": (json.dumps(cfg, indent=2) + "\n").encode(),
         "generation_config.json": (json.dumps(generation_config_from_gguf(metadata), indent=2) + "\n").encode(),
@@ -728,8 +732,12 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
 
         src = tensor_names["rope_freqs.weight"]
         freqs = lambda: as_weight_data(src, "rope_freqs.weight").to_numpy()  # noqa: E731  (read on save)
+    from .gguf_names import MXFP4_QUANTIZATION_CONFIG
+
+    # gpt-oss experts kept as MXFP4 `*_blocks` / `*_scales` (gguf_names._oai_experts_to_hf) need the config to say so
+    qcfg = MXFP4_QUANTIZATION_CONFIG if any(k.endswith("_proj_blocks") for k in adapted) else None
     out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab,
-                                               rope_freqs=freqs)
+                                               rope_freqs=freqs, quantization_config=qcfg)
     return out
 
 
