@@ -254,7 +254,8 @@ _RECORDS += (
 )
 _RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), attention sinks, sliding layers
     Arch("gpt_oss", "gpt-oss", "GptOssForCausalLM",
-         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
+          _p("expert_used_count", "num_experts_per_tok", "experts_per_token"),  # the latter: OpenAI's own name
           _p("expert_feed_forward_length", "intermediate_size")),
          sliding=True, oai_experts="mlp.experts", yarn_truncate=False),
 )
