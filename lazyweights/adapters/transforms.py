@@ -113,32 +113,30 @@ def transpose2d(wd: WeightData) -> WeightData:
 # `*_blocks`, byte k holding value 2k in its low nibble and 2k+1 in its high one. ggml's block_mxfp4 (17 bytes):
 # the same scale byte, then 16 bytes, byte j holding value j (low nibble) and j + 16 (high). The 4-bit codes and
 # the scale are the same on both sides (llama.cpp's converter moves bits only), so the repack is a nibble shuffle.
-# The graph has no bitwise ops: the nibbles are unpacked by ggml's Q4_0 dequantizer with a scale of exactly 1
-# (code - 8, exact in float32) and joined as `lo + 16 * hi + 136` (exact), which no value rounding can touch:
-# tests/adapters/test_arch_gpt_oss.py checks the bytes against an independent numpy repack.
-_Q4_0_SCALE_ONE = np.array([0x00, 0x3C], dtype=np.uint8)  # float16 1.0, little-endian
-_NIBBLE_POS = np.array([k // 2 + 16 * (k % 2) for k in range(32)])  # OCP value k in Q4_0's order (lows, highs)
+# The graph has no bitwise ops: the nibbles are unpacked by ggml's Q4_1 dequantizer with scale 1 and minimum 0
+# (the codes themselves, exact in float32, cast back to uint8) and joined as `lo + 16 * hi` in uint8 (at most
+# 15 + 240), so no value rounding can touch them: tests/adapters/test_arch_gpt_oss.py checks the bytes against
+# an independent numpy repack.
+_Q4_1_IDENTITY = np.array([0x00, 0x3C, 0x00, 0x00], dtype=np.uint8)  # float16 d = 1.0, m = 0.0, little-endian
+_NIBBLE_POS = np.array([k // 2 + 16 * (k % 2) for k in range(32)])  # OCP value k in Q4_1's order (lows, highs)
 _TO_GGML = (_NIBBLE_POS[:16], _NIBBLE_POS[16:])         # ggml byte j: values j, j + 16
-_FROM_GGML = (np.arange(0, 32, 2), np.arange(1, 32, 2))  # Q4_0 order of ggml bytes is value order; OCP: 2k, 2k+1
+_FROM_GGML = (np.arange(0, 32, 2), np.arange(1, 32, 2))  # Q4_1 order of ggml bytes is value order; OCP: 2k, 2k+1
 
 
 def _shuffle_nibbles(x, order):
     """uint8 [..., 16] -> uint8 [..., 16]: byte i = nibble order[0][i] | nibble order[1][i] << 4, nibbles
-    numbered as Q4_0 unpacks them (the 16 low nibbles, then the 16 high ones)."""
+    numbered as Q4_1 unpacks them (the 16 low nibbles, then the 16 high ones)."""
     from ..core.quantization import QuantizationEncoding
     from ..graph.elementwise import binary
 
     lead = x.shape[:-1]
     rows = int(np.prod(lead, dtype=np.int64))
-    one = ops.const(_Q4_0_SCALE_ONE.reshape(1, 1, 2))
-    scale = ops.take(one, np.zeros(rows, dtype=np.int64), 0)
-    blocks = ops.concat([scale, ops.reshape(x, (rows, 1, 16))], 2)
-    v = ops.dequantize(ops.reshape(blocks, (rows, 18)), QuantizationEncoding.Q4_0, DType.float32)  # code - 8
-    lo, hi = ops.take(v, order[0], 1), ops.take(v, order[1], 1)
-    sixteen = ops.const(np.full((1, 1), 16.0, np.float32))
-    bias = ops.const(np.full((1, 1), 136.0, np.float32))  # 8 + 16 * 8: the codes' offset in both nibbles
-    joined = binary("add", binary("add", lo, binary("mul", hi, sixteen)), bias)
-    return ops.reshape(ops.cast(joined, DType.uint8), lead + (16,))
+    head = ops.take(ops.const(_Q4_1_IDENTITY.reshape(1, 1, 4)), np.zeros(rows, dtype=np.int64), 0)
+    blocks = ops.reshape(ops.concat([head, ops.reshape(x, (rows, 1, 16))], 2), (rows, 20))
+    codes = ops.cast(ops.dequantize(blocks, QuantizationEncoding.Q4_1, DType.float32), DType.uint8)
+    lo, hi = ops.take(codes, order[0], 1), ops.take(codes, order[1], 1)
+    joined = binary("add", lo, binary("mul", hi, ops.const(np.full((1, 1), 16, np.uint8))))
+    return ops.reshape(joined, lead + (16,))
 
 
 def mxfp4_to_ggml(blocks: WeightData, scales: WeightData, name: str) -> WeightData:
