@@ -209,3 +209,20 @@ def test_blocks_not_fitting_scales_names_both(tokenizer, tmp_path):  # noqa: F81
                                          r"\[4, 64, 1\]"):
         export_gguf(hf, str(out))
     assert sorted(os.listdir(tmp_path)) == ["dense", "mxfp4"]
+
+
+def test_blocks_without_scales_names_the_missing_one(tokenizer, tmp_path):  # noqa: F811
+    from lazyweights.core.errors import MissingWeightError
+
+    dense = str(tmp_path / "dense")
+    make_gpt_oss(tokenizer, dense)
+    hf = str(tmp_path / "mxfp4")
+    make_mxfp4_folder(dense, hf)
+    st = os.path.join(hf, "model.safetensors")
+    state = safetensors_torch.load_file(st)
+    del state["model.layers.0.mlp.experts.gate_up_proj_scales"]
+    safetensors_torch.save_file(state, st, metadata={"format": "pt"})
+    with pytest.raises(MissingWeightError, match=r"'model\.layers\.0\.mlp\.experts\.gate_up_proj_blocks' has no "
+                                                 r"partner 'model\.layers\.0\.mlp\.experts\.gate_up_proj_scales'"):
+        export_gguf(hf, str(tmp_path / "x.gguf"))
+    assert sorted(os.listdir(tmp_path)) == ["dense", "mxfp4"]
