@@ -500,8 +500,9 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
 
 # llama.cpp's LlamaFileType for the type most 2-D tensors have (gguf-py constants.LlamaFileType).
 _FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
+                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
 _FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
+_MXFP4_MOE = 38  # LlamaFileType.MOSTLY_MXFP4_MOE: gpt-oss's experts kept as MXFP4, the rest float
 
 
 def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
@@ -525,6 +526,8 @@ def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
     if not weight:
         return 0, quantized
     top = max(weight, key=weight.__getitem__)
+    if "MXFP4" in weight and top in _FILE_TYPE_BY_DTYPE:
+        return _MXFP4_MOE, quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE whatever else
     if top in _FILE_TYPE_BY_ENCODING:
         return _FILE_TYPE_BY_ENCODING[top], quantized
     if top in _FILE_TYPE_BY_DTYPE:

@@ -171,6 +171,7 @@ def test_gpt_oss_mxfp4_experts_kept_packed(tokenizer, tmp_path):  # noqa: F811
     path = str(tmp_path / "model.gguf")
     export_gguf(hf, path)
     r = gguf.GGUFReader(path)
+    assert _field(r, "general.file_type") == [int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)]  # as llama.cpp's converter
     t = {x.name: x for x in r.tensors}
     for layer in range(2):
         b, s = raw[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
@@ -228,3 +229,20 @@ def test_blocks_without_scales_names_the_missing_one(tokenizer, tmp_path):  # no
                                                  r"partner 'model\.layers\.0\.mlp\.experts\.gate_up_proj_scales'"):
         export_gguf(hf, str(tmp_path / "x.gguf"))
     assert sorted(os.listdir(tmp_path)) == ["dense", "mxfp4"]
+
+
+def test_mxfp4_file_type_whatever_dominates():
+    """llama.cpp's converter calls any file with MXFP4 experts MOSTLY_MXFP4_MOE (38): whether the experts hold most
+    bytes (the real gpt-oss) or float tensors do (the tiny test model)."""
+    from lazyweights import WeightData
+    from lazyweights.adapters.hf_export import file_type_of
+    from lazyweights.core.quantization import QuantizationEncoding
+
+    def mx(rows):
+        return WeightData.wrap(WeightData.from_numpy(np.zeros((rows, 17), np.uint8), "e").node, "e",
+                               QuantizationEncoding.MXFP4)
+
+    small = WeightData.from_numpy(np.zeros((8, 8), np.float32), "w")
+    assert file_type_of({"e": mx(1000), "w": small}) == (int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE), True)
+    assert file_type_of({"e": mx(1), "w": small}) == (int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE), True)
+    assert file_type_of({"w": small}) == (int(gguf.LlamaFileType.ALL_F32), False)
