@@ -77,6 +77,8 @@ EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
 }
 EXPERTS.update({a.gguf: (a.experts, {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj",
                                      "ffn_up_exps": "up_proj"}) for a in ARCHS.values() if a.experts})
+# Weights llama.cpp's converter always stores in float32 (besides 1-D tensors and biases).
+_ALWAYS_F32 = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 # 1-D in GGUF, [1, n] in Hugging Face.
 _ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
 # Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).
@@ -271,7 +273,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
                strict: bool = True) -> dict[str, WeightData]:
     """Rename a Hugging Face state dict to GGUF names (gguf-py's table) for export, applying llama.cpp's
     conversions lazily as the family's record says: q/k RoPE row permutation, norm shift (Gemma +1), Conv1D
-    transposes, fused qkv regrouping; 1-D tensors cast to `norm_dtype` (float32, as llama.cpp stores
+    transposes, fused qkv regrouping; 1-D tensors, biases of any rank (gpt-oss's expert biases: llama.cpp's
+    add_id needs them float32) and router weights (`ffn_gate_inp`) cast to `norm_dtype` (float32, as llama.cpp stores
     them; None keeps their dtype)."""
     arch = _arch_of(config, arch)
     rec = _check_arch(arch)
@@ -312,8 +315,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = transpose2d(wd)
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
-        if norm_dtype is not None and wd.ndim == 1 and wd.quantization_encoding is None and wd.dtype.is_float:
-            wd = wd.astype(norm_dtype)
+        if norm_dtype is not None and (wd.ndim == 1 or g.endswith(".bias") or _part(g) in _ALWAYS_F32) and \
+                wd.quantization_encoding is None and wd.dtype.is_float:
+            wd = wd.astype(norm_dtype)  # llama.cpp's converter: 1-D tensors, every bias, router weights in float32
         if rec.norm_shift and name.endswith("norm.weight"):
             wd = _add_scalar(wd, rec.norm_shift)
         out[g] = _renamed(wd, g)

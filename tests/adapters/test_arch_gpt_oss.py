@@ -12,6 +12,8 @@ RoPE, attention sinks, the shared tiny tokenizer of test_arch_round_trip):
    repack of the source bytes (llama.cpp's converter's layout: scale byte, then value j | value j + 16 << 4),
    llama.cpp's logits match transformers' on that checkpoint, and GGUF -> HF writes the packed blocks back
    byte-identical with the quantization_config, which transformers loads with the same logits.
+   With the other tensors bf16 as published, biases and the router are float32 in the GGUF (llama.cpp's add_id
+   aborts on a bf16 bias) and llama.cpp runs it.
 3. a `_blocks` tensor whose shape does not fit its `_scales`: the error names both tensors and shapes; nothing
    is written.
 """
@@ -81,8 +83,9 @@ def repack_numpy(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return out.reshape(out.shape[:-2] + (-1,))
 
 
-def make_mxfp4_folder(src, dst):
-    """The unquantized folder `src` with its experts rewritten in the published MXFP4 layout: `dst`."""
+def make_mxfp4_folder(src, dst, other=None):
+    """The unquantized folder `src` with its experts rewritten in the published MXFP4 layout: `dst` (the other
+    tensors, expert biases included, cast to `other`: the published checkpoints' are bf16)."""
     os.makedirs(dst)
     state = safetensors_torch.load_file(os.path.join(src, "model.safetensors"))
     out, raw = {}, {}
@@ -93,10 +96,12 @@ def make_mxfp4_folder(src, dst):
             out[k + "_blocks"], out[k + "_scales"] = torch.from_numpy(b), torch.from_numpy(s)
             raw[k] = (b, s)
         else:
-            out[k] = v
+            out[k] = v if other is None else v.to(other)
     safetensors_torch.save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(src, "config.json")) as fh:
         cfg = json.load(fh)
+    if other is not None:
+        cfg["dtype"] = str(other).removeprefix("torch.")
     cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
     with open(os.path.join(dst, "config.json"), "w") as fh:
@@ -194,6 +199,35 @@ def test_gpt_oss_mxfp4_experts_kept_packed(tokenizer, tmp_path):  # noqa: F811
         np.testing.assert_array_equal(saved[name + "_blocks"].numpy(), b)
         np.testing.assert_array_equal(saved[name + "_scales"].numpy(), s)
     np.testing.assert_allclose(_logits(_load_hf(back), ids), ref, rtol=0, atol=1e-4)
+
+
+def test_gpt_oss_bf16_published_layout(tokenizer, tmp_path):  # noqa: F811
+    """The published layout: MXFP4 experts, every other tensor bf16. llama.cpp's converter stores every bias and the
+    router weight as float32 (llama.cpp's add_id aborts on a bf16 expert bias); the bf16 weights keep their bytes."""
+    dense = str(tmp_path / "dense")
+    make_gpt_oss(tokenizer, dense)
+    hf = str(tmp_path / "mxfp4")
+    make_mxfp4_folder(dense, hf, other=torch.bfloat16)
+    ids = tokenizer(PROMPT)["input_ids"]
+    ref = _logits(_load_hf(hf), ids)
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    t = {x.name: x for x in gguf.GGUFReader(path).tensors}
+    f32 = ("ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias", "ffn_gate_inp.weight", "ffn_gate_inp.bias",
+           "attn_q.bias", "attn_sinks.weight", "attn_norm.weight")
+    assert {n: t[f"blk.0.{n}"].tensor_type.name for n in f32} == {n: "F32" for n in f32}
+    src = safetensors_torch.load_file(os.path.join(hf, "model.safetensors"))
+    q = t["blk.0.attn_q.weight"]
+    assert q.tensor_type == gguf.GGMLQuantizationType.BF16
+    np.testing.assert_array_equal(np.asarray(q.data).view(np.uint16).reshape(-1),
+                                  src["model.layers.0.self_attn.q_proj.weight"].view(torch.int16).numpy()
+                                  .view(np.uint16).reshape(-1))
+    np.testing.assert_array_equal(np.asarray(t["blk.0.ffn_up_exps.bias"].data),
+                                  src["model.layers.0.mlp.experts.gate_up_proj_bias"].float().numpy()[:, 1::2])
+    # llama.cpp multiplies bf16 weights by bf16-rounded activations (transformers in float32 here): a router near a
+    # tie may pick another expert at a position, so the distribution is compared at the median position
+    kl = _kl(ref, llama_cpp_logits(path, ids))
+    assert np.median(kl) < 1e-4, f"median KL {np.median(kl):.3g} (max {kl.max():.3g})"
 
 
 def test_blocks_not_fitting_scales_names_both(tokenizer, tmp_path):  # noqa: F811
