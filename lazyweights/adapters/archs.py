@@ -10,11 +10,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes
   when converting back (`hf_extra`).
 
-Adding an architecture is a record here and a line in the test's table. Three of the first ten families
-(gemma2, gemma3, phi3) keep their hand-checked hyperparameter code in `hf_export` both ways (Gemma 2/3 layer
-types and attention scale, Phi-3's LongRoPE context); llama, mistral and mixtral write their GGUF keys from
-their rows, and a llama GGUF converts back through hand-checked code (`legacy`: Llama 3 RoPE factors from
-the `rope_freqs` tensor); their tensor names come from gguf-py like every other family's.
+Adding an architecture is a record here and a line in the test's table. Every family is a record both ways,
+the first ten included: a fact only some families have is a field (Llama 3's `rope_freqs` tensor, Phi-3's
+`longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` / `swa_keys` layer types
+and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -37,8 +36,12 @@ from ..core.errors import UnsupportedArchitectureError
 
 class HParam(NamedTuple):
     """One GGUF hyperparameter: `{arch}.{key}` <-> the first of `hf` found in config.json (`hf[0]` is written
-    back). `kind`: u32, f32, bool, or `prod`: a u32 that is the product of every name in `hf` (all present),
-    derived one way only (its factors are rows of their own)."""
+    back). `kind`: u32, f32, bool, `prod`: a u32 that is the product of every name in `hf` (all present),
+    derived one way only (its factors are rows of their own), `f32n`: an f32 whose 0 stands for null (DBRX's
+    clip_qkv: llama.cpp clamps only above 0), `sum`: a u32 that is the sum of every name in `hf`
+    (all present), `hf[0]` written back as the value less the others (rows of their own), or `lead`: a u32
+    written back under `hf[0]`
+    whose source may also be a per-layer MLP type list, counted as its leading "dense" entries."""
 
     key: str
     hf: tuple[str, ...]
@@ -66,8 +69,6 @@ class Arch(NamedTuple):
     dropped: tuple[str, ...] = ()       # HF tensor suffixes llama.cpp has no use for
     hf_extra: Mapping[str, Any] = {}    # config.json entries this family fixes (GGUF -> HF)
     tied: bool = False                  # config.json's tie_word_embeddings default
-    legacy: bool = False                # config.json back from a GGUF by hf_export's hand-checked code (and,
-                                        # with no hparams rows, the GGUF keys too)
     embedding: bool = False             # encoder (llama.cpp embedding GGUF)
     gguf_fixed: Mapping[str, Any] = {}  # GGUF keys llama.cpp needs that the config does not hold
     hf_prefer: tuple[str, ...] = ()     # GGUF -> HF without transformers: gguf-py candidates holding these win
@@ -81,6 +82,39 @@ class Arch(NamedTuple):
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
+    no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
+    odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
+                                        # hidden / heads (Phi-3)
+    orig_ctx: bool = False              # rope.scaling.original_context_length <-> original_max_position_embeddings
+    rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
+    longrope: bool = False              # Phi-3's LongRoPE: short/long factors as rope_factors_{short,long}.weight
+                                        # and rope.scaling.attn_factor, both ways
+    qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
+                                        # count (llama.cpp's 27B); a config saying otherwise warns
+    swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
+    swa_keys: bool = False              # Gemma 3: sliding_window_pattern (where layer_types is not the default)
+                                        # and rope.freq_base_swa <-> rope_parameters.sliding_attention
+    late: tuple[HParam, ...] = ()       # optional rows written last, None back when absent (Gemma's softcapping)
+    fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
+                                        # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
+    expert_names: tuple[str, str, str] = ("gate_proj", "down_proj", "up_proj")  # HF per-expert gate, down, up
+                                        # projection names under `experts` (MiniMax-M2: w1, w2, w3)
+    layer_scalars: tuple[tuple[str, str, int], ...] = ()  # (HF per-layer scalar tensor suffix, GGUF per-layer
+                                        # array key in full, its HF ndim): values llama.cpp keeps as metadata
+                                        # (xIELU's, under the global keys xielu.*)
+    flat_experts: str = ""              # HF experts stored flat, one [n_expert * ff, hidden] tensor per projection
+                                        # (`expert_names`; down transposed per expert) under this prefix, `{bid}`
+                                        # the layer (DBRX), <-> llama.cpp's stacked [n_expert, rows, cols]
+    experts_in_out: str = ""            # HF prefix in a layer holding gate_up_proj [n_expert, hidden, 2 * ff] and
+                                        # down_proj [n_expert, ff, hidden] ([in, out]: Llama 4), transposed (and
+                                        # the gate/up halves split) for llama.cpp, joined back
+    requires: Mapping[str, Any] = {}    # config.json values llama.cpp's graph hard-codes (AFMoE's muP embedding
+                                        # scale): HF -> GGUF refuses a config without them, GGUF -> HF writes them
+    position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
+                                        # drops the rows before (and the context length shrinks by as many)
+    window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
+    rope_swa: bool = False              # sliding layers' own RoPE base: rope.freq_base_swa <->
+                                        # rope_parameters.sliding_attention (ModernBERT)
     oai_experts: str = ""               # gpt-oss's fused experts under this prefix: gate_up_proj [E, in, 2 * ff]
                                         # (gate/up interleaved), down_proj [E, ff, out], their biases, or the
                                         # MXFP4 `*_blocks`/`*_scales` kept packed; `self_attn.sinks` too
@@ -106,6 +140,8 @@ def _ln(name: str) -> HParam:
 _LLAMA_LIKE = (*BASE, KV, RMS)
 _QK_NORM = (".q_norm.", ".k_norm.")
 _MOE = (_p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "num_experts_per_tok"))
+_SOFTCAP = (_p("final_logit_softcapping", "final_logit_softcapping", kind="f32"),
+            _p("attn_logit_softcapping", "attn_logit_softcapping", kind="f32"))
 _ROTARY_BUFFERS = ("rotary_emb.inv_freq",)
 _MLA = (_p("attention.q_lora_rank", "q_lora_rank"), _p("attention.kv_lora_rank", "kv_lora_rank"))
 # DeepSeek-style MoE: routed experts, shared experts, dense leading layers, scaled (optionally normalised) weights
@@ -118,15 +154,13 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
            _p("expert_group_count", "n_group"), _p("expert_group_used_count", "topk_group"))
 
 _RECORDS: tuple[Arch, ...] = (
-    # the first ten families: tensor names from gguf-py, hyperparameters from hf_export
-    # llama, Mistral, Mixtral: HF -> GGUF from the rows; a llama GGUF converts back through hand-checked code
-    # (Llama 3 RoPE factors from the rope_freqs tensor, the bias flags)
-    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, legacy=True, head_dims=True,
-         window_always=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
+    # llama, Mistral, Mixtral (a llama GGUF): the window whenever set, Llama 3 RoPE factors as a tensor
+    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
+         rope_freqs=True, hf_extra={"mlp_bias": False}),
+    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True),
+    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+         window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
     Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
@@ -138,9 +172,19 @@ _RECORDS: tuple[Arch, ...] = (
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
-    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", norm_shift=1.0, tied=True, legacy=True),
-    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", norm_shift=1.0, tied=True, legacy=True, hf_prefer=_QK_NORM),
-    Arch("phi3", "phi3", "Phi3ForCausalLM", legacy=True, hf_prefer=(".gate_up_proj.", ".qkv_proj.")),
+    # Gemma 2/3: key_length always, no vocab_size key, llama.cpp's attention scale, alternating (Gemma 2) or every
+    # 6th layer global (Gemma 3: else a per-layer pattern, and the sliding layers' own theta), softcapping
+    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=46, swa_period=2, late=_SOFTCAP,
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+         window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
+         hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+    # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
+    # original context, attention factor)
+    Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
+         window_always=True, longrope=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."),
+         hf_extra={"hidden_act": "silu"}),
     # record-driven families
     Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,
@@ -252,6 +296,131 @@ _RECORDS += (
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
+_RECORDS += (  # decoders
+    # InternLM3: llama.cpp's converter writes a llama GGUF (its rope dimension from head_dim); back as llama
+    Arch("internlm3", "llama", "InternLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True),
+    # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
+    Arch("glm", "chatglm", "GlmForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    # GraniteMoeShared: granitemoe plus a shared expert whose fused [gate; up] llama.cpp stores split
+    Arch("granitemoeshared", "granitemoe", "GraniteMoeSharedForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("embedding_scale", "embedding_multiplier", kind="f32"),
+          _p("residual_scale", "residual_multiplier", kind="f32"),
+          _p("attention.scale", "attention_multiplier", kind="f32"),
+          _p("logit_scale", "logits_scaling", kind="f32"),
+          _p("expert_shared_feed_forward_length", "shared_intermediate_size")), rope_permute=True,
+         fused_gate_up_exps="block_sparse_moe.input_linear", fused_gate_up_shexp="shared_mlp.input_linear",
+         hf_prefer=(".output_linear.", ".router.layer.")),
+    # EXAONE MoE (K-EXAONE): DeepSeek-V3-style sigmoid router with a score bias, shared experts, qk norms,
+    # sliding-window layers (the global ones without RoPE in both)
+    Arch("exaone_moe", "exaone-moe", "ExaoneMoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"),
+          _p("expert_shared_feed_forward_length", "moe_intermediate_size", "num_shared_experts", kind="prod"),
+          _p("expert_weights_scale", "routed_scaling_factor", kind="f32"),
+          _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
+          _p("leading_dense_block_count", "first_k_dense_replace")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM),
+         gguf_fixed={"expert_gating_func": 2}),  # sigmoid
+    # GLM-4.7-Flash: DeepSeek-V3's MLA and sigmoid-routed experts (a deepseek2 GGUF, back as deepseek_v3); its
+    # config may say the dense lead layers only as mlp_layer_types
+    Arch("glm4_moe_lite", "deepseek2", "Glm4MoeLiteForCausalLM",
+         (*BASE, RMS, *(hp if hp.key != "leading_dense_block_count" else
+                        _p(hp.key, "first_k_dense_replace", "mlp_layer_types", kind="lead") for hp in _DS_MOE), *_MLA),
+         mla=True, experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),
+    # Solar Open: llama.cpp's converter writes it as GLM-4.5 (glm4moe; back as glm4_moe), full rotary, every
+    # layer MoE (its config has no first_k_dense_replace; GLM-4.5's defaults to 1)
+    Arch("solar_open", "glm4moe", "SolarOpenForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+         hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2, "leading_dense_block_count": 0}),
+    # AFMoE (Arcee Trinity): gated attention, qk norms, pre/post norms, sigmoid router with a bias, shared experts,
+    # sliding-window layers (RoPE on those only: llama.cpp skips it every 4th layer, the real models' global ones);
+    # llama.cpp always renormalizes the top-k weights and scales the embeddings by sqrt(hidden) (muP)
+    Arch("afmoe", "afmoe", "AfmoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_count", "num_shared_experts"), _p("leading_dense_block_count", "num_dense_layers"),
+          _p("expert_weights_scale", "route_scale", kind="f32")),
+         sliding=True, experts="mlp.experts", hf_prefer=(".router.gate.", *_QK_NORM),
+         gguf_fixed={"expert_weights_norm": True, "expert_gating_func": 2}, requires={"mup_enabled": True}),
+    # MiniMax-M2: Mixtral-style experts (w1/w2/w3) under a sigmoid router with a score bias, whole-width qk norms,
+    # partial rotary; llama.cpp's graph always renormalizes the top-k weights, as transformers does
+    Arch("minimax_m2", "minimax-m2", "MiniMaxM2ForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
+          _p("expert_feed_forward_length", "intermediate_size")), partial_rotary=True,
+         experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3"),
+         hf_prefer=(".block_sparse_moe.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
+    # Apertus: qk norms, an up/down MLP with the xIELU activation, whose four per-layer scalars llama.cpp keeps as
+    # metadata arrays (the raw parameters; its kernel applies the softplus as transformers does)
+    Arch("apertus", "apertus", "ApertusForCausalLM", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
+         layer_scalars=(("mlp.act_fn.alpha_n", "xielu.alpha_n", 1), ("mlp.act_fn.alpha_p", "xielu.alpha_p", 1),
+                        ("mlp.act_fn.beta", "xielu.beta", 0), ("mlp.act_fn.eps", "xielu.eps", 0))),
+    # MiniCPM3: DeepSeek-style low-rank q and kv (kv_b kept whole), key = nope + rope dims; llama.cpp's graph
+    # hard-codes the muP scales of the released 4B
+    Arch("minicpm3", "minicpm3", "MiniCPM3ForCausalLM",
+         (*_LLAMA_LIKE, *_MLA, _p("attention.key_length", "qk_nope_head_dim", "qk_rope_head_dim", kind="sum"),
+          _p("attention.value_length", "v_head_dim"), _p("rope.dimension_count", "qk_rope_head_dim")), tied=True,
+         requires={"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}),
+    # DBRX: nested attn_config / ffn_config, fused [q; k; v], bias-free LayerNorms (eps 1e-5, fixed in both), flat
+    # experts (gate w1, up v1, down w2 transposed per expert), qkv clamp (none: 0)
+    Arch("dbrx", "dbrx", "DbrxForCausalLM",
+         (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"),
+          _p("embedding_length", "ffn_config.hidden_size", "d_model"), _p("block_count", "n_layers"),
+          _p("feed_forward_length", "ffn_config.ffn_hidden_size"), _p("attention.head_count", "n_heads"),
+          _p("attention.head_count_kv", "attn_config.kv_n_heads", "num_key_value_heads"),
+          _p("rope.freq_base", "attn_config.rope_theta", "rope_theta", kind="f32"),
+          _p("attention.clamp_kqv", "attn_config.clip_qkv", kind="f32n"),
+          _p("expert_count", "ffn_config.moe_num_experts"), _p("expert_used_count", "ffn_config.moe_top_k")),
+         flat_experts="transformer.blocks.{bid}.ffn.experts.mlp", expert_names=("w1", "w2", "v1"),
+         gguf_fixed={"attention.layer_norm_epsilon": 1e-5, "attention.clamp_kqv": 0.0}),
+    # Llama 4's text model: MoE every interleave_moe_layer_step-th layer (top-k sigmoid weights on the input, a
+    # shared expert), [in, out] fused experts, RoPE-free every 4th layer with temperature tuning, L2 qk norms
+    Arch("llama4_text", "llama4", "Llama4ForCausalLM",
+         (CTX, EMB, BLK, _p("feed_forward_length", "intermediate_size_mlp"), HEAD, KV, RMS,
+          _p("expert_count", "num_local_experts"), _MOE[1], _p("expert_feed_forward_length", "intermediate_size"),
+          _p("interleave_moe_layer_step", "interleave_moe_layer_step")), head_dims=True,
+         experts_in_out="feed_forward.experts", hf_prefer=(".feed_forward.",)),
+)
+_RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding GGUFs, pooling from modules.json
+    # the remote-code config.json names (n_embd, n_positions 8192 ...) are the legacy aliases; its trained context
+    # (max_trained_positions) is what llama.cpp's converter writes, as transformers 5's max_position_embeddings
+    Arch("nomic_bert", "nomic-bert", "NomicBertModel",
+         (_p("context_length", "max_position_embeddings", "max_trained_positions", "n_positions"), EMB, BLK, FFN,
+          HEAD, _ln("layer_norm_eps")),
+         embedding=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"},
+         hf_prefer=("encoder.layers.", "emb_ln")),
+    Arch("roberta", "bert", "RobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+         dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"), position_offset=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    Arch("xlm-roberta", "bert", "XLMRobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+         embedding=True, dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
+         position_offset=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
+    # DistilBERT: BERT without token types (llama.cpp's bert adds none; back as BertModel with a zero row) and
+    # LayerNorm eps fixed at 1e-12
+    Arch("distilbert", "bert", "DistilBertModel",
+         (CTX, _p("embedding_length", "dim", "hidden_size"), _p("block_count", "n_layers", "num_hidden_layers"),
+          _p("feed_forward_length", "hidden_dim", "intermediate_size"),
+          _p("attention.head_count", "n_heads", "num_attention_heads")), embedding=True,
+         dropped=("embeddings.position_ids",),
+         gguf_fixed={"attention.causal": False, "attention.layer_norm_epsilon": 1e-12}),
+    # ModernBERT: symmetric sliding window (local_attention) on all layers but every n-th, a GLU FFN (Wi holds
+    # [up; gate]) whose activation llama.cpp reads from hidden_activation, a RoPE base per layer type
+    Arch("modernbert", "modern-bert", "ModernBertModel",
+         (CTX, EMB, BLK, FFN, HEAD, _ln("norm_eps"), _p("hidden_activation", "hidden_activation", "hidden_act",
+                                                       kind="str")),
+         embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
+         gguf_fixed={"attention.causal": False}),
+    # EuroBERT: a bidirectional Llama (GQA, RMSNorm, SwiGLU, RoPE without llama.cpp's q/k permutation)
+    Arch("eurobert", "eurobert", "EuroBertModel", _LLAMA_LIKE, embedding=True,
+         gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
+    # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
+    # context shrinks by pad_token_id + 1 too). Its remote-code folders say model_type xlm-roberta with
+    # lora_adaptations (hf_export reads them as this record) and hold parametrized weights; their LoRA task
+    # adapters (llama.cpp: separate adapter GGUFs; not part of transformers' JinaEmbeddingsV3Model) are dropped
+    Arch("jina_embeddings_v3", "jina-bert-v3", "JinaEmbeddingsV3Model",
+         (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True, position_offset=True,
+         dropped=("pooler.dense.weight", "pooler.dense.bias", "0.lora_A", "0.lora_B"),
+         gguf_fixed={"attention.causal": False},
+         hf_extra={"hidden_act": "gelu"}, hf_prefer=("encoder.layers.", "emb_ln", ".mixer.", ".mlp.fc1.", ".mlp.fc2.")),
+)
 _RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), attention sinks, sliding layers
     Arch("gpt_oss", "gpt-oss", "GptOssForCausalLM",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
@@ -276,10 +445,15 @@ def arch_for_model_type(model_type: Any) -> Arch:
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
-    window: olmo3; deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
+    window: olmo3; a later record of the same architecture when the file holds a key of its own rows;
+    deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
     if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
         return ARCHS["mixtral"]
     matches = [a for a in _RECORDS if a.gguf == arch]
+    if len(matches) > 1 and md is not None:  # a later record whose own rows' keys the file holds (granitemoeshared)
+        base = {hp.key for hp in (*matches[0].hparams, *matches[0].tail)}
+        own = [a for a in matches[1:] if any(hp.key not in base and f"{arch}.{hp.key}" in md for hp in a.hparams)]
+        matches = own or matches
     if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
         gating = int(md[f"{arch}.expert_gating_func"])
         matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches

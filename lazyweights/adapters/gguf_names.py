@@ -75,8 +75,8 @@ EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
     "olmoe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
 }
-EXPERTS.update({a.gguf: (a.experts, {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj",
-                                     "ffn_up_exps": "up_proj"}) for a in ARCHS.values() if a.experts})
+EXPERTS.update({a.gguf: (a.experts, dict(zip(("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), a.expert_names)))
+                for a in ARCHS.values() if a.experts})
 # Weights llama.cpp's converter always stores in float32 (besides 1-D tensors and biases).
 _ALWAYS_F32 = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 # 1-D in GGUF, [1, n] in Hugging Face.
@@ -88,6 +88,7 @@ NORM_SHIFT_ARCHS = frozenset(a.gguf for a in ARCHS.values() if a.norm_shift)
 # GGUF-only tensors with no Hugging Face counterpart.
 GGUF_ONLY = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
+_PARAMETRIZED = ".parametrizations.weight.original"
 _GGUF_LAYER_RE = re.compile(r"^blk\.(\d+)\.([A-Za-z0-9_]+)\.(weight|bias)$")
 
 
@@ -211,7 +212,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     describes); by default those of the family's model with transformers' default config.
     """
     arch = _arch_of(config, arch)
-    rec = _check_arch(arch)
+    md = getattr(config, "metadata", None)  # a GGUFConfig: its keys pick among records of one architecture
+    rec = arch_for_gguf(arch, md if isinstance(md, Mapping) else None)
     if dequantize_to is not None:
         dequantize_to = DType.parse(dequantize_to)
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
@@ -226,18 +228,35 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     if rec.mla:
         state = _join_kv_b(state)
+    if rec.fused_gate_up_shexp:
+        state = _join_pair(state, ("ffn_gate_shexp", "ffn_up_shexp"), rec.fused_gate_up_shexp)
+    if rec.experts_in_out:
+        state = _experts_in_out_from_gguf(state, rec.experts_in_out)
     if rec.oai_experts:
         state, ready = _oai_experts_to_hf(state, rec.oai_experts, dequantize_to)
         out.update(ready)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
-        if (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
-                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")):
+        if (rec.experts_in_out and name.startswith("model.layers.")) or \
+                (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
+                (rec.mla and name.endswith("self_attn.kv_b_proj.weight")) or \
+                (rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight")):
             wd = _as_wd(value, name)
             if dequantize_to is not None and wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
             out[name] = _renamed(wd, name)
+            continue
+        if rec.flat_experts and (m := _GGUF_LAYER_RE.match(name)) and m[2] in _FLAT_PARTS:
+            flat_hf = f"{rec.flat_experts.format(bid=m[1])}.{rec.expert_names[_FLAT_PARTS.index(m[2])]}"
+            wd = _as_wd(value, name)
+            wd = wd.dequantize(dequantize_to or DType.float32) if wd.quantization_encoding is not None else \
+                wd.astype(dequantize_to) if dequantize_to is not None else wd
+            if wd.ndim != 3:
+                raise ShapeError(f"{name!r}: stacked experts must be 3-D [n_expert, rows, cols], got {list(wd.shape)}")
+            if m[2] == "ffn_down_exps":
+                wd = wd.transpose((0, 2, 1))
+            out[flat_hf] = _renamed(wd.reshape((wd.shape[0] * wd.shape[1], wd.shape[2])), flat_hf)
             continue
         experts = _split_experts(name, value, arch, dequantize_to)
         if experts is not None:
@@ -264,7 +283,63 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             elif wd.dtype.is_float:
                 wd = wd.astype(dequantize_to)
         out[hf] = _renamed(wd, hf)
+    if rec.layer_scalars and isinstance(md, Mapping):
+        out.update(scalars_from_metadata(rec, md, arch, _names.layer_count(state), dequantize_to))
+    if rec.embedding and "token_types.weight" not in state and "token_embd.weight" in state:
+        out.update(_zero_token_types(state["token_embd.weight"], arch, expected_keys, dequantize_to))
     _refuse_unknown(unknown, f"gguf_to_hf ({arch}): no Hugging Face name", "their GGUF names")
+    return out
+
+
+def scalars_to_metadata(rec: Arch, state: Mapping[str, Any], arch: str) -> dict:
+    """The GGUF per-layer arrays (float32, under the record's full keys) of a record's `layer_scalars`, read from
+    the Hugging Face state dict (one scalar tensor per layer; a few bytes each). MissingWeightError naming a
+    missing layer."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    md: dict[str, Any] = {}
+    for suffix, key, _ in rec.layer_scalars:
+        found: dict[int, float] = {}
+        for name, value in state.items():
+            m = re.match(rf"^model\.layers\.(\d+)\.{re.escape(suffix)}$", name)
+            if m:
+                arr = _as_wd(value, name).to_numpy().astype("float32").reshape(-1)
+                if arr.size != 1:
+                    raise ShapeError(f"{name!r}: a per-layer scalar ({key}) must hold one value, got "
+                                     f"shape {list(arr.shape)}")
+                found[int(m[1])] = float(arr[0])
+        if not found:
+            continue
+        gaps = [i for i in range(max(found) + 1) if i not in found]
+        if gaps:
+            raise MissingWeightError(f"model.layers.{gaps[0]}.{suffix} is missing ({key} needs one value "
+                                     f"per layer; layers present: {sorted(found)})")
+        md[key] = GGUFValue([found[i] for i in range(len(found))], T.ARRAY, T.FLOAT32)
+    return md
+
+
+def scalars_from_metadata(rec: Arch, md: Mapping[str, Any], arch: str, n_layers: int,
+                          dtype: DType | None = None) -> dict[str, WeightData]:
+    """The Hugging Face per-layer scalar tensors of a record's `layer_scalars` from the GGUF arrays (a single
+    value is every layer's, as llama.cpp's `get_key_or_arr` reads it)."""
+    import numpy as np
+
+    out: dict[str, WeightData] = {}
+    for suffix, key, ndim in rec.layer_scalars:
+        v = md.get(key)
+        if v is None:
+            continue
+        vals = [float(x) for x in np.asarray(v, dtype=np.float64).reshape(-1)]
+        if len(vals) == 1:
+            vals = vals * n_layers
+        if len(vals) != n_layers:
+            raise ShapeError(f"GGUF {key} ({arch}) holds {len(vals)} values for {n_layers} layers")
+        for i, x in enumerate(vals):
+            name = f"model.layers.{i}.{suffix}"
+            wd = WeightData.from_numpy(np.full((1,) * ndim, x, dtype=np.float32), name)
+            out[name] = wd if dtype is None else _renamed(wd.astype(dtype), name)
     return out
 
 
@@ -291,7 +366,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     if rec.oai_experts:
         state = _oai_experts_to_gguf(state, rec.oai_experts)
     for name, value in state.items():
-        dropped = rec.dropped + ("rotary_emb.inv_freq",)
+        if name.endswith(_PARAMETRIZED):  # torch.nn.utils.parametrize's saved name (jina-embeddings-v3's LoRA)
+            name = name[: -len(_PARAMETRIZED)] + ".weight"
+        dropped = rec.dropped + ("rotary_emb.inv_freq",) + tuple(sc[0] for sc in rec.layer_scalars)
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
@@ -299,6 +376,17 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             continue
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
+            continue
+        if rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight"):
+            out.update(_split_pair(name, _as_wd(value, name), ("ffn_gate_shexp", "ffn_up_shexp")))
+            continue
+        if rec.experts_in_out and name.startswith("model.layers.") and \
+                name.endswith((f".{rec.experts_in_out}.gate_up_proj", f".{rec.experts_in_out}.down_proj")):
+            out.update(_experts_in_out_to_gguf(name, _as_wd(value, name)))
+            continue
+        if rec.flat_experts and (flat := _flat_expert_part(rec, name)) is not None:
+            flat_g = f"blk.{flat[0]}.{flat[1]}.weight"
+            out[flat_g] = _renamed(_unflatten_experts(rec, name, _as_wd(value, name), flat[1], config), flat_g)
             continue
         g = hf_name_to_gguf(name, arch)
         if g is None and isinstance(value, WeightData) and _GGUF_LAYER_RE.match(name):
@@ -313,6 +401,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = rope_permute(wd, n)
         if rec.transposed and name.endswith(rec.transposed):
             wd = transpose2d(wd)
+        if rec.position_offset and g == "position_embd.weight":
+            wd = wd[position_offset(config, name, wd.shape[0]):]
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
         if norm_dtype is not None and (wd.ndim == 1 or g.endswith(".bias") or _part(g) in _ALWAYS_F32) and \
@@ -323,6 +413,29 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
+
+
+def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, WeightData]:
+    """An encoder GGUF without `token_types` (DistilBERT's): llama.cpp adds nothing, so the Hugging Face model
+    (BERT always adds token type 0's row) gets one zero row."""
+    import numpy as np
+
+    hf = gguf_name_to_hf("token_types.weight", arch, expected_keys)
+    wd = _as_wd(embd, "token_embd.weight")
+    if hf is None or wd.ndim != 2:
+        return {}
+    np_dtype = (DType.parse(dtype) if dtype is not None else DType.float32).to_numpy()
+    return {hf: WeightData.from_numpy(np.zeros((1, wd.shape[1]), dtype=np_dtype), hf)}
+
+
+def position_offset(config, name: str = "embeddings.position_embeddings.weight", rows: int | None = None) -> int:
+    """RoBERTa's first used position row, `pad_token_id + 1` (llama.cpp's converter drops the rows before it);
+    0 without a pad_token_id. ShapeError when `rows` leaves none."""
+    pad = _get(_text_config(config), "pad_token_id")
+    off = 0 if pad is None else int(pad) + 1
+    if rows is not None and off >= rows:
+        raise ShapeError(f"{name!r}: {rows} position rows, but positions start at pad_token_id + 1 = {off}")
+    return off
 
 
 def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
@@ -485,6 +598,104 @@ def _oai_experts_to_hf(state: Mapping[str, Any], prefix: str, dequantize_to) -> 
         if db_ is not None:
             ready[f"{base}.down_proj_bias"] = _renamed(fl(db_), f"{base}.down_proj_bias")
     return rest, ready
+
+
+
+def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:
+    """Llama 4's [n_expert, in, out] experts as llama.cpp's [n_expert, out, in] stacks (gate_up split in halves)."""
+    from ..api.weight_data import split
+
+    m = re.match(r"^model\.layers\.(\d+)\.", name)
+    if m is None or wd.ndim != 3 or (name.endswith("gate_up_proj") and wd.shape[2] % 2):
+        raise ShapeError(f"{name!r}: [in, out] experts must be [n_expert, in, out] (gate_up: an even out), got "
+                         f"{list(wd.shape)}")
+    wd = wd.transpose((0, 2, 1))
+    if name.endswith("down_proj"):
+        g = f"blk.{m[1]}.ffn_down_exps.weight"
+        return {g: _renamed(wd, g)}
+    gate, up = split(wd, 2, axis=1)
+    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
+    return {g: _renamed(gate, g), u: _renamed(up, u)}
+
+
+def _experts_in_out_from_gguf(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """llama.cpp's stacked expert tensors back as Llama 4's [n_expert, in, out] gate_up_proj / down_proj."""
+    from ..api.weight_data import concat
+
+    def plain(n: str) -> WeightData:
+        wd = _as_wd(out.pop(n), n)
+        return wd.dequantize() if wd.quantization_encoding is not None else wd
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
+        up, down = (f"blk.{m[1]}.ffn_up_exps.weight", f"blk.{m[1]}.ffn_down_exps.weight") if m else ("", "")
+        if m is None or up not in state or down not in state:
+            continue
+        gate_up = concat([plain(name), plain(up)], axis=1).transpose((0, 2, 1))
+        hf_gu, hf_d = (f"model.layers.{m[1]}.{prefix}.gate_up_proj", f"model.layers.{m[1]}.{prefix}.down_proj")
+        out[hf_gu] = _renamed(gate_up, hf_gu)
+        out[hf_d] = _renamed(plain(down).transpose((0, 2, 1)), hf_d)
+    return out
+
+
+_FLAT_PARTS = ("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps")  # in `Arch.expert_names` order
+
+
+def _flat_expert_part(rec: Arch, name: str) -> tuple[str, str] | None:
+    """(layer, GGUF part) for a Hugging Face flat-expert tensor of `rec.flat_experts`, else None."""
+    pattern = re.escape(rec.flat_experts).replace(re.escape("{bid}"), r"(\d+)")
+    m = re.match(rf"^{pattern}\.([A-Za-z0-9_]+)$", name)
+    if m is None or m[2] not in rec.expert_names:
+        return None
+    return m[1], _FLAT_PARTS[rec.expert_names.index(m[2])]
+
+
+def _unflatten_experts(rec: Arch, name: str, wd: WeightData, part: str, config) -> WeightData:
+    """A flat [n_expert * ff, hidden] expert tensor as llama.cpp's [n_expert, ff, hidden] (down: [n_expert,
+    hidden, ff], each expert's block transposed), n_expert from the record's expert_count row."""
+    from .hparams import config_value
+
+    rows = next((hp.hf for hp in rec.hparams if hp.key == "expert_count"), ())
+    n = config_value(dict(config) if isinstance(config, Mapping) else {}, rows)
+    if not isinstance(n, int) or n <= 0 or wd.ndim != 2 or wd.shape[0] % n:
+        raise ShapeError(f"{name!r}: flat experts {list(wd.shape)} do not split into {n!r} experts "
+                         f"({' or '.join(rows)})")
+    wd = wd.reshape((n, wd.shape[0] // n, wd.shape[1]))
+    return wd.transpose((0, 2, 1)) if part == "ffn_down_exps" else wd
+
+
+def _split_pair(name: str, wd: WeightData, parts: tuple[str, str]) -> dict[str, WeightData]:
+    """A Hugging Face 2-D [first; second] tensor (GraniteMoeShared's shared [gate; up]) as llama.cpp's two
+    tensors `blk.N.{parts[0]}` / `blk.N.{parts[1]}`, halves of the rows."""
+    from ..api.weight_data import split
+
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 2 or wd.shape[0] % 2:
+        raise ShapeError(f"{name!r}: a fused [{parts[0]}; {parts[1]}] tensor must be 2-D with an even row count, "
+                         f"got {list(wd.shape)}")
+    a, b = split(wd, 2, axis=0)
+    ga, gb = f"blk.{m[1]}.{parts[0]}.weight", f"blk.{m[1]}.{parts[1]}.weight"
+    return {ga: _renamed(a, ga), gb: _renamed(b, gb)}
+
+
+def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str) -> dict[str, Any]:
+    """llama.cpp's `blk.N.{parts[0]}` / `blk.N.{parts[1]}` joined back into the Hugging Face 2-D tensor
+    `model.layers.N.{hf_part}.weight` (the inverse of `_split_pair`)."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(rf"^blk\.(\d+)\.{parts[0]}\.weight$", name)
+        second = f"blk.{m[1]}.{parts[1]}.weight" if m else ""
+        if m is None or second not in state:
+            continue
+        a, b = _as_wd(out.pop(name), name), _as_wd(out.pop(second), second)
+        if a.quantization_encoding is not None or b.quantization_encoding is not None:
+            a, b = a.dequantize(), b.dequantize()
+        hf = f"model.layers.{m[1]}.{hf_part}.weight"
+        out[hf] = _renamed(concat([a, b], axis=0), hf)
+    return out
 
 
 def _split_kv_b(name: str, wd: WeightData, config) -> dict[str, WeightData]:

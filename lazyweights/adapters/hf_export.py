@@ -10,7 +10,8 @@ builds every GGUF key from `config.json` and the tokenizer files alone (`gguf_me
 `general.*` with a `general.file_type` computed from the tensors written, `{arch}.*` hyperparameters and
 `tokenizer.*`.
 
-Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them):
+Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them), for every
+family from its record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`); the common ones:
 
     {a}.context_length                  max_position_embeddings        (required)
     {a}.embedding_length                hidden_size                    (required)
@@ -19,25 +20,20 @@ Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers'
     {a}.feed_forward_length             intermediate_size              (required except for MoE)
     {a}.attention.head_count_kv         num_key_value_heads            default: head_count
     {a}.attention.key_length            head_dim                       default: embedding_length / head_count
-    {a}.attention.layer_norm_rms_epsilon rms_norm_eps                  default: 1e-5 (1e-6 for Gemma)
-    {a}.rope.freq_base                  rope_theta                     default: 10000
-    {a}.rope.dimension_count            (phi3: partial_rotary_factor = dimension_count / head_dim)
-    {a}.rope.scaling.type/factor/original_context_length   rope_scaling
-    rope_freqs.weight (tensor)          rope_scaling {"rope_type": "llama3", ...}: llama.cpp's converter stores
-                                        Llama 3.1's per-frequency factors as a tensor; written from the config,
-                                        and the config is recovered from it (`llama3_rope_params`)
+    {a}.attention.layer_norm_rms_epsilon rms_norm_eps
+    {a}.rope.freq_base                  rope_parameters.rope_theta (or rope_theta)
+    {a}.rope.dimension_count            head_dim x rope_parameters.partial_rotary_factor (phi3, partial rotary)
+    {a}.rope.scaling.type/factor/original_context_length   rope_parameters (linear, yarn)
+    rope_freqs.weight (tensor)          rope_parameters {"rope_type": "llama3", ...} (llama, `llama3_rope_params`)
+    rope_factors_long/short.weight, {a}.rope.scaling.attn_factor   rope_parameters {"rope_type": "longrope"}
+                                        (phi3), with {a}.rope.scaling.original_context_length
     {a}.attention.sliding_window        sliding_window
-    {a}.attention.sliding_window_pattern (gemma3: layer_types; default every 6th layer global)
-    {a}.rope.freq_base_swa              (gemma3: rope_local_base_freq, default 10000)
-    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2)
+    {a}.attention.sliding_window_pattern layer_types (gemma3 where not every 6th layer global; olmo3, cohere2)
+    {a}.rope.freq_base_swa              rope_parameters.sliding_attention.rope_theta (gemma3)
+    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2; gemma3 the first)
     {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
-
-The table above is the hand-checked families both ways for gemma2, gemma3 and phi3, and GGUF -> HF for a
-llama GGUF (`archs.Arch.legacy`); every other direction and family takes its keys from the records
-(`adapters/archs.py`, turned into keys by `adapters/hparams.py`; llama's, mistral's and mixtral's rows write the
-same keys in the same order as the hand-written code did).
 
 A GGUF lacking a required key raises `GGUFConfigError` listing every missing key; an architecture outside
 `SUPPORTED` raises `UnsupportedArchitectureError` naming the nearest supported ones; a tensor whose shape
@@ -72,13 +68,10 @@ from ..core.errors import (
 from .archs import ALIASES as _ALIASES
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
+from .hparams import check_shapes, gguf_hparams, hf_config
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
 SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
-_GEMMA3_PATTERN = 6  # llama.cpp's and transformers' default: every 6th Gemma 3 layer attends globally
-
-_GEMMA_27B_LAYERS = {("gemma2", 46), ("gemma3_text", 62)}  # llama.cpp's LLM_TYPE_27B for these architectures
-
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -96,10 +89,6 @@ def _canonical(model_type: Any) -> Any:
     return _ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
 
 
-def _plain(v):
-    return v.tolist() if hasattr(v, "tolist") else v
-
-
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
     """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral; a VL
     model's text part: its text model alone)."""
@@ -108,12 +97,13 @@ def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
-                        vocab_size: int | None = None, rope_freqs=None) -> dict:
+                        vocab_size: int | None = None, rope_freqs=None, rope_factors=None) -> dict:
     """The `config.json` dict for a GGUF file's metadata (see the module docstring's table).
 
     `tensor_names` (the GGUF tensor names) decides `tie_word_embeddings`; `vocab_size` is used when the
     metadata has neither `{arch}.vocab_size` nor a token list (e.g. the embedding's row count);
-    `rope_freqs` (the values of a `rope_freqs.weight` tensor) gives a llama3 `rope_scaling`.
+    `rope_freqs` (the values of a `rope_freqs.weight` tensor) gives a llama3 `rope_parameters`;
+    `rope_factors` ({"long": values, "short": values} of `rope_factors_{long,short}.weight`) Phi-3's LongRoPE.
     GGUFConfigError lists every missing required key. Example: see the module docstring.
     """
     md = metadata
@@ -137,111 +127,42 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
                               f"{', '.join(missing)}", missing)
     n_vocab = int(vocab or 0)  # not None: checked above
 
-    def get(key, default=None):
-        return _plain(md.get(f"{arch}.{key}", default))
-
     names = set(tensor_names) if tensor_names is not None else None
     rec = ARCHS[model_type]
-    if not rec.legacy:
-        from .hparams import hf_config
-
-        out = hf_config(rec, md, names, n_vocab, arch)
-        for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                          ("pad_token_id", "padding_token_id")):
-            if f"tokenizer.ggml.{key}" in md:
-                out[attr] = int(md[f"tokenizer.ggml.{key}"])
-        if "general.name" in md:
-            out["_name_or_path"] = str(md["general.name"])
-        return out
-    heads = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
-    kv = get("attention.head_count_kv", heads)
-    if isinstance(kv, list):  # per-layer counts: all equal in the architectures supported here
-        if len(set(kv)) != 1:
-            raise GGUFConfigError(f"{arch}.attention.head_count_kv varies per layer ({kv}); not supported")
-        kv = kv[0]
-    head_dim = int(get("attention.key_length", hidden // heads))
-    gemma = model_type.startswith("gemma")
-    _, cls = SUPPORTED[model_type]
-    cfg: dict[str, Any] = {
-        "architectures": [cls],
-        "model_type": model_type,
-        "vocab_size": n_vocab,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv),
-        "head_dim": head_dim,
-        "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6 if gemma else 1e-5)),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-    }
-    if f"{arch}.feed_forward_length" in md:
-        cfg["intermediate_size"] = int(get("feed_forward_length"))
-    if names is not None:
-        cfg["tie_word_embeddings"] = "output.weight" not in names
+    out = hf_config(rec, md, names, n_vocab, arch)
+    rope = out.get("rope_parameters", {})
+    if rec.rope_freqs and rope_freqs is not None and rope.get("rope_type") == "default":
+        scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
+        if scaling is not None:
+            rope.update(scaling)
+    if rec.longrope and rope_factors:
+        rope.update(_longrope_from_gguf(md, arch, rope_factors))
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         if f"tokenizer.ggml.{key}" in md:
-            cfg[attr] = int(md[f"tokenizer.ggml.{key}"])
-    scaling = _rope_scaling_from_gguf(md, arch)
-    if scaling is None and rope_freqs is not None:
-        scaling = llama3_rope_params(rope_freqs, cfg["rope_theta"], head_dim)
-    if scaling is not None:
-        cfg["rope_scaling"] = scaling
-    sw = get("attention.sliding_window")
-    if model_type in ("llama", "mistral", "mixtral", "phi3"):
-        cfg["sliding_window"] = int(sw) if sw else None
-    if model_type in ("llama", "mistral", "mixtral"):
-        cfg["attention_bias"] = names is not None and "blk.0.attn_q.bias" in names
-    if model_type == "llama":
-        cfg["mlp_bias"] = False
-    if moe:  # mixtral
-        cfg["num_local_experts"] = int(get("expert_count"))
-        cfg["num_experts_per_tok"] = int(get("expert_used_count", 2))
-    if model_type == "phi3":
-        rot = get("rope.dimension_count")
-        cfg["partial_rotary_factor"] = (int(rot) / head_dim) if rot else 1.0
-        cfg["hidden_act"] = "silu"
-        orig = get("rope.scaling.original_context_length")
-        if orig:
-            cfg["original_max_position_embeddings"] = int(orig)
-    if gemma:
-        cfg["hidden_activation"] = "gelu_pytorch_tanh"
-        # llama.cpp scales attention by 1/sqrt(head_dim), except for the 27B models (46 Gemma 2 layers, 62 Gemma 3
-        # layers), which it scales by 1/sqrt(hidden / heads) as their Hugging Face configs do
-        big = (model_type, cfg["num_hidden_layers"]) in _GEMMA_27B_LAYERS
-        cfg["query_pre_attn_scalar"] = hidden // heads if big else head_dim
-        cfg["sliding_window"] = int(sw) if sw else None
-        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
-            v = get(k)
-            cfg[k] = float(v) if v else None
-        n = cfg["num_hidden_layers"]
-        if model_type == "gemma2":
-            cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
-        else:
-            pattern = get("attention.sliding_window_pattern", _GEMMA3_PATTERN)
-            if isinstance(pattern, list):  # per layer: true = sliding
-                types = ["sliding_attention" if p else "full_attention" for p in pattern]
-            else:
-                p = int(pattern)
-                types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(n)]
-            cfg["layer_types"] = types
-            cfg["rope_local_base_freq"] = float(get("rope.freq_base_swa", 10000.0))
+            out[attr] = int(md[f"tokenizer.ggml.{key}"])
     if "general.name" in md:
-        cfg["_name_or_path"] = str(md["general.name"])
-    return cfg
+        out["_name_or_path"] = str(md["general.name"])
+    return out
 
 
-def _rope_scaling_from_gguf(md, arch) -> dict | None:
-    kind = md.get(f"{arch}.rope.scaling.type")
-    factor = md.get(f"{arch}.rope.scaling.factor")
-    if kind in (None, "none") or factor is None:
-        return None
-    out: dict[str, Any] = {"rope_type": str(kind), "factor": float(factor)}
+def _longrope_from_gguf(md: Mapping[str, Any], arch: str, factors: Mapping[str, Any]) -> dict:
+    """`rope_parameters` for Phi-3's LongRoPE from the two factor tensors and the GGUF's original context
+    (GGUFConfigError when one tensor or the original context is missing)."""
+    import numpy as np
+
     orig = md.get(f"{arch}.rope.scaling.original_context_length")
-    if orig is not None:
-        out["original_max_position_embeddings"] = int(orig)
+    missing = [f"rope_factors_{w}.weight" for w in ("long", "short") if factors.get(w) is None]
+    if orig is None:
+        missing.append(f"{arch}.rope.scaling.original_context_length")
+    if missing:
+        raise GGUFConfigError(f"GGUF ({arch}) has LongRoPE factors but lacks {', '.join(missing)}", missing)
+    out: dict[str, Any] = {"rope_type": "longrope", "original_max_position_embeddings": int(orig or 0)}  # checked above
+    for w in ("long", "short"):
+        out[f"{w}_factor"] = [float(x) for x in np.asarray(factors[w], dtype=np.float32).reshape(-1)]
+    attn = md.get(f"{arch}.rope.scaling.attn_factor")
+    if attn is not None:
+        out["attention_factor"] = float(attn)
     return out
 
 
@@ -352,6 +273,9 @@ def _cfg_get(cfg: Mapping[str, Any], key: str, default=None):
 
 
 def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    if doc.get("model_type") == "xlm-roberta" and doc.get("lora_adaptations"):
+        # jina-embeddings-v3's remote-code config (llama.cpp's converter: jina-bert-v3 when LoRA tasks are listed)
+        return dict(doc, model_type="jina_embeddings_v3")
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)
@@ -410,10 +334,6 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     if mt not in SUPPORTED:
         raise _unsupported("Hugging Face model_type", mt)
     arch = SUPPORTED[mt][0]
-    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"]
-    missing = [k for k in need if cfg.get(k) is None]
-    if missing and not ARCHS[mt].hparams:
-        raise GGUFConfigError(f"config.json ({mt}) lacks {', '.join(missing)}", missing)
     md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
                                 "general.type": GGUFValue("model", T.STRING)}
     nm = name or cfg.get("_name_or_path") or config.get("_name_or_path")
@@ -423,78 +343,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         md["general.quantization_version"] = GGUFValue(2, T.UINT32)
     if file_type is not None:
         md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
-    if ARCHS[mt].hparams:  # every family but gemma2, gemma3 and phi3
-        from .hparams import gguf_hparams
-
-        md.update(gguf_hparams(ARCHS[mt], cfg))
-        return md
-
-    def put(key, value, t):
-        if value is not None:
-            md[f"{arch}.{key}"] = GGUFValue(value, t)
-
-    heads = int(cfg["num_attention_heads"])
-    hidden = int(cfg["hidden_size"])
-    head_dim = int(_cfg_get(cfg, "head_dim", hidden // heads))
-    put("context_length", int(cfg["max_position_embeddings"]), T.UINT32)
-    put("embedding_length", hidden, T.UINT32)
-    put("block_count", int(cfg["num_hidden_layers"]), T.UINT32)
-    if cfg.get("intermediate_size") is not None:
-        put("feed_forward_length", int(cfg["intermediate_size"]), T.UINT32)
-    put("attention.head_count", heads, T.UINT32)
-    put("attention.head_count_kv", int(_cfg_get(cfg, "num_key_value_heads", heads)), T.UINT32)
-    eps = cfg.get("rms_norm_eps")
-    put("attention.layer_norm_rms_epsilon", None if eps is None else float(eps), T.FLOAT32)
-    theta = _rope_theta(cfg)
-    put("rope.freq_base", theta, T.FLOAT32)
-    if arch in ("gemma2", "gemma3") or head_dim != hidden // heads:
-        put("attention.key_length", head_dim, T.UINT32)
-        put("attention.value_length", head_dim, T.UINT32)
-    if arch == "phi3":
-        put("rope.dimension_count", int(head_dim * float(_cfg_get(cfg, "partial_rotary_factor", 1.0))), T.UINT32)
-        if cfg.get("original_max_position_embeddings"):
-            put("rope.scaling.original_context_length", int(cfg["original_max_position_embeddings"]), T.UINT32)
-    if cfg.get("vocab_size") is not None and arch not in ("gemma3", "gemma2"):
-        put("vocab_size", int(cfg["vocab_size"]), T.UINT32)
-    sw = cfg.get("sliding_window")
-    if sw:
-        put("attention.sliding_window", int(sw), T.UINT32)
-    rs = _rope_scaling(cfg)
-    if rs is not None:
-        kind = rs.get("rope_type") or rs.get("type")
-        if kind in ("linear", "yarn") and rs.get("factor") is not None:
-            put("rope.scaling.type", str(kind), T.STRING)
-            put("rope.scaling.factor", float(rs["factor"]), T.FLOAT32)
-            if rs.get("original_max_position_embeddings") is not None:
-                put("rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]), T.UINT32)
-    if mt in ("gemma2", "gemma3_text"):
-        qpas = cfg.get("query_pre_attn_scalar")
-        big = (mt, int(cfg["num_hidden_layers"])) in _GEMMA_27B_LAYERS
-        if qpas is not None and int(qpas) != (hidden // heads if big else head_dim):
-            import warnings
-
-            warnings.warn(f"config.json ({mt}): query_pre_attn_scalar {qpas} is not what llama.cpp uses for this "
-                          f"model ({hidden // heads if big else head_dim}); the GGUF will compute a different "
-                          "attention scale", stacklevel=2)
-    if mt == "gemma2":
-        for k in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if cfg.get(k) is not None:
-                put(k, float(cfg[k]), T.FLOAT32)
-    if mt == "gemma3_text":
-        types = cfg.get("layer_types")
-        n = int(cfg["num_hidden_layers"])
-        default = ["sliding_attention" if (i + 1) % _GEMMA3_PATTERN else "full_attention" for i in range(n)]
-        if isinstance(types, list) and types != default:
-            put("attention.sliding_window_pattern", [t == "sliding_attention" for t in types], T.ARRAY)
-            md[f"{arch}.attention.sliding_window_pattern"] = GGUFValue(
-                [t == "sliding_attention" for t in types], T.ARRAY, T.BOOL)
-        local = cfg.get("rope_local_base_freq")
-        if local is None:
-            local = _rope_theta(cfg, "sliding_attention")
-        if local is not None and float(local) != 10000.0:
-            put("rope.freq_base_swa", float(local), T.FLOAT32)
-        if cfg.get("final_logit_softcapping") is not None:
-            put("final_logit_softcapping", float(cfg["final_logit_softcapping"]), T.FLOAT32)
+    md.update(gguf_hparams(ARCHS[mt], cfg))
     return md
 
 
@@ -573,7 +422,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
     rs = _rope_scaling(cfg_text)
-    if arch == "llama" and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
+    if ARCHS[mt].rope_freqs and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
         # llama.cpp reads Llama 3.1's scaling only from this tensor, as its converter writes it
         heads = int(cfg_text["num_attention_heads"])
         head_dim = int(_cfg_get(cfg_text, "head_dim", int(cfg_text["hidden_size"]) // heads))
@@ -582,15 +431,20 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
+    if ARCHS[mt].longrope:
+        adapted.update(_longrope_tensors(cfg_text))
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
-    from .hparams import check_shapes
     from .names import hf_to_gguf_name
 
     sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
     check_shapes(adapted, md, arch, sources, mt)
+    if ARCHS[mt].layer_scalars:  # per-layer scalars llama.cpp keeps as metadata (Apertus's xIELU)
+        from .gguf_names import scalars_to_metadata
+
+        md.update(scalars_to_metadata(ARCHS[mt], state, arch))
     if ARCHS[mt].embedding:
         md.update(_embedding_metadata(arch, cfg_text, folder))
     if tokenizer:
@@ -600,6 +454,29 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         md.update(gguf_tokenizer_metadata(folder, arch))
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
+    return out
+
+
+def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
+    """Phi-3's LongRoPE factors as llama.cpp's converter stores them: `rope_factors_long.weight` and
+    `rope_factors_short.weight`, float32, one per rotary frequency (ConfigError naming both lengths otherwise)."""
+    import numpy as np
+
+    from .hparams import longrope_parameters, rotary_factor
+
+    rs = longrope_parameters(cfg)
+    if rs is None:
+        return {}
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(_cfg_get(cfg, "head_dim", int(cfg["hidden_size"]) // heads))
+    want = int(rotary_factor(cfg) * head_dim) // 2
+    out = {}
+    for which in ("long", "short"):
+        f = np.asarray(rs.get(f"{which}_factor") or [], dtype=np.float32)
+        if f.shape != (want,):
+            raise ConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE {which}_factor has {f.size} values; "
+                              f"the {want * 2} rotary dimensions need {want}")
+        out[f"rope_factors_{which}.weight"] = WeightData.from_numpy(f, f"rope_factors_{which}.weight")
     return out
 
 
@@ -697,7 +574,7 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
 
 
 def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
-                     vocab_size: int | None = None, rope_freqs=None,
+                     vocab_size: int | None = None, rope_freqs=None, rope_factors=None,
                      quantization_config: Mapping[str, Any] | None = None) -> dict[str, bytes]:
     """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json (with
     `quantization_config` when given: gpt-oss's experts written back as MXFP4 blocks), generation_config.json
@@ -705,7 +582,8 @@ def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *
     from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
 
     cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
-                              rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs)
+                              rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs,
+                              rope_factors=rope_factors() if callable(rope_factors) else rope_factors)
     if quantization_config is not None:
         cfg["quantization_config"] = dict(quantization_config)
     files = {
@@ -729,18 +607,24 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
     names = list(tensor_names)
     emb = adapted.get("model.embed_tokens.weight")
     vocab = emb.shape[0] if emb is not None and getattr(emb, "shape", None) else None
-    freqs = None
-    if "rope_freqs.weight" in names and isinstance(tensor_names, Mapping):
+    freqs = factors = None
+    if isinstance(tensor_names, Mapping):  # the RoPE factor tensors, read on save
         from ..api.weight_data import as_weight_data
 
-        src = tensor_names["rope_freqs.weight"]
-        freqs = lambda: as_weight_data(src, "rope_freqs.weight").to_numpy()  # noqa: E731  (read on save)
+        def read(name):
+            return as_weight_data(tensor_names[name], name).to_numpy()
+
+        if "rope_freqs.weight" in names:
+            freqs = lambda: read("rope_freqs.weight")  # noqa: E731
+        if {"rope_factors_long.weight", "rope_factors_short.weight"} & set(names):
+            factors = lambda: {w: read(f"rope_factors_{w}.weight") if f"rope_factors_{w}.weight" in names  # noqa: E731
+                               else None for w in ("long", "short")}
     from .gguf_names import MXFP4_QUANTIZATION_CONFIG
 
     # gpt-oss experts kept as MXFP4 `*_blocks` / `*_scales` (gguf_names._oai_experts_to_hf) need the config to say so
     qcfg = MXFP4_QUANTIZATION_CONFIG if any(k.endswith("_proj_blocks") for k in adapted) else None
     out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab,
-                                               rope_freqs=freqs, quantization_config=qcfg)
+                                               rope_freqs=freqs, rope_factors=factors, quantization_config=qcfg)
     return out
 
 

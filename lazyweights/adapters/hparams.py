@@ -1,10 +1,14 @@
-"""Hyperparameters both ways for the record-driven families (`archs.Arch.hparams`).
+"""Hyperparameters both ways for every family, from its record (`archs.Arch.hparams` and the record's flags).
 
 HF -> GGUF: each `HParam` takes the first of its config.json names present (transformers 5 names first,
 then the legacy aliases: `n_embd`, `rotary_pct`, `n_ctx` ...), typed as gguf-py's writer types it. Besides the
-rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`), `rope.dimension_count` (head_dim, times
+rows: `rope.freq_base` (`rope_theta` or `rope_parameters.rope_theta`; legacy `global_rope_theta`,
+`rotary_emb_base`), `rope.dimension_count` (head_dim, times
 `partial_rotary_factor` / `rotary_pct` for partial-rotary families), `key_length`/`value_length` from an
-explicit `head_dim`, `vocab_size`.
+explicit `head_dim`, `vocab_size`, and what a record's flags add (Phi-3's original context and LongRoPE attention
+factor, Gemma's per-layer pattern, sliding-window RoPE base and softcapping rows; RoBERTa's context shortened
+by pad_token_id + 1; ModernBERT's window under `local_attention` and its sliding layers' RoPE base), and `str`
+rows (ModernBERT's `hidden_activation`).
 
 GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
 the tensors say (`tie_word_embeddings`, the family's attention-bias flag).
@@ -21,23 +25,53 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import FFN, KV, Arch, HParam
+from .archs import CTX, FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
-_BIAS_FLAG = {"gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
+_BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral": "attention_bias",
+              "gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias", "glm4_moe": "attention_bias",
+              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias",
               "gpt_oss": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
 def _first(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` the config holds (`a.b`: entry b of the nested dict a, DBRX's attn_config)."""
     for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
+        v = _lookup(cfg, n)
+        if v is not None:
+            return v
     return None
+
+
+def config_value(cfg: Mapping[str, Any], names: Iterable[str]):
+    """The first of `names` a config.json dict holds, None if none; `a.b` reads entry b of the nested dict a.
+
+    Example:
+        >>> config_value({"ffn_config": {"moe_num_experts": 16}}, ("num_experts", "ffn_config.moe_num_experts"))
+        16
+    """
+    return _first(cfg, names)
+
+
+def _lookup(cfg: Mapping[str, Any], name: str):
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        sub = cfg.get(outer)
+        return sub.get(inner) if isinstance(sub, Mapping) else None
+    return cfg.get(name)
+
+
+def _put(cfg: dict, name: str, value) -> None:
+    """config.json's `name` = value (`a.b`: into the nested dict a)."""
+    if "." in name:
+        outer, inner = name.split(".", 1)
+        cfg.setdefault(outer, {})[inner] = value
+    else:
+        cfg[name] = value
 
 
 def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -49,7 +83,13 @@ def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
-def _rotary_factor(cfg: Mapping[str, Any]) -> float:
+def rotary_factor(cfg: Mapping[str, Any]) -> float:
+    """The rotary fraction of each head: `rope_parameters.partial_rotary_factor` (where transformers 5 writes it,
+    e.g. Phi-4-mini's 0.75), else the top-level `partial_rotary_factor` / `rotary_pct`, else 1.
+
+    >>> rotary_factor({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}})
+    0.75
+    """
     v = _first(rope_parameters(cfg), ("partial_rotary_factor",))
     if v is None:
         v = _first(cfg, ("partial_rotary_factor", "rotary_pct"))
@@ -66,12 +106,31 @@ def _product(cfg: Mapping[str, Any], names: Iterable[str]):
     return out
 
 
+def _sum(cfg: Mapping[str, Any], names: Iterable[str]) -> int | None:
+    out = 0
+    for n in names:
+        v = cfg.get(n)
+        if v is None:
+            return None
+        out += int(v)
+    return out
+
+
+def _leading_dense(v):
+    """A `lead` row's value: an int as is, a per-layer MLP type list (`mlp_layer_types`) as its count of leading
+    "dense" entries."""
+    if isinstance(v, list):
+        return next((i for i, t in enumerate(v) if t != "dense"), len(v))
+    return v
+
+
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
     if rec.model_type == "gpt_bigcode":
         return 1 if cfg.get("multi_query", True) else heads
     if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
         return 1 if cfg.get("multi_query", True) else heads
-    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv"))
+    names = next((hp.hf for hp in rec.hparams if hp.key == KV.key), KV.hf)  # the record's own (DBRX's nested)
+    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
     return heads if v is None else int(v)
 
 
@@ -80,10 +139,12 @@ def _value(hp: HParam, v):
 
     from ..formats.gguf_writer import GGUFValue
 
-    if hp.kind == "f32":
+    if hp.kind in ("f32", "f32n"):
         return GGUFValue(float(v), T.FLOAT32)
     if hp.kind == "bool":
         return GGUFValue(bool(v), T.BOOL)
+    if hp.kind == "str":
+        return GGUFValue(str(v), T.STRING)
     return GGUFValue(int(v), T.UINT32)
 
 
@@ -97,16 +158,24 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     a = rec.gguf
     md: dict[str, Any] = {}
     rows = (*rec.hparams, *rec.tail)
-    found = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _first(cfg, hp.hf) for hp in rows}
+    found: dict[str, Any] = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf)
+                             if hp.kind == "sum" else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead"
+                             else _first(cfg, hp.hf) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
+    wrong = [f"{k}={cfg.get(k)!r}" for k, v in rec.requires.items() if cfg.get(k) != v]
+    if wrong:
+        raise GGUFConfigError(f"config.json ({rec.model_type}) has {', '.join(wrong)}; llama.cpp's {a} graph "
+                              f"computes only {dict(rec.requires)}", list(rec.requires))
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
         md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
+    if rec.position_offset and found.get("context_length") is not None and cfg.get("pad_token_id") is not None:
+        found["context_length"] = int(found["context_length"]) - int(cfg["pad_token_id"]) - 1  # RoBERTa's offset
     md.update(_rows(rec, rec.hparams, found))
     for key, v in rec.gguf_fixed.items():
         if f"{a}.{key}" in md:
@@ -116,22 +185,33 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        if not rec.head_dims:
+        # a row's own value wins (MiniCPM3); Phi-3 writes them later, and only for an odd head_dim
+        if not rec.head_dims and not rec.odd_head_dim and f"{a}.attention.key_length" not in md:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
-    theta = _first(cfg, ("rope_theta",))
+    theta = _first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
+    if theta is None:
+        theta = cfg.get("rotary_emb_base")  # remote-code spelling (nomic-bert, old GPT-NeoX configs)
     if theta is not None:
         md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
-    if rec.head_dims:
+    if rec.head_dims or (rec.odd_head_dim and head_dim != hidden // heads):
         md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
         md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
-        md[f"{a}.rope.dimension_count"] = GGUFValue(int(_rotary_factor(cfg) * head_dim), T.UINT32)
+        md[f"{a}.rope.dimension_count"] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
-    if cfg.get("vocab_size") is not None:
+    orig = _first(cfg, ("original_max_position_embeddings",)) or \
+        _first(rope_parameters(cfg), ("original_max_position_embeddings",))
+    if rec.orig_ctx and orig:
+        md[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(orig), T.UINT32)
+    if rec.longrope and longrope_parameters(cfg) is not None:
+        md[f"{a}.rope.scaling.attn_factor"] = GGUFValue(longrope_attn_factor(cfg), T.FLOAT32)
+    if rec.qpas_27b:
+        _check_attention_scale(rec, cfg, hidden, heads, head_dim)
+    if cfg.get("vocab_size") is not None and not rec.no_vocab:
         md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
     window = cfg.get("sliding_window")
     if window and (rec.window_always or (rec.window_flag and cfg.get(rec.window_flag))):
@@ -146,11 +226,101 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
             raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
                                   f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])
         md[f"{a}.rope.dimension_sections"] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
-    if rec.sliding and cfg.get("sliding_window") is not None:
-        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg["sliding_window"]), T.UINT32)
+    window_hf = rec.window_hf or "sliding_window"
+    if rec.sliding and cfg.get(window_hf) is not None:
+        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg[window_hf]), T.UINT32)
         md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+    if rec.rope_swa:
+        swa = _swa_theta(cfg)
+        if swa is not None:
+            md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
+    if rec.swa_keys:
+        md.update(_swa_keys(rec, cfg))
+    md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     return md
+
+
+def longrope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The LongRoPE (Phi-3 "longrope", formerly "su") parameters of a config: `rope_scaling` or
+    `rope_parameters` when its type says so and it holds long factors, else None.
+
+    >>> longrope_parameters({"rope_scaling": {"type": "su", "long_factor": [2.0], "short_factor": [1.0]}})["type"]
+    'su'
+    """
+    rs = cfg.get("rope_scaling")
+    rs = rs if isinstance(rs, Mapping) else rope_parameters(cfg)
+    kind = str(rs.get("rope_type") or rs.get("type") or "").lower()
+    return rs if kind in ("longrope", "su") and rs.get("long_factor") else None
+
+
+def longrope_attn_factor(cfg: Mapping[str, Any]) -> float:
+    """LongRoPE's attention (cos/sin) scale: the config's `attention_factor`, else as transformers and llama.cpp's
+    converter compute it, sqrt(1 + ln(s) / ln(original context)) with s = context / original context (1 if s <= 1).
+
+    >>> round(longrope_attn_factor({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    ...     "rope_parameters": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}), 4)
+    1.1902
+    """
+    import math
+
+    rs = longrope_parameters(cfg) or {}
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    orig = _first(rs, ("original_max_position_embeddings",)) or _first(cfg, ("original_max_position_embeddings",))
+    ctx = _first(cfg, ("max_position_embeddings", "n_positions"))
+    if not orig or not ctx:
+        raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE needs max_position_embeddings and "
+                              f"original_max_position_embeddings, got {ctx} and {orig}",
+                              ["original_max_position_embeddings"])
+    scale = float(ctx) / float(orig)
+    return math.sqrt(1 + math.log(scale) / math.log(float(orig))) if scale > 1.0 else 1.0
+
+
+def _check_attention_scale(rec: Arch, cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int) -> None:
+    """Warn where config.json's query_pre_attn_scalar is not the scale llama.cpp computes for a Gemma model:
+    1/sqrt(head_dim), or 1/sqrt(hidden / heads) at the 27B block count (`Arch.qpas_27b`)."""
+    qpas = cfg.get("query_pre_attn_scalar")
+    want = hidden // heads if int(cfg.get("num_hidden_layers") or 0) == rec.qpas_27b else head_dim
+    if qpas is not None and int(qpas) != want:
+        import warnings
+
+        warnings.warn(f"config.json ({rec.model_type}): query_pre_attn_scalar {qpas} is not what llama.cpp uses "
+                      f"for this model ({want}); the GGUF will compute a different attention scale", stacklevel=3)
+
+
+def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
+    """Gemma 3's sliding-window keys: the per-layer pattern where layer_types is not every `swa_period`-th layer
+    global (llama.cpp's default), and `rope.freq_base_swa` where the sliding layers' theta is not 10000."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a, out = rec.gguf, {}
+    types, n = cfg.get("layer_types"), int(cfg.get("num_hidden_layers") or 0)
+    if isinstance(types, list) and types != _every_nth(n, rec.swa_period):
+        out[f"{a}.attention.sliding_window_pattern"] = GGUFValue([t == "sliding_attention" for t in types],
+                                                                 T.ARRAY, T.BOOL)
+    local = _swa_theta(cfg)
+    if local is not None and float(local) != 10000.0:
+        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+    return out
+
+
+def _swa_theta(cfg: Mapping[str, Any]):
+    """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
+    or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
+    the config has none."""
+    v = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
+    params = cfg.get("rope_parameters")
+    if v is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
+        v = params["sliding_attention"].get("rope_theta")
+    return v
+
+
+def _every_nth(n: int, period: int) -> list[str]:
+    """layer_types with every `period`-th layer global, the rest sliding (Gemma 2: 2, Gemma 3: 6)."""
+    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n)]
 
 
 def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
@@ -234,6 +404,8 @@ def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         return [t == "sliding_attention" for t in types]
+    if cfg.get("global_attn_every_n_layers"):  # ModernBERT's legacy spelling: layer 0 and every n-th global
+        return [i % int(cfg["global_attn_every_n_layers"]) != 0 for i in range(n)]
     p = cfg.get("sliding_window_pattern", 4)
     if isinstance(p, str):  # "LLLG"
         return [p[i % len(p)] == "L" for i in range(n)]
@@ -252,8 +424,18 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
-        if v is not None and hp.kind != "prod":
-            cfg[hp.hf[0]] = float(v) if hp.kind == "f32" else bool(v) if hp.kind == "bool" else int(v)
+        if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
+            if not v or any(x != v[0] for x in v):
+                raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
+                                      f"value", [f"{a}.{hp.key}"])
+            v = v[0]
+        if v is not None and hp.kind not in ("prod", "sum"):
+            _put(cfg, hp.hf[0], float(v) if hp.kind == "f32" else None if hp.kind == "f32n" and not v
+                 else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool"
+                 else str(v) if hp.kind == "str" else int(v))
+    for hp in rec.hparams:
+        if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
+            cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)
@@ -282,19 +464,43 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
             cfg["sliding_window"] = int(window)
     if rec.sliding:
         window = get("attention.sliding_window")
-        cfg["sliding_window"] = int(window) if window else None
+        cfg[rec.window_hf or "sliding_window"] = int(window) if window else None
         pattern = get("attention.sliding_window_pattern")
         if isinstance(pattern, list):
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         elif not window:  # no window: every layer global (EXAONE 4 would otherwise derive a pattern from 0)
             cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
+    if rec.window_always:
+        window = get("attention.sliding_window")
+        cfg["sliding_window"] = int(window) if window else None
+    if rec.orig_ctx and get("rope.scaling.original_context_length"):
+        cfg["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    if rec.qpas_27b:  # the scale llama.cpp computes (see _check_attention_scale)
+        cfg["query_pre_attn_scalar"] = hidden // heads if int(get("block_count")) == rec.qpas_27b else head_dim
+    if rec.swa_period:
+        pattern = get("attention.sliding_window_pattern") if rec.swa_keys else None
+        cfg["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern]
+                              if isinstance(pattern, list) else _every_nth(int(get("block_count")), rec.swa_period))
+    for hp in rec.late:
+        v = get(hp.key)
+        cfg[hp.hf[0]] = float(v) if v else None
     if rec.mla:
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
-    else:
+        pad = md.get("tokenizer.ggml.padding_token_id")
+        if rec.position_offset and pad is not None and get("context_length") is not None:
+            cfg[CTX.hf[0]] = int(get("context_length")) + int(pad) + 1  # RoBERTa's positions from pad + 1
+    if rec.swa_keys:  # Gemma 3: the sliding layers' own theta
+        cfg["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": float(get("rope.freq_base_swa", 10000.0))},
+                                  "full_attention": rope}
+    elif not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
-    cfg.update(rec.hf_extra)
+    if rec.rope_swa:
+        swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
+        cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
+    cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
         flag = _BIAS_FLAG.get(rec.model_type)

@@ -28,6 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
+_EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
 
@@ -56,6 +57,8 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
     number in the name is the block."""
     if name.endswith(_SCORE_BIAS[0]):  # DeepSeek-style routers' parameter, a bias in gguf-py's table
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
+    if name.endswith(_EXPERT_BIAS[0]):
+        return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
@@ -82,7 +85,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
-            out = tuple(c + suffix for c in cands)
+            out = tuple(c if c.endswith(_EXPERT_BIAS[0]) and suffix == ".bias" else c + suffix for c in cands)
             return tuple(c[: -len(_SCORE_BIAS[1])] + _SCORE_BIAS[0] if c.endswith(_SCORE_BIAS[1]) else c
                          for c in out)
     return ()
@@ -91,8 +94,9 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
 def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
                     prefer: tuple[str, ...] = ()) -> str | None:
     """The Hugging Face name for a GGUF tensor: the candidate in `expected` (the model's own keys) if given;
-    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first),
-    then the first of transformers' llama-style names (`model.layers.N.self_attn...`) in gguf-py's order."""
+    otherwise (no transformers) a candidate holding one of `prefer` (the record's `hf_prefer`, earlier first;
+    among equals, the one holding more of them), then the first of transformers' llama-style names
+    (`model.layers.N.self_attn...`) in gguf-py's order."""
     cands = gguf_to_hf_candidates(name, arch)
     if not cands:
         return None
@@ -108,7 +112,8 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
             return hits[0]
         # none declared: transformers 5 renames some parameters inside the model (fused MoE experts) and maps
         # the saved names to them on load, so the saved-name candidates below are what a folder holds
-    return min(cands, key=lambda c: (_prefer_rank(c, prefer), _llama_style_rank(c), cands.index(c)))
+    return min(cands, key=lambda c: (_prefer_rank(c, prefer), -sum(p in c for p in prefer), _llama_style_rank(c),
+                                     cands.index(c)))
 
 
 def _prefer_rank(name: str, prefer: tuple[str, ...]) -> int:
