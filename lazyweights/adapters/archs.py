@@ -117,6 +117,10 @@ class Arch(NamedTuple):
     window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
     rope_swa: bool = False              # sliding layers' own RoPE base: rope.freq_base_swa <->
                                         # rope_parameters.sliding_attention (ModernBERT)
+    oai_experts: str = ""               # gpt-oss's fused experts under this prefix: gate_up_proj [E, in, 2 * ff]
+                                        # (gate/up interleaved), down_proj [E, ff, out], their biases, or the
+                                        # MXFP4 `*_blocks`/`*_scales` kept packed; `self_attn.sinks` too
+    yarn_truncate: bool | None = None   # config.json's rope_parameters.truncate back from a GGUF (gpt-oss: False)
     ssm: int = 0                        # Mamba state-space layers, generation 1 or 2 (`transforms.ssm_to_gguf`):
                                         # A stored as -exp(A_log), conv1d squeezed to 2-D; 2: A/D as [n_head, 1],
                                         # the gated norm as [n_group, d_inner / n_group]
@@ -428,6 +432,13 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
          dropped=("pooler.dense.weight", "pooler.dense.bias", "0.lora_A", "0.lora_B"),
          gguf_fixed={"attention.causal": False},
          hf_extra={"hidden_act": "gelu"}, hf_prefer=("encoder.layers.", "emb_ln", ".mixer.", ".mlp.fc1.", ".mlp.fc2.")),
+)
+_RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), attention sinks, sliding layers
+    Arch("gpt_oss", "gpt-oss", "GptOssForCausalLM",
+         (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
+          _p("expert_used_count", "num_experts_per_tok", "experts_per_token"),  # the latter: OpenAI's own name
+          _p("expert_feed_forward_length", "intermediate_size")),
+         sliding=True, oai_experts="mlp.experts", yarn_truncate=False),
 )
 _SSM = (_p("embedding_length", "hidden_size", "d_model"), BLK, _p("ssm.conv_kernel", "conv_kernel", "d_conv"),
         _p("ssm.state_size", "state_size", "d_state"),

@@ -49,6 +49,7 @@ from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
     MissingWeightError,
+    ScaleShapeError,
     ShapeError,
     UnmappedTensorError,
 )
@@ -57,6 +58,8 @@ from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
 from .transforms import (
     mup_scale,
+    mxfp4_from_ggml,
+    mxfp4_to_ggml,
     regroup_qkv,
     rope_permutation,
     rope_permute,
@@ -68,7 +71,7 @@ from .transforms import (
 )
 
 __all__ = ["rope_permutation", "rope_permute", "rope_unpermute", "gguf_to_hf", "hf_to_gguf", "gguf_name_to_hf",
-           "hf_name_to_gguf", "gguf_metadata_from_config", "EXPERTS", "GGUF_ONLY"]
+           "hf_name_to_gguf", "gguf_metadata_from_config", "EXPERTS", "GGUF_ONLY", "MXFP4_QUANTIZATION_CONFIG"]
 
 # Stacked expert tensors (GGUF: one [n_expert, rows, cols] tensor) <-> one Hugging Face tensor per expert:
 # arch -> (HF prefix inside the layer, {GGUF part: HF projection}).
@@ -80,6 +83,8 @@ EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
 }
 EXPERTS.update({a.gguf: (a.experts, dict(zip(("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), a.expert_names)))
                 for a in ARCHS.values() if a.experts})
+# Weights llama.cpp's converter always stores in float32 (besides 1-D tensors and biases).
+_ALWAYS_F32 = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 # 1-D in GGUF, [1, n] in Hugging Face.
 _ROW_VECTORS = frozenset({"ffn_gate_inp_shexp"})
 # Architectures whose q/k rows llama.cpp's converter permutes (LlamaModel.permute).
@@ -248,6 +253,9 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _join_pair(state, ("ffn_gate_shexp", "ffn_up_shexp"), rec.fused_gate_up_shexp)
     if rec.experts_in_out:
         state = _experts_in_out_from_gguf(state, rec.experts_in_out)
+    if rec.oai_experts:
+        state, ready = _oai_experts_to_hf(state, rec.oai_experts, dequantize_to)
+        out.update(ready)
     for name, value in state.items():
         if name in GGUF_ONLY:
             continue
@@ -363,7 +371,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
                strict: bool = True) -> dict[str, WeightData]:
     """Rename a Hugging Face state dict to GGUF names (gguf-py's table) for export, applying llama.cpp's
     conversions lazily as the family's record says: q/k RoPE row permutation, norm shift (Gemma +1), Conv1D
-    transposes, fused qkv regrouping; 1-D tensors cast to `norm_dtype` (float32, as llama.cpp stores
+    transposes, fused qkv regrouping; 1-D tensors, biases of any rank (gpt-oss's expert biases: llama.cpp's
+    add_id needs them float32) and router weights (`ffn_gate_inp`) cast to `norm_dtype` (float32, as llama.cpp stores
     them; None keeps their dtype)."""
     arch = _arch_of(config, arch)
     rec = _check_arch(arch)
@@ -377,6 +386,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
     state = _stack_experts(state, arch)
+    if rec.oai_experts:
+        state = _oai_experts_to_gguf(state, rec.oai_experts)
     for name, value in state.items():
         if name.endswith(_PARAMETRIZED):  # torch.nn.utils.parametrize's saved name (jina-embeddings-v3's LoRA)
             name = name[: -len(_PARAMETRIZED)] + ".weight"
@@ -429,9 +440,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if ssm:
             cfg = _text_config(config)
             wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
-        if norm_dtype is not None and (wd.ndim == 1 or ssm) and wd.quantization_encoding is None and \
-                wd.dtype.is_float:
-            wd = wd.astype(norm_dtype)
+        if norm_dtype is not None and (wd.ndim == 1 or ssm or g.endswith(".bias") or _part(g) in _ALWAYS_F32) and \
+                wd.quantization_encoding is None and wd.dtype.is_float:
+            wd = wd.astype(norm_dtype)  # llama.cpp's converter: 1-D tensors, every bias, router weights, Mamba's
         if rec.norm_shift and name.endswith("norm.weight"):
             wd = _add_scalar(wd, rec.norm_shift)
         out[g] = _renamed(wd, g)
@@ -491,6 +502,138 @@ def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
             hf = f"model.layers.{m[1]}.{hf_part}.weight"
             out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
     return out
+
+
+# --- gpt-oss: fused experts ([E, in, out], gate/up rows interleaved) or OCP MXFP4 blocks kept packed ---------------
+# config.json's quantization_config for experts written back as `*_blocks` / `*_scales` (the published checkpoints')
+MXFP4_QUANTIZATION_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+_OAI_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
+_SINKS_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.sinks$")
+_GGUF_SINKS_RE = re.compile(r"^blk\.(\d+)\.attn_sinks\.weight$")
+_GGUF_OAI_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|bias)$")
+
+
+def _oai_experts_to_gguf(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """gpt-oss's expert tensors and attention sinks under llama.cpp's names, as its converter writes them: gate_up
+    split into its even (gate) and odd (up) output rows, weights `[E, out, in]`; MXFP4 `*_blocks` / `*_scales`
+    repacked into ggml MXFP4 bit for bit (`transforms.mxfp4_to_ggml`), never dequantized. Other tensors pass."""
+    out: dict[str, Any] = {}
+    packed: dict[tuple[str, str], dict[str, tuple[str, Any]]] = {}
+    for name, value in state.items():
+        m = _OAI_RE.match(name)
+        if m and m[2] == prefix:
+            layer, proj, kind = m[1], m[3], m[4] or ""
+            if kind in ("_blocks", "_scales"):
+                packed.setdefault((layer, proj), {})[kind] = (name, value)
+                continue
+            out.update(_oai_dense(layer, proj, kind, _as_wd(value, name)))
+            continue
+        sm = _SINKS_RE.match(name)
+        if sm:
+            g = f"blk.{sm[1]}.attn_sinks.weight"
+            out[g] = _renamed(_as_wd(value, name), g)
+            continue
+        out[name] = value
+    for (layer, proj), parts in sorted(packed.items()):
+        if len(parts) != 2:
+            have = next(iter(parts.values()))[0]
+            lacking = "_scales" if "_blocks" in parts else "_blocks"
+            raise MissingWeightError(f"MXFP4 {have!r} has no partner {have.rsplit('_', 1)[0] + lacking!r}")
+        (bn, bv), (sn, sv) = parts["_blocks"], parts["_scales"]
+        b, s = _as_wd(bv, bn), _as_wd(sv, sn)
+        if b.ndim != 4 or b.shape[-1] != 16 or tuple(b.shape[:-1]) != tuple(s.shape):
+            raise ScaleShapeError(f"MXFP4 {bn!r} {list(b.shape)} does not fit {sn!r} {list(s.shape)}: blocks must be "
+                                  f"[n_expert, rows, n_blocks, 16] over scales [n_expert, rows, n_blocks]")
+        if proj == "down_proj":
+            g = f"blk.{layer}.ffn_down_exps.weight"
+            out[g] = mxfp4_to_ggml(b, s, g)
+            continue
+        if b.shape[1] % 2:
+            raise ShapeError(f"{bn!r} {list(b.shape)}: gate_up rows must be interleaved gate/up pairs (an even count)")
+        for part, first in (("gate", 0), ("up", 1)):
+            g = f"blk.{layer}.ffn_{part}_exps.weight"
+            out[g] = mxfp4_to_ggml(b[:, first::2], s[:, first::2], g)
+    return out
+
+
+def _oai_dense(layer: str, proj: str, kind: str, wd: WeightData) -> dict[str, WeightData]:
+    """One unquantized gpt-oss expert tensor (or bias) as llama.cpp's stacked-expert tensors."""
+    what = "bias" if kind else "weight"
+    want = 2 if kind else 3
+    if wd.ndim != want:
+        raise ShapeError(f"'model.layers.{layer}.mlp.experts.{proj}{kind}': expected {want} dimensions "
+                         f"([n_expert, {'out' if kind else 'in, out'}]), got {list(wd.shape)}")
+    if not kind:
+        wd = wd.transpose((0, 2, 1))  # [E, in, out] -> llama.cpp's [E, out, in]
+    if proj == "down_proj":
+        g = f"blk.{layer}.ffn_down_exps.{what}"
+        return {g: _renamed(wd, g)}
+    if wd.shape[1] % 2:
+        raise ShapeError(f"'model.layers.{layer}.mlp.experts.gate_up_proj{kind}' {list(wd.shape)}: gate/up rows must "
+                         "come in interleaved pairs (an even count)")
+    gate, up = f"blk.{layer}.ffn_gate_exps.{what}", f"blk.{layer}.ffn_up_exps.{what}"
+    return {gate: _renamed(wd[:, 0::2], gate), up: _renamed(wd[:, 1::2], up)}
+
+
+def _oai_experts_to_hf(state: Mapping[str, Any], prefix: str, dequantize_to) -> tuple[dict, dict[str, WeightData]]:
+    """The inverse of `_oai_experts_to_gguf`: (the other tensors, the Hugging Face expert and sink tensors).
+    ggml MXFP4 gate and up go back as OCP `*_blocks` / `*_scales` (rows re-interleaved, bit for bit); other
+    quantized experts are dequantized (to `dequantize_to`, float32 by default)."""
+    from ..api.weight_data import stack
+
+    rest: dict[str, Any] = {}
+    found: dict[tuple[str, str, str], WeightData] = {}
+    ready: dict[str, WeightData] = {}
+
+    def fl(w: WeightData) -> WeightData:
+        if w.quantization_encoding is not None:
+            return w.dequantize(dequantize_to or DType.float32)
+        return w.astype(dequantize_to) if dequantize_to is not None and w.dtype.is_float else w
+
+    for name, value in state.items():
+        m, sm = _GGUF_OAI_RE.match(name), _GGUF_SINKS_RE.match(name)
+        if m:
+            found[(m[1], m[2], m[3])] = _as_wd(value, name)
+        elif sm:
+            hf = f"model.layers.{sm[1]}.self_attn.sinks"
+            ready[hf] = _renamed(fl(_as_wd(value, name)), hf)
+        else:
+            rest[name] = value
+    for layer in sorted({k[0] for k in found}, key=int):
+        base = f"model.layers.{layer}.{prefix}"
+        parts = {(p, w): found.get((layer, p, w)) for p in ("gate", "up", "down") for w in ("weight", "bias")}
+        lacking = [f"blk.{layer}.ffn_{p}_exps.{w}" for (p, w), v in parts.items() if v is None and w == "weight"]
+        if lacking:
+            raise MissingWeightError(f"gpt-oss layer {layer}: no {', '.join(lacking)}")
+        gate, up, down = parts[("gate", "weight")], parts[("up", "weight")], parts[("down", "weight")]
+        assert gate is not None and up is not None and down is not None
+        mx = [w.quantization_encoding is not None and w.quantization_encoding.name == "MXFP4" for w in (gate, up)]
+        if all(mx):
+            (gb, gs), (ub, us) = mxfp4_from_ggml(gate, "gate"), mxfp4_from_ggml(up, "up")
+            e, f = gb.shape[0], gb.shape[1]
+            blocks = stack([gb, ub], axis=2).reshape((e, 2 * f) + tuple(gb.shape[2:]))
+            scales = stack([gs, us], axis=2).reshape((e, 2 * f) + tuple(gs.shape[2:]))
+            ready[f"{base}.gate_up_proj_blocks"] = _renamed(blocks, f"{base}.gate_up_proj_blocks")
+            ready[f"{base}.gate_up_proj_scales"] = _renamed(scales, f"{base}.gate_up_proj_scales")
+        else:
+            g, u = fl(gate), fl(up)
+            fused = stack([g, u], axis=2).reshape((g.shape[0], 2 * g.shape[1], g.shape[2])).transpose((0, 2, 1))
+            ready[f"{base}.gate_up_proj"] = _renamed(fused, f"{base}.gate_up_proj")
+        if down.quantization_encoding is not None and down.quantization_encoding.name == "MXFP4" and all(mx):
+            db, ds = mxfp4_from_ggml(down, f"{base}.down_proj")
+            ready[db.name], ready[ds.name] = db, ds
+        else:
+            ready[f"{base}.down_proj"] = _renamed(fl(down).transpose((0, 2, 1)), f"{base}.down_proj")
+        gb_, ub_, db_ = parts[("gate", "bias")], parts[("up", "bias")], parts[("down", "bias")]
+        if gb_ is not None and ub_ is not None:
+            g, u = fl(gb_), fl(ub_)
+            ready[f"{base}.gate_up_proj_bias"] = _renamed(
+                stack([g, u], axis=2).reshape((g.shape[0], 2 * g.shape[1])), f"{base}.gate_up_proj_bias")
+        if db_ is not None:
+            ready[f"{base}.down_proj_bias"] = _renamed(fl(db_), f"{base}.down_proj_bias")
+    return rest, ready
+
 
 
 def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:

@@ -352,8 +352,9 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
 
 # llama.cpp's LlamaFileType for the type most 2-D tensors have (gguf-py constants.LlamaFileType).
 _FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30}
+                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
 _FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
+_MXFP4_MOE = 38  # LlamaFileType.MOSTLY_MXFP4_MOE: gpt-oss's experts kept as MXFP4, the rest float
 
 
 def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
@@ -377,6 +378,8 @@ def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
     if not weight:
         return 0, quantized
     top = max(weight, key=weight.__getitem__)
+    if "MXFP4" in weight and top in _FILE_TYPE_BY_DTYPE:
+        return _MXFP4_MOE, quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE whatever else
     if top in _FILE_TYPE_BY_ENCODING:
         return _FILE_TYPE_BY_ENCODING[top], quantized
     if top in _FILE_TYPE_BY_DTYPE:
@@ -607,14 +610,18 @@ def _config_dict(huggingface_config, folder: str | None) -> dict:
 
 
 def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *, tokenizer: bool = True,
-                     vocab_size: int | None = None, rope_freqs=None, rope_factors=None) -> dict[str, bytes]:
-    """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json,
-    generation_config.json and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
+                     vocab_size: int | None = None, rope_freqs=None, rope_factors=None,
+                     quantization_config: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json (with
+    `quantization_config` when given: gpt-oss's experts written back as MXFP4 blocks), generation_config.json
+    and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
     from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
 
     cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
                               rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs,
                               rope_factors=rope_factors() if callable(rope_factors) else rope_factors)
+    if quantization_config is not None:
+        cfg["quantization_config"] = dict(quantization_config)
     files = {
         "config.json": (json.dumps(cfg, indent=2) + "\n").encode(),
         "generation_config.json": (json.dumps(generation_config_from_gguf(metadata), indent=2) + "\n").encode(),
@@ -648,8 +655,12 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
         if {"rope_factors_long.weight", "rope_factors_short.weight"} & set(names):
             factors = lambda: {w: read(f"rope_factors_{w}.weight") if f"rope_factors_{w}.weight" in names  # noqa: E731
                                else None for w in ("long", "short")}
+    from .gguf_names import MXFP4_QUANTIZATION_CONFIG
+
+    # gpt-oss experts kept as MXFP4 `*_blocks` / `*_scales` (gguf_names._oai_experts_to_hf) need the config to say so
+    qcfg = MXFP4_QUANTIZATION_CONFIG if any(k.endswith("_proj_blocks") for k in adapted) else None
     out.extra_files = lambda: gguf_extra_files(metadata, names, tokenizer=tokenizer, vocab_size=vocab,
-                                               rope_freqs=freqs, rope_factors=factors)
+                                               rope_freqs=freqs, rope_factors=factors, quantization_config=qcfg)
     return out
 
 

@@ -33,7 +33,8 @@ _BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral":
               "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
               "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias"}
+              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias",
+              "gpt_oss": "attention_bias"}
 _REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
@@ -515,7 +516,17 @@ def _rope_scaling(a: str, cfg: Mapping[str, Any]) -> dict:
     if rs.get("original_max_position_embeddings") is not None:
         out[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(rs["original_max_position_embeddings"]),
                                                                       T.UINT32)
+    if kind == "yarn":  # as llama.cpp's converter writes them, where the config sets them
+        for hf_name, key in _YARN_KEYS:
+            v = rs.get(hf_name, rs.get("attn_factor")) if hf_name == "attention_factor" else rs.get(hf_name)
+            if v is not None:
+                out[f"{a}.rope.scaling.{key}"] = GGUFValue(float(v), T.FLOAT32)
     return out
+
+
+# YaRN's parameters: rope_parameters name -> llama.cpp's `rope.scaling.*` key
+_YARN_KEYS = (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+              ("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"))
 
 
 _MLA_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
@@ -606,6 +617,12 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         rope.update(rope_type=str(kind), factor=float(get("rope.scaling.factor")))
         if get("rope.scaling.original_context_length") is not None:
             rope["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+        if kind == "yarn":
+            for hf_name, key in _YARN_KEYS:
+                if get(f"rope.scaling.{key}") is not None:
+                    rope[hf_name] = float(get(f"rope.scaling.{key}"))
+            if rec.yarn_truncate is not None:
+                rope["truncate"] = rec.yarn_truncate
     if rec.window_flag:
         window = get("attention.sliding_window")
         cfg[rec.window_flag] = bool(window)

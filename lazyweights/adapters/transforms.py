@@ -8,6 +8,8 @@
 - `qkv_regroup_rows`: fused qkv rows laid out `[groups, q_per_group + 2, head_dim]` (GPT-NeoX: one group per
   head; Falcon: one per kv head) as llama.cpp's `[q; k; v]`, and its inverse.
 - `transpose2d`: GPT-2's Conv1D weights are `[in, out]`; llama.cpp stores `[out, in]`.
+- `mxfp4_to_ggml` / `mxfp4_from_ggml`: OCP MXFP4 blocks + scales (gpt-oss's published experts) <-> ggml's
+  block_mxfp4, a bit-exact nibble repack as llama.cpp's converter does it (never dequantized).
 
 Example:
     >>> import numpy as np
@@ -20,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..api.weight_data import WeightData
+from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError
 from ..graph import ops
 
@@ -122,6 +125,90 @@ def transpose2d(wd: WeightData) -> WeightData:
     if wd.ndim != 2:
         raise ShapeError(f"transposing {wd.name!r}: expected a 2-D weight, got shape {list(wd.shape)}")
     return wd.transpose((1, 0))
+
+
+# --- MXFP4: OCP blocks (gpt-oss's `*_blocks` / `*_scales`) <-> ggml's block_mxfp4, a byte repack -------------------
+# OCP MXFP4 (the published gpt-oss checkpoints): per 32 values one e8m0 scale byte in `*_scales` and 16 bytes in
+# `*_blocks`, byte k holding value 2k in its low nibble and 2k+1 in its high one. ggml's block_mxfp4 (17 bytes):
+# the same scale byte, then 16 bytes, byte j holding value j (low nibble) and j + 16 (high). The 4-bit codes and
+# the scale are the same on both sides (llama.cpp's converter moves bits only), so the repack is a nibble shuffle.
+# The graph has no bitwise ops: the nibbles are unpacked by ggml's Q4_1 dequantizer with scale 1 and minimum 0
+# (the codes themselves, exact in float32, cast back to uint8) and joined as `lo + 16 * hi` in uint8 (at most
+# 15 + 240), so no value rounding can touch them: tests/adapters/test_arch_gpt_oss.py checks the bytes against
+# an independent numpy repack.
+_Q4_1_IDENTITY = np.array([0x00, 0x3C, 0x00, 0x00], dtype=np.uint8)  # float16 d = 1.0, m = 0.0, little-endian
+_NIBBLE_POS = np.array([k // 2 + 16 * (k % 2) for k in range(32)])  # OCP value k in Q4_1's order (lows, highs)
+_TO_GGML = (_NIBBLE_POS[:16], _NIBBLE_POS[16:])         # ggml byte j: values j, j + 16
+_FROM_GGML = (np.arange(0, 32, 2), np.arange(1, 32, 2))  # Q4_1 order of ggml bytes is value order; OCP: 2k, 2k+1
+
+
+def _shuffle_nibbles(x, order):
+    """uint8 [..., 16] -> uint8 [..., 16]: byte i = nibble order[0][i] | nibble order[1][i] << 4, nibbles
+    numbered as Q4_1 unpacks them (the 16 low nibbles, then the 16 high ones)."""
+    from ..core.quantization import QuantizationEncoding
+    from ..graph.elementwise import binary
+
+    lead = x.shape[:-1]
+    rows = int(np.prod(lead, dtype=np.int64))
+    head = ops.take(ops.const(_Q4_1_IDENTITY.reshape(1, 1, 4)), np.zeros(rows, dtype=np.int64), 0)
+    blocks = ops.reshape(ops.concat([head, ops.reshape(x, (rows, 1, 16))], 2), (rows, 20))
+    codes = ops.cast(ops.dequantize(blocks, QuantizationEncoding.Q4_1, DType.float32), DType.uint8)
+    lo, hi = ops.take(codes, order[0], 1), ops.take(codes, order[1], 1)
+    joined = binary("add", lo, binary("mul", hi, ops.const(np.full((1, 1), 16, np.uint8))))
+    return ops.reshape(joined, lead + (16,))
+
+
+def mxfp4_to_ggml(blocks: WeightData, scales: WeightData, name: str) -> WeightData:
+    """OCP MXFP4 `blocks` uint8 [..., n_blocks, 16] and `scales` uint8 [..., n_blocks] as ggml MXFP4 rows
+    (uint8 [..., n_blocks * 17], encoding MXFP4), lazily and bit for bit (no value is dequantized).
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights import WeightData
+        >>> b = WeightData.from_numpy(np.array([[[0x21] + [0] * 15]], np.uint8), "b")
+        >>> s = WeightData.from_numpy(np.array([[127]], np.uint8), "s")
+        >>> mxfp4_to_ggml(b, s, "w").to_numpy()[0, :3].tolist()   # scale; value 0 = 1, value 1 = 2 -> byte 1
+        [127, 1, 2]
+    """
+    from ..core.errors import ScaleShapeError
+    from ..core.quantization import QuantizationEncoding
+
+    if blocks.dtype is not DType.uint8 or scales.dtype is not DType.uint8:
+        raise DTypeError(f"MXFP4 {blocks.name!r} ({blocks.dtype.name}) and {scales.name!r} ({scales.dtype.name}): "
+                         "blocks and scales must both be uint8")
+    if blocks.ndim < 2 or blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != tuple(scales.shape):
+        raise ScaleShapeError(f"MXFP4 {blocks.name!r} {list(blocks.shape)} does not fit its scales {scales.name!r} "
+                              f"{list(scales.shape)}: blocks must be [..., n_blocks, 16] over scales [..., n_blocks]")
+    qs = _shuffle_nibbles(blocks.node, _TO_GGML)
+    s = ops.reshape(scales.node, tuple(scales.shape) + (1,))
+    packed = ops.concat([s, qs], blocks.ndim - 1)
+    out = ops.reshape(packed, tuple(blocks.shape[:-2]) + (blocks.shape[-2] * 17,))
+    return WeightData.wrap(out, name, QuantizationEncoding.MXFP4)
+
+
+def mxfp4_from_ggml(wd: WeightData, name: str) -> tuple[WeightData, WeightData]:
+    """ggml MXFP4 rows (uint8 [..., n_blocks * 17]) as OCP (`{name}_blocks` [..., n_blocks, 16],
+    `{name}_scales` [..., n_blocks]): the inverse of `mxfp4_to_ggml`, bit for bit.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights import WeightData
+        >>> from lazyweights.core.quantization import QuantizationEncoding
+        >>> row = np.array([[127, 0x21] + [0] * 15], np.uint8)   # scale, value 0 = 1, value 16 = 2
+        >>> b, s = mxfp4_from_ggml(WeightData.wrap(WeightData.from_numpy(row, "g").node, "g",
+        ...                                        QuantizationEncoding.MXFP4), "w")
+        >>> b.name, b.to_numpy()[0, 0, :1].tolist(), b.to_numpy()[0, 0, 8:9].tolist(), s.to_numpy().tolist()
+        ('w_blocks', [1], [2], [[127]])
+    """
+    if wd.quantization_encoding is None or wd.quantization_encoding.name != "MXFP4" or wd.shape[-1] % 17:
+        raise DTypeError(f"{wd.name!r}: expected ggml MXFP4 rows [..., n_blocks * 17], got "
+                         f"{getattr(wd.quantization_encoding, 'name', wd.dtype.name)} {list(wd.shape)}")
+    lead, nb = tuple(wd.shape[:-1]), wd.shape[-1] // 17
+    x = ops.reshape(wd.node, lead + (nb, 17))
+    full = tuple((0, d, 1) for d in lead + (nb,))
+    scales = ops.reshape(ops.slice_(x, full + ((0, 1, 1),)), lead + (nb,))
+    blocks = _shuffle_nibbles(ops.slice_(x, full + ((1, 17, 1),)), _FROM_GGML)
+    return (WeightData.wrap(blocks, f"{name}_blocks", None), WeightData.wrap(scales, f"{name}_scales", None))
 
 
 def _unary(wd: WeightData, *kinds: str) -> WeightData:
