@@ -25,7 +25,8 @@ import time
 _DENSE = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=6, num_attention_heads=16,
               num_key_value_heads=4, max_position_embeddings=2048)
 # one folder per kind of work the converter does: plain renames (starcoder2, olmo2), q/k RoPE permutation (llama),
-# norm + 1 (gemma3), fused tensors kept (phi3), per-expert tensors stacked (qwen3_moe)
+# norm + 1 (gemma3), fused tensors kept (phi3), per-expert tensors stacked (qwen3_moe), fused experts split (gpt_oss),
+# a value transform (mamba)
 FAMILIES = {
     "starcoder2": ("Starcoder2Config", dict(_DENSE)),
     "olmo2": ("Olmo2Config", dict(_DENSE)),
@@ -33,6 +34,11 @@ FAMILIES = {
     "gemma3_text": ("Gemma3TextConfig", dict(_DENSE, head_dim=64)),
     "phi3": ("Phi3Config", dict(_DENSE, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(_DENSE, num_experts=16, num_experts_per_tok=2, moe_intermediate_size=512)),
+    # fused [E, in, 2 * ff] experts split (even/odd rows) and transposed, attention sinks
+    "gpt_oss": ("GptOssConfig", dict(_DENSE, head_dim=64, intermediate_size=1024, num_local_experts=8,
+                                     num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"] * 3)),
+    # A = -exp(A_log), conv1d squeezed
+    "mamba": ("MambaConfig", dict(hidden_size=1024, state_size=16, num_hidden_layers=24, expand=2)),
 }
 
 _THEIRS = """
@@ -72,21 +78,30 @@ def make(name: str, folder: str) -> None:
                       fh)
 
 
-def same_tensors(theirs: str, ours: str) -> tuple[int, int]:
+def same_tensors(theirs: str, ours: str) -> tuple[int, int, float]:
     """How many of llama.cpp's tensors lazyweights wrote with the same name, type, shape and bytes (the two
-    contestants did the same work)."""
+    contestants did the same work), and the largest relative difference among the float tensors that are not
+    byte-identical (inf where one is missing or differs in type or shape)."""
     import gguf
     import numpy as np
 
     mine = {t.name: t for t in gguf.GGUFReader(ours).tensors}
-    same = 0
+    same, worst = 0, 0.0
     ref = gguf.GGUFReader(theirs).tensors
     for t in ref:
         m = mine.get(t.name)
-        if m is not None and m.tensor_type == t.tensor_type and list(m.shape) == list(t.shape) \
-                and np.array_equal(np.asarray(m.data).view(np.uint8), np.asarray(t.data).view(np.uint8)):
+        if m is None or m.tensor_type != t.tensor_type or list(m.shape) != list(t.shape):
+            worst = float("inf")
+            continue
+        a, b = np.asarray(t.data), np.asarray(m.data)
+        if np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             same += 1
-    return same, len(ref)
+        elif a.dtype.kind == "f":
+            diff = np.abs(a.astype(np.float64) - b) / np.maximum(np.abs(a.astype(np.float64)), 1e-30)
+            worst = max(worst, float(diff.max()))
+        else:
+            worst = float("inf")
+    return same, len(ref), worst
 
 
 def run(code: str) -> float:
@@ -113,12 +128,13 @@ def main() -> None:
                 theirs.append(run(_THEIRS.format(root=os.path.dirname(script), src=src, out=their_out,
                                                  script=script)))
                 ours.append(run(_OURS.format(src=src, out=our_out)))
-            same, total = same_tensors(their_out, our_out)
+            same, total, worst = same_tensors(their_out, our_out)
             os.remove(their_out)
             os.remove(our_out)
             t, o = statistics.median(theirs), statistics.median(ours)
             print(f"{name}: {size / 1e6:.0f} MB float32; convert_hf_to_gguf.py {t:.2f} s, lazyweights {o:.2f} s, "
-                  f"{t / o:.2f}x; tensors identical to llama.cpp's: {same}/{total}")
+                  f"{t / o:.2f}x; tensors identical to llama.cpp's: {same}/{total}"
+                  + (f" (the others within {worst:.1e} relative)" if same < total else ""))
 
 
 if __name__ == "__main__":
