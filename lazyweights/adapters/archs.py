@@ -131,6 +131,9 @@ class Arch(NamedTuple):
                                         # attention / mlp / mamba layers)
     mup: bool = False                   # Falcon-H1's muP multipliers folded into the weights (`transforms.mup_scale`);
                                         # back, config.json sets them all to 1
+    shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
+                                        # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
+                                        # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -522,6 +525,12 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_expand", "hidden_size", kind="prod"),
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_dt_rank")),
          ssm=1, hybrid="attn_layer_period", experts="feed_forward.experts", hf_prefer=(".feed_forward.",)),
+)
+_RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama.cpp's conversion/lfm2.py)
+    Arch("lfm2", "lfm2", "Lfm2ForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
+         hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
