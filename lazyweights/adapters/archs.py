@@ -134,6 +134,10 @@ class Arch(NamedTuple):
     shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
                                         # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
                                         # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
+    gdn: bool = False                   # Qwen's gated delta-net layers (layer_types "linear_attention"): A as
+                                        # -exp(A_log), conv1d squeezed, in_proj_qkvz split into llama.cpp's
+                                        # attn_qkv ([q; k; v] over heads) and attn_gate (z), recurrent_layers;
+                                        # norms +1 except the gated delta-net's own (`transforms.gdn_to_gguf`)
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -531,6 +535,17 @@ _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama
          (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
          hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
+)
+_RECORDS += (  # qwen hybrids: gated delta-net and gated full attention (llama.cpp's conversion/qwen.py)
+    # Qwen3-Next: MoE with a gated shared expert on every layer, zero-centred norms (+1), q_proj holding the gate
+    Arch("qwen3_next", "qwen3next", "Qwen3NextForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+          _p("ssm.conv_kernel", "linear_conv_kernel_dim"), _p("ssm.state_size", "linear_key_head_dim"),
+          _p("ssm.group_count", "linear_num_key_heads"), _p("ssm.time_step_rank", "linear_num_value_heads"),
+          _p("ssm.inner_size", "linear_value_head_dim", "linear_num_value_heads", kind="prod")),
+         norm_shift=1.0, partial_rotary=True, hybrid="layer_types", gdn=True, experts="mlp.experts",
+         hf_prefer=(".mlp.gate.", *_QK_NORM)),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -56,6 +56,7 @@ from ..core.errors import (
 from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
+from .transforms import qkvz_rows
 from .transforms import (
     mup_scale,
     mxfp4_from_ggml,
@@ -399,6 +400,11 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
             out.update(_split_gate_up(name, _as_wd(value, name)))
             continue
+        if rec.gdn and name.startswith("mtp."):
+            continue  # multi-token-prediction layers: llama.cpp's converter drops them
+        if rec.gdn and name.endswith("linear_attn.in_proj_qkvz.weight"):
+            out.update(_split_qkvz(name, _as_wd(value, name), _text_config(config)))
+            continue
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
             continue
@@ -438,21 +444,37 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.mup and (mup := mup_scale(name, _text_config(config))) is not None and \
                 (isinstance(mup, np.ndarray) or mup != 1.0):
             wd = scaled(wd, mup)
-        ssm = _ssm_part(g) if rec.ssm else None
+        ssm = _ssm_part(g) if rec.ssm or rec.gdn else None
         if ssm:
             cfg = _text_config(config)
-            wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
+            wd = ssm_to_gguf(wd, ssm, rec.ssm or 1, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
         conv = rec.shortconv and g.endswith(".shortconv.conv.weight")
         if conv and wd.ndim == 3 and wd.shape[1] == 1:  # LFM2's depthwise conv: llama.cpp's ssm_conv takes [d, L]
             wd = wd.reshape((wd.shape[0], wd.shape[2]))
         f32 = wd.ndim == 1 or ssm or conv or g.endswith(".bias") or _part(g) in _ALWAYS_F32
         if norm_dtype is not None and f32 and wd.quantization_encoding is None and wd.dtype.is_float:
             wd = wd.astype(norm_dtype)  # llama.cpp's converter: 1-D tensors, every bias, router weights, Mamba's
-        if rec.norm_shift and name.endswith("norm.weight"):
-            wd = _add_scalar(wd, rec.norm_shift)
+        if rec.norm_shift and name.endswith("norm.weight") and not (rec.gdn and name.endswith("linear_attn.norm.weight")):
+            wd = _add_scalar(wd, rec.norm_shift)  # the gated delta-net's own norm is not zero-centred
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
+
+
+def _qkvz_dims(cfg) -> tuple[int, int, int]:
+    n_k, n_v = int(_get(cfg, "linear_num_key_heads")), int(_get(cfg, "linear_num_value_heads"))
+    return n_k, int(_get(cfg, "linear_key_head_dim")), n_v // n_k * int(_get(cfg, "linear_value_head_dim"))
+
+
+def _split_qkvz(name: str, wd: WeightData, cfg) -> dict[str, WeightData]:
+    """Qwen3-Next's `in_proj_qkvz` ([q, k, v, z] per key head) as llama.cpp's attn_qkv ([q; k; v]) and attn_gate."""
+    n_k, hk, vz = _qkvz_dims(cfg)
+    m = re.search(r"\.(\d+)\.", name)
+    if m is None or wd.ndim != 2 or wd.shape[0] != n_k * (2 * hk + 2 * vz):
+        raise ShapeError(f"{name!r}: expected [{n_k} x (2 x {hk} + 2 x {vz}), hidden] rows, got {list(wd.shape)}")
+    qkv, z = qkvz_rows(n_k, hk, vz)
+    a, b = f"blk.{m[1]}.attn_qkv.weight", f"blk.{m[1]}.attn_gate.weight"
+    return {a: _renamed(wd[qkv], a), b: _renamed(wd[z], b)}
 
 
 def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, WeightData]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
-from .archs import CTX, FFN, KV, Arch, HParam
+from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
 _BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral": "attention_bias",
@@ -302,6 +302,9 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
                               [f"{a}.expert_count"])
     out = {f"{a}.attention.head_count_kv": GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY,
                                                      T.INT32)}
+    if rec.gdn:  # Qwen's gated delta-net layers, as llama.cpp's converter marks them
+        out[f"{a}.attention.recurrent_layers"] = GGUFValue([k == "mamba" for k in kinds], T.ARRAY, T.BOOL)
+        out[f"{a}.full_attention_interval"] = GGUFValue(int(cfg.get("full_attention_interval") or 4), T.UINT32)
     if "mlp" in kinds or "moe" in kinds:  # Nemotron-H: MLP or MoE layers; no kv heads and no MLP: a Mamba layer
         ff = int(found.get("feed_forward_length") or 0)
         moe = int(found.get("expert_feed_forward_length") or 0)
@@ -750,6 +753,9 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
                                        "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
+    if any(a.gdn and a.gguf == arch for a in ARCHS.values()):  # Qwen's gated attention: q_proj holds q and gate;
+        out["attn_q"] = (2 * heads * kd, embd)                 # attn_qkv is the gated delta-net's
+        del out["attn_qkv"]
     ff = get("feed_forward_length")
     if ff:
         out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))

@@ -319,3 +319,42 @@ def scaled(wd: WeightData, scale: float | np.ndarray) -> WeightData:
         arr = arr.reshape((1,) * wd.ndim)
     const = ops.const(arr.astype(wd.dtype.to_numpy()))
     return WeightData.wrap(binary("mul", wd.node, const), wd.name, None)
+
+
+def qkvz_rows(n_k: int, head_k: int, v_per_head: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen3-Next's fused `in_proj_qkvz` rows (per key head `[q, k, v, z]`, v and z `v_per_head` rows each) as
+    llama.cpp's converter splits them: the row order of attn_qkv (all q, all k, all v) and of attn_gate (all z).
+
+    Example:
+        >>> [r.tolist() for r in qkvz_rows(2, 1, 1)]
+        [[0, 4, 1, 5, 2, 6], [3, 7]]
+    """
+    per = 2 * head_k + 2 * v_per_head
+    base = np.arange(n_k)[:, None] * per
+    spans = ((0, head_k), (head_k, 2 * head_k), (2 * head_k, 2 * head_k + v_per_head),
+             (2 * head_k + v_per_head, per))
+    q, k, v, z = ((base + np.arange(a, b)[None, :]).ravel() for a, b in spans)
+    return np.concatenate([q, k, v]), z
+
+
+def gdn_to_gguf(wd: WeightData, part: str) -> WeightData:
+    """A gated delta-net layer tensor (Hugging Face -> GGUF, `part`: its GGUF name's layer part) as llama.cpp's
+    converter stores it: `A = -exp(A_log)`, the conv1d weight `[d, 1, L]` squeezed to `[d, L]`.
+
+    Example:
+        >>> a_log = WeightData.from_numpy(np.log(np.arange(1, 3, dtype=np.float32)), "A_log")
+        >>> gdn_to_gguf(a_log, "ssm_a").to_numpy().tolist()
+        [-1.0, -2.0]
+    """
+    return ssm_to_gguf(wd, part, 1)
+
+
+def gdn_to_hf(wd: WeightData, part: str) -> WeightData:
+    """The inverse of `gdn_to_gguf`: `A_log = log(-A)`, conv1d `[d, 1, L]`.
+
+    Example:
+        >>> a = WeightData.from_numpy(-np.exp(np.ones(2, np.float32)), "A")
+        >>> [round(x, 6) for x in gdn_to_hf(a, "ssm_a").to_numpy().tolist()]
+        [1.0, 1.0]
+    """
+    return ssm_to_hf(wd, part, 1)
