@@ -302,7 +302,8 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
                               [f"{a}.expert_count"])
     out = {f"{a}.attention.head_count_kv": GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY,
                                                      T.INT32)}
-    if rec.gdn:  # Qwen's gated delta-net layers, as llama.cpp's converter marks them
+    if rec.gdn:  # Qwen's gated delta-net layers, as llama.cpp's converter marks them (kv heads: one count; the
+        out[f"{a}.attention.head_count_kv"] = GGUFValue(kv, T.UINT32)  # loader sizes attn_k by layer 0's)
         out[f"{a}.attention.recurrent_layers"] = GGUFValue([k == "mamba" for k in kinds], T.ARRAY, T.BOOL)
         out[f"{a}.full_attention_interval"] = GGUFValue(int(cfg.get("full_attention_interval") or 4), T.UINT32)
     if "mlp" in kinds or "moe" in kinds:  # Nemotron-H: MLP or MoE layers; no kv heads and no MLP: a Mamba layer
