@@ -247,6 +247,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     if rec.mla:
         state = _join_kv_b(state)
+    if rec.gdn:
+        state = _join_qkvz(state, md, arch)
     if rec.fused_gate_up_shexp:
         if rec.hybrid and not any(n.endswith("ffn_gate_inp.weight") for n in state):
             # a dense Granite 4.0 H: llama.cpp's plain MLP is the Hugging Face shared MLP
@@ -263,6 +265,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         if (rec.experts_in_out and name.startswith("model.layers.")) or \
                 (rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight")) or \
                 (rec.mla and name.endswith("self_attn.kv_b_proj.weight")) or \
+                (rec.gdn and name.endswith("linear_attn.in_proj_qkvz.weight")) or \
                 (rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight")):
             wd = _as_wd(value, name)
             if dequantize_to is not None and wd.dtype.is_float:
@@ -297,10 +300,10 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0], inverse=True)
         if rec.transposed and hf.endswith(rec.transposed):
             wd = transpose2d(wd if wd.quantization_encoding is None else wd.dequantize())
-        if rec.norm_shift and hf.endswith("norm.weight"):
+        if rec.norm_shift and hf.endswith("norm.weight") and not (rec.gdn and hf.endswith("linear_attn.norm.weight")):
             wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -rec.norm_shift)
-        if rec.ssm and (ssm := _ssm_part(name)):
-            wd = ssm_to_hf(wd, ssm, rec.ssm)
+        if (rec.ssm or rec.gdn) and (ssm := _ssm_part(name)):
+            wd = ssm_to_hf(wd, ssm, rec.ssm or 1)
         if rec.shortconv and name.endswith(".shortconv.conv.weight") and wd.ndim == 2:
             wd = wd.reshape((wd.shape[0], 1, wd.shape[1]))  # LFM2's Conv1d weight [d, 1, L]
         if dequantize_to is not None:
@@ -475,6 +478,31 @@ def _split_qkvz(name: str, wd: WeightData, cfg) -> dict[str, WeightData]:
     qkv, z = qkvz_rows(n_k, hk, vz)
     a, b = f"blk.{m[1]}.attn_qkv.weight", f"blk.{m[1]}.attn_gate.weight"
     return {a: _renamed(wd[qkv], a), b: _renamed(wd[z], b)}
+
+
+def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
+    """llama.cpp's attn_qkv and attn_gate of a gated delta-net layer joined back into Qwen3-Next's in_proj_qkvz
+    ([q, k, v, z] per key head); the key head count from `{arch}.ssm.group_count`."""
+    from ..api.weight_data import concat
+
+    out = dict(state)
+    for name in list(state):
+        m = re.match(r"^blk\.(\d+)\.attn_gate\.weight$", name)
+        qkv_name = f"blk.{m[1]}.attn_qkv.weight" if m else ""
+        if m is None or qkv_name not in state:
+            continue
+        n_k = md.get(f"{arch}.ssm.group_count") if md is not None else None
+        n_k = int(getattr(n_k, "value", n_k) or 0)
+        qkv, z = _as_wd(out.pop(qkv_name), qkv_name), _as_wd(out.pop(name), name)
+        if qkv.quantization_encoding is not None:
+            qkv, z = qkv.dequantize(), z.dequantize()
+        key_rows = (qkv.shape[0] - z.shape[0]) // 2
+        if n_k <= 0 or key_rows % n_k or z.shape[0] % n_k:
+            raise ShapeError(f"{qkv_name!r} {list(qkv.shape)} / {name!r} {list(z.shape)}: no split into {n_k} key heads")
+        fwd = np.concatenate(qkvz_rows(n_k, key_rows // n_k, z.shape[0] // n_k))
+        hf = f"model.layers.{m[1]}.linear_attn.in_proj_qkvz.weight"
+        out[hf] = _renamed(concat([qkv, z], axis=0)[np.argsort(fwd)], hf)
+    return out
 
 
 def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, WeightData]:

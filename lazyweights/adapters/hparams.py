@@ -363,6 +363,14 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
                 "layer_types": ["full_attention" if int(k) else "conv" for k in kv],
                 "intermediate_size": int(get("feed_forward_length")), "block_auto_adjust_ff_dim": False}
     hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+    if rec.gdn:  # Qwen's gated delta-net layers from recurrent_layers (else every full_attention_interval-th attends)
+        rec_layers = get("attention.recurrent_layers")
+        if not isinstance(rec_layers, list):
+            every = int(get("full_attention_interval") or 4)
+            rec_layers = [(i + 1) % every != 0 for i in range(len(kv))]
+        return {"num_key_value_heads": max(int(k) for k in kv),
+                "layer_types": ["linear_attention" if r else "full_attention" for r in rec_layers],
+                "linear_value_head_dim": inner // int(get("ssm.time_step_rank"))}
     cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv)}
     if rec.hybrid == "layers_block_type":  # Nemotron-H: MLP layers from the per-layer feed-forward sizes
         ff = get("feed_forward_length")
