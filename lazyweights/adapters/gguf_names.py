@@ -56,11 +56,11 @@ from ..core.errors import (
 from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
-from .transforms import qkvz_rows
 from .transforms import (
     mup_scale,
     mxfp4_from_ggml,
     mxfp4_to_ggml,
+    qkvz_rows,
     regroup_qkv,
     rope_permutation,
     rope_permute,
@@ -457,8 +457,9 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         f32 = wd.ndim == 1 or ssm or conv or g.endswith(".bias") or _part(g) in _ALWAYS_F32
         if norm_dtype is not None and f32 and wd.quantization_encoding is None and wd.dtype.is_float:
             wd = wd.astype(norm_dtype)  # llama.cpp's converter: 1-D tensors, every bias, router weights, Mamba's
-        if rec.norm_shift and name.endswith("norm.weight") and not (rec.gdn and name.endswith("linear_attn.norm.weight")):
-            wd = _add_scalar(wd, rec.norm_shift)  # the gated delta-net's own norm is not zero-centred
+        gdn_norm = rec.gdn and name.endswith("linear_attn.norm.weight")  # the gated delta-net's: not zero-centred
+        if rec.norm_shift and name.endswith("norm.weight") and not gdn_norm:
+            wd = _add_scalar(wd, rec.norm_shift)
         out[g] = _renamed(wd, g)
     _refuse_unknown(unknown, f"hf_to_gguf ({arch}): no GGUF name", "their own names")
     return out
@@ -498,7 +499,8 @@ def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
             qkv, z = qkv.dequantize(), z.dequantize()
         key_rows = (qkv.shape[0] - z.shape[0]) // 2
         if n_k <= 0 or key_rows % n_k or z.shape[0] % n_k:
-            raise ShapeError(f"{qkv_name!r} {list(qkv.shape)} / {name!r} {list(z.shape)}: no split into {n_k} key heads")
+            raise ShapeError(f"{qkv_name!r} {list(qkv.shape)} / {name!r} {list(z.shape)}: "
+                             f"no split into {n_k} key heads")
         fwd = np.concatenate(qkvz_rows(n_k, key_rows // n_k, z.shape[0] // n_k))
         hf = f"model.layers.{m[1]}.linear_attn.in_proj_qkvz.weight"
         out[hf] = _renamed(concat([qkv, z], axis=0)[np.argsort(fwd)], hf)
