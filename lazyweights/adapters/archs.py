@@ -138,6 +138,8 @@ class Arch(NamedTuple):
                                         # -exp(A_log), conv1d squeezed, in_proj_qkvz split into llama.cpp's
                                         # attn_qkv ([q; k; v] over heads) and attn_gate (z), recurrent_layers;
                                         # norms +1 except the gated delta-net's own (`transforms.gdn_to_gguf`)
+    v_reorder: bool = False             # Qwen3.5: value heads regrouped to llama.cpp's tiled order where there are
+                                        # more value than key heads (`transforms.v_reorder`), both ways
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -536,16 +538,20 @@ _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
          hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
 )
+_GDN = (_p("ssm.conv_kernel", "linear_conv_kernel_dim"), _p("ssm.state_size", "linear_key_head_dim"),
+        _p("ssm.group_count", "linear_num_key_heads"), _p("ssm.time_step_rank", "linear_num_value_heads"),
+        _p("ssm.inner_size", "linear_value_head_dim", "linear_num_value_heads", kind="prod"))
 _RECORDS += (  # qwen hybrids: gated delta-net and gated full attention (llama.cpp's conversion/qwen.py)
     # Qwen3-Next: MoE with a gated shared expert on every layer, zero-centred norms (+1), q_proj holding the gate
     Arch("qwen3_next", "qwen3next", "Qwen3NextForCausalLM",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
-          _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
-          _p("ssm.conv_kernel", "linear_conv_kernel_dim"), _p("ssm.state_size", "linear_key_head_dim"),
-          _p("ssm.group_count", "linear_num_key_heads"), _p("ssm.time_step_rank", "linear_num_value_heads"),
-          _p("ssm.inner_size", "linear_value_head_dim", "linear_num_value_heads", kind="prod")),
+          _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"), *_GDN),
          norm_shift=1.0, partial_rotary=True, hybrid="layer_types", gdn=True, experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM)),
+    # Qwen3.5: separate in_proj_qkv / z / a / b, value heads tiled for llama.cpp, interleaved M-RoPE (the
+    # converter's default sections [11, 11, 10, 0] where the config has none); a dense MLP
+    Arch("qwen3_5_text", "qwen35", "Qwen3_5ForCausalLM", (*_LLAMA_LIKE, *_GDN), norm_shift=1.0, partial_rotary=True,
+         hybrid="layer_types", gdn=True, v_reorder=True, mrope=True, hf_prefer=_QK_NORM),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -69,6 +69,7 @@ from .transforms import (
     ssm_to_gguf,
     ssm_to_hf,
     transpose2d,
+    v_reorder,
 )
 
 __all__ = ["rope_permutation", "rope_permute", "rope_unpermute", "gguf_to_hf", "hf_to_gguf", "gguf_name_to_hf",
@@ -306,6 +307,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             wd = ssm_to_hf(wd, ssm, rec.ssm or 1)
         if rec.shortconv and name.endswith(".shortconv.conv.weight") and wd.ndim == 2:
             wd = wd.reshape((wd.shape[0], 1, wd.shape[1]))  # LFM2's Conv1d weight [d, 1, L]
+        if rec.v_reorder:
+            wd = v_reorder(wd, hf, _v_dims_gguf(md, arch), inverse=True)
         if dequantize_to is not None:
             if wd.quantization_encoding is not None:
                 wd = wd.dequantize(dequantize_to)
@@ -436,6 +439,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         g = _name_or_unknown(g, name, strict, unknown)
         if g is None:
             continue
+        if rec.v_reorder:
+            wd = v_reorder(wd, name, _v_dims_hf(_text_config(config)))
         if permuted and (n := _rope_heads(name, heads)):
             wd = rope_permute(wd, n, _rotary_dims(config, arch, wd.shape[0] // n) if rec.partial_rotary else None)
         if rec.transposed and name.endswith(rec.transposed):
@@ -479,6 +484,22 @@ def _split_qkvz(name: str, wd: WeightData, cfg) -> dict[str, WeightData]:
     qkv, z = qkvz_rows(n_k, hk, vz)
     a, b = f"blk.{m[1]}.attn_qkv.weight", f"blk.{m[1]}.attn_gate.weight"
     return {a: _renamed(wd[qkv], a), b: _renamed(wd[z], b)}
+
+
+def _v_dims_hf(cfg) -> tuple[int, int, int, int]:
+    """Key heads, value heads, key and value head sizes of a gated delta-net from config.json."""
+    return tuple(int(_get(cfg, k) or 0) for k in ("linear_num_key_heads", "linear_num_value_heads",  # type: ignore
+                                                  "linear_key_head_dim", "linear_value_head_dim"))
+
+
+def _v_dims_gguf(md, arch: str) -> tuple[int, int, int, int]:
+    """`_v_dims_hf` from a GGUF's metadata (llama.cpp's ssm.* keys)."""
+    def get(key: str) -> int:
+        v = md.get(f"{arch}.{key}") if md is not None else None
+        return int(getattr(v, "value", v) or 0)
+
+    n_v = get("ssm.time_step_rank")
+    return get("ssm.group_count"), n_v, get("ssm.state_size"), get("ssm.inner_size") // n_v if n_v else 0
 
 
 def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:

@@ -230,7 +230,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md.update(_mla_hparams(a, cfg))
     if rec.mrope:
         sections = [int(x) for x in (rope_parameters(cfg).get("mrope_section")
-                                     or (cfg.get("rope_scaling") or {}).get("mrope_section") or [])]
+                                     or (cfg.get("rope_scaling") or {}).get("mrope_section")
+                                     or ([11, 11, 10, 0] if rec.gdn else []))]  # llama.cpp's Qwen3.5 default
         if not sections or len(sections) > 4:
             raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
                                   f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])

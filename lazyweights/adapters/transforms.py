@@ -358,3 +358,55 @@ def gdn_to_hf(wd: WeightData, part: str) -> WeightData:
         [1.0, 1.0]
     """
     return ssm_to_hf(wd, part, 1)
+
+
+def v_head_order(n_k: int, v_per_k: int, head_dim: int) -> np.ndarray:
+    """llama.cpp's Qwen3.5 value-head reorder (`_LinearAttentionVReorderBase`): rows grouped by key head
+    `[k0: v0..v(r-1), k1: ...]` to tiled `[v0: k0, k1, ..., v1: ...]`, so ggml's broadcast repeats key heads.
+    New row i is old row `order[i]`.
+
+    Example:
+        >>> v_head_order(2, 2, 1).tolist()
+        [0, 2, 1, 3]
+    """
+    return np.arange(n_k * v_per_k * head_dim).reshape(n_k, v_per_k, head_dim).transpose(1, 0, 2).ravel()
+
+
+def v_reorder(wd: WeightData, hf_name: str, dims: tuple[int, int, int, int], inverse: bool = False) -> WeightData:
+    """A Qwen3.5 gated delta-net tensor with its value heads in llama.cpp's tiled order (`inverse`: back to the
+    Hugging Face grouped order); `dims`: key heads, value heads, key head size, value head size. Tensors
+    without value heads come back unchanged.
+
+    Example:
+        >>> a = WeightData.from_numpy(np.arange(4, dtype=np.float32), "model.layers.0.linear_attn.A_log")
+        >>> v_reorder(a, a.name, (2, 4, 8, 8)).to_numpy().tolist()
+        [0.0, 2.0, 1.0, 3.0]
+    """
+    n_k, n_v, hk, hv = dims
+    if n_k <= 0 or n_v == n_k or n_v % n_k or ".linear_attn." not in hf_name:
+        return wd
+    r = n_v // n_k
+    keep, hd, cols = 0, hv, False
+    if hf_name.endswith("in_proj_qkv.weight"):
+        keep = 2 * n_k * hk
+    elif hf_name.endswith(("conv1d.weight", "conv1d.bias")):
+        keep = 2 * n_k * hk
+    elif hf_name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias", "dt_proj.bias")):
+        hd = 1
+    elif hf_name.endswith("out_proj.weight"):
+        cols = True
+    elif not hf_name.endswith("in_proj_z.weight"):
+        return wd
+    order = v_head_order(n_k, r, hd)
+    if inverse:
+        order = np.argsort(order)
+    perm = np.concatenate([np.arange(keep), keep + order])
+    if wd.quantization_encoding is not None:
+        wd = wd.dequantize()
+    n = wd.shape[1] if cols else wd.shape[0]
+    if n != len(perm):
+        raise ShapeError(f"{hf_name!r} {list(wd.shape)}: expected {len(perm)} value-head "
+                         f"{'columns' if cols else 'rows'} ({n_k} key heads, {n_v} value heads)")
+    if cols:
+        return transpose2d(transpose2d(wd)[perm])
+    return wd[perm]

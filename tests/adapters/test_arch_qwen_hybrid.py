@@ -24,12 +24,19 @@ from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 _TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
 _LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                linear_conv_kernel_dim=4)
+# interleaved M-RoPE sections that fit the tiny model's 8 rotary dims (ggml asserts sum(sections) * 2 <= n_rot)
+_MROPE = dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
+              mrope_interleaved=True)
 FAMILIES = {
     "qwen3_next": ("Qwen3NextConfig", dict(
         hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         max_position_embeddings=128, layer_types=_TYPES, intermediate_size=96, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, decoder_sparse_step=1,
         mlp_only_layers=[], norm_topk_prob=True, **_LINEAR, **_SPECIAL)),
+    "qwen3_5_text": ("Qwen3_5TextConfig", dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=128, layer_types=_TYPES, intermediate_size=96, rope_parameters=_MROPE, **_LINEAR,
+        **_SPECIAL)),
 }
 
 
