@@ -248,7 +248,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
         state = _fuse_gate_up(state, rec.fused_gate_up_exps)
     if rec.mla:
         state = _join_kv_b(state)
-    if rec.gdn:
+    if rec.gdn and not rec.v_reorder:  # Qwen3-Next's fused in_proj_qkvz (Qwen3.5 keeps in_proj_qkv and _z)
         state = _join_qkvz(state, md, arch)
     if rec.fused_gate_up_shexp:
         if rec.hybrid and not any(n.endswith("ffn_gate_inp.weight") for n in state):
