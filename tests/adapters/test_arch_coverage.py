@@ -12,6 +12,7 @@ import test_arch_breadth  # noqa: E402
 import test_arch_encoders  # noqa: E402
 import test_arch_lfm2  # noqa: E402
 import test_arch_more  # noqa: E402
+import test_arch_qwen_hybrid  # noqa: E402
 import test_arch_round_trip  # noqa: E402
 import test_arch_ssm  # noqa: E402
 
@@ -26,7 +27,8 @@ _JUDGED_ELSEWHERE = {"nemotron_h_moe": "test_arch_ssm: NemotronHConfig with MoE 
 def _judged_model_types() -> set[str]:
     classes = [entry[0] for table in (test_arch_round_trip.ARCHS, test_arch_breadth.FAMILIES,
                                       test_arch_breadth._VL, test_arch_more.FAMILIES, test_arch_encoders.FAMILIES,
-                                      test_arch_ssm.SSM_FAMILIES, test_arch_lfm2.FAMILIES) for entry in table.values()]
+                                      test_arch_ssm.SSM_FAMILIES, test_arch_lfm2.FAMILIES,
+                                      test_arch_qwen_hybrid.FAMILIES) for entry in table.values()]
     classes.append("GptOssConfig")  # test_arch_gpt_oss
     out = set()
     for name in classes:
