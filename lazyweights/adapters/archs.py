@@ -552,6 +552,12 @@ _RECORDS += (  # qwen hybrids: gated delta-net and gated full attention (llama.c
     # converter's default sections [11, 11, 10, 0] where the config has none); a dense MLP
     Arch("qwen3_5_text", "qwen35", "Qwen3_5ForCausalLM", (*_LLAMA_LIKE, *_GDN), norm_shift=1.0, partial_rotary=True,
          hybrid="layer_types", gdn=True, v_reorder=True, mrope=True, hf_prefer=_QK_NORM),
+    # Qwen3.5 MoE: qwen35's layers with Qwen3-Next's MoE (a gated shared expert)
+    Arch("qwen3_5_moe_text", "qwen35moe", "Qwen3_5MoeForCausalLM",
+         (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"), *_GDN),
+         norm_shift=1.0, partial_rotary=True, hybrid="layer_types", gdn=True, v_reorder=True, mrope=True,
+         experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM)),
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)

@@ -37,6 +37,11 @@ FAMILIES = {
         hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         max_position_embeddings=128, layer_types=_TYPES, intermediate_size=96, rope_parameters=_MROPE, **_LINEAR,
         **_SPECIAL)),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=128, layer_types=_TYPES, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, rope_parameters=_MROPE, **_LINEAR,
+        **_SPECIAL)),
 }
 
 
