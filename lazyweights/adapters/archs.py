@@ -131,6 +131,9 @@ class Arch(NamedTuple):
                                         # attention / mlp / mamba layers)
     mup: bool = False                   # Falcon-H1's muP multipliers folded into the weights (`transforms.mup_scale`);
                                         # back, config.json sets them all to 1
+    gemma4: bool = False                # Gemma 4: per-layer head dims / kv heads (sliding vs full), key_length_swa,
+                                        # rope dimension counts, the "proportional" full-layer RoPE as rope_freqs
+                                        # (1 on rotated pairs, 1e30 on the rest), shared kv layers
 
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
@@ -523,6 +526,14 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_dt_rank")),
          ssm=1, hybrid="attn_layer_period", experts="feed_forward.experts", hf_prefer=(".feed_forward.",)),
 )
+_RECORDS += (  # gemma4
+    # Gemma 4 (dense, no per-layer embeddings): no norm shift, attention scale 1, full layers with their own head
+    # dim and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer output scalar
+    Arch("gemma4_text", "gemma4", "Gemma4ForCausalLM", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
+         swa_period=0, late=_SOFTCAP[:1], hf_prefer=_QK_NORM, gemma4=True,
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+)
+
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",

@@ -188,6 +188,28 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
     return np.asarray(out, dtype=np.float32)
 
 
+def gemma4_rope_freqs(cfg: Mapping[str, Any]):
+    """Gemma 4's "proportional" RoPE of the full-attention layers as llama.cpp's converter writes it: per pair of
+    the full head dim, 1 where it rotates (the first `partial_rotary_factor` share) and 1e30 (no rotation) after.
+
+    Example:
+        >>> gemma4_rope_freqs({"global_head_dim": 16, "rope_parameters": {"full_attention": {
+        ...     "rope_type": "proportional", "partial_rotary_factor": 0.25}}}).tolist()
+        [1.0, 1.0, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30]
+    """
+    import numpy as np
+
+    from .hparams import gemma4_full
+
+    full = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type", "proportional") != "proportional":
+        raise GGUFConfigError(f"config.json (gemma4): full-attention rope_type {full.get('rope_type')!r}; llama.cpp's "
+                              "converter writes only the proportional one", ["rope_freqs.weight"])
+    head_dim = int(gemma4_full(cfg, "head_dim", "global_head_dim") or cfg["head_dim"])
+    n_rot = int(head_dim * float(full.get("partial_rotary_factor", 1.0)) / 2)
+    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), dtype=np.float32)
+
+
 def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:
     """The Hugging Face `rope_scaling` ({"rope_type": "llama3", factor, low/high_freq_factor,
     original_max_position_embeddings}) whose factors equal `rope_freqs` (a GGUF's `rope_freqs.weight`).
@@ -466,6 +488,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
     if ARCHS[mt].longrope:
         adapted.update(_longrope_tensors(cfg_text))
+    if ARCHS[mt].gemma4:
+        adapted["rope_freqs.weight"] = WeightData.from_numpy(gemma4_rope_freqs(cfg_text), "rope_freqs.weight")
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)

@@ -245,6 +245,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
             md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
     if rec.swa_keys:
         md.update(_swa_keys(rec, cfg))
+    if rec.gemma4:
+        md.update(_gemma4_hparams(rec, cfg, head_dim, int(found["block_count"])))
     md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
@@ -462,6 +464,62 @@ def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                                                                  T.ARRAY, T.BOOL)
     local = _swa_theta(cfg)
     if local is not None and float(local) != 10000.0:
+        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+    return out
+
+
+def gemma4_full(cfg: Mapping[str, Any], key: str, global_key: str):
+    """Gemma 4's full-attention layers' `key` (head_dim, num_key_value_heads): `global_key` (global_head_dim,
+    num_global_key_value_heads), else the first full layer's entry of per_layer_config, else None."""
+    v = cfg.get(global_key)
+    types = cfg.get("layer_types") or []
+    per_layer = cfg.get("per_layer_config") or {}
+    if v is None and isinstance(per_layer, Mapping):
+        for i, layer in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
+            if int(i) < len(types) and types[int(i)] == "full_attention" and key in layer:
+                return layer[key]
+    return v
+
+
+def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) -> dict:
+    """Gemma 4's keys as llama.cpp's converter writes them: the full layers' head dim as key/value_length (and
+    rope.dimension_count: their partial RoPE is the rope_freqs tensor), the sliding layers' as *_swa, the
+    per-layer pattern, kv heads per layer where the full layers differ, shared kv layers, per-layer input width,
+    the sliding layers' theta."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a = rec.gguf
+    unsupported = [k for k in ("attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block") if cfg.get(k)]
+    if cfg.get("hidden_size_per_layer_input") or cfg.get("num_kv_shared_layers"):
+        unsupported += ["hidden_size_per_layer_input / num_kv_shared_layers"]
+    if unsupported:
+        raise GGUFConfigError(f"config.json ({rec.model_type}): {', '.join(unsupported)} not supported yet "
+                              "(dense Gemma 4 without per-layer embeddings only)", unsupported)
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != n:
+        raise GGUFConfigError(f"config.json ({rec.model_type}): layer_types {types!r} is not a list of {n} layer "
+                              "types", [f"{a}.attention.sliding_window_pattern"])
+    swa = [t == "sliding_attention" for t in types]
+    full = int(gemma4_full(cfg, "head_dim", "global_head_dim") or head_dim)
+    out = {f"{a}.attention.key_length": GGUFValue(full, T.UINT32),
+           f"{a}.attention.value_length": GGUFValue(full, T.UINT32),
+           f"{a}.attention.key_length_swa": GGUFValue(head_dim, T.UINT32),
+           f"{a}.attention.value_length_swa": GGUFValue(head_dim, T.UINT32),
+           f"{a}.attention.shared_kv_layers": GGUFValue(0, T.UINT32),
+           f"{a}.embedding_length_per_layer_input": GGUFValue(0, T.UINT32),
+           f"{a}.attention.sliding_window_pattern": GGUFValue(swa, T.ARRAY, T.BOOL),
+           f"{a}.rope.dimension_count": GGUFValue(full, T.UINT32)}
+    swa_params = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+    out[f"{a}.rope.dimension_count_swa"] = GGUFValue(int(head_dim * float(swa_params.get(
+        "partial_rotary_factor", 1.0))), T.UINT32)
+    kv_full, kv = gemma4_full(cfg, "num_key_value_heads", "num_global_key_value_heads"), cfg.get("num_key_value_heads")
+    if kv_full is not None and kv is not None and int(kv_full) != int(kv):
+        out[f"{a}.attention.head_count_kv"] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
+                                                        T.ARRAY, T.UINT32)
+    local = _swa_theta(cfg)
+    if local is not None:
         out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
     return out
 
@@ -720,6 +778,8 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
                                        "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
+    if get("attention.key_length_swa"):  # Gemma 4: head dims differ per layer type; llama.cpp checks these
+        out = {}
     ff = get("feed_forward_length")
     if ff:
         out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))

@@ -29,6 +29,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
 _EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
+_LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-layer output scale
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -60,6 +61,8 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
     if name.endswith(_DT_BIAS[0]):
         name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
+    if name.endswith(_LAYER_SCALAR[0]):
+        name += ".weight"
     if name.endswith(_EXPERT_BIAS[0]):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
@@ -102,7 +105,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
 def _hf_spelling(name: str) -> str:
     """gguf-py's module-style name for a bare parameter (`gate.e_score_correction.bias`) as the Hugging Face
     parameter (`gate.e_score_correction_bias`)."""
-    for hf, gg in (_SCORE_BIAS,):
+    for hf, gg in (_SCORE_BIAS, _LAYER_SCALAR):
         if name.endswith(gg):
             return name[: -len(gg)] + hf
     return name

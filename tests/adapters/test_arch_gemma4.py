@@ -1,0 +1,76 @@
+"""Gemma 4's text model (`gemma4_text` <-> llama.cpp "gemma4"), judged like test_arch_breadth's families.
+
+A tiny random Gemma4ForCausalLM (hidden 64, sliding layers with head_dim 16, full layers with head_dim 32 and a
+"proportional" RoPE rotating a quarter of it, the shared ~300-token BPE tokenizer) is saved with save_pretrained;
+(a) HF -> GGUF: llama.cpp's next-token distribution equals transformers' at every position (max KL < 1e-3, same
+argmax off near ties); (b) GGUF -> HF loads in transformers as Gemma4ForCausalLM with the original logits.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+if not hasattr(transformers, "Gemma4TextConfig"):
+    pytest.skip("transformers has no Gemma 4", allow_module_level=True)
+
+from test_arch_breadth import _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
+
+from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
+
+_DENSE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=128, sliding_window=8,
+              layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=0,
+              num_kv_shared_layers=0, final_logit_softcapping=30.0, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+
+
+def _make(kwargs, tok, folder):
+    cfg = transformers.Gemma4TextConfig(**kwargs)
+    cfg.vocab_size = len(tok)
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and layer scalars, so a missed shift or scalar shows
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def test_gemma4_dense_both_ways(tokenizer, tmp_path):  # noqa: F811
+    hf = str(tmp_path / "hf")
+    model = _make(_DENSE, tokenizer, hf)
+    ids = tokenizer(PROMPT)["input_ids"]
+    assert len(ids) > 8  # longer than the sliding window: the window and the layer pattern matter
+    ref = _logits(model, ids)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "gemma4"
+    freqs = r.get_tensor(next(i for i, t in enumerate(r.tensors) if t.name == "rope_freqs.weight")).data
+    assert freqs.tolist() == [1.0] * 4 + [np.float32(1e30)] * 12  # head_dim 32, a quarter rotated
+
+    mine = llama_cpp_logits(path, ids)
+    kl = _kl(ref, mine)
+    assert kl.max() < 1e-3, f"gemma4: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
+    top2 = np.sort(ref, -1)[:, -2:]
+    ties = (top2[:, 1] - top2[:, 0]) < 1e-3
+    assert ((mine.argmax(-1) == ref.argmax(-1)) | ties).all()
+    assert (~ties).sum() >= 0.9 * len(ids)
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32")
+    with open(os.path.join(back, "config.json")) as fh:
+        assert json.load(fh)["model_type"] == "gemma4_text"
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    assert type(m).__name__ == "Gemma4ForCausalLM"
+    np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
