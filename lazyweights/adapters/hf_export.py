@@ -137,6 +137,9 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             rope.update(scaling)
     if rec.longrope and rope_factors:
         rope.update(_longrope_from_gguf(md, arch, rope_factors))
+    if rec.gemma4 and rope_freqs is not None:
+        full = out["rope_parameters"]["full_attention"]
+        full["partial_rotary_factor"] = gemma4_partial_rotary(rope_freqs, out["per_layer_config"])
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         if f"tokenizer.ggml.{key}" in md:
@@ -193,9 +196,10 @@ def gemma4_rope_freqs(cfg: Mapping[str, Any]):
     the full head dim, 1 where it rotates (the first `partial_rotary_factor` share) and 1e30 (no rotation) after.
 
     Example:
-        >>> gemma4_rope_freqs({"global_head_dim": 16, "rope_parameters": {"full_attention": {
-        ...     "rope_type": "proportional", "partial_rotary_factor": 0.25}}}).tolist()
-        [1.0, 1.0, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30, 1.0000000150474662e+30]
+        >>> f = gemma4_rope_freqs({"global_head_dim": 16, "rope_parameters": {"full_attention": {
+        ...     "rope_type": "proportional", "partial_rotary_factor": 0.25}}})
+        >>> f.tolist()[:3], f.dtype.name
+        ([1.0, 1.0, 1.0000000150474662e+30], 'float32')
     """
     import numpy as np
 
@@ -208,6 +212,25 @@ def gemma4_rope_freqs(cfg: Mapping[str, Any]):
     head_dim = int(gemma4_full(cfg, "head_dim", "global_head_dim") or cfg["head_dim"])
     n_rot = int(head_dim * float(full.get("partial_rotary_factor", 1.0)) / 2)
     return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), dtype=np.float32)
+
+
+def gemma4_partial_rotary(rope_freqs, per_layer: Mapping[str, Any]) -> float:
+    """The full layers' `partial_rotary_factor` a Gemma 4 GGUF's `rope_freqs.weight` stands for: the share of
+    leading 1s (rotated pairs) before the 1e30s (unrotated ones); GGUFConfigError for any other values.
+
+    Example:
+        >>> gemma4_partial_rotary([1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30], {"1": {"head_dim": 16}})
+        0.25
+    """
+    import numpy as np
+
+    r = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
+    n_rot = int((r == 1.0).sum())
+    head_dim = int(next(iter(per_layer.values()))["head_dim"]) if per_layer else 2 * r.size
+    if r.size != head_dim // 2 or not (r[:n_rot] == 1.0).all() or not (r[n_rot:] >= 1e29).all():
+        raise GGUFConfigError(f"rope_freqs.weight ({r.size} values, first {r[:4].tolist()}) is not Gemma 4's "
+                              f"proportional RoPE for head_dim {head_dim} (1s, then 1e30s)", ["rope_freqs.weight"])
+    return 2 * n_rot / head_dim
 
 
 def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:

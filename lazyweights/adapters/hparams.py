@@ -22,7 +22,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
 from .archs import CTX, FFN, KV, Arch, HParam
@@ -524,6 +524,41 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     return out
 
 
+def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) -> dict:
+    """Gemma 4's config.json entries back from its keys: the sliding layers' head dim and kv heads as head_dim /
+    num_key_value_heads, the full layers' in per_layer_config, layer_types, both RoPE entries (the full layers'
+    partial_rotary_factor comes from the rope_freqs tensor, `hf_export.gemma4_partial_rotary`)."""
+    a = rec.gguf
+    pattern = get("attention.sliding_window_pattern")
+    n = int(get("block_count"))
+    if not isinstance(pattern, list) or len(pattern) != n:
+        raise GGUFConfigError(f"GGUF ({a}): attention.sliding_window_pattern {pattern!r} is not {n} booleans",
+                              [f"{a}.attention.sliding_window_pattern"])
+    if int(get("embedding_length_per_layer_input", 0) or 0) or int(get("attention.shared_kv_layers", 0) or 0):
+        raise GGUFConfigError(f"GGUF ({a}): per-layer embeddings / shared kv layers are not supported yet",
+                              [f"{a}.embedding_length_per_layer_input", f"{a}.attention.shared_kv_layers"])
+    full, swa_dim = int(get("attention.key_length")), int(get("attention.key_length_swa"))
+    kv = get("attention.head_count_kv", get("attention.head_count"))
+    kv_list = kv if isinstance(kv, list) else [kv] * n
+    kv_swa = next((int(k) for k, s in zip(kv_list, pattern) if s), int(kv_list[0]))
+    per_layer: dict[str, dict[str, int]] = {}
+    for i, (k, s) in enumerate(zip(kv_list, pattern)):
+        if not s:
+            per_layer[str(i)] = {"head_dim": full, **({"num_key_value_heads": int(k)} if int(k) != kv_swa else {})}
+    theta_swa = float(get("rope.freq_base_swa", 10000.0))
+    n_rot_swa = int(get("rope.dimension_count_swa", swa_dim))
+    swa_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta_swa}
+    if n_rot_swa != swa_dim:
+        swa_rope["partial_rotary_factor"] = n_rot_swa / swa_dim
+    return {"head_dim": swa_dim, "num_key_value_heads": kv_swa, "per_layer_config": per_layer,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
+            "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "attention_k_eq_v": False,
+            "use_double_wide_mlp": False, "enable_moe_block": False,
+            "rope_parameters": {"sliding_attention": swa_rope,
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
+                                                   "rope_theta": float(rope["rope_theta"])}}}
+
+
 def _swa_theta(cfg: Mapping[str, Any]):
     """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
     or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
@@ -643,6 +678,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = get(hp.key)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
             continue
+        if isinstance(v, list) and rec.gemma4 and hp.key == "attention.head_count_kv":  # `_gemma4_config`
+            continue
         if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
             if not v or any(x != v[0] for x in v):
                 raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
@@ -734,6 +771,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     if rec.rope_swa:
         swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
         cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
+    if rec.gemma4:
+        cfg.update(_gemma4_config(rec, get, rope))
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
