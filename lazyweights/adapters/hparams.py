@@ -491,12 +491,17 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     from ..formats.gguf_writer import GGUFValue
 
     a = rec.gguf
-    unsupported = [k for k in ("attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block") if cfg.get(k)]
-    if cfg.get("hidden_size_per_layer_input") or cfg.get("num_kv_shared_layers"):
-        unsupported += ["hidden_size_per_layer_input / num_kv_shared_layers"]
+    unsupported = [k for k in ("attention_k_eq_v", "enable_moe_block") if cfg.get(k)]
     if unsupported:
         raise GGUFConfigError(f"config.json ({rec.model_type}): {', '.join(unsupported)} not supported yet "
-                              "(dense Gemma 4 without per-layer embeddings only)", unsupported)
+                              "(dense Gemma 4 only)", unsupported)
+    per_layer_width = int(cfg.get("hidden_size_per_layer_input") or 0)
+    pl_vocab = cfg.get("vocab_size_per_layer_input")
+    if per_layer_width and pl_vocab is not None and int(pl_vocab) != int(cfg.get("vocab_size") or 0):
+        raise GGUFConfigError(f"config.json ({rec.model_type}): vocab_size_per_layer_input {pl_vocab} is not "
+                              f"vocab_size {cfg.get('vocab_size')}; llama.cpp's per-layer embedding has n_vocab "
+                              "rows", [f"{a}.embedding_length_per_layer_input"])
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
     types = cfg.get("layer_types")
     if not isinstance(types, list) or len(types) != n:
         raise GGUFConfigError(f"config.json ({rec.model_type}): layer_types {types!r} is not a list of {n} layer "
@@ -507,8 +512,8 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
            f"{a}.attention.value_length": GGUFValue(full, T.UINT32),
            f"{a}.attention.key_length_swa": GGUFValue(head_dim, T.UINT32),
            f"{a}.attention.value_length_swa": GGUFValue(head_dim, T.UINT32),
-           f"{a}.attention.shared_kv_layers": GGUFValue(0, T.UINT32),
-           f"{a}.embedding_length_per_layer_input": GGUFValue(0, T.UINT32),
+           f"{a}.attention.shared_kv_layers": GGUFValue(shared, T.UINT32),
+           f"{a}.embedding_length_per_layer_input": GGUFValue(per_layer_width, T.UINT32),
            f"{a}.attention.sliding_window_pattern": GGUFValue(swa, T.ARRAY, T.BOOL),
            f"{a}.rope.dimension_count": GGUFValue(full, T.UINT32)}
     swa_params = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
@@ -518,6 +523,10 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     if kv_full is not None and kv is not None and int(kv_full) != int(kv):
         out[f"{a}.attention.head_count_kv"] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
                                                         T.ARRAY, T.UINT32)
+    if cfg.get("use_double_wide_mlp"):  # the kv-sharing layers' MLP is twice as wide
+        ff = int(cfg["intermediate_size"])
+        out[f"{a}.feed_forward_length"] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
+                                                    T.ARRAY, T.UINT32)
     local = _swa_theta(cfg)
     if local is not None:
         out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
@@ -534,9 +543,13 @@ def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) 
     if not isinstance(pattern, list) or len(pattern) != n:
         raise GGUFConfigError(f"GGUF ({a}): attention.sliding_window_pattern {pattern!r} is not {n} booleans",
                               [f"{a}.attention.sliding_window_pattern"])
-    if int(get("embedding_length_per_layer_input", 0) or 0) or int(get("attention.shared_kv_layers", 0) or 0):
-        raise GGUFConfigError(f"GGUF ({a}): per-layer embeddings / shared kv layers are not supported yet",
-                              [f"{a}.embedding_length_per_layer_input", f"{a}.attention.shared_kv_layers"])
+    shared = int(get("attention.shared_kv_layers", 0) or 0)
+    ff = get("feed_forward_length")
+    ff_list = ff if isinstance(ff, list) else [ff] * n
+    double = [int(ff_list[0]) if i < n - shared else 2 * int(ff_list[0]) for i in range(n)]
+    if isinstance(ff, list) and [int(x) for x in ff] not in (double, [int(ff[0])] * n):
+        raise GGUFConfigError(f"GGUF ({a}): feed_forward_length {ff} is neither one width nor Gemma 4's double-wide "
+                              f"MLP on the last {shared} (kv-sharing) layers", [f"{a}.feed_forward_length"])
     full, swa_dim = int(get("attention.key_length")), int(get("attention.key_length_swa"))
     kv = get("attention.head_count_kv", get("attention.head_count"))
     kv_list = kv if isinstance(kv, list) else [kv] * n
@@ -552,8 +565,9 @@ def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) 
         swa_rope["partial_rotary_factor"] = n_rot_swa / swa_dim
     return {"head_dim": swa_dim, "num_key_value_heads": kv_swa, "per_layer_config": per_layer,
             "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
-            "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0, "attention_k_eq_v": False,
-            "use_double_wide_mlp": False, "enable_moe_block": False,
+            "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input", 0) or 0),
+            "num_kv_shared_layers": shared, "attention_k_eq_v": False, "intermediate_size": int(ff_list[0]),
+            "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n, "enable_moe_block": False,
             "rope_parameters": {"sliding_attention": swa_rope,
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
                                                    "rope_theta": float(rope["rope_theta"])}}}
@@ -678,7 +692,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = get(hp.key)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
             continue
-        if isinstance(v, list) and rec.gemma4 and hp.key == "attention.head_count_kv":  # `_gemma4_config`
+        if isinstance(v, list) and rec.gemma4 and hp in (KV, FFN):  # per-layer: `_gemma4_config`
             continue
         if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
             if not v or any(x != v[0] for x in v):
@@ -772,7 +786,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
         cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
     if rec.gemma4:
-        cfg.update(_gemma4_config(rec, get, rope))
+        cfg.update(_gemma4_config(rec, get, rope), vocab_size_per_layer_input=cfg["vocab_size"])
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
@@ -817,11 +831,11 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
                                        "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
-    if get("attention.key_length_swa"):  # Gemma 4: head dims differ per layer type; llama.cpp checks these
-        out = {}
     ff = get("feed_forward_length")
     if ff:
         out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))
+    if get("attention.key_length_swa"):  # Gemma 4: head dims / MLP widths per layer; llama.cpp checks these
+        out = {}
     vocab = get("vocab_size")
     if vocab:
         out.update(token_embd=(vocab, embd), output=(vocab, embd))

@@ -31,6 +31,12 @@ _DENSE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_att
               num_kv_shared_layers=0, final_logit_softcapping=30.0, bos_token_id=0, eos_token_id=1, pad_token_id=2)
 
 
+# E2B-style: per-layer embeddings, the last two layers reuse earlier layers' kv and have a double-wide MLP
+_PER_LAYER = dict(_DENSE, hidden_size_per_layer_input=8, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                  num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3,
+                  final_logit_softcapping=None)
+
+
 def _make(kwargs, tok, folder):
     cfg = transformers.Gemma4TextConfig(**kwargs)
     cfg.vocab_size = len(tok)
@@ -45,9 +51,11 @@ def _make(kwargs, tok, folder):
     return model
 
 
-def test_gemma4_dense_both_ways(tokenizer, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("variant", ["dense", "per_layer"])
+def test_gemma4_both_ways(variant, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")
-    model = _make(_DENSE, tokenizer, hf)
+    kwargs = {"dense": _DENSE, "per_layer": dict(_PER_LAYER, vocab_size_per_layer_input=len(tokenizer))}[variant]
+    model = _make(kwargs, tokenizer, hf)
     ids = tokenizer(PROMPT)["input_ids"]
     assert len(ids) > 8  # longer than the sliding window: the window and the layer pattern matter
     ref = _logits(model, ids)
@@ -58,6 +66,11 @@ def test_gemma4_dense_both_ways(tokenizer, tmp_path):  # noqa: F811
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "gemma4"
     freqs = r.get_tensor(next(i for i, t in enumerate(r.tensors) if t.name == "rope_freqs.weight")).data
     assert freqs.tolist() == [1.0] * 4 + [np.float32(1e30)] * 12  # head_dim 32, a quarter rotated
+    names = {t.name for t in r.tensors}
+    if variant == "per_layer":
+        assert {"per_layer_token_embd.weight", "per_layer_model_proj.weight", "blk.5.inp_gate.weight"} <= names
+        assert "blk.5.attn_k.weight" not in names  # a kv-sharing layer has no k/v of its own
+        assert r.fields["gemma4.feed_forward_length"].contents() == [96] * 4 + [192] * 2
 
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
