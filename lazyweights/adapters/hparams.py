@@ -491,7 +491,7 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     from ..formats.gguf_writer import GGUFValue
 
     a = rec.gguf
-    unsupported = [k for k in ("attention_k_eq_v", "enable_moe_block") if cfg.get(k)]
+    unsupported = [k for k in ("attention_k_eq_v",) if cfg.get(k)]
     if unsupported:
         raise GGUFConfigError(f"config.json ({rec.model_type}): {', '.join(unsupported)} not supported yet "
                               "(dense Gemma 4 only)", unsupported)
@@ -523,6 +523,14 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     if kv_full is not None and kv is not None and int(kv_full) != int(kv):
         out[f"{a}.attention.head_count_kv"] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
                                                         T.ARRAY, T.UINT32)
+    if cfg.get("enable_moe_block"):  # experts beside the dense MLP in every layer
+        moe = {"expert_count": cfg.get("num_experts"), "expert_used_count": cfg.get("top_k_experts"),
+               "expert_feed_forward_length": _first(cfg, ("moe_intermediate_size", "expert_intermediate_size"))}
+        lacking = [k for k, v in moe.items() if v is None]
+        if lacking:
+            raise GGUFConfigError(f"config.json ({rec.model_type}): enable_moe_block without num_experts / "
+                                  "top_k_experts / moe_intermediate_size", [f"{a}.{k}" for k in lacking])
+        out.update({f"{a}.{k}": GGUFValue(int(v), T.UINT32) for k, v in moe.items()})
     if cfg.get("use_double_wide_mlp"):  # the kv-sharing layers' MLP is twice as wide
         ff = int(cfg["intermediate_size"])
         out[f"{a}.feed_forward_length"] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
@@ -567,7 +575,9 @@ def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) 
             "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
             "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input", 0) or 0),
             "num_kv_shared_layers": shared, "attention_k_eq_v": False, "intermediate_size": int(ff_list[0]),
-            "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n, "enable_moe_block": False,
+            "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n,
+            "enable_moe_block": bool(get("expert_count")), "num_experts": get("expert_count"),
+            "top_k_experts": get("expert_used_count"), "moe_intermediate_size": get("expert_feed_forward_length"),
             "rope_parameters": {"sliding_attention": swa_rope,
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
                                                    "rope_theta": float(rope["rope_theta"])}}}

@@ -30,6 +30,10 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
 _EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
 _LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-layer output scale
+# Gemma 4's MoE: the router's input scale and per-expert output scale as llama.cpp's converter names them
+# (`.scale` beside the module's weight), and the bare stacked expert tensors
+_GEMMA4_SCALES = ((".router.scale", ".router.proj"), (".router.per_expert_scale", ".experts.down_proj"))
+_GEMMA4_BARE = (".experts.gate_up_proj", ".experts.down_proj")
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -61,8 +65,12 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
     if name.endswith(_DT_BIAS[0]):
         name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
-    if name.endswith(_LAYER_SCALAR[0]):
+    if name.endswith(_LAYER_SCALAR[0]) or (arch == "gemma4" and name.endswith(_GEMMA4_BARE)):
         name += ".weight"
+    for hf, module in _GEMMA4_SCALES if arch == "gemma4" else ():
+        if name.endswith(hf):
+            got = _hf_to_gguf_name(name[: -len(hf)] + module + ".weight", arch)
+            return got and got[: -len(".weight")] + ".scale"
     if name.endswith(_EXPERT_BIAS[0]):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
@@ -87,6 +95,18 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`)."""
     m = _BLK.match(name)
     base = "blk.0." + name[m.end():] if m else name
+    if arch == "gemma4" and name.endswith(".scale"):  # the MoE scales (`_GEMMA4_SCALES`)
+        stem = base[: -len(".scale")] + ".weight"
+        return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in _GEMMA4_SCALES
+                     for c in _candidates(stem, m, arch) if c.endswith(module + ".weight"))
+    if arch == "gemma4" and base.endswith("_exps.weight"):  # the stacked experts are bare parameters
+        bare = tuple(b + ".weight" for b in _GEMMA4_BARE)
+        return tuple(c[: -len(".weight")] if c.endswith(bare) else c for c in _candidates(base, m, arch))
+    return _candidates(base, m, arch)
+
+
+def _candidates(base: str, m: Any, arch: str) -> tuple[str, ...]:
+    """gguf-py's Hugging Face names for `base` (the GGUF name in block 0), moved to block `m[1]`."""
     if not base.endswith(_SUFFIXES):
         cands = _inverse(arch).get(base, ())
         return tuple(_HF_BID.sub(m[1], c, count=1) for c in cands) if m else cands

@@ -36,6 +36,9 @@ _PER_LAYER = dict(_DENSE, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
                   num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3,
                   final_logit_softcapping=None)
 
+# the 26B-A4B's shape: experts (router with input and per-expert scales) beside the dense MLP in every layer
+_MOE = dict(_DENSE, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+
 
 def _make(kwargs, tok, folder):
     cfg = transformers.Gemma4TextConfig(**kwargs)
@@ -51,10 +54,11 @@ def _make(kwargs, tok, folder):
     return model
 
 
-@pytest.mark.parametrize("variant", ["dense", "per_layer"])
+@pytest.mark.parametrize("variant", ["dense", "per_layer", "moe"])
 def test_gemma4_both_ways(variant, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")
-    kwargs = {"dense": _DENSE, "per_layer": dict(_PER_LAYER, vocab_size_per_layer_input=len(tokenizer))}[variant]
+    kwargs = {"dense": _DENSE, "per_layer": dict(_PER_LAYER, vocab_size_per_layer_input=len(tokenizer)),
+              "moe": _MOE}[variant]
     model = _make(kwargs, tokenizer, hf)
     ids = tokenizer(PROMPT)["input_ids"]
     assert len(ids) > 8  # longer than the sliding window: the window and the layer pattern matter
@@ -71,6 +75,8 @@ def test_gemma4_both_ways(variant, tokenizer, tmp_path):  # noqa: F811
         assert {"per_layer_token_embd.weight", "per_layer_model_proj.weight", "blk.5.inp_gate.weight"} <= names
         assert "blk.5.attn_k.weight" not in names  # a kv-sharing layer has no k/v of its own
         assert r.fields["gemma4.feed_forward_length"].contents() == [96] * 4 + [192] * 2
+    if variant == "moe":
+        assert {"blk.0.ffn_gate_up_exps.weight", "blk.0.ffn_gate_inp.scale", "blk.0.ffn_down_exps.scale"} <= names
 
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
