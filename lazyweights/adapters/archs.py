@@ -538,6 +538,7 @@ ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
            "qwen3_vl": "qwen3_vl_text", "mistral3": "mistral"}
+ALIASES["gemma4"] = "gemma4_text"  # Gemma4ForConditionalGeneration's text part
 GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})
 
 

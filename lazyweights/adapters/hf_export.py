@@ -495,7 +495,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     arch = SUPPORTED[mt][0]
     state = {k.removeprefix("language_model."): v for k, v in state_dict.items()
              if not k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                                  "model.multi_modal_projector.", "visual.", "model.visual."))}
+                                  "model.multi_modal_projector.", "visual.", "model.visual.",
+                                  "model.embed_vision.", "model.embed_audio.", "model.audio_tower."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)

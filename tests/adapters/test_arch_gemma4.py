@@ -93,3 +93,39 @@ def test_gemma4_both_ways(variant, tokenizer, tmp_path):  # noqa: F811
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     assert type(m).__name__ == "Gemma4ForCausalLM"
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_gemma4_conditional_generation_text_part(tokenizer, tmp_path):  # noqa: F811
+    """Gemma4ForConditionalGeneration (vision tower included) -> a llama.cpp gemma4 GGUF of its text part, judged
+    on text by llama.cpp; GGUF -> HF gives Gemma4ForCausalLM with the same logits."""
+    text = dict(_DENSE, vocab_size=len(tokenizer))
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16)
+    cfg = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=None)
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    hf = str(tmp_path / "hf")
+    model.save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    ids = tokenizer(PROMPT)["input_ids"]
+    ref = _logits(model, ids)
+
+    path = str(tmp_path / "model.gguf")
+    export_gguf(hf, path)
+    r = gguf.GGUFReader(path)
+    assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "gemma4"
+    assert not [t.name for t in r.tensors if "vision" in t.name or t.name.startswith("v.")]
+    mine = llama_cpp_logits(path, ids)
+    kl = _kl(ref, mine)
+    assert kl.max() < 1e-3, f"gemma4 (text part): max KL {kl.max():.3g}"
+    assert (mine.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+    back = str(tmp_path / "back")
+    export_hf_folder(path, back, dtype="float32")
+    m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
+    assert type(m).__name__ == "Gemma4ForCausalLM"
+    np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
