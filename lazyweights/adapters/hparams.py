@@ -491,10 +491,6 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     from ..formats.gguf_writer import GGUFValue
 
     a = rec.gguf
-    unsupported = [k for k in ("attention_k_eq_v",) if cfg.get(k)]
-    if unsupported:
-        raise GGUFConfigError(f"config.json ({rec.model_type}): {', '.join(unsupported)} not supported yet "
-                              "(dense Gemma 4 only)", unsupported)
     per_layer_width = int(cfg.get("hidden_size_per_layer_input") or 0)
     pl_vocab = cfg.get("vocab_size_per_layer_input")
     if per_layer_width and pl_vocab is not None and int(pl_vocab) != int(cfg.get("vocab_size") or 0):
@@ -797,6 +793,10 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
     if rec.gemma4:
         cfg.update(_gemma4_config(rec, get, rope), vocab_size_per_layer_input=cfg["vocab_size"])
+        if names is not None:  # the full layers' k projection doubles as v (the 31B's, 26B-A4B's)
+            full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"
+                    and i < int(get("block_count")) - cfg["num_kv_shared_layers"]]
+            cfg["attention_k_eq_v"] = bool(full) and all(f"blk.{i}.attn_v.weight" not in names for i in full)
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names

@@ -37,7 +37,9 @@ _PER_LAYER = dict(_DENSE, hidden_size_per_layer_input=8, num_kv_shared_layers=2,
                   final_logit_softcapping=None)
 
 # the 26B-A4B's shape: experts (router with input and per-expert scales) beside the dense MLP in every layer
-_MOE = dict(_DENSE, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+# (and its full layers' k projection doubling as v, with their own kv head count)
+_MOE = dict(_DENSE, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+            attention_k_eq_v=True, num_global_key_value_heads=1)
 
 
 def _make(kwargs, tok, folder):
@@ -77,6 +79,8 @@ def test_gemma4_both_ways(variant, tokenizer, tmp_path):  # noqa: F811
         assert r.fields["gemma4.feed_forward_length"].contents() == [96] * 4 + [192] * 2
     if variant == "moe":
         assert {"blk.0.ffn_gate_up_exps.weight", "blk.0.ffn_gate_inp.scale", "blk.0.ffn_down_exps.scale"} <= names
+        assert "blk.1.attn_v.weight" not in names and "blk.0.attn_v.weight" in names
+        assert r.fields["gemma4.attention.head_count_kv"].contents() == [2, 1, 2, 1]
 
     mine = llama_cpp_logits(path, ids)
     kl = _kl(ref, mine)
