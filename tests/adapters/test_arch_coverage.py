@@ -1,7 +1,7 @@
 """Every record in `lazyweights.adapters.archs` is judged: its model_type is the config class of at least one
 family in the test tables that run llama.cpp and transformers on a tiny model (test_arch_round_trip,
-test_arch_breadth, test_arch_more, test_arch_encoders, test_arch_ssm, test_arch_gpt_oss). Adding an
-architecture is a record and a test: a record with no table entry fails here, naming it."""
+test_arch_breadth, test_arch_more, test_arch_encoders, test_arch_ssm, test_arch_gpt_oss, test_arch_gemma4).
+Adding an architecture is a record and a test: a record with no table entry fails here, naming it."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +27,7 @@ def _judged_model_types() -> set[str]:
                                       test_arch_breadth._VL, test_arch_more.FAMILIES, test_arch_encoders.FAMILIES,
                                       test_arch_ssm.SSM_FAMILIES) for entry in table.values()]
     classes.append("GptOssConfig")  # test_arch_gpt_oss
+    classes.append("Gemma4TextConfig")  # test_arch_gemma4
     out = set()
     for name in classes:
         cls = getattr(transformers, name, None)
