@@ -530,7 +530,7 @@ _RECORDS += (  # gemma4
     # Gemma 4 (dense, no per-layer embeddings): no norm shift, attention scale 1, full layers with their own head
     # dim and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer output scalar
     Arch("gemma4_text", "gemma4", "Gemma4ForCausalLM", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
-         swa_period=0, late=_SOFTCAP[:1], hf_prefer=_QK_NORM, gemma4=True,
+         swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
 )
 

@@ -34,6 +34,7 @@ _LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-
 # (`.scale` beside the module's weight), and the bare stacked expert tensors
 _GEMMA4_SCALES = ((".router.scale", ".router.proj"), (".router.per_expert_scale", ".experts.down_proj"))
 _GEMMA4_BARE = (".experts.gate_up_proj", ".experts.down_proj")
+_GEMMA4_MOE = re.compile(r"^model\.layers\.\d+\.(experts|router)\.")  # its spelling among gguf-py's candidates
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -98,10 +99,11 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     if arch == "gemma4" and name.endswith(".scale"):  # the MoE scales (`_GEMMA4_SCALES`)
         stem = base[: -len(".scale")] + ".weight"
         return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in _GEMMA4_SCALES
-                     for c in _candidates(stem, m, arch) if c.endswith(module + ".weight"))
+                     for c in _candidates(stem, m, arch) if c.endswith(module + ".weight") and _GEMMA4_MOE.match(c))
     if arch == "gemma4" and base.endswith("_exps.weight"):  # the stacked experts are bare parameters
         bare = tuple(b + ".weight" for b in _GEMMA4_BARE)
-        return tuple(c[: -len(".weight")] if c.endswith(bare) else c for c in _candidates(base, m, arch))
+        return tuple(c[: -len(".weight")] for c in _candidates(base, m, arch)
+                     if c.endswith(bare) and _GEMMA4_MOE.match(c))
     return _candidates(base, m, arch)
 
 

@@ -133,3 +133,24 @@ def test_gemma4_conditional_generation_text_part(tokenizer, tmp_path):  # noqa: 
     m = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     assert type(m).__name__ == "Gemma4ForCausalLM"
     np.testing.assert_allclose(_logits(m, ids), ref, rtol=0, atol=1e-4)
+
+
+def test_gemma4_names_without_transformers_match_the_model():
+    """GGUF -> HF names chosen without transformers (gguf-py's candidates, the record's `hf_prefer`, Gemma 4's
+    bare experts and router scales) are the names Gemma4ForCausalLM declares, per-layer embeddings and MoE
+    included."""
+    from lazyweights.adapters import names
+    from lazyweights.adapters.archs import ARCHS
+
+    a = ARCHS["gemma4_text"]
+    cfg = transformers.Gemma4TextConfig(**dict(_MOE, hidden_size_per_layer_input=8, vocab_size_per_layer_input=300,
+                                               vocab_size=300))
+    with torch.device("meta"):
+        keys = set(transformers.Gemma4ForCausalLM(cfg).state_dict())
+    for k in sorted(keys):
+        g = names.hf_to_gguf_name(k, a.gguf)
+        assert g is not None, k
+        assert names.gguf_to_hf_name(g, a.gguf, None, a.hf_prefer) == k, (g, k)
+        assert names.gguf_to_hf_name(g, a.gguf, keys) == k, (g, k)
+    assert {"blk.0.ffn_gate_inp.scale", "blk.0.ffn_down_exps.scale", "blk.0.layer_output_scale.weight"} <= {
+        names.hf_to_gguf_name(k, a.gguf) for k in keys}
