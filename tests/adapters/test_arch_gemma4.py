@@ -154,3 +154,23 @@ def test_gemma4_names_without_transformers_match_the_model():
         assert names.gguf_to_hf_name(g, a.gguf, keys) == k, (g, k)
     assert {"blk.0.ffn_gate_inp.scale", "blk.0.ffn_down_exps.scale", "blk.0.layer_output_scale.weight"} <= {
         names.hf_to_gguf_name(k, a.gguf) for k in keys}
+
+
+def test_gemma4_configs_llama_cpp_cannot_run_are_named():
+    """A full-attention RoPE other than "proportional" (llama.cpp's converter writes only that one as rope_freqs)
+    and a MoE block without its sizes are GGUFConfigErrors naming the config entries."""
+    from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.hf_export import gemma4_rope_freqs
+    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.core.errors import GGUFConfigError
+
+    cfg = transformers.Gemma4TextConfig(**_DENSE).to_dict()
+    bad = dict(cfg, rope_parameters={**cfg["rope_parameters"], "full_attention": {"rope_type": "default",
+                                                                                  "rope_theta": 1e6}})
+    with pytest.raises(GGUFConfigError, match="full-attention rope_type 'default'"):
+        gemma4_rope_freqs(bad)
+    with pytest.raises(GGUFConfigError, match="enable_moe_block without num_experts"):
+        gguf_hparams(ARCHS["gemma4_text"], dict(cfg, enable_moe_block=True, num_experts=None))
+    md = gguf_hparams(ARCHS["gemma4_text"], cfg)  # the good config: the full layers' head dim, the pattern
+    assert md["gemma4.attention.key_length"].value == 32 and md["gemma4.attention.key_length_swa"].value == 16
+    assert md["gemma4.attention.sliding_window_pattern"].value == [True, False, True, False]
