@@ -32,6 +32,14 @@ family from its record (`adapters/archs.py`, turned into keys by `adapters/hpara
     {a}.rope.freq_base_swa              rope_parameters.sliding_attention.rope_theta (gemma3)
     {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2; gemma3 the first)
     {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
+    gemma4: {a}.attention.key_length / key_length_swa (and value_*), rope.dimension_count / _swa   the full
+                                        layers' head dim (global_head_dim or per_layer_config) / head_dim
+            {a}.attention.head_count_kv (per layer)  num_key_value_heads, and the full layers' own count
+            rope_freqs.weight (tensor)  rope_parameters.full_attention "proportional" (`gemma4_rope_freqs`)
+            {a}.attention.shared_kv_layers / embedding_length_per_layer_input   num_kv_shared_layers /
+                                        hidden_size_per_layer_input; feed_forward_length per layer where
+                                        use_double_wide_mlp; expert_* from num_experts / top_k_experts /
+                                        moe_intermediate_size (enable_moe_block)
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
