@@ -131,6 +131,9 @@ class Arch(NamedTuple):
                                         # attention / mlp / mamba layers)
     mup: bool = False                   # Falcon-H1's muP multipliers folded into the weights (`transforms.mup_scale`);
                                         # back, config.json sets them all to 1
+    shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
+                                        # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
+                                        # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
     gemma4: bool = False                # Gemma 4: per-layer head dims / kv heads (sliding vs full), key_length_swa,
                                         # rope dimension counts, the "proportional" full-layer RoPE as rope_freqs
                                         # (1 on rotated pairs, 1e30 on the rest), shared kv layers
@@ -526,9 +529,16 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_dt_rank")),
          ssm=1, hybrid="attn_layer_period", experts="feed_forward.experts", hf_prefer=(".feed_forward.",)),
 )
+_RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama.cpp's conversion/lfm2.py)
+    Arch("lfm2", "lfm2", "Lfm2ForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
+         hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
+)
 _RECORDS += (  # gemma4
-    # Gemma 4 (dense, no per-layer embeddings): no norm shift, attention scale 1, full layers with their own head
-    # dim and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer output scalar
+    # Gemma 4 (dense, E2B-style per-layer embeddings, MoE): no norm shift, attention scale 1, full layers with
+    # their own head dim / kv heads and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer
+    # output scalar; the rest in `hparams._gemma4_hparams` / `_gemma4_config`
     Arch("gemma4_text", "gemma4", "Gemma4ForCausalLM", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
          swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),

@@ -300,6 +300,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
             wd = _add_scalar(wd if wd.quantization_encoding is None else wd.dequantize(), -rec.norm_shift)
         if rec.ssm and (ssm := _ssm_part(name)):
             wd = ssm_to_hf(wd, ssm, rec.ssm)
+        if rec.shortconv and name.endswith(".shortconv.conv.weight") and wd.ndim == 2:
+            wd = wd.reshape((wd.shape[0], 1, wd.shape[1]))  # LFM2's Conv1d weight [d, 1, L]
         if dequantize_to is not None:
             if wd.quantization_encoding is not None:
                 wd = wd.dequantize(dequantize_to)
@@ -440,8 +442,11 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if ssm:
             cfg = _text_config(config)
             wd = ssm_to_gguf(wd, ssm, rec.ssm, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
-        if norm_dtype is not None and (wd.ndim == 1 or ssm or g.endswith(".bias") or _part(g) in _ALWAYS_F32) and \
-                wd.quantization_encoding is None and wd.dtype.is_float:
+        conv = rec.shortconv and g.endswith(".shortconv.conv.weight")
+        if conv and wd.ndim == 3 and wd.shape[1] == 1:  # LFM2's depthwise conv: llama.cpp's ssm_conv takes [d, L]
+            wd = wd.reshape((wd.shape[0], wd.shape[2]))
+        f32 = wd.ndim == 1 or ssm or conv or g.endswith(".bias") or _part(g) in _ALWAYS_F32
+        if norm_dtype is not None and f32 and wd.quantization_encoding is None and wd.dtype.is_float:
             wd = wd.astype(norm_dtype)  # llama.cpp's converter: 1-D tensors, every bias, router weights, Mamba's
         if rec.norm_shift and name.endswith("norm.weight"):
             wd = _add_scalar(wd, rec.norm_shift)

@@ -251,6 +251,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
         md.update(_hybrid_hparams(rec, cfg, found))
+    if rec.shortconv:
+        md[f"{a}.feed_forward_length"] = _value(FFN, lfm2_feed_forward_length(cfg))
     if rec.fused_gate_up_shexp and rec.hybrid and not found.get("expert_count"):  # dense Granite 4.0 H: the MLP
         for key in ("expert_count", "expert_used_count", "expert_shared_feed_forward_length"):
             md.pop(f"{a}.{key}", None)
@@ -325,11 +327,39 @@ def _period(flags: list[bool], what: str) -> dict:
                           [f"{what}_period"])
 
 
+def lfm2_feed_forward_length(cfg: Mapping[str, Any]) -> int:
+    """LFM2's MLP width as its modeling code computes it: `intermediate_size` (or `block_ff_dim`), and with
+    `block_auto_adjust_ff_dim` two thirds of it, times `block_ffn_dim_multiplier`, rounded up to a multiple of
+    `block_multiple_of` (llama.cpp's converter writes the result).
+
+    Example:
+        >>> lfm2_feed_forward_length({"intermediate_size": 12288, "block_auto_adjust_ff_dim": True,
+        ...                           "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256})
+        8192
+    """
+    ff = _first(cfg, ("intermediate_size", "block_ff_dim"))
+    if ff is None:
+        raise GGUFConfigError(f"config.json ({cfg.get('model_type')}) lacks feed_forward_length (intermediate_size "
+                              f"or block_ff_dim)", ["feed_forward_length"])
+    ff = int(ff)
+    if cfg.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            ff = int(float(cfg["block_ffn_dim_multiplier"]) * ff)
+        multiple = int(cfg.get("block_multiple_of") or 1)
+        ff = multiple * ((ff + multiple - 1) // multiple)
+    return ff
+
+
 def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
     """config.json's hybrid facts back: which layers attend (in the record's spelling) from the per-layer kv
-    counts, the Mamba sizes, Granite's RoPE switch."""
+    counts, the Mamba sizes, Granite's RoPE switch; LFM2's conv layers and its MLP width as written."""
     kv = get("attention.head_count_kv")
     kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
+    if rec.shortconv:
+        return {"num_key_value_heads": max(int(k) for k in kv),
+                "layer_types": ["full_attention" if int(k) else "conv" for k in kv],
+                "intermediate_size": int(get("feed_forward_length")), "block_auto_adjust_ff_dim": False}
     hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
     cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv)}
     if rec.hybrid == "layers_block_type":  # Nemotron-H: MLP layers from the per-layer feed-forward sizes
