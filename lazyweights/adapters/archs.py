@@ -532,6 +532,18 @@ _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
          hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
 )
+_RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): LFM2's conv / attention layers, dense
+    # lead layers, then per-expert w1/w2/w3 stacked under a sigmoid router with a selection bias (expert_bias);
+    # llama.cpp's graph always renormalizes the top-k weights and applies no routed scale
+    Arch("lfm2_moe", "lfm2moe", "Lfm2MoeForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache"), *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("leading_dense_block_count", "num_dense_layers")), tied=True, hybrid="layer_types", shortconv=True,
+         experts="feed_forward.experts", expert_names=("w1", "w2", "w3"), hf_prefer=("feed_forward.",),
+         gguf_fixed={"expert_gating_func": 2},  # sigmoid
+         requires={"conv_bias": False, "use_expert_bias": True, "norm_topk_prob": True,
+                   "routed_scaling_factor": 1.0}),
+)
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",

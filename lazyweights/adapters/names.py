@@ -28,7 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
-_EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
+_EXPERT_BIAS = ("mlp.expert_bias", "feed_forward.expert_bias")  # AFMoE's, LFM2-MoE's router bias: bare in gguf-py
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -60,7 +60,7 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
     if name.endswith(_DT_BIAS[0]):
         name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
-    if name.endswith(_EXPERT_BIAS[0]):
+    if name.endswith(_EXPERT_BIAS):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
@@ -92,7 +92,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
-            out = tuple(c if c.endswith(_EXPERT_BIAS[0]) and suffix == ".bias" else c + suffix for c in cands)
+            out = tuple(c if c.endswith(_EXPERT_BIAS) and suffix == ".bias" else c + suffix for c in cands)
             out = tuple(_hf_spelling(c) for c in out)
             # Mamba-2's bare dt_bias is the same GGUF tensor as Mamba's dt_proj.bias: the model's keys choose
             return out + tuple(c[: -len(_DT_BIAS[1])] + _DT_BIAS[0] for c in out if c.endswith(_DT_BIAS[1]))
