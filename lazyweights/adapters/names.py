@@ -65,6 +65,8 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
+    if got is None and not name.startswith("model."):  # a head-less base model's keys (LFM2's Lfm2Model)
+        got = _hf_to_gguf_name("model." + name, arch)
     return got
 
 
@@ -125,6 +127,8 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
         if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
+        if not hits:  # a head-less base model (LFM2's Lfm2Model): its keys are the candidates without `model.`
+            hits = [c[len("model."):] for c in cands if c.startswith("model.") and c[len("model."):] in exp]
         if not hits:  # transformers 5 renames a base prefix in memory only (Nemotron-H: saved backbone.*, model.*)
             tails = {k.split(".", 1)[1] for k in exp if "." in k}
             hits = [c for c in cands if "." in c and c.split(".", 1)[1] in tails]

@@ -22,7 +22,8 @@ from lazyweights.adapters.archs import ALIASES, ARCHS  # noqa: E402
 # records no transformers config class names (the GGUF architecture llama.cpp's converter picks for a config of
 # another record's class, judged by that class's entries), and records judged on a real checkpoint instead
 _JUDGED_ELSEWHERE = {"nemotron_h_moe": "test_arch_ssm: NemotronHConfig with MoE layers",
-                     "bert": "test_arch_breadth::test_minilm_embedding_equals_transformers (the real MiniLM)"}
+                     "bert": "test_arch_breadth::test_minilm_embedding_equals_transformers (the real MiniLM)",
+                     "lfm2_embed": "test_arch_lfm2_embed: Lfm2Config with Lfm2Model (llama.cpp's pooled embedding)"}
 
 
 def _judged_model_types() -> set[str]:
