@@ -543,7 +543,24 @@ _RECORDS += (  # gemma4
          swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
 )
-
+_RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): LFM2's conv / attention layers, dense
+    # lead layers, then per-expert w1/w2/w3 stacked under a sigmoid router with a selection bias (expert_bias);
+    # llama.cpp's graph always renormalizes the top-k weights and applies no routed scale
+    Arch("lfm2_moe", "lfm2moe", "Lfm2MoeForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache"), *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("leading_dense_block_count", "num_dense_layers")), tied=True, hybrid="layer_types", shortconv=True,
+         experts="feed_forward.experts", expert_names=("w1", "w2", "w3"), hf_prefer=("feed_forward.",),
+         gguf_fixed={"expert_gating_func": 2},  # sigmoid
+         requires={"conv_bias": False, "use_expert_bias": True, "norm_topk_prob": True,
+                   "routed_scaling_factor": 1.0}),
+    # LFM2's embedding models (Lfm2Model, causal): llama.cpp's lfm2 with a pooling type from modules.json; config.json
+    # says model_type lfm2 with architectures Lfm2Model (hf_export reads it as this record)
+    Arch("lfm2_embed", "lfm2", "Lfm2Model",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True, embedding=True,
+         hf_prefer=("feed_forward.",), requires={"conv_bias": False}, hf_extra={"model_type": "lfm2"}),
+)
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
@@ -580,6 +597,8 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
         rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])
         matches = [a for a in matches if a.gguf_fixed.get("ssm.dt_b_c_rms") == rms] or matches
+    if len(matches) > 1 and md is not None and arch == "lfm2":  # LFM2's embedding models: a pooling type
+        matches = [a for a in matches if a.embedding == (f"{arch}.pooling_type" in md)] or matches
     if matches and md is not None and f"{arch}.attention.sliding_window" in md:
         matches = [a for a in matches if a.sliding] or matches
     if matches:

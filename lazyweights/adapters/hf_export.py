@@ -332,6 +332,8 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     kinds = doc.get("layers_block_type") or doc.get("hybrid_override_pattern") or ()
     if doc.get("model_type") == "nemotron_h" and ("moe" in kinds or "E" in kinds):
         return dict(doc, model_type="nemotron_h_moe")  # llama.cpp's converter: nemotron_h_moe for MoE layers
+    if doc.get("model_type") == "lfm2" and (doc.get("architectures") or [""])[0] == "Lfm2Model":
+        return dict(doc, model_type="lfm2_embed")  # llama.cpp's converter: LFM2's embedding models (LFM2ColBertModel)
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)

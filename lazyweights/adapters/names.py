@@ -28,7 +28,7 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
-_EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
+_EXPERT_BIAS = ("mlp.expert_bias", "feed_forward.expert_bias")  # AFMoE's, LFM2-MoE's router bias: bare in gguf-py
 _LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-layer output scale
 # Gemma 4's MoE: the router's input scale and per-expert output scale as llama.cpp's converter names them
 # (`.scale` beside the module's weight), and the bare stacked expert tensors
@@ -72,11 +72,13 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         if name.endswith(hf):
             got = _hf_to_gguf_name(name[: -len(hf)] + module + ".weight", arch)
             return got and got[: -len(".weight")] + ".scale"
-    if name.endswith(_EXPERT_BIAS[0]):
+    if name.endswith(_EXPERT_BIAS):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
+    if got is None and not name.startswith("model."):  # a head-less base model's keys (LFM2's Lfm2Model)
+        got = _hf_to_gguf_name("model." + name, arch)
     return got
 
 
@@ -117,7 +119,7 @@ def _candidates(base: str, m: Any, arch: str) -> tuple[str, ...]:
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
-            out = tuple(c if c.endswith(_EXPERT_BIAS[0]) and suffix == ".bias" else c + suffix for c in cands)
+            out = tuple(c if c.endswith(_EXPERT_BIAS) and suffix == ".bias" else c + suffix for c in cands)
             out = tuple(_hf_spelling(c) for c in out)
             # Mamba-2's bare dt_bias is the same GGUF tensor as Mamba's dt_proj.bias: the model's keys choose
             return out + tuple(c[: -len(_DT_BIAS[1])] + _DT_BIAS[0] for c in out if c.endswith(_DT_BIAS[1]))
@@ -150,6 +152,8 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
         if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
+        if not hits:  # a head-less base model (LFM2's Lfm2Model): its keys are the candidates without `model.`
+            hits = [c[len("model."):] for c in cands if c.startswith("model.") and c[len("model."):] in exp]
         if not hits:  # transformers 5 renames a base prefix in memory only (Nemotron-H: saved backbone.*, model.*)
             tails = {k.split(".", 1)[1] for k in exp if "." in k}
             hits = [c for c in cands if "." in c and c.split(".", 1)[1] in tails]
