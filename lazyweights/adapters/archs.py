@@ -134,6 +134,9 @@ class Arch(NamedTuple):
     shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
                                         # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
                                         # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
+    gemma4: bool = False                # Gemma 4: per-layer head dims / kv heads (sliding vs full), key_length_swa,
+                                        # rope dimension counts, the "proportional" full-layer RoPE as rope_freqs
+                                        # (1 on rotated pairs, 1e30 on the rest), shared kv layers
     gdn: bool = False                   # Qwen's gated delta-net layers (layer_types "linear_attention"): A as
                                         # -exp(A_log), conv1d squeezed, in_proj_qkvz split into llama.cpp's
                                         # attn_qkv ([q; k; v] over heads) and attn_gate (z), recurrent_layers;
@@ -538,6 +541,32 @@ _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
          hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
 )
+_RECORDS += (  # gemma4
+    # Gemma 4 (dense, E2B-style per-layer embeddings, MoE): no norm shift, attention scale 1, full layers with
+    # their own head dim / kv heads and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer
+    # output scalar; the rest in `hparams._gemma4_hparams` / `_gemma4_config`
+    Arch("gemma4_text", "gemma4", "Gemma4ForCausalLM", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
+         swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+)
+_RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): LFM2's conv / attention layers, dense
+    # lead layers, then per-expert w1/w2/w3 stacked under a sigmoid router with a selection bias (expert_bias);
+    # llama.cpp's graph always renormalizes the top-k weights and applies no routed scale
+    Arch("lfm2_moe", "lfm2moe", "Lfm2MoeForCausalLM",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache"), *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+          _p("leading_dense_block_count", "num_dense_layers")), tied=True, hybrid="layer_types", shortconv=True,
+         experts="feed_forward.experts", expert_names=("w1", "w2", "w3"), hf_prefer=("feed_forward.",),
+         gguf_fixed={"expert_gating_func": 2},  # sigmoid
+         requires={"conv_bias": False, "use_expert_bias": True, "norm_topk_prob": True,
+                   "routed_scaling_factor": 1.0}),
+    # LFM2's embedding models (Lfm2Model, causal): llama.cpp's lfm2 with a pooling type from modules.json; config.json
+    # says model_type lfm2 with architectures Lfm2Model (hf_export reads it as this record)
+    Arch("lfm2_embed", "lfm2", "Lfm2Model",
+         (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
+          _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True, embedding=True,
+         hf_prefer=("feed_forward.",), requires={"conv_bias": False}, hf_extra={"model_type": "lfm2"}),
+)
 _GDN = (_p("ssm.conv_kernel", "linear_conv_kernel_dim"), _p("ssm.state_size", "linear_key_head_dim"),
         _p("ssm.group_count", "linear_num_key_heads"), _p("ssm.time_step_rank", "linear_num_value_heads"),
         _p("ssm.inner_size", "linear_value_head_dim", "linear_num_value_heads", kind="prod"))
@@ -563,6 +592,7 @@ ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
 ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
            "qwen3_vl": "qwen3_vl_text", "mistral3": "mistral"}
+ALIASES["gemma4"] = "gemma4_text"  # Gemma4ForConditionalGeneration's text part
 GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})
 
 
@@ -594,6 +624,8 @@ def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
     if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
         rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])
         matches = [a for a in matches if a.gguf_fixed.get("ssm.dt_b_c_rms") == rms] or matches
+    if len(matches) > 1 and md is not None and arch == "lfm2":  # LFM2's embedding models: a pooling type
+        matches = [a for a in matches if a.embedding == (f"{arch}.pooling_type" in md)] or matches
     if matches and md is not None and f"{arch}.attention.sliding_window" in md:
         matches = [a for a in matches if a.sliding] or matches
     if matches:

@@ -32,6 +32,14 @@ family from its record (`adapters/archs.py`, turned into keys by `adapters/hpara
     {a}.rope.freq_base_swa              rope_parameters.sliding_attention.rope_theta (gemma3)
     {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2; gemma3 the first)
     {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
+    gemma4: {a}.attention.key_length / key_length_swa (and value_*), rope.dimension_count / _swa   the full
+                                        layers' head dim (global_head_dim or per_layer_config) / head_dim
+            {a}.attention.head_count_kv (per layer)  num_key_value_heads, and the full layers' own count
+            rope_freqs.weight (tensor)  rope_parameters.full_attention "proportional" (`gemma4_rope_freqs`)
+            {a}.attention.shared_kv_layers / embedding_length_per_layer_input   num_kv_shared_layers /
+                                        hidden_size_per_layer_input; feed_forward_length per layer where
+                                        use_double_wide_mlp; expert_* from num_experts / top_k_experts /
+                                        moe_intermediate_size (enable_moe_block)
     tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
     tie_word_embeddings                 true when the GGUF has no output.weight
 
@@ -137,6 +145,9 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             rope.update(scaling)
     if rec.longrope and rope_factors:
         rope.update(_longrope_from_gguf(md, arch, rope_factors))
+    if rec.gemma4 and rope_freqs is not None:
+        full = out["rope_parameters"]["full_attention"]
+        full["partial_rotary_factor"] = gemma4_partial_rotary(rope_freqs, out["per_layer_config"])
     for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                       ("pad_token_id", "padding_token_id")):
         if f"tokenizer.ggml.{key}" in md:
@@ -186,6 +197,48 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
             smooth = (original_max_position_embeddings / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(out, dtype=np.float32)
+
+
+def gemma4_rope_freqs(cfg: Mapping[str, Any]):
+    """Gemma 4's "proportional" RoPE of the full-attention layers as llama.cpp's converter writes it: per pair of
+    the full head dim, 1 where it rotates (the first `partial_rotary_factor` share) and 1e30 (no rotation) after.
+
+    Example:
+        >>> f = gemma4_rope_freqs({"global_head_dim": 16, "rope_parameters": {"full_attention": {
+        ...     "rope_type": "proportional", "partial_rotary_factor": 0.25}}})
+        >>> f.tolist()[:3], f.dtype.name
+        ([1.0, 1.0, 1.0000000150474662e+30], 'float32')
+    """
+    import numpy as np
+
+    from .hparams import gemma4_full
+
+    full = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
+    if full.get("rope_type", "proportional") != "proportional":
+        raise GGUFConfigError(f"config.json (gemma4): full-attention rope_type {full.get('rope_type')!r}; llama.cpp's "
+                              "converter writes only the proportional one", ["rope_freqs.weight"])
+    head_dim = int(gemma4_full(cfg, "head_dim", "global_head_dim") or cfg["head_dim"])
+    n_rot = int(head_dim * float(full.get("partial_rotary_factor", 1.0)) / 2)
+    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), dtype=np.float32)
+
+
+def gemma4_partial_rotary(rope_freqs, per_layer: Mapping[str, Any]) -> float:
+    """The full layers' `partial_rotary_factor` a Gemma 4 GGUF's `rope_freqs.weight` stands for: the share of
+    leading 1s (rotated pairs) before the 1e30s (unrotated ones); GGUFConfigError for any other values.
+
+    Example:
+        >>> gemma4_partial_rotary([1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30], {"1": {"head_dim": 16}})
+        0.25
+    """
+    import numpy as np
+
+    r = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
+    n_rot = int((r == 1.0).sum())
+    head_dim = int(next(iter(per_layer.values()))["head_dim"]) if per_layer else 2 * r.size
+    if r.size != head_dim // 2 or not (r[:n_rot] == 1.0).all() or not (r[n_rot:] >= 1e29).all():
+        raise GGUFConfigError(f"rope_freqs.weight ({r.size} values, first {r[:4].tolist()}) is not Gemma 4's "
+                              f"proportional RoPE for head_dim {head_dim} (1s, then 1e30s)", ["rope_freqs.weight"])
+    return 2 * n_rot / head_dim
 
 
 def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:
@@ -279,6 +332,8 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     kinds = doc.get("layers_block_type") or doc.get("hybrid_override_pattern") or ()
     if doc.get("model_type") == "nemotron_h" and ("moe" in kinds or "E" in kinds):
         return dict(doc, model_type="nemotron_h_moe")  # llama.cpp's converter: nemotron_h_moe for MoE layers
+    if doc.get("model_type") == "lfm2" and (doc.get("architectures") or [""])[0] == "Lfm2Model":
+        return dict(doc, model_type="lfm2_embed")  # llama.cpp's converter: LFM2's embedding models (LFM2ColBertModel)
     inner = doc.get("text_config")
     if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
         merged = dict(inner)
@@ -450,7 +505,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     arch = SUPPORTED[mt][0]
     state = {k.removeprefix("language_model."): v for k, v in state_dict.items()
              if not k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                                  "model.multi_modal_projector.", "visual.", "model.visual."))}
+                                  "model.multi_modal_projector.", "visual.", "model.visual.",
+                                  "model.embed_vision.", "model.embed_audio.", "model.audio_tower."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
@@ -466,6 +522,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
     if ARCHS[mt].longrope:
         adapted.update(_longrope_tensors(cfg_text))
+    if ARCHS[mt].gemma4:
+        adapted["rope_freqs.weight"] = WeightData.from_numpy(gemma4_rope_freqs(cfg_text), "rope_freqs.weight")
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)

@@ -22,7 +22,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
 from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
@@ -246,6 +246,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
             md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
     if rec.swa_keys:
         md.update(_swa_keys(rec, cfg))
+    if rec.gemma4:
+        md.update(_gemma4_hparams(rec, cfg, head_dim, int(found["block_count"])))
     md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
@@ -509,6 +511,117 @@ def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     return out
 
 
+def gemma4_full(cfg: Mapping[str, Any], key: str, global_key: str):
+    """Gemma 4's full-attention layers' `key` (head_dim, num_key_value_heads): `global_key` (global_head_dim,
+    num_global_key_value_heads), else the first full layer's entry of per_layer_config, else None."""
+    v = cfg.get(global_key)
+    types = cfg.get("layer_types") or []
+    per_layer = cfg.get("per_layer_config") or {}
+    if v is None and isinstance(per_layer, Mapping):
+        for i, layer in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
+            if int(i) < len(types) and types[int(i)] == "full_attention" and key in layer:
+                return layer[key]
+    return v
+
+
+def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) -> dict:
+    """Gemma 4's keys as llama.cpp's converter writes them: the full layers' head dim as key/value_length (and
+    rope.dimension_count: their partial RoPE is the rope_freqs tensor), the sliding layers' as *_swa, the
+    per-layer pattern, kv heads per layer where the full layers differ, shared kv layers, per-layer input width,
+    the sliding layers' theta."""
+    from gguf.constants import GGUFValueType as T
+
+    from ..formats.gguf_writer import GGUFValue
+
+    a = rec.gguf
+    per_layer_width = int(cfg.get("hidden_size_per_layer_input") or 0)
+    pl_vocab = cfg.get("vocab_size_per_layer_input")
+    if per_layer_width and pl_vocab is not None and int(pl_vocab) != int(cfg.get("vocab_size") or 0):
+        raise GGUFConfigError(f"config.json ({rec.model_type}): vocab_size_per_layer_input {pl_vocab} is not "
+                              f"vocab_size {cfg.get('vocab_size')}; llama.cpp's per-layer embedding has n_vocab "
+                              "rows", [f"{a}.embedding_length_per_layer_input"])
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != n:
+        raise GGUFConfigError(f"config.json ({rec.model_type}): layer_types {types!r} is not a list of {n} layer "
+                              "types", [f"{a}.attention.sliding_window_pattern"])
+    swa = [t == "sliding_attention" for t in types]
+    full = int(gemma4_full(cfg, "head_dim", "global_head_dim") or head_dim)
+    out = {f"{a}.attention.key_length": GGUFValue(full, T.UINT32),
+           f"{a}.attention.value_length": GGUFValue(full, T.UINT32),
+           f"{a}.attention.key_length_swa": GGUFValue(head_dim, T.UINT32),
+           f"{a}.attention.value_length_swa": GGUFValue(head_dim, T.UINT32),
+           f"{a}.attention.shared_kv_layers": GGUFValue(shared, T.UINT32),
+           f"{a}.embedding_length_per_layer_input": GGUFValue(per_layer_width, T.UINT32),
+           f"{a}.attention.sliding_window_pattern": GGUFValue(swa, T.ARRAY, T.BOOL),
+           f"{a}.rope.dimension_count": GGUFValue(full, T.UINT32)}
+    swa_params = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
+    out[f"{a}.rope.dimension_count_swa"] = GGUFValue(int(head_dim * float(swa_params.get(
+        "partial_rotary_factor", 1.0))), T.UINT32)
+    kv_full, kv = gemma4_full(cfg, "num_key_value_heads", "num_global_key_value_heads"), cfg.get("num_key_value_heads")
+    if kv_full is not None and kv is not None and int(kv_full) != int(kv):
+        out[f"{a}.attention.head_count_kv"] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
+                                                        T.ARRAY, T.UINT32)
+    if cfg.get("enable_moe_block"):  # experts beside the dense MLP in every layer
+        moe = {"expert_count": cfg.get("num_experts"), "expert_used_count": cfg.get("top_k_experts"),
+               "expert_feed_forward_length": _first(cfg, ("moe_intermediate_size", "expert_intermediate_size"))}
+        lacking = [k for k, v in moe.items() if v is None]
+        if lacking:
+            raise GGUFConfigError(f"config.json ({rec.model_type}): enable_moe_block without num_experts / "
+                                  "top_k_experts / moe_intermediate_size", [f"{a}.{k}" for k in lacking])
+        out.update({f"{a}.{k}": GGUFValue(int(v), T.UINT32) for k, v in moe.items()})
+    if cfg.get("use_double_wide_mlp"):  # the kv-sharing layers' MLP is twice as wide
+        ff = int(cfg["intermediate_size"])
+        out[f"{a}.feed_forward_length"] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
+                                                    T.ARRAY, T.UINT32)
+    local = _swa_theta(cfg)
+    if local is not None:
+        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+    return out
+
+
+def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) -> dict:
+    """Gemma 4's config.json entries back from its keys: the sliding layers' head dim and kv heads as head_dim /
+    num_key_value_heads, the full layers' in per_layer_config, layer_types, both RoPE entries (the full layers'
+    partial_rotary_factor comes from the rope_freqs tensor, `hf_export.gemma4_partial_rotary`)."""
+    a = rec.gguf
+    pattern = get("attention.sliding_window_pattern")
+    n = int(get("block_count"))
+    if not isinstance(pattern, list) or len(pattern) != n:
+        raise GGUFConfigError(f"GGUF ({a}): attention.sliding_window_pattern {pattern!r} is not {n} booleans",
+                              [f"{a}.attention.sliding_window_pattern"])
+    shared = int(get("attention.shared_kv_layers", 0) or 0)
+    ff = get("feed_forward_length")
+    ff_list = ff if isinstance(ff, list) else [ff] * n
+    double = [int(ff_list[0]) if i < n - shared else 2 * int(ff_list[0]) for i in range(n)]
+    if isinstance(ff, list) and [int(x) for x in ff] not in (double, [int(ff[0])] * n):
+        raise GGUFConfigError(f"GGUF ({a}): feed_forward_length {ff} is neither one width nor Gemma 4's double-wide "
+                              f"MLP on the last {shared} (kv-sharing) layers", [f"{a}.feed_forward_length"])
+    full, swa_dim = int(get("attention.key_length")), int(get("attention.key_length_swa"))
+    kv = get("attention.head_count_kv", get("attention.head_count"))
+    kv_list = kv if isinstance(kv, list) else [kv] * n
+    kv_swa = next((int(k) for k, s in zip(kv_list, pattern) if s), int(kv_list[0]))
+    per_layer: dict[str, dict[str, int]] = {}
+    for i, (k, s) in enumerate(zip(kv_list, pattern)):
+        if not s:
+            per_layer[str(i)] = {"head_dim": full, **({"num_key_value_heads": int(k)} if int(k) != kv_swa else {})}
+    theta_swa = float(get("rope.freq_base_swa", 10000.0))
+    n_rot_swa = int(get("rope.dimension_count_swa", swa_dim))
+    swa_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta_swa}
+    if n_rot_swa != swa_dim:
+        swa_rope["partial_rotary_factor"] = n_rot_swa / swa_dim
+    return {"head_dim": swa_dim, "num_key_value_heads": kv_swa, "per_layer_config": per_layer,
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
+            "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input", 0) or 0),
+            "num_kv_shared_layers": shared, "attention_k_eq_v": False, "intermediate_size": int(ff_list[0]),
+            "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n,
+            "enable_moe_block": bool(get("expert_count")), "num_experts": get("expert_count"),
+            "top_k_experts": get("expert_used_count"), "moe_intermediate_size": get("expert_feed_forward_length"),
+            "rope_parameters": {"sliding_attention": swa_rope,
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
+                                                   "rope_theta": float(rope["rope_theta"])}}}
+
+
 def _swa_theta(cfg: Mapping[str, Any]):
     """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
     or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
@@ -628,6 +741,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = get(hp.key)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
             continue
+        if isinstance(v, list) and rec.gemma4 and hp in (KV, FFN):  # per-layer: `_gemma4_config`
+            continue
         if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
             if not v or any(x != v[0] for x in v):
                 raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
@@ -719,6 +834,12 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     if rec.rope_swa:
         swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
         cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
+    if rec.gemma4:
+        cfg.update(_gemma4_config(rec, get, rope), vocab_size_per_layer_input=cfg["vocab_size"])
+        if names is not None:  # the full layers' k projection doubles as v (the 31B's, 26B-A4B's)
+            full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"
+                    and i < int(get("block_count")) - cfg["num_kv_shared_layers"]]
+            cfg["attention_k_eq_v"] = bool(full) and all(f"blk.{i}.attn_v.weight" not in names for i in full)
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
@@ -769,6 +890,8 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     ff = get("feed_forward_length")
     if ff:
         out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))
+    if get("attention.key_length_swa"):  # Gemma 4: head dims / MLP widths per layer; llama.cpp checks these
+        out = {}
     vocab = get("vocab_size")
     if vocab:
         out.update(token_embd=(vocab, embd), output=(vocab, embd))

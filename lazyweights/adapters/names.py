@@ -28,7 +28,13 @@ _BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
-_EXPERT_BIAS = ("mlp.expert_bias", "mlp.expert_bias.bias")  # AFMoE's router bias: a bare name in gguf-py's table
+_EXPERT_BIAS = ("mlp.expert_bias", "feed_forward.expert_bias")  # AFMoE's, LFM2-MoE's router bias: bare in gguf-py
+_LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-layer output scale
+# Gemma 4's MoE: the router's input scale and per-expert output scale as llama.cpp's converter names them
+# (`.scale` beside the module's weight), and the bare stacked expert tensors
+_GEMMA4_SCALES = ((".router.scale", ".router.proj"), (".router.per_expert_scale", ".experts.down_proj"))
+_GEMMA4_BARE = (".experts.gate_up_proj", ".experts.down_proj")
+_GEMMA4_MOE = re.compile(r"^model\.layers\.\d+\.(experts|router)\.")  # its spelling among gguf-py's candidates
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -60,11 +66,19 @@ def hf_to_gguf_name(name: str, arch: str) -> str | None:
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
     if name.endswith(_DT_BIAS[0]):
         name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
-    if name.endswith(_EXPERT_BIAS[0]):
+    if name.endswith(_LAYER_SCALAR[0]) or (arch == "gemma4" and name.endswith(_GEMMA4_BARE)):
+        name += ".weight"
+    for hf, module in _GEMMA4_SCALES if arch == "gemma4" else ():
+        if name.endswith(hf):
+            got = _hf_to_gguf_name(name[: -len(hf)] + module + ".weight", arch)
+            return got and got[: -len(".weight")] + ".scale"
+    if name.endswith(_EXPERT_BIAS):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
     if got is None and "." in name.split(".", 1)[1]:  # gguf-py lists some without the outer prefix (BLOOM)
         got = _hf_to_gguf_name(name.split(".", 1)[1], arch)
+    if got is None and not name.startswith("model."):  # a head-less base model's keys (LFM2's Lfm2Model)
+        got = _hf_to_gguf_name("model." + name, arch)
     return got
 
 
@@ -84,6 +98,19 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`)."""
     m = _BLK.match(name)
     base = "blk.0." + name[m.end():] if m else name
+    if arch == "gemma4" and name.endswith(".scale"):  # the MoE scales (`_GEMMA4_SCALES`)
+        stem = base[: -len(".scale")] + ".weight"
+        return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in _GEMMA4_SCALES
+                     for c in _candidates(stem, m, arch) if c.endswith(module + ".weight") and _GEMMA4_MOE.match(c))
+    if arch == "gemma4" and base.endswith("_exps.weight"):  # the stacked experts are bare parameters
+        bare = tuple(b + ".weight" for b in _GEMMA4_BARE)
+        return tuple(c[: -len(".weight")] for c in _candidates(base, m, arch)
+                     if c.endswith(bare) and _GEMMA4_MOE.match(c))
+    return _candidates(base, m, arch)
+
+
+def _candidates(base: str, m: Any, arch: str) -> tuple[str, ...]:
+    """gguf-py's Hugging Face names for `base` (the GGUF name in block 0), moved to block `m[1]`."""
     if not base.endswith(_SUFFIXES):
         cands = _inverse(arch).get(base, ())
         return tuple(_HF_BID.sub(m[1], c, count=1) for c in cands) if m else cands
@@ -92,7 +119,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
             cands = _inverse(arch).get(base[: -len(suffix)], ())
             if m:
                 cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
-            out = tuple(c if c.endswith(_EXPERT_BIAS[0]) and suffix == ".bias" else c + suffix for c in cands)
+            out = tuple(c if c.endswith(_EXPERT_BIAS) and suffix == ".bias" else c + suffix for c in cands)
             out = tuple(_hf_spelling(c) for c in out)
             # Mamba-2's bare dt_bias is the same GGUF tensor as Mamba's dt_proj.bias: the model's keys choose
             return out + tuple(c[: -len(_DT_BIAS[1])] + _DT_BIAS[0] for c in out if c.endswith(_DT_BIAS[1]))
@@ -102,7 +129,7 @@ def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
 def _hf_spelling(name: str) -> str:
     """gguf-py's module-style name for a bare parameter (`gate.e_score_correction.bias`) as the Hugging Face
     parameter (`gate.e_score_correction_bias`)."""
-    for hf, gg in (_SCORE_BIAS,):
+    for hf, gg in (_SCORE_BIAS, _LAYER_SCALAR):
         if name.endswith(gg):
             return name[: -len(gg)] + hf
     return name
@@ -125,6 +152,8 @@ def gguf_to_hf_name(name: str, arch: str, expected: Iterable[str] | None = None,
         if not hits:  # gguf-py lists some names without the model's outer prefix (BLOOM's `h.N.`)
             hits = sorted({k for c in cands for k in exp if k.endswith("." + c)})
             hits = hits if len(hits) == 1 else []
+        if not hits:  # a head-less base model (LFM2's Lfm2Model): its keys are the candidates without `model.`
+            hits = [c[len("model."):] for c in cands if c.startswith("model.") and c[len("model."):] in exp]
         if not hits:  # transformers 5 renames a base prefix in memory only (Nemotron-H: saved backbone.*, model.*)
             tails = {k.split(".", 1)[1] for k in exp if "." in k}
             hits = [c for c in cands if "." in c and c.split(".", 1)[1] in tails]
