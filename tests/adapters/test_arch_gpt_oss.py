@@ -33,7 +33,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 if not hasattr(transformers, "GptOssConfig"):
     pytest.skip("this transformers has no gpt-oss (4.55 and later do)", allow_module_level=True)
 
-from test_arch_breadth import _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import assert_same_next_token, _kl, _logits, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
@@ -118,13 +118,7 @@ def _load_hf(folder):
 
 
 def _check_llama_cpp(path, ref, ids, what, tie=1e-3, decided=0.9):
-    mine = llama_cpp_logits(path, ids)
-    kl = _kl(ref, mine)
-    assert kl.max() < 1e-3, f"{what}: llama.cpp's next-token distribution differs, max KL {kl.max():.3g}"
-    top2 = np.sort(ref, -1)[:, -2:]
-    ties = (top2[:, 1] - top2[:, 0]) < tie
-    assert ((mine.argmax(-1) == ref.argmax(-1)) | ties).all(), what
-    assert (~ties).sum() >= decided * len(ids)  # the argmax check is not vacuous
+    assert_same_next_token(ref, llama_cpp_logits(path, ids), what, tie, decided)
 
 
 def _field(r, key):
