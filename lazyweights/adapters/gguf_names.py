@@ -245,7 +245,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     out: dict[str, WeightData] = {}
     unknown: list[str] = []
     if rec.fused_gate_up_exps:
-        state = _fuse_gate_up(state, rec.fused_gate_up_exps)
+        state = _join_pair(state, ("ffn_gate_exps", "ffn_up_exps"), rec.fused_gate_up_exps, axis=1)
     if rec.mla:
         state = _join_kv_b(state)
     if rec.gdn and not rec.v_reorder:  # Qwen3-Next's fused in_proj_qkvz (Qwen3.5 keeps in_proj_qkv and _z)
@@ -404,7 +404,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if name in dropped or name.endswith(tuple("." + d for d in dropped)):
             continue  # buffers, computed at run time; llama.cpp's converter skips them too
         if rec.fused_gate_up_exps and name.endswith(rec.fused_gate_up_exps + ".weight"):
-            out.update(_split_gate_up(name, _as_wd(value, name)))
+            out.update(_split_pair(name, _as_wd(value, name), ("ffn_gate_exps", "ffn_up_exps"), axis=1))
             continue
         if rec.gdn and name.startswith("mtp."):
             continue  # multi-token-prediction layers: llama.cpp's converter drops them
@@ -549,37 +549,6 @@ def position_offset(config, name: str = "embeddings.position_embeddings.weight",
     if rows is not None and off >= rows:
         raise ShapeError(f"{name!r}: {rows} position rows, but positions start at pad_token_id + 1 = {off}")
     return off
-
-
-def _split_gate_up(name: str, wd: WeightData) -> dict[str, WeightData]:
-    """A Hugging Face [n_expert, 2 * ff, hidden] [gate; up] tensor as llama.cpp's two stacked-expert tensors."""
-    from ..api.weight_data import split
-
-    m = re.search(r"\.(\d+)\.", name)
-    if m is None or wd.ndim != 3 or wd.shape[1] % 2:
-        raise ShapeError(f"{name!r}: fused expert gate/up must be [n_expert, 2 * ff, hidden], got {list(wd.shape)}")
-    gate, up = split(wd, 2, axis=1)
-    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
-    return {g: _renamed(gate, g), u: _renamed(up, u)}
-
-
-def _fuse_gate_up(state: Mapping[str, Any], hf_part: str) -> dict[str, Any]:
-    """llama.cpp's stacked ffn_gate_exps / ffn_up_exps joined back into the Hugging Face [gate; up] tensor."""
-    from ..api.weight_data import concat
-
-    out = dict(state)
-    for name in list(state):
-        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
-        if m is None:
-            continue
-        up = f"blk.{m[1]}.ffn_up_exps.weight"
-        if up in state:
-            gate_wd, up_wd = _as_wd(out.pop(name), name), _as_wd(out.pop(up), up)
-            if gate_wd.quantization_encoding is not None:
-                gate_wd, up_wd = gate_wd.dequantize(), up_wd.dequantize()
-            hf = f"model.layers.{m[1]}.{hf_part}.weight"
-            out[hf] = _renamed(concat([gate_wd, up_wd], axis=1), hf)
-    return out
 
 
 # --- gpt-oss: fused experts ([E, in, out], gate/up rows interleaved) or OCP MXFP4 blocks kept packed ---------------
@@ -778,22 +747,23 @@ def _unflatten_experts(rec: Arch, name: str, wd: WeightData, part: str, config) 
     return wd.transpose((0, 2, 1)) if part == "ffn_down_exps" else wd
 
 
-def _split_pair(name: str, wd: WeightData, parts: tuple[str, str]) -> dict[str, WeightData]:
-    """A Hugging Face 2-D [first; second] tensor (GraniteMoeShared's shared [gate; up]) as llama.cpp's two
-    tensors `blk.N.{parts[0]}` / `blk.N.{parts[1]}`, halves of the rows."""
+def _split_pair(name: str, wd: WeightData, parts: tuple[str, str], axis: int = 0) -> dict[str, WeightData]:
+    """A Hugging Face fused [first; second] tensor as llama.cpp's two tensors `blk.N.{parts[0]}` /
+    `blk.N.{parts[1]}`, halves along `axis`: 0 for a 2-D [2 * ff, hidden] (GraniteMoeShared's shared [gate; up]),
+    1 for stacked experts [n_expert, 2 * ff, hidden] (GraniteMoE's input_linear)."""
     from ..api.weight_data import split
 
     m = re.search(r"\.(\d+)\.", name)
-    if m is None or wd.ndim != 2 or wd.shape[0] % 2:
-        raise ShapeError(f"{name!r}: a fused [{parts[0]}; {parts[1]}] tensor must be 2-D with an even row count, "
-                         f"got {list(wd.shape)}")
-    a, b = split(wd, 2, axis=0)
+    if m is None or wd.ndim != axis + 2 or wd.shape[axis] % 2:
+        raise ShapeError(f"{name!r}: a fused [{parts[0]}; {parts[1]}] tensor must be {axis + 2}-D with an even size "
+                         f"on axis {axis}, got {list(wd.shape)}")
+    a, b = split(wd, 2, axis=axis)
     ga, gb = f"blk.{m[1]}.{parts[0]}.weight", f"blk.{m[1]}.{parts[1]}.weight"
     return {ga: _renamed(a, ga), gb: _renamed(b, gb)}
 
 
-def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str) -> dict[str, Any]:
-    """llama.cpp's `blk.N.{parts[0]}` / `blk.N.{parts[1]}` joined back into the Hugging Face 2-D tensor
+def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str, axis: int = 0) -> dict[str, Any]:
+    """llama.cpp's `blk.N.{parts[0]}` / `blk.N.{parts[1]}` joined back along `axis` into the Hugging Face tensor
     `model.layers.N.{hf_part}.weight` (the inverse of `_split_pair`)."""
     from ..api.weight_data import concat
 
@@ -807,7 +777,7 @@ def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str) -
         if a.quantization_encoding is not None or b.quantization_encoding is not None:
             a, b = a.dequantize(), b.dequantize()
         hf = f"model.layers.{m[1]}.{hf_part}.weight"
-        out[hf] = _renamed(concat([a, b], axis=0), hf)
+        out[hf] = _renamed(concat([a, b], axis=axis), hf)
     return out
 
 
