@@ -22,6 +22,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import GGUFConfigError
@@ -96,24 +97,22 @@ def rotary_factor(cfg: Mapping[str, Any]) -> float:
     return 1.0 if v is None else float(v)
 
 
-def _product(cfg: Mapping[str, Any], names: Iterable[str]):
-    out = 1
-    for n in names:
-        v = cfg.get(n)
-        if v is None:
-            return None
-        out *= int(v)
-    return out
+def _combined(cfg: Mapping[str, Any], names: Iterable[str], kind: str) -> int | None:
+    """A `prod` or `sum` row's value: the product or sum of every name in `names`, None unless all are present."""
+    raw = [cfg.get(n) for n in names]
+    if any(v is None for v in raw):
+        return None
+    values = [int(v) for v in raw if v is not None]
+    return math.prod(values) if kind == "prod" else sum(values)
 
 
-def _sum(cfg: Mapping[str, Any], names: Iterable[str]) -> int | None:
-    out = 0
-    for n in names:
-        v = cfg.get(n)
-        if v is None:
-            return None
-        out += int(v)
-    return out
+def _row_value(cfg: Mapping[str, Any], hp: HParam):
+    """What config.json says for one row (None if nothing): the first of its names, or for `prod` / `sum` rows
+    the combination of all of them, for `lead` rows the count of leading dense layers."""
+    if hp.kind in ("prod", "sum"):
+        return _combined(cfg, hp.hf, hp.kind)
+    v = _first(cfg, hp.hf)
+    return _leading_dense(v) if hp.kind == "lead" else v
 
 
 def _leading_dense(v):
@@ -161,9 +160,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     kinds = cfg.get(rec.hybrid) if rec.hybrid else None
     if isinstance(kinds, list) and cfg.get("num_hidden_layers") is None:  # Nemotron-H: the layer list's length
         cfg = {**cfg, "num_hidden_layers": len(kinds)}
-    found: dict[str, Any] = {hp.key: _product(cfg, hp.hf) if hp.kind == "prod" else _sum(cfg, hp.hf)
-                             if hp.kind == "sum" else _leading_dense(_first(cfg, hp.hf)) if hp.kind == "lead"
-                             else _first(cfg, hp.hf) for hp in rows}
+    found: dict[str, Any] = {hp.key: _row_value(cfg, hp) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
                if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
