@@ -199,6 +199,29 @@ def _hidden(model, ids):
         return model(torch.tensor([ids])).last_hidden_state[0].float().numpy()
 
 
+def assert_same_embeddings(path, model, tok, texts, pooling, what, minilm_bound=True):
+    """llama.cpp (`embedding=True`) tokenizes each text as `tok` does, and its pooled embedding (`pooling`: mean,
+    or cls = the first token) equals the transformers model's pooled last hidden state: cosine > 0.999, within
+    5e-4 of the largest value (the same float32 weights: only summation order and ggml's GELU table differ, ~2e-4;
+    a window 8x as wide differs by more), and within the MiniLM test's 2e-3 where `minilm_bound`."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, embedding=True, verbose=False, n_threads=2, n_ctx=128)
+    try:
+        for text in texts:
+            ids = tok(text)["input_ids"]
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, (what, text)
+            hidden = _hidden(model, ids)
+            ref = hidden.mean(0) if pooling == "mean" else hidden[0]
+            got = np.asarray(llm.embed(text, normalize=False), dtype=np.float32).reshape(-1)
+            cos = float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
+            assert cos > 0.999, (what, text, cos)
+            if minilm_bound:
+                np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3)
+            np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 * max(1.0, float(np.abs(ref).max())))
+    finally:
+        llm.close()
+
+
 def _field(r, key):
     f = r.fields[key]
     return f.contents() if hasattr(f, "contents") else f.parts[-1][0]
@@ -206,7 +229,7 @@ def _field(r, key):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
     _, _, _, arch, kind, pooling = FAMILIES[name]
     tok = tokenizers_by_kind[kind]
     hf = str(tmp_path / "hf")
@@ -219,22 +242,7 @@ def test_encoder_both_ways(name, tokenizers_by_kind, tmp_path):
     assert int(_field(r, f"{arch}.pooling_type")) == _POOLING_TYPE[pooling]
     assert bool(_field(r, f"{arch}.attention.causal")) is False
 
-    llm = llama_cpp.Llama(model_path=path, embedding=True, verbose=False, n_threads=2, n_ctx=128)
-    try:
-        for text in TEXTS:
-            ids = tok(text)["input_ids"]
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, (name, text)
-            hidden = _hidden(model, ids)
-            ref = hidden.mean(0) if pooling == "mean" else hidden[0]
-            got = np.asarray(llm.embed(text, normalize=False), dtype=np.float32).reshape(-1)
-            cos = float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
-            assert cos > 0.999, (name, text, cos)
-            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3)  # the MiniLM test's bound
-            # the same float32 weights: only summation order and ggml's GELU table differ (~2e-4; a window 8x as
-            # wide differs by more)
-            np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 * max(1.0, float(np.abs(ref).max())))
-    finally:
-        llm.close()
+    assert_same_embeddings(path, model, tok, TEXTS, pooling, name)
 
     back = str(tmp_path / "back")
     export_hf_folder(path, back, dtype="float32")

@@ -33,7 +33,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 if not hasattr(transformers, "GptOssConfig"):
     pytest.skip("this transformers has no gpt-oss (4.55 and later do)", allow_module_level=True)
 
-from test_arch_breadth import assert_same_next_token, _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import _kl, _logits, assert_same_next_token, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402

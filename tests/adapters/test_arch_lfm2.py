@@ -23,7 +23,7 @@ pytest.importorskip("tokenizers")
 if not hasattr(transformers, "Lfm2Config"):
     pytest.skip("this transformers has no LFM2", allow_module_level=True)
 
-from test_arch_breadth import assert_same_next_token, _SPECIAL, _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import _SPECIAL, _kl, _logits, assert_same_next_token, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
@@ -39,20 +39,26 @@ FAMILIES = {
 }
 
 
-def make_lfm2(name, tok, folder):
-    cls, kwargs = FAMILIES[name]
-    cfg = getattr(transformers, cls)(**kwargs)
-    cfg.vocab_size = len(tok)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    with torch.no_grad():  # non-trivial norms and biases; a conv large enough that a wrong layout shows
+def perturb_lfm2(model):
+    """Non-trivial norms and biases, and a conv large enough that a wrong layout shows: random taps, the gated
+    conv path as large as the residual (its in/out projections x 8), so its layout decides the logits."""
+    with torch.no_grad():
         for n, p in model.named_parameters():
             if p.ndim == 1:
                 p.copy_(p + 0.1 * torch.randn_like(p))
             if n.endswith("conv.conv.weight"):
                 p.copy_(torch.randn_like(p))
             if n.endswith(("conv.in_proj.weight", "conv.out_proj.weight")):
-                p.mul_(8.0)  # the gated conv path as large as the residual, so its layout decides the logits
+                p.mul_(8.0)
+    return model
+
+
+def make_lfm2(name, tok, folder):
+    cls, kwargs = FAMILIES[name]
+    cfg = getattr(transformers, cls)(**kwargs)
+    cfg.vocab_size = len(tok)
+    torch.manual_seed(0)
+    model = perturb_lfm2(transformers.AutoModelForCausalLM.from_config(cfg).eval())
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return model

@@ -19,12 +19,12 @@ if not hasattr(transformers, "Lfm2Model"):
     pytest.skip("this transformers has no LFM2", allow_module_level=True)
 
 from test_arch_breadth import _SPECIAL  # noqa: E402
-from test_arch_encoders import _pooling_folder  # noqa: E402
+from test_arch_encoders import _hidden, _pooling_folder, assert_same_embeddings  # noqa: E402
+from test_arch_lfm2 import _TYPES, perturb_lfm2  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 
-_TYPES = ["conv", "full_attention", "conv", "full_attention"]
 FAMILIES = {"lfm2_embed": ("Lfm2Config", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                                                 num_attention_heads=4, num_key_value_heads=2,
                                                 max_position_embeddings=128, layer_types=_TYPES, conv_L_cache=3,
@@ -32,25 +32,11 @@ FAMILIES = {"lfm2_embed": ("Lfm2Config", dict(hidden_size=64, intermediate_size=
 TEXTS = [PROMPT, "the quick brown fox", "hello world, again and again"]
 
 
-def _hidden(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).last_hidden_state[0].float().numpy()
-
-
 def test_lfm2_embedding_both_ways(tokenizer, tmp_path):  # noqa: F811
-    llama_cpp = pytest.importorskip("llama_cpp")
     cfg = transformers.Lfm2Config(**FAMILIES["lfm2_embed"][1])
     cfg.vocab_size = len(tokenizer)
     torch.manual_seed(0)
-    model = transformers.Lfm2Model(cfg).eval()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(p + 0.1 * torch.randn_like(p))
-            if n.endswith("conv.conv.weight"):
-                p.copy_(torch.randn_like(p))
-            if n.endswith(("conv.in_proj.weight", "conv.out_proj.weight")):
-                p.mul_(8.0)
+    model = perturb_lfm2(transformers.Lfm2Model(cfg).eval())
     hf = str(tmp_path / "hf")
     model.save_pretrained(hf)
     tokenizer.save_pretrained(hf)
@@ -62,18 +48,7 @@ def test_lfm2_embedding_both_ways(tokenizer, tmp_path):  # noqa: F811
     assert bytes(r.fields["general.architecture"].parts[-1]).decode() == "lfm2"
     assert int(r.fields["lfm2.pooling_type"].parts[-1][0]) == 1  # mean
 
-    llm = llama_cpp.Llama(model_path=path, embedding=True, verbose=False, n_threads=2, n_ctx=128)
-    try:
-        for text in TEXTS:
-            ids = tokenizer(text)["input_ids"]
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-            ref = _hidden(model, ids).mean(0)
-            got = np.asarray(llm.embed(text, normalize=False), dtype=np.float32).reshape(-1)
-            cos = float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
-            assert cos > 0.999, (text, cos)
-            np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 * max(1.0, float(np.abs(ref).max())))
-    finally:
-        llm.close()
+    assert_same_embeddings(path, model, tokenizer, TEXTS, "mean", "lfm2_embed", minilm_bound=False)
 
     back = str(tmp_path / "back")
     export_hf_folder(path, back, dtype="float32")

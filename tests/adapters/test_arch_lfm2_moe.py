@@ -22,12 +22,12 @@ pytest.importorskip("tokenizers")
 if not hasattr(transformers, "Lfm2MoeConfig"):
     pytest.skip("this transformers has no LFM2-MoE", allow_module_level=True)
 
-from test_arch_breadth import assert_same_next_token, _SPECIAL, _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import _SPECIAL, _kl, _logits, assert_same_next_token, llama_cpp_logits  # noqa: E402
+from test_arch_lfm2 import _TYPES  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 
-_TYPES = ["conv", "full_attention", "conv", "full_attention"]
 _MOE = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, layer_types=_TYPES,
             conv_L_cache=3, num_experts=4, num_experts_per_tok=2, num_dense_layers=1, **_SPECIAL)

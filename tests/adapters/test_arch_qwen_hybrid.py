@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from test_arch_breadth import assert_same_next_token, _SPECIAL, _kl, _logits, llama_cpp_logits  # noqa: E402
+from test_arch_breadth import _SPECIAL, _kl, _logits, assert_same_next_token, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402

@@ -29,7 +29,6 @@ import os
 
 import numpy as np
 import pytest
-
 from _hf_reference import TEXTS
 
 gguf = pytest.importorskip("gguf")
