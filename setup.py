@@ -2,9 +2,10 @@
 
 - `lazyweights.kernels._ccasts`: the cast kernels and the GGUF dequantizers of every block type (with ggml's grid
   tables, `_ggml_dequant_grids.h`);
-- `lazyweights.kernels._cquant`: ggml's GGUF quantizers (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0).
+- `lazyweights.kernels._cquant`: ggml's GGUF quantizers (Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0);
+- `lazyweights.kernels._clora`: the LoRA update ``W + scale * (B @ A)`` in one fixed order of float32 operations.
 
-Everything else (metadata, dependencies, scripts) is in pyproject.toml. Both extensions are required: they are
+Everything else (metadata, dependencies, scripts) is in pyproject.toml. The extensions are required: they are
 lazyweights' only CPU kernels, so building needs a C compiler, as numpy and safetensors do from source. A
 failed build stops the install with a message saying what to install, instead of an install that fails later.
 """
@@ -14,8 +15,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HOW_TO_FIX = (
-    "lazyweights compiles its kernels (lazyweights/kernels/_ccasts.c and _cquant.c) when it is installed, and this "
-    "build failed: {error}\nInstall a C compiler and Python's headers, then install again: on Debian/Ubuntu "
+    "lazyweights compiles its kernels (lazyweights/kernels/_ccasts.c, _cquant.c and _clora.c) when it is installed, "
+    "and this build failed: {error}\nInstall a C compiler and Python's headers, then install again: on Debian/Ubuntu "
     "`apt install gcc python3-dev`, on Fedora `dnf install gcc python3-devel`, on macOS `xcode-select --install`."
 )
 
@@ -43,7 +44,7 @@ class BuildKernels(build_ext):
 # Never -ffast-math: the subnormal tricks need IEEE round-to-nearest and subnormals, and the quantizers ggml's
 # exact order of float32 operations.
 flags = [] if sys.platform == "win32" else ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c11"]
-# Both extensions undo the -fwrapv that CPython's CFLAGS add (llama.cpp builds ggml without it): with it GCC must
+# Every extension undoes the -fwrapv that CPython's CFLAGS add (llama.cpp builds ggml without it): with it GCC must
 # allow for wrapping `int` indices and addresses loops element by element (the Q4_1 quantizer ran at 0.6x
 # ggml's speed). Neither ggml's code nor the casts rely on signed overflow.
 quant_flags = flags + ([] if sys.platform == "win32" else ["-fno-wrapv"])
@@ -54,6 +55,9 @@ setup(
                   depends=["lazyweights/kernels/_ggml_dequant_grids.h"]),
         Extension("lazyweights.kernels._cquant", sources=["lazyweights/kernels/_cquant.c"],
                   extra_compile_args=quant_flags),
+        # libm: the baseline clone calls fmaf (the FMA clones use the instruction)
+        Extension("lazyweights.kernels._clora", sources=["lazyweights/kernels/_clora.c"],
+                  extra_compile_args=quant_flags, libraries=[] if sys.platform == "win32" else ["m"]),
     ],
     cmdclass={"build_ext": BuildKernels},
 )

@@ -8,9 +8,12 @@ Conv1D stores W as ``[in, out]``) and its embedding LoRA: the update is ``(B @ A
 columns of A and all of B.
 
 Arithmetic: W, B and A are read in float32, each adapter's ``(B @ A) * scale`` is computed as PEFT's
-``get_delta_weight`` computes it (the matmul through numpy's BLAS, then the scale) and added in float32, and the
-sum is rounded once, to nearest even, to W's dtype. Applying a LoRA to a `lora` node adds one more pair to the
-same node (the constructor composes them), so stacked adapters also round once.
+``get_delta_weight`` computes it (the product, then the scale) and added in float32, and the sum is rounded once,
+to nearest even, to W's dtype. Applying a LoRA to a `lora` node adds one more pair to the same node (the
+constructor composes them), so stacked adapters also round once. The product's sums run in one fixed order per
+element (``kernels/_clora.c``), never through a BLAS whose kernel and summation order depend on the block's
+shape: the bytes are the same for every budget, block size, executor and thread count. Against PEFT (torch's
+matmul, with its own order and fused multiply-adds) they agree within float32's rounding of an r-term sum.
 
 Example:
     >>> import numpy as np
@@ -70,15 +73,16 @@ def rebuild(node: Node, srcs: Sequence[Node]) -> Node:
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
+    """`x` as a C-contiguous float32 array (itself when it already is one), for the update kernel."""
     if x.dtype == np.float32:
-        return x
+        return np.ascontiguousarray(x)
     from ..kernels.casts import cast
 
     return cast(x, np.dtype(np.float32))
 
 
-# Rows per sub-block: about 256 KiB of float32 per scratch buffer, so W's rows, the update and the sum stay in
-# cache, and no block allocates fresh (page-faulting) memory beyond its output.
+# Rows per sub-block: about 256 KiB of float32 per scratch buffer, so W's rows and the sum stay in cache, and no
+# block allocates fresh (page-faulting) memory beyond its output.
 _SUB_BYTES = 256 * 1024
 
 
@@ -88,45 +92,36 @@ def lora_rows(node: Node, w: np.ndarray, factors: Sequence[tuple[np.ndarray, np.
     and all of A, or (transposed) all of B and A's columns for the block. Written into `out` (a C-contiguous
     array of the block's shape and node's dtype) when given.
 
-    Sub-blocks of rows are computed in float32 scratch buffers that fit in cache: W's rows cast in, each
-    adapter's ``B @ A`` by numpy's BLAS (which releases the GIL, so blocks on several threads run in
-    parallel) scaled and added, the sum cast out once. `benchmarks/bench_lora.py` measures it."""
-    from ..kernels.blas import single_threaded_blas
-
+    Sub-blocks of rows are computed in a float32 scratch buffer that fits in cache: W's rows cast in, each
+    adapter's ``scale * (B @ A)`` added by the `_clora` kernel, the sum cast out once. The kernel sums each
+    element's products in one fixed order (``kernels/_clora.c``), so a row's bytes do not depend on which block,
+    thread or executor computes it; it releases the GIL, so blocks on several threads run in parallel.
+    `benchmarks/bench_lora.py` measures it."""
     n, cols = w.shape
     if out is None:
         out = np.empty((n, cols), node.dtype.to_numpy())
-    f32_out = out.dtype == np.float32
     sub = max(1, min(n, _SUB_BYTES // max(1, 4 * cols)))
-    acc_buf = None if f32_out else np.empty((sub, cols), np.float32)
-    delta_buf = np.empty((sub, cols), np.float32)
-    # A (or B for a transposed update) is used by every sub-block: cast once per block.
-    whole = [(_f32(b) if transposed else b, a if transposed else _f32(a))
-             for (_, transposed), (b, a) in zip(node.arg, factors)]
-    with single_threaded_blas():
-        _sub_blocks(node, w, whole, out, acc_buf, delta_buf, sub)
+    acc_buf = None if out.dtype == np.float32 else np.empty((sub, cols), np.float32)
+    # The update's right-hand factor, [r, cols], is used by every sub-block: made float32 once per block.
+    # Rows of (B @ A).T are A[:, rows].T @ B.T, so a transposed update's right-hand factor is B.T.
+    bases = [_f32(b.T if transposed else a) for (_, transposed), (b, a) in zip(node.arg, factors)]
+    _sub_blocks(node, w, factors, bases, out, acc_buf, sub)
     return out
 
 
-def _sub_blocks(node: Node, w: np.ndarray, whole: list, out: np.ndarray, acc_buf: np.ndarray | None,
-                delta_buf: np.ndarray, sub: int) -> None:
-    from ..kernels.casts import cast_into
+def _sub_blocks(node: Node, w: np.ndarray, factors: Sequence[tuple[np.ndarray, np.ndarray]],
+                bases: list[np.ndarray], out: np.ndarray, acc_buf: np.ndarray | None, sub: int) -> None:
+    from ..kernels.casts import cast_into, compiled_lora
 
-    f32_out = out.dtype == np.float32
-    n = w.shape[0]
+    accumulate = compiled_lora().lora_accumulate
+    n, cols = w.shape
     for start in range(0, n, sub):
         stop = min(n, start + sub)
         k = stop - start
-        acc = out[start:stop] if f32_out or acc_buf is None else acc_buf[:k]
+        acc = out[start:stop] if acc_buf is None else acc_buf[:k]
         cast_into(w[start:stop], acc)
-        delta = delta_buf[:k]
-        for (scale, transposed), (b, a) in zip(node.arg, whole):
-            if transposed:   # rows of (B @ A).T = A[:, rows].T @ B.T
-                np.matmul(_f32(a[:, start:stop]).T, b.T, out=delta)
-            else:
-                np.matmul(_f32(b[start:stop]), a, out=delta)
-            if scale != 1.0:
-                delta *= np.float32(scale)
-            acc += delta
-        if not f32_out:
+        for (scale, transposed), (b, a), basis in zip(node.arg, factors, bases):
+            coef = _f32(a[:, start:stop].T if transposed else b[start:stop])
+            accumulate(acc, coef, basis, k, cols, basis.shape[0], scale)
+        if acc_buf is not None:
             cast_into(acc, out[start:stop])

@@ -131,6 +131,22 @@ def compiled_quantizers():
     """
     return _extension("_cquant")
 
+
+def compiled_lora():
+    """The compiled extension with the LoRA update in one fixed order of float32 operations (`_clora`).
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights.kernels.casts import compiled_lora
+        >>> acc = np.ones((2, 3), np.float32)
+        >>> compiled_lora().lora_accumulate(acc, np.full((2, 1), 2, np.float32), np.ones((1, 3), np.float32),
+        ...                                 2, 3, 1, 0.5)
+        >>> acc
+        array([[2., 2., 2.],
+               [2., 2., 2.]], dtype=float32)
+    """
+    return _extension("_clora")
+
 #: Whether cast_into uses the compiled kernels. Tests (and users chasing a suspected kernel bug) may set it
 #: to False at runtime to force the numpy path.
 USE_COMPILED: bool = HAVE_C
