@@ -1,10 +1,11 @@
 """LoRA merged lazily (`adapters.lora.merge_lora`, the `lora` op, `convert --lora`), judged by PEFT.
 
 PEFT's own `merge_and_unload` on a tiny random transformers model is the reference: our merged tensors equal
-its tensors (float32: to float rounding; in practice bit for bit), and the merged model's logits equal. Cases:
+its tensors within float32's rounding of the r-term sums B @ A (`float32_merge_bound`: torch's matmul and our
+fixed-order kernel sum in different orders), and the merged model's logits agree to float32 tolerance. Cases:
 rsLoRA with rank/alpha patterns, an embedding target and modules_to_save on Llama; fan_in_fan_out on GPT-2's
 Conv1D; two adapters stacked. Where llama-cpp-python is installed, `convert --lora --quant Q4_K_M` in one pass
-must equal `llama_model_quantize` of a GGUF of PEFT's merged model, tensor for tensor.
+must equal `llama_model_quantize` of an f32 GGUF of the same merge, tensor for tensor.
 """
 import ctypes
 import subprocess
@@ -67,13 +68,43 @@ def _wd(value, name):
     return value if isinstance(value, lw.WeightData) else value.data()
 
 
-def _compare(ref_model, ours, base_dir):
+def _factors(node):
+    """Each adapter's (scale, transposed, B, A) of a `lora` node, as float64 arrays."""
+    def value(n):
+        return lw.plan({"x": lw.WeightData.wrap(n, "x", None)}).materialize()["x"].astype(np.float64)
+
+    return [(scale, t, value(node.srcs[1 + 2 * i]), value(node.srcs[2 + 2 * i]))
+            for i, (scale, t) in enumerate(node.arg)]
+
+
+def float32_merge_bound(node, ref):
+    """How far two float32 merges of `node` may be apart when each sums B @ A in its own order: each r-term dot
+    product is within r * 2**-24 of |B| @ |A| of the exact one (Higham's bound, with the scale's and the add's
+    roundings: r + 2), so two merges are within twice that, plus a unit in the last place of each result's
+    final rounding (PEFT rounds once per adapter, we once in all)."""
+    u = 2.0 ** -24
+    bound = np.zeros(ref.shape)
+    for scale, transposed, b, a in _factors(node):
+        mag = abs(scale) * (np.abs(b) @ np.abs(a))
+        bound += 2 * (a.shape[0] + 2) * u * (mag.T if transposed else mag)
+    return bound + (len(node.arg) + 1) * np.spacing(np.abs(ref.astype(np.float32))).astype(np.float64)
+
+
+def _compare(ref_model, ours, base_dir, merged):
+    """Ours against PEFT's merge: untouched and replaced tensors bit for bit; merged ones within the float32
+    bound above, since PEFT's torch matmul and our kernel sum B @ A in different orders."""
     ref = {k: v.detach().float().numpy() for k, v in ref_model.state_dict().items()}
     base = {k: v.data().to_numpy() for k, v in lw.load_weights([str(base_dir)]).items()}
     assert set(ours) == set(ref)
     changed = 0
     for name, arr in ours.items():
-        np.testing.assert_allclose(arr.astype(np.float32), ref[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        node = _wd(merged[name], name).node
+        if node.op is Op.LORA:
+            diff = np.abs(arr.astype(np.float64) - ref[name].astype(np.float64))
+            bound = float32_merge_bound(node, ref[name])
+            assert (diff <= bound).all(), f"{name}: {diff.max()} > bound {bound[diff > bound][:3]}"
+        else:
+            assert arr.astype(np.float32).tobytes() == ref[name].tobytes(), name
         changed += not np.array_equal(arr, base[name])
     return changed
 
@@ -94,21 +125,25 @@ def test_merge_equals_peft_merge_and_unload_and_logits(llama):
     ref = _peft_merged(base, [a])
     merged, ours = _ours(base, [a])
     # q, v (2 layers), down (2 layers, r=2 by rank_pattern), the embedding, lm_head (modules_to_save)
-    assert _compare(ref, ours, base) == 8
+    assert _compare(ref, ours, base, merged) == 8
     assert merged["model.layers.0.self_attn.q_proj.weight"].node.op is Op.LORA
-    # the merged model's logits
+    # the merged model's logits: equal to float32's rounding (the weights are within float32_merge_bound)
     model = transformers.AutoModelForCausalLM.from_pretrained(base)
     model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in ours.items()})
     ids = torch.tensor([[1, 5, 9, 77, 3, 100]])
     with torch.no_grad():
-        assert torch.equal(model(ids).logits, ref(ids).logits)
+        got, want = model(ids).logits, ref(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():  # the LoRA moves the logits far more than the tolerance: the check can fail
+        assert (base_model(ids).logits - want).abs().max() > 1e-2
 
 
 def test_two_adapters_stack_into_one_node_each(llama):
     d, base, a, b = llama
     ref = _peft_merged(base, [a, b])
     merged, ours = _ours(base, [a, b])
-    _compare(ref, ours, base)
+    _compare(ref, ours, base, merged)
     q = merged["model.layers.1.self_attn.q_proj.weight"].node
     assert q.op is Op.LORA and len(q.arg) == 2 and q.srcs[0].op is Op.SOURCE  # rounded once
     again = merge_lora(merge_lora(dict(lw.load_weights([str(base)]).items()), str(a)), str(b))
@@ -131,7 +166,8 @@ def test_fan_in_fan_out_conv1d(tmp_path):
     want = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
     before = lw.load_weights([str(tmp_path / "base")])
     for name in ("transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.weight"):
-        np.testing.assert_allclose(ours[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        diff = np.abs(ours[name].astype(np.float64) - want[name])
+        assert (diff <= float32_merge_bound(merged[name].node, want[name])).all(), name
         assert np.abs(ours[name] - before[name].data().to_numpy()).max() > 1e-3, name  # the update is there
 
 
@@ -215,8 +251,10 @@ def test_command_line_lora_plan_and_convert(llama, tmp_path, capsys):
     ref = _peft_merged(base, [a, b]).state_dict()
     got = {t.name: np.asarray(t.data) for t in GGUFReader(str(out)).tensors}
     # llama.cpp's layout: v is not RoPE-permuted, so it is the merged HF tensor as is
-    np.testing.assert_allclose(got["blk.1.attn_v.weight"], ref["model.layers.1.self_attn.v_proj.weight"].numpy(),
-                               rtol=1e-6, atol=1e-7)
+    v = "model.layers.1.self_attn.v_proj.weight"
+    node = merge_lora(dict(lw.load_weights([str(base)]).items()), [str(a), str(b)])[v].node
+    diff = np.abs(got["blk.1.attn_v.weight"].astype(np.float64) - ref[v].numpy())
+    assert (diff <= float32_merge_bound(node, ref[v].numpy())).all()
     assert main(["convert", "lazyweights.adapters:convert_hf_to_gguf", str(base), "--no-tokenizer", "--no-progress",
                  "--lora", str(tmp_path), "-o", str(tmp_path / "x.gguf")]) == 1
     assert "adapter_config.json" in capsys.readouterr().err and not (tmp_path / "x.gguf").exists()
@@ -232,27 +270,32 @@ def _llama_quantize(src, dst, preset):
     assert rc == 0, f"llama_model_quantize failed with {rc}"
 
 
-def test_one_pass_lora_q4_k_m_equals_peft_merge_then_llama_quantize(tmp_path, child_env):
+def test_one_pass_lora_q4_k_m_equals_merge_then_llama_quantize(tmp_path, child_env):
+    """`convert --lora --quant Q4_K_M` in one pass equals llama.cpp's `llama_model_quantize` of an f32 GGUF of the
+    same merge, byte for byte; that f32 merge is PEFT's `merge_and_unload` within float32's rounding of the
+    r-term sums (float32_merge_bound). Bytes against PEFT's own merge are not asked for: where torch's matmul
+    rounds one element to the other side of a Q4_K step, one byte of a block differs (seen on AVX-512)."""
     pytest.importorskip("llama_cpp")
     from gguf import GGUFReader
 
     base = _llama(tmp_path / "base", hidden=256, ffn=512, vocab=320)
     lora = _lora(base, tmp_path / "lora", r=8, lora_alpha=16, use_rslora=True,
                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    _peft_merged(base, [lora]).save_pretrained(tmp_path / "merged", safe_serialization=True)
     cli = [sys.executable, "-m", "lazyweights", "convert", "lazyweights.adapters:convert_hf_to_gguf",
            "--no-tokenizer", "--no-progress"]
-    subprocess.run(cli + [str(tmp_path / "merged"), "-o", str(tmp_path / "merged.gguf")], check=True,
-                   env=child_env, capture_output=True)
+    for args, out in (([str(base), "--lora", str(lora)], "merged.gguf"),
+                      ([str(base), "--lora", str(lora), "--quant", "Q4_K_M"], "ours.gguf")):
+        subprocess.run(cli + args + ["-o", str(tmp_path / out)], check=True, env=child_env, capture_output=True)
     _llama_quantize(tmp_path / "merged.gguf", tmp_path / "ref.gguf", "Q4_K_M")
-    subprocess.run(cli + [str(base), "--lora", str(lora), "--quant", "Q4_K_M", "-o", str(tmp_path / "ours.gguf")],
-                   check=True, env=child_env, capture_output=True)
     ref = {t.name: t for t in GGUFReader(str(tmp_path / "ref.gguf")).tensors}
     ours = {t.name: t for t in GGUFReader(str(tmp_path / "ours.gguf")).tensors}
     assert set(ours) == set(ref)
     for name in ref:
         assert ours[name].tensor_type == ref[name].tensor_type, name
         assert np.asarray(ours[name].data).tobytes() == np.asarray(ref[name].data).tobytes(), name
+    # the merge both files hold, against PEFT's (merged.gguf is this merge in llama.cpp's layout)
+    merged, values = _ours(base, [lora])
+    assert _compare(_peft_merged(base, [lora]), values, base, merged) == 14
 
 
 def test_checkpoint_folder_is_the_base_not_the_adapter(llama):
