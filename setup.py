@@ -52,12 +52,13 @@ quant_flags = flags + ([] if sys.platform == "win32" else ["-fno-wrapv"])
 setup(
     ext_modules=[
         Extension("lazyweights.kernels._ccasts", sources=["lazyweights/kernels/_ccasts.c"], extra_compile_args=quant_flags,
-                  depends=["lazyweights/kernels/_ggml_dequant_grids.h"]),
+                  depends=["lazyweights/kernels/_ggml_dequant_grids.h", "lazyweights/kernels/_guard_api.h"]),
         Extension("lazyweights.kernels._cquant", sources=["lazyweights/kernels/_cquant.c"],
-                  extra_compile_args=quant_flags),
+                  extra_compile_args=quant_flags, depends=["lazyweights/kernels/_guard_api.h"]),
         # libm: the baseline clone calls fmaf (the FMA clones use the instruction)
         Extension("lazyweights.kernels._clora", sources=["lazyweights/kernels/_clora.c"],
-                  extra_compile_args=quant_flags, libraries=[] if sys.platform == "win32" else ["m"]),
+                  extra_compile_args=quant_flags, libraries=[] if sys.platform == "win32" else ["m"],
+                  depends=["lazyweights/kernels/_guard_api.h"]),
     ],
     cmdclass={"build_ext": BuildKernels},
 )

@@ -38,6 +38,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_guard_api.h"
 #if defined(__unix__) || defined(__APPLE__)
 #include <setjmp.h>
 #include <signal.h>
@@ -333,16 +335,8 @@ static int run_guarded_call(void (*call)(void *), void *context) {
 }
 #endif
 
-/* The guard for the package's other extension, `_cquant` (the quantizers), as the capsule `_guard_api`: a
- * process must have one SIGBUS handler and one per-thread jump target whichever extension's kernel is
- * running. Two handlers, each installed over the other, would call each other forever on a stray SIGBUS.
- * `_cquant.c` declares the same struct. */
-typedef struct {
-    int version;
-    int (*ensure_handler)(void);                      /* call with the GIL held; 0 or -1 with errno set */
-    int (*run)(void (*call)(void *), void *context);  /* 0, or -1 when a read raised SIGBUS */
-} GuardApi;
-
+/* The guard for the package's other extensions (`_cquant`, `_clora`), as the capsule `_guard_api`
+ * (see _guard_api.h). */
 static const GuardApi guard_api = {1, ensure_guard_handler, run_guarded_call};
 
 /* ---------------------------------------------------------------------------------------------------
@@ -399,13 +393,7 @@ static PyObject *run_released(LoopFn loop, Py_buffer *src, Py_buffer *out, int a
     if (failed)
         return NULL;
     if (faulted) {
-        PyObject *err = Py_BuildValue("(is)", EFAULT,
-                                      "a page of the source could not be read (SIGBUS): a memory-mapped file "
-                                      "was truncated while it was being read");
-        if (err != NULL) {
-            PyErr_SetObject(PyExc_OSError, err);
-            Py_DECREF(err);
-        }
+        lw_raise_sigbus("the source");
         return NULL;
     }
     Py_RETURN_NONE;

@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_guard_api.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__) && __GNUC__ >= 11
 #define LW_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -179,14 +181,6 @@ static void accumulate(const Job *job) {
 
 static void run_job(void *context) { accumulate((const Job *)context); }
 
-/* _ccasts' guard, shared through a capsule (see _cquant.c: one SIGBUS handler per process). Must match
- * `GuardApi` in _ccasts.c. */
-typedef struct {
-    int version;
-    int (*ensure_handler)(void);
-    int (*run)(void (*call)(void *), void *context);
-} GuardApi;
-
 static const GuardApi *guard = NULL;
 
 /* Whether a * b float32 values have a byte count that fits in Py_ssize_t (a, b >= 0). */
@@ -245,35 +239,12 @@ static PyObject *lora_accumulate(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Job job = {acc.buf, coef.buf, basis.buf, rows, cols, r, (float)scale};
-    int faulted = 0, failed = 0;
-    if (rows > 0 && cols > 0) {
-        if (guard != NULL && guard->ensure_handler() != 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            failed = 1;
-        } else {
-            Py_BEGIN_ALLOW_THREADS
-            if (guard != NULL)
-                faulted = guard->run(run_job, &job);
-            else
-                run_job(&job);
-            Py_END_ALLOW_THREADS
-        }
-    }
+    int failed = rows > 0 && cols > 0 ? lw_run_released(guard, run_job, &job, "a LoRA factor") : 0;
     PyBuffer_Release(&acc);
     PyBuffer_Release(&coef);
     PyBuffer_Release(&basis);
     if (failed)
         return NULL;
-    if (faulted) {
-        PyObject *err = Py_BuildValue("(is)", EFAULT,
-                                      "a page of a LoRA factor could not be read (SIGBUS): a memory-mapped file "
-                                      "was truncated while it was being read");
-        if (err != NULL) {
-            PyErr_SetObject(PyExc_OSError, err);
-            Py_DECREF(err);
-        }
-        return NULL;
-    }
     Py_RETURN_NONE;
 }
 
@@ -292,13 +263,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__clora(void) {
-    /* As in _cquant: the guard comes from _ccasts; without it the kernel runs unguarded. */
-    PyObject *ccasts = PyImport_ImportModule("lazyweights.kernels._ccasts");
-    const GuardApi *api = ccasts ? PyCapsule_Import("lazyweights.kernels._ccasts._guard_api", 0) : NULL;
-    Py_XDECREF(ccasts);
-    if (api == NULL)
-        PyErr_Clear();
-    else if (api->version == 1)
-        guard = api;
+    guard = lw_import_guard();
     return PyModule_Create(&module);
 }

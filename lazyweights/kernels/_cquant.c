@@ -54,6 +54,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_guard_api.h"
+
 /* ggml's release builds define NDEBUG, so its asserts are not there; nor are they here, whatever the
  * interpreter's CFLAGS: `nearest_int` asserts |x| <= 4194303, which huge inputs break (ggml then returns a
  * deterministic bit pattern; the fixtures' "huge" rows hold us to it). The entry points below check every
@@ -2192,15 +2194,7 @@ static LW_CLONES size_t quantize_q8_0_lanes(const float * GGML_RESTRICT src, voi
     return nrow * ggml_row_size(GGML_TYPE_Q8_0, n_per_row);
 }
 
-/* _ccasts' guard, shared through a capsule so that a process has one SIGBUS handler and one per-thread jump
- * target whichever extension's kernel is running (two handlers that displaced each other would call each
- * other forever on a stray SIGBUS). Must match `GuardApi` in _ccasts.c. */
-typedef struct {
-    int version;
-    int (*ensure_handler)(void);                      /* call with the GIL held; 0 or -1 with errno set */
-    int (*run)(void (*call)(void *), void *context);  /* 0, or -1 when a read raised SIGBUS */
-} GuardApi;
-
+/* _ccasts' guard (see _guard_api.h), or NULL where it could not be imported. */
 static const GuardApi *guard = NULL;
 
 /* ggml's dispatchers compute element counts and block indices in `int` in places (the _ref rows'
@@ -2322,30 +2316,8 @@ static PyObject *run_quantize(const char *name, ChunkFn fn, Py_ssize_t block_byt
                      name, weights.len / 4, n_per_row);
     } else {
         Job job = {fn, src.buf, out.buf, nrow, n_per_row, (size_t)row_bytes, imatrix_obj ? weights.buf : NULL};
-        int faulted = 0;
-        if (nrow == 0) {
+        if (nrow == 0 || lw_run_released(guard, run_job, &job, "the source") == 0)
             result = Py_None;
-        } else if (guard != NULL && guard->ensure_handler() != 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-        } else {
-            Py_BEGIN_ALLOW_THREADS
-            if (guard != NULL)
-                faulted = guard->run(run_job, &job);
-            else
-                run_job(&job);
-            Py_END_ALLOW_THREADS
-            if (faulted) {
-                PyObject *err = Py_BuildValue("(is)", EFAULT,
-                                              "a page of the source could not be read (SIGBUS): a memory-mapped "
-                                              "file was truncated while it was being read");
-                if (err != NULL) {
-                    PyErr_SetObject(PyExc_OSError, err);
-                    Py_DECREF(err);
-                }
-            } else {
-                result = Py_None;
-            }
-        }
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
@@ -2412,14 +2384,6 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cquant(void) {
-    /* PyCapsule_Import finds the capsule by attribute lookup from the top package, so _ccasts must be
-     * imported first. Without it (not importable) the kernels run unguarded. */
-    PyObject *ccasts = PyImport_ImportModule("lazyweights.kernels._ccasts");
-    const GuardApi *api = ccasts ? PyCapsule_Import("lazyweights.kernels._ccasts._guard_api", 0) : NULL;
-    Py_XDECREF(ccasts);
-    if (api == NULL)
-        PyErr_Clear();
-    else if (api->version == 1)
-        guard = api;
+    guard = lw_import_guard();
     return PyModule_Create(&module);
 }
