@@ -49,7 +49,7 @@ GPU_SPLIT.update({
     Op.QUANTIZE: "host",   # llama.cpp's quantizers run on the CPU
     Op.BINARY: "host",     # arithmetic between tensors (scales, LoRA deltas) stays on the host
     Op.UNARY: "host",      # exp/log/neg of small tensors (Mamba's A) beside the binary arithmetic
-    Op.LORA: "host",       # the LoRA matmul runs in numpy's BLAS on the host
+    Op.LORA: "host",       # the LoRA update runs in kernels/_clora.c on the host (the same bytes as the CPU path)
 })
 
 

@@ -10,10 +10,11 @@ columns of A and all of B.
 Arithmetic: W, B and A are read in float32, each adapter's ``(B @ A) * scale`` is computed as PEFT's
 ``get_delta_weight`` computes it (the product, then the scale) and added in float32, and the sum is rounded once,
 to nearest even, to W's dtype. Applying a LoRA to a `lora` node adds one more pair to the same node (the
-constructor composes them), so stacked adapters also round once. The product's sums run in one fixed order per
-element (``kernels/_clora.c``), never through a BLAS whose kernel and summation order depend on the block's
-shape: the bytes are the same for every budget, block size, executor and thread count. Against PEFT (torch's
-matmul, with its own order and fused multiply-adds) they agree within float32's rounding of an r-term sum.
+constructor composes them), so stacked adapters also round once. Each element's r products are summed in one
+fixed order, a fused multiply-add per k from zero (``kernels/_clora.c``), never through a BLAS whose kernel and
+order depend on the block's shape: the bytes are the same for every budget, block size, executor and thread
+count. It is a BLAS micro-kernel's order, so it matches torch's float32 ``B @ A`` wherever torch sums that way
+(every element of the tests' merges here); the tests hold it to float32's rounding bound for an r-term sum.
 
 Example:
     >>> import numpy as np
