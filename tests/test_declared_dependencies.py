@@ -101,7 +101,7 @@ def test_every_imported_module_is_declared():
                          f"machine's CI lacks them): {missing}")
 
 
-def test_the_check_sees_an_undeclared_module(tmp_path):
+def test_the_check_sees_an_undeclared_module():
     """The check can fail: a module nobody declares is reported, and a declared one (and a requirement of one,
     urllib3 through requests) is not."""
     declared = declared_distributions()

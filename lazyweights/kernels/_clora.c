@@ -55,11 +55,15 @@
 #define LW_X86_TILES 0
 #endif
 
+/* Widest register tile's columns (AVX-512: 4 vectors of 16): `packed` holds r rows of it. */
+#define MAX_TILE_COLS 64
+
 typedef struct {
     float *acc;
     const float *coef, *basis;
     Py_ssize_t rows, cols, r;
     float scale;
+    float *packed;  /* r * MAX_TILE_COLS floats, allocated with the GIL held so that a SIGBUS cannot leak it */
 } Job;
 
 /* Columns per chunk of `span`: d and one chunk of each basis row stay in L1 (4 KiB each). */
@@ -105,41 +109,41 @@ static LW_CLONES void span(const Job *job, Py_ssize_t i0, Py_ssize_t i1, Py_ssiz
  * `packed` ([r][4 * WIDTH], contiguous), once for all the rows: basis rows are `cols` floats apart, and with
  * cols a power of two the r rows of a tile fall into one L1 set and evict each other (packing: 16 -> 21 GFMA/s
  * at cols = 4096). The operations per element are `span`'s, in its order. */
-#define TILE_KERNEL(NAME, TARGET, ROWS, VEC, WIDTH, ZERO, LOAD, STORE, SET1, FMADD, ADD, MUL)                 \
-    __attribute__((target(TARGET))) static void NAME(const Job *job, Py_ssize_t rows, Py_ssize_t cols,  \
-                                                     float *packed) {                                   \
-        const Py_ssize_t stride = job->cols, r = job->r;                                                      \
-        const VEC s = SET1(job->scale);                                                                       \
-        for (Py_ssize_t j0 = 0; j0 < cols; j0 += 4 * WIDTH) {                                                 \
-            for (Py_ssize_t k = 0; k < r; k++)                                                                \
-                memcpy(packed + k * 4 * WIDTH, job->basis + k * stride + j0, 4 * WIDTH * sizeof(float));      \
-            for (Py_ssize_t i = 0; i < rows; i += ROWS) {                                                     \
-                VEC d[ROWS][4];                                                                               \
-                for (int a = 0; a < ROWS; a++)                                                                \
-                    for (int v = 0; v < 4; v++)                                                               \
-                        d[a][v] = ZERO();                                                                     \
-                const float *c = job->coef + i * r;                                                           \
-                for (Py_ssize_t k = 0; k < r; k++) {                                                          \
-                    const float *bk = packed + k * 4 * WIDTH;                                                 \
-                    const VEC b0 = LOAD(bk), b1 = LOAD(bk + WIDTH), b2 = LOAD(bk + 2 * WIDTH),                \
-                              b3 = LOAD(bk + 3 * WIDTH);                                                      \
-                    for (int a = 0; a < ROWS; a++) {                                                          \
-                        const VEC ca = SET1(c[a * r + k]);                                                    \
-                        d[a][0] = FMADD(ca, b0, d[a][0]);                                                     \
-                        d[a][1] = FMADD(ca, b1, d[a][1]);                                                     \
-                        d[a][2] = FMADD(ca, b2, d[a][2]);                                                     \
-                        d[a][3] = FMADD(ca, b3, d[a][3]);                                                     \
-                    }                                                                                         \
-                }                                                                                             \
-                for (int a = 0; a < ROWS; a++) {                                                              \
-                    float *o = job->acc + (i + a) * stride + j0;                                              \
-                    for (int v = 0; v < 4; v++) {                                                             \
-                        const VEC u = job->scale == 1.0f ? d[a][v] : MUL(d[a][v], s);                         \
-                        STORE(o + v * WIDTH, ADD(LOAD(o + v * WIDTH), u));                                    \
-                    }                                                                                         \
-                }                                                                                             \
-            }                                                                                                 \
-        }                                                                                                     \
+#define TILE_KERNEL(NAME, TARGET, ROWS, VEC, WIDTH, ZERO, LOAD, STORE, SET1, FMADD, ADD, MUL)                          \
+    __attribute__((target(TARGET))) static void NAME(const Job *job, Py_ssize_t rows, Py_ssize_t cols,                 \
+                                                     float *packed) {                                                  \
+        const Py_ssize_t stride = job->cols, r = job->r;                                                               \
+        const VEC s = SET1(job->scale);                                                                                \
+        for (Py_ssize_t j0 = 0; j0 < cols; j0 += 4 * WIDTH) {                                                          \
+            for (Py_ssize_t k = 0; k < r; k++)                                                                         \
+                memcpy(packed + k * 4 * WIDTH, job->basis + k * stride + j0, 4 * WIDTH * sizeof(float));               \
+            for (Py_ssize_t i = 0; i < rows; i += ROWS) {                                                              \
+                VEC d[ROWS][4];                                                                                        \
+                for (int a = 0; a < ROWS; a++)                                                                         \
+                    for (int v = 0; v < 4; v++)                                                                        \
+                        d[a][v] = ZERO();                                                                              \
+                const float *c = job->coef + i * r;                                                                    \
+                for (Py_ssize_t k = 0; k < r; k++) {                                                                   \
+                    const float *bk = packed + k * 4 * WIDTH;                                                          \
+                    const VEC b0 = LOAD(bk), b1 = LOAD(bk + WIDTH), b2 = LOAD(bk + 2 * WIDTH),                         \
+                              b3 = LOAD(bk + 3 * WIDTH);                                                               \
+                    for (int a = 0; a < ROWS; a++) {                                                                   \
+                        const VEC ca = SET1(c[a * r + k]);                                                             \
+                        d[a][0] = FMADD(ca, b0, d[a][0]);                                                              \
+                        d[a][1] = FMADD(ca, b1, d[a][1]);                                                              \
+                        d[a][2] = FMADD(ca, b2, d[a][2]);                                                              \
+                        d[a][3] = FMADD(ca, b3, d[a][3]);                                                              \
+                    }                                                                                                  \
+                }                                                                                                      \
+                for (int a = 0; a < ROWS; a++) {                                                                       \
+                    float *o = job->acc + (i + a) * stride + j0;                                                       \
+                    for (int v = 0; v < 4; v++) {                                                                      \
+                        const VEC u = job->scale == 1.0f ? d[a][v] : MUL(d[a][v], s);                                  \
+                        STORE(o + v * WIDTH, ADD(LOAD(o + v * WIDTH), u));                                             \
+                    }                                                                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
     }
 
 TILE_KERNEL(tiles_avx512, "avx512f", 4, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps,
@@ -163,15 +167,13 @@ static void accumulate(const Job *job) {
         tile_rows = 3;
         tile_cols = 32;
     }
-    float *packed = tiles != NULL ? malloc((size_t)job->r * (size_t)tile_cols * sizeof(float)) : NULL;
-    if (packed != NULL) {  /* without memory for the packed tile, `span` does it all, with the same bits */
+    if (tiles != NULL) {
         rows = job->rows - job->rows % tile_rows;
         cols = job->cols - job->cols % tile_cols;
         if (rows > 0 && cols > 0)
-            tiles(job, rows, cols, packed);
+            tiles(job, rows, cols, job->packed);
         else
             rows = cols = 0;
-        free(packed);
     }
 #endif
     if (cols < job->cols)
@@ -221,7 +223,8 @@ static PyObject *lora_accumulate(PyObject *self, PyObject *const *args, Py_ssize
     double scale = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    if (rows < 0 || cols < 0 || r < 1 || !fits(rows, cols) || !fits(rows, r) || !fits(r, cols)) {
+    if (rows < 0 || cols < 0 || r < 1 || !fits(rows, cols) || !fits(rows, r) || !fits(r, cols) ||
+        !fits(r, MAX_TILE_COLS)) {
         PyErr_Format(PyExc_ValueError, "lora_accumulate: need rows, cols >= 0 and r >= 1 (and sizes that fit), got "
                      "rows=%zd cols=%zd r=%zd", rows, cols, r);
         return NULL;
@@ -238,8 +241,13 @@ static PyObject *lora_accumulate(PyObject *self, PyObject *const *args, Py_ssize
         PyBuffer_Release(&coef);
         return NULL;
     }
-    Job job = {acc.buf, coef.buf, basis.buf, rows, cols, r, (float)scale};
-    int failed = rows > 0 && cols > 0 ? lw_run_released(guard, run_job, &job, "a LoRA factor") : 0;
+    Job job = {acc.buf, coef.buf, basis.buf, rows, cols, r, (float)scale, NULL};
+    int failed = 0;
+    if (rows > 0 && cols > 0) {
+        job.packed = PyMem_RawMalloc((size_t)r * MAX_TILE_COLS * sizeof(float));
+        failed = job.packed == NULL ? (PyErr_NoMemory(), 1) : lw_run_released(guard, run_job, &job, "a LoRA factor");
+    }
+    PyMem_RawFree(job.packed);
     PyBuffer_Release(&acc);
     PyBuffer_Release(&coef);
     PyBuffer_Release(&basis);
