@@ -37,12 +37,12 @@ import itertools
 import threading
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
-from ..compiler.steps import Step, compile_steps
+from ..compiler.steps import DEFAULT_BUDGET, Step, compile_steps
 from ..core.errors import ExecutionError, LazyWeightsError, SourceChangedError, UsageError
-from ..core.units import available_cpus
+from ..core.units import available_cpus, parse_size
 from ..graph.node import Node
 from ..kernels import casts
-from .fetch import prefetch_remote
+from .fetch import remote_reads
 from .progress import Progress
 
 SCHEDULERS = ("sync", "threads", "reference")
@@ -98,21 +98,27 @@ def execute(outputs: Mapping[str, Node], sink: Sink, *, scheduler="threads", bud
         raise UsageError(f"execute() runs blocks locally; scheduler {scheduler!r} is dispatched by the front-ends")
     steps = compile_steps(outputs, budget=budget, workers=workers, block_bytes=block_bytes,
                           keep_views=sink.keep_views, in_place=sink.in_place)
-    prefetching = prefetch_remote(steps)  # remote sources: keep the network busy while blocks compute
-    try:
-        return _execute(steps, sink, sched, workers, progress)
-    finally:
-        if prefetching is not None:
-            prefetching.set()
+    return _execute(steps, sink, sched, workers, progress, parse_size(budget) or DEFAULT_BUDGET)
 
 
-def _execute(steps, sink: Sink, sched: str, workers, progress):
+def _execute(steps, sink: Sink, sched: str, workers, progress, window: int):
     tasks = sink.tasks(steps)
+    # Remote sources: fetched ahead within the budget while blocks compute, released once read
+    # (`run/fetch.RemoteReads`), so a remote checkpoint streams through bounded memory.
+    reads = remote_reads(tasks, window)
+    run_one = sink.run_block
+    if reads is not None:
+        def run_one(task: BlockTask) -> int:
+            done = sink.run_block(task)
+            reads.task_done(task)
+            return done
     casts.warm_up()  # load and self-check the C casts once, here rather than in the first worker
     bar = Progress(sum(task_bytes(t) for t in tasks), sink.label) if progress else None
     try:
-        run_tasks(tasks, sink.run_block, scheduler=sched, workers=workers, progress=bar)
+        run_tasks(tasks, run_one, scheduler=sched, workers=workers, progress=bar)
     finally:
+        if reads is not None:
+            reads.stop()
         if bar:
             bar.close()
     return steps

@@ -21,6 +21,7 @@ from ..io.source import SourceRecord, is_remote
 
 _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"
+_READS = "remote reads"
 
 
 def _unfetched_base(node: Node) -> np.ndarray:
@@ -106,32 +107,149 @@ def fetch_step_sources(step, cache: dict | None) -> None:
     with cache.setdefault(_LOCK, threading.Lock()):  # setdefault is atomic: one lock per step
         if cache.get(_DONE):
             return
-        for file, ranges in remote_ranges(step.node).items():
-            file.ensure_ranges(sorted(ranges))
+        reads = cache.get(_READS)
+        if reads is not None:
+            reads.fetch(step)
+        else:
+            for file, ranges in remote_ranges(step.node).items():
+                file.ensure_ranges(sorted(ranges))
         cache[_DONE] = True
 
 
-def prefetch_remote(steps) -> threading.Event | None:
-    """Start fetching, in step order on one background thread, the remote bytes `steps` read, so the network
-    stays busy while blocks compute; returns an event that stops it (None when no source is remote).
+class RemoteReads:
+    """The remote bytes a run's block tasks read: fetched ahead in step order within `window` bytes, and
+    released (`RemoteFile.release`) as soon as no unfinished task reads them, so a remote checkpoint of any
+    size streams through bounded memory.
 
-    The bytes land in the mirrors' sparse files, not in process memory. A block that gets to a step first
-    fetches for itself, and waits for ranges the prefetcher has in flight instead of fetching them twice; a
-    failure here is left for that block's own fetch to report."""
-    remote = [s for s in steps if any(_is_remote(r) for r in s.sources)]
-    if not remote:
-        return None
-    stop = threading.Event()
+    A source record's bytes are released when the last step reading it has run all its tasks. A step with
+    no task (a zero-copy view result, `MemorySink`) never finishes: the result IS those bytes, so they stay.
+    The prefetcher runs one thread ahead of the workers, and waits while the bytes held for steps not yet
+    done and the next step's would pass `window` (unless nothing is held: a step larger than the window
+    still runs). A block that gets to a step first fetches for itself; the prefetcher's failures are left
+    for that block's own fetch to report.
+    """
 
-    def run() -> None:
-        for step in remote:
-            if stop.is_set():
+    def __init__(self, tasks, window: int):
+        self.window = max(1, int(window))
+        self._cond = threading.Condition()
+        self._left: dict[int, int] = {}
+        self._steps: list = []
+        for task in tasks:
+            step = task[0]
+            if id(step) not in self._left:
+                self._left[id(step)] = 0
+                self._steps.append(step)
+            self._left[id(step)] += 1
+        self._uses: dict[tuple, int] = {}
+        self._records: dict[int, list[tuple]] = {}
+        for step in self._steps:
+            records = sorted({(r.file, r.offset, r.offset + r.nbytes) for r in step.sources if _is_remote(r)},
+                             key=lambda x: (id(x[0]), x[1]))
+            self._records[id(step)] = records
+            for rec in records:
+                self._uses[rec] = self._uses.get(rec, 0) + 1
+        self._ranges: dict[int, dict] = {}
+        self._held: dict[int, int] = {}  # step -> remote bytes fetched for it and not yet released
+        self._started: set[int] = set()  # steps a worker has begun fetching: the prefetcher leaves them
+        self._stop = threading.Event()
+
+    def attach(self, tasks) -> None:
+        """Let each task's fetch (`fetch_step_sources`) go through this run's accounting."""
+        for task in tasks:
+            if task[3] is not None and id(task[0]) in self._left:
+                task[3][_READS] = self
+
+    def _step_ranges(self, step) -> dict:
+        got = self._ranges.get(id(step))
+        if got is None:
+            got = self._ranges[id(step)] = {f: sorted(r) for f, r in remote_ranges(step.node).items()}
+        return got
+
+    def fetch(self, step) -> None:
+        """Make `step`'s remote bytes present (a worker's call; it never waits for the window)."""
+        with self._cond:
+            self._started.add(id(step))
+        ranges = self._step_ranges(step)
+        for file, rs in ranges.items():
+            file.ensure_ranges(rs)
+        self._account(step, ranges)
+
+    def _account(self, step, ranges: dict) -> None:
+        with self._cond:
+            if id(step) not in self._held and self._left.get(id(step), 0) > 0:
+                self._held[id(step)] = sum(e - s for rs in ranges.values() for s, e in rs)
+
+    def task_done(self, task) -> None:
+        """One of `task`'s step's tasks finished; after its last, release what no other step still reads."""
+        step = task[0]
+        with self._cond:
+            left = self._left.get(id(step))
+            if left is None:
+                return
+            self._left[id(step)] = left - 1
+            if left > 1:
+                return
+        self._unuse(step)
+
+    def _unuse(self, step) -> None:
+        with self._cond:
+            free = []
+            for rec in self._records.get(id(step), ()):
+                self._uses[rec] -= 1
+                if self._uses[rec] == 0:
+                    free.append(rec)
+        by_file: dict = {}
+        for file, s, e in free:
+            by_file.setdefault(file, []).append((s, e))
+        for file, ranges in by_file.items():
+            file.release(sorted(ranges))
+        with self._cond:
+            self._held.pop(id(step), None)
+            self._cond.notify_all()
+
+    def start_prefetch(self) -> None:
+        """Fetch ahead, in step order, on one background thread (stopped by `stop`)."""
+        if self._steps:
+            threading.Thread(target=self._prefetch, daemon=True, name="lazyweights-prefetch").start()
+
+    def _prefetch(self) -> None:
+        for step in self._steps:
+            if self._stop.is_set():
                 return
             try:
-                for file, ranges in remote_ranges(step.node).items():
-                    file.ensure_ranges(sorted(ranges))
+                ranges = self._step_ranges(step)
+                need = sum(e - s for rs in ranges.values() for s, e in rs)
+                with self._cond:
+                    while (not self._stop.is_set() and self._left.get(id(step), 0) > 0 and self._held
+                           and sum(self._held.values()) + need > self.window):
+                        self._cond.wait(0.05)
+                    if self._stop.is_set() or id(step) in self._started:
+                        continue  # a worker got there first: it fetches for itself
+                    for rec in self._records[id(step)]:  # held while we fetch: a finished step's release
+                        self._uses[rec] += 1             # must not drop what we are bringing in
+            except BaseException:
+                return
+            try:
+                for file, rs in ranges.items():
+                    file.ensure_ranges(rs)
+                self._account(step, ranges)
             except BaseException:  # reported by the block that needs these bytes
                 return
+            finally:
+                self._unuse(step)
 
-    threading.Thread(target=run, daemon=True, name="lazyweights-prefetch").start()
-    return stop
+    def stop(self) -> None:
+        """Stop the prefetcher (the run ended or failed)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+
+def remote_reads(tasks, window: int) -> RemoteReads | None:
+    """A `RemoteReads` for these block tasks, attached and prefetching; None when no source is remote."""
+    if not any(_is_remote(r) for task in tasks for r in task[0].sources):
+        return None
+    reads = RemoteReads([t for t in tasks if any(_is_remote(r) for r in t[0].sources)], window)
+    reads.attach(tasks)
+    reads.start_prefetch()
+    return reads

@@ -166,8 +166,9 @@ def test_each_host_fetches_and_materializes_its_shard(hosts, nginx_on_hosts, wri
     checkpoint = sum(os.path.getsize(p) for p in (root / "ckpt").glob("*.safetensors"))
     assert set(per_host) == {host_address(h) for h in range(HOSTS)}, per_host
     print(f"bytes fetched per host: {per_host} of a {checkpoint}-byte checkpoint")
+    opening = 4 * (64 << 10)  # each host opens the four shards with a GET of their first 64 KiB
     for addr, sent in per_host.items():
-        assert sent <= 0.6 * checkpoint, (addr, sent, checkpoint)  # about half each, never the whole
+        assert sent <= 0.6 * checkpoint + opening, (addr, sent, checkpoint)  # about half each, never the whole
 
 
 def test_dask_cluster_across_hosts_converts_the_remote_checkpoint(hosts, nginx_on_hosts, write_safetensors, tmp_path):

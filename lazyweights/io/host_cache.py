@@ -1,0 +1,254 @@
+"""A `cache=DIR` shared by the processes of one host: each byte of an object version is fetched once.
+
+One object version (URL + ETag + length) has three things in DIR, named by the hash of the URL and of the
+version, so a changed object never meets the bytes of the old one:
+
+    <url>-<version>.data     the object's bytes at their offsets (a sparse file)
+    <url>-<version>.log      the ranges `.data` holds: "start end" lines, appended once written
+    <url>-<version>.claims/  one file per chunk (CLAIM_CHUNK bytes) a process is fetching now
+
+A process that needs bytes nobody holds claims their chunks by creating the chunk's claim file
+(`O_CREAT | O_EXCL`: exactly one process wins), fetches them into its own memory, and hands them to this
+cache's writer thread, which writes them into `.data`, appends their ranges to `.log`, and only then removes
+the claim: so the fetch never waits for the disk. A process that finds a chunk claimed waits for the log to
+show the bytes (then copies them from `.data`) or for the claim to go away (then claims it itself).
+
+A claim holds the claimer's host name, pid and start time. It is stale, and is broken, when its process is
+gone (same host) or when it is older than `claim_ttl` seconds (another host on a shared folder): a process
+killed mid-range does not stall the others. `.log` lines are appended with single `write` calls on an
+`O_APPEND` descriptor (atomic for lines this short); a torn last line is ignored until it is complete.
+
+A failing disk (full, read-only, over quota) does not fail the load: the bytes are in memory already. The
+writer stops, warns once with a `CacheWriteWarning` that names the cache, and the claims are released.
+
+Example:
+    >>> import tempfile, numpy as np
+    >>> d = tempfile.mkdtemp()
+    >>> a = HostCache(d, "http://example/model.safetensors", 1000, '"v1"')
+    >>> a.claim(0)
+    True
+    >>> b = HostCache(d, "http://example/model.safetensors", 1000, '"v1"')
+    >>> b.claim(0)  # a holds it
+    False
+    >>> a.publish(memoryview(bytes(range(250)) * 4), [(0, 100)], [0]); a.flush()
+    >>> b.refresh(); b.held.ranges
+    [(0, 100)]
+    >>> out = bytearray(100); b.read_into(memoryview(out), 0, 100); bytes(out[:4])
+    b'\\x00\\x01\\x02\\x03'
+    >>> b.claim(0)  # released once written
+    True
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import queue
+import socket
+import threading
+import time
+import warnings
+
+from ..core.errors import WriteError
+from .ranges import RangeSet
+
+CLAIM_CHUNK = 8 << 20
+
+
+class CacheWriteWarning(UserWarning):
+    """The cache directory could not be written (full disk, read-only): the load goes on from memory."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class HostCache:
+    """The on-disk bytes of one object version, shared by every process that opens it with the same DIR."""
+
+    def __init__(self, directory: str, url: str, size: int, etag: str | None, claim_ttl: float = 60.0):
+        self.directory = directory
+        self.url = url
+        self.size = size
+        self.claim_ttl = claim_ttl
+        os.makedirs(directory, exist_ok=True)
+        key = hashlib.sha256(url.encode()).hexdigest()[:32]
+        version = hashlib.sha256(f"{etag}\0{size}".encode()).hexdigest()[:12]
+        self.stem = os.path.join(directory, f"{key}-{version}")
+        self._drop_other_versions(key)
+        self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)
+        if os.fstat(self._data).st_size < size:
+            os.ftruncate(self._data, size)  # sparse; every process truncates to the same length
+        self._log = os.open(self.stem + ".log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._claims = self.stem + ".claims"
+        os.makedirs(self._claims, exist_ok=True)
+        self.held = RangeSet()
+        self._log_pos = 0
+        self._lock = threading.Lock()
+        self._host = socket.gethostname()
+        self._queue: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._writer: threading.Thread | None = None
+        self.error: WriteError | None = None
+        self.refresh()
+
+    def _drop_other_versions(self, key: str) -> None:
+        # an older version of the object: its bytes can never be served again (a process still reading
+        # it keeps its open descriptors; unlinking does not disturb them)
+        for path in glob.glob(os.path.join(self.directory, key + "*")):
+            if not path.startswith(self.stem):
+                try:
+                    if os.path.isdir(path):
+                        for f in os.listdir(path):
+                            os.unlink(os.path.join(path, f))
+                        os.rmdir(path)
+                    else:
+                        os.unlink(path)
+                except OSError:
+                    pass
+
+    # --- what the cache holds -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Read the ranges other processes (and our writer) appended to the log since the last look."""
+        with self._lock:
+            end = os.fstat(self._log).st_size
+            if end <= self._log_pos:
+                return
+            text = os.pread(self._log, end - self._log_pos, self._log_pos)
+            complete = text.rfind(b"\n") + 1  # a line still being appended is read next time
+            lines = text[:complete].split()
+            self._log_pos += complete
+        got = []
+        for i in range(0, len(lines) - 1, 2):
+            s, e = int(lines[i]), int(lines[i + 1])
+            if 0 <= s < e <= self.size:
+                got.append((s, e))
+        with self._lock:
+            self.held.add_many(got)
+
+    def read_into(self, out: memoryview, start: int, end: int) -> None:
+        """Copy bytes [start, end), which the log shows held, from `.data` into `out`."""
+        pos = 0
+        while pos < end - start:
+            n = os.preadv(self._data, [out[pos:end - start]], start + pos)
+            if n <= 0:
+                raise OSError(f"{self.stem}.data ends at byte {start + pos}, before its log says")
+            pos += n
+
+    # --- claims ---------------------------------------------------------------------------------------
+    def _claim_path(self, chunk: int) -> str:
+        return os.path.join(self._claims, str(chunk))
+
+    def claim(self, chunk: int) -> bool:
+        """Try to become the one process fetching chunk `chunk` (bytes [chunk, chunk+1) x CLAIM_CHUNK)."""
+        if self.error is not None:
+            return True  # the cache is broken: fetch for ourselves, share nothing
+        path = self._claim_path(chunk)
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if not self._break_if_stale(path):
+                    return False
+                continue
+            except OSError as e:
+                self._fail(e)
+                return True
+            try:
+                os.write(fd, f"{self._host} {os.getpid()} {time.time():.3f}\n".encode())
+            finally:
+                os.close(fd)
+            return True
+        return False
+
+    def claimed(self, chunk: int) -> bool:
+        """Whether a live process holds chunk `chunk`'s claim (a stale claim is broken here)."""
+        path = self._claim_path(chunk)
+        return os.path.exists(path) and not self._break_if_stale(path)
+
+    def _break_if_stale(self, path: str) -> bool:
+        try:
+            with open(path) as f:
+                host, pid, started = f.read().split()
+            stale = (host == self._host and not _alive(int(pid))) or time.time() - float(started) > self.claim_ttl
+        except FileNotFoundError:
+            return True  # released meanwhile
+        except (OSError, ValueError):
+            try:  # a claim being written right now has no content yet: judge it by its age
+                stale = time.time() - os.stat(path).st_mtime > self.claim_ttl
+            except FileNotFoundError:
+                return True
+        if not stale:
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return True
+
+    def unclaim(self, chunks) -> None:
+        """Release claims without publishing (the fetch failed): another process may claim them now."""
+        for c in chunks:
+            try:
+                os.unlink(self._claim_path(c))
+            except OSError:
+                pass
+
+    # --- the writer -------------------------------------------------------------------------------------
+    def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks) -> None:
+        """Write `ranges` of `mirror` (the object's bytes at their offsets) into the cache in the background,
+        then log them and release `chunks`' claims. `flush` waits for it (before the mirror drops them)."""
+        with self._lock:
+            self._pending += 1
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True, name="lazyweights-cache")
+                self._writer.start()
+        self._queue.put((mirror, ranges, list(chunks)))
+
+    def flush(self) -> None:
+        """Wait until everything published so far is written (or the writer has given up)."""
+        with self._idle:
+            while self._pending:
+                self._idle.wait()
+
+    def _write_loop(self) -> None:
+        while True:
+            mirror, ranges, chunks = self._queue.get()
+            try:
+                if self.error is None:
+                    for s, e in ranges:
+                        done = 0
+                        while done < e - s:
+                            done += os.pwrite(self._data, mirror[s + done:e], s + done)
+                    os.write(self._log, "".join(f"{s} {e}\n" for s, e in ranges).encode())
+                    with self._lock:
+                        self.held.add_many(ranges)
+            except OSError as e:
+                self._fail(e)
+            finally:
+                self.unclaim(chunks)
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _fail(self, e: OSError) -> None:
+        if self.error is None:
+            self.error = WriteError(f"cache {self.directory}: cannot write {self.url}'s bytes ({e.strerror or e}); "
+                                    "the load goes on from memory without the cache", path=self.directory)
+            warnings.warn(str(self.error), CacheWriteWarning, stacklevel=2)
+
+    def close(self) -> None:
+        """Wait for the writer, then close the files."""
+        self.flush()
+        for fd in (self._data, self._log):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

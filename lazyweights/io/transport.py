@@ -1,0 +1,369 @@
+"""One validated ranged GET, from the socket into the caller's memory: HTTP(S) through `requests`, S3 through `boto3`.
+
+A backend answers two questions: `identity()`, the object's (length, ETag) (`first_bytes` gives the same
+with the object's first bytes, in one request), and `get(start, end, size, etag, out)`, which receives
+bytes [start, end) straight into `out` (a writable memoryview: the mirror the kernels read). `get_many` does
+the same for many ranges in one multi-range request where the server takes them.
+
+Every reply is checked before its bytes count: status 206 with the requested `Content-Range` and the object's
+length, and the ETag the object had when it was opened (HTTP `If-Match`, S3 `IfMatch`; a reply whose own ETag
+differs is refused too). A changed object is a `SourceChangedError`; 5xx replies, dropped connections, timeouts
+and truncated bodies are `Transient` (the caller retries them); anything else is a `RemoteError` naming the URL.
+
+Why not fsspec or obstore for the bytes: fsspec's HTTP `cat_file` accepts a full 200 reply to a range request,
+s3fs cannot send `IfMatch`, and neither receives into the caller's buffer; obstore returns its own buffers
+(one more copy of every byte) and was measured against this path in benchmarks/bench_transport.py.
+
+Example (a local HTTP server; nothing here is specific to it):
+    >>> import http.server, threading, tempfile, os, functools
+    >>> root = tempfile.mkdtemp(); open(os.path.join(root, "blob"), "wb").write(bytes(range(256)) * 64)
+    16384
+    >>> class Quiet(http.server.SimpleHTTPRequestHandler):
+    ...     def log_message(self, *a): pass
+    >>> srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    >>> threading.Thread(target=srv.serve_forever, daemon=True).start()
+    >>> http_ = backend(f"http://127.0.0.1:{srv.server_port}/blob", {})
+    >>> http_.identity()[0]
+    16384
+    >>> http_.get(250, 258, 16384, None, memoryview(bytearray(8)))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    lazyweights.core.errors.RemoteError: http://127.0.0.1:.../blob: bytes [250, 258): the server ignored the ...
+    >>> srv.shutdown()
+"""
+from __future__ import annotations
+
+import re
+import threading
+
+from ..core.errors import RemoteError, SourceChangedError
+
+
+class Transient(Exception):
+    """A failure worth retrying (5xx, dropped connection, timeout, truncated body)."""
+
+
+def content_range(value: str | None) -> tuple[int, int, int] | None:
+    """(start, end, total) of a `Content-Range: bytes a-b/n` value (end exclusive; total -1 for `*`).
+
+    >>> content_range("bytes 0-9/100"), content_range("nonsense")
+    ((0, 10, 100), None)
+    """
+    m = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", value or "")
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2)) + 1, (int(m.group(3)) if m.group(3) != "*" else -1)
+
+
+def _changed(url: str, what: str) -> SourceChangedError:
+    return SourceChangedError(f"{url}: the object changed after it was opened ({what}). Reload it with load_weights().")
+
+
+def read_body(read, out: memoryview, stream=None) -> None:
+    """Receive exactly `len(out)` body bytes into `out`.
+
+    `stream`: the urllib3 response under it (requests' `r.raw`, botocore's `Body._raw_stream`). Where it has
+    http.client's response underneath and nothing was read yet, the bytes go from the socket into `out` with
+    `readinto`: one copy, no allocation. Otherwise `read` returns fresh chunks that are copied in."""
+    pos, want = 0, len(out)
+    fp = getattr(stream, "_fp", None)
+    if fp is not None and hasattr(fp, "readinto") and not int(getattr(stream, "_fp_bytes_read", 0) or 0):
+        while pos < want:
+            n = fp.readinto(out[pos:])
+            if not n:
+                raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+            pos += n
+        return
+    while pos < want:
+        chunk = read(min(1 << 20, want - pos))
+        if not chunk:
+            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+        out[pos:pos + len(chunk)] = chunk
+        pos += len(chunk)
+
+
+class HTTPBackend:
+    """Ranged GETs over HTTP(S) with `requests`, one session per thread (connections are reused)."""
+
+    def __init__(self, url: str, options: dict):
+        self.url = url
+        self.timeout = float(options.get("timeout", 30))
+        self.headers = dict(options.get("headers", {}))
+        self._local = threading.local()
+
+    def _session(self):
+        import requests
+
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+            s.headers.update(self.headers)
+        return s
+
+    def _status_error(self, r, what: str) -> RemoteError:
+        return RemoteError(f"{self.url}: {what}: HTTP {r.status_code} {r.reason}", url=self.url, status=r.status_code)
+
+    def identity(self) -> tuple[int, str | None]:
+        """(length, ETag) from a HEAD request."""
+        import requests
+
+        try:
+            r = self._session().head(self.url, allow_redirects=True, timeout=self.timeout)
+        except requests.Timeout:
+            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
+        except requests.ConnectionError as e:
+            raise Transient(f"connection failed: {e}") from None
+        if r.status_code >= 500:
+            raise Transient(f"HTTP {r.status_code} {r.reason}")
+        if r.status_code != 200:
+            raise self._status_error(r, "cannot open")
+        try:
+            size = int(r.headers["Content-Length"])
+        except (KeyError, ValueError):
+            raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size is unknown",
+                              url=self.url) from None
+        return size, r.headers.get("ETag")
+
+    def first_bytes(self, length: int) -> tuple[int, str | None, bytes | None]:
+        """(object length, ETag, its first `length` bytes) from one ranged GET: opening a checkpoint costs one
+        request, not a HEAD and then a read of its header. The bytes are None where the server ignored the
+        Range header with an object larger than `length` (its body is not read; ranged reads will refuse it)."""
+        import requests
+        import urllib3
+
+        try:
+            with self._request(f"0-{length - 1}", None) as r:
+                if r.status_code >= 500:
+                    raise Transient(f"HTTP {r.status_code} {r.reason}")
+                etag = r.headers.get("ETag")
+                if r.status_code == 416:  # an empty object has no byte 0
+                    return 0, etag, b""
+                if r.status_code == 206:
+                    got = content_range(r.headers.get("Content-Range"))
+                    if got is None or got[0] != 0 or got[2] < 0:
+                        raise RemoteError(f"{self.url}: asked for bytes [0, {length}) but the reply's Content-Range "
+                                          f"is {r.headers.get('Content-Range')!r}", url=self.url)
+                    size, want = got[2], got[1]
+                elif r.status_code == 200:
+                    try:
+                        size = want = int(r.headers["Content-Length"])
+                    except (KeyError, ValueError):
+                        raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size "
+                                          "is unknown", url=self.url) from None
+                    if size > length:
+                        return size, etag, None
+                else:
+                    raise self._status_error(r, "cannot open")
+                buf = bytearray(want)
+                read_body(r.raw.read, memoryview(buf), r.raw)
+                return size, etag, bytes(buf)
+        except requests.Timeout:
+            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
+            raise Transient(f"connection failed: {e}") from None
+        except (RemoteError, SourceChangedError, Transient):
+            raise
+        except (OSError, urllib3.exceptions.HTTPError) as e:
+            raise Transient(f"truncated body: {e}") from None
+
+    def _request(self, ranges: str, etag: str | None):
+        headers = {"Range": "bytes=" + ranges, "Accept-Encoding": "identity"}
+        if etag and not etag.startswith("W/"):
+            headers["If-Match"] = etag
+        return self._session().get(self.url, headers=headers, stream=True, timeout=self.timeout)
+
+    def _check_common(self, r, etag: str | None, what: str) -> None:
+        if r.status_code in (412, 416):
+            raise _changed(self.url, f"HTTP {r.status_code} for {what}, ETag {etag}")
+        if r.status_code >= 500:
+            raise Transient(f"HTTP {r.status_code} {r.reason}")
+        reply_etag = r.headers.get("ETag")
+        if etag and reply_etag and reply_etag != etag:
+            raise _changed(self.url, f"ETag {etag} became {reply_etag}")
+
+    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
+        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out`."""
+        import requests
+        import urllib3
+
+        what = f"bytes [{start}, {end})"
+        try:
+            with self._request(f"{start}-{end - 1}", etag) as r:
+                self._check_common(r, etag, f"{what} of the {size}-byte object")
+                if r.status_code == 200:
+                    if not (start == 0 and end == size):
+                        raise RemoteError(
+                            f"{self.url}: {what}: the server ignored the Range header (status 200 with the whole "
+                            f"{r.headers.get('Content-Length', '?')}-byte object); serve the checkpoint from a "
+                            "server that supports range requests", url=self.url, status=200)
+                elif r.status_code != 206:
+                    raise self._status_error(r, what)
+                else:
+                    got = content_range(r.headers.get("Content-Range"))
+                    if got is None or got[:2] != (start, end):
+                        raise RemoteError(f"{self.url}: asked for {what} but the reply's Content-Range is "
+                                          f"{r.headers.get('Content-Range')!r}", url=self.url)
+                    if got[2] not in (-1, size):
+                        raise _changed(self.url, f"its length changed from {size} to {got[2]} bytes")
+                read_body(r.raw.read, out, r.raw)
+        except requests.Timeout:
+            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
+            raise Transient(f"connection dropped: {e}") from None
+        except (RemoteError, SourceChangedError, Transient):
+            raise
+        except (OSError, urllib3.exceptions.HTTPError) as e:  # ProtocolError / IncompleteRead: a body cut short
+            raise Transient(f"truncated body: {e}") from None
+
+    def get_many(self, ranges: list[tuple[int, int]], size: int, etag: str | None, outs: list[memoryview]) -> bool:
+        """Several ranges in one multi-range request (`multipart/byteranges`), each part checked against what
+        was asked and received into its `outs` entry as it streams in. False (nothing received) when the
+        server does not do multi-range: the caller then asks range by range."""
+        import requests
+        import urllib3
+
+        try:
+            with self._request(",".join(f"{s}-{e - 1}" for s, e in ranges), etag) as r:
+                self._check_common(r, etag, f"{len(ranges)} ranges")
+                kind = r.headers.get("Content-Type", "")
+                if r.status_code != 206 or not kind.startswith("multipart/byteranges"):
+                    return False  # a whole object, or only a single range: not multi-range capable
+                boundary = b"--" + kind.split("boundary=", 1)[1].strip().strip('"').encode()
+                self._read_parts(r.raw, boundary, ranges, size, outs)
+                return True
+        except requests.Timeout:
+            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
+        except (RemoteError, SourceChangedError, Transient):
+            raise
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, OSError,
+                urllib3.exceptions.HTTPError) as e:
+            raise Transient(f"multi-range body failed: {e}") from None
+
+    def _read_parts(self, raw, boundary: bytes, ranges, size: int, outs) -> None:
+        fp = getattr(raw, "_fp", None)
+        if fp is None or not hasattr(fp, "readline"):
+            raise Transient("multi-range reply without a readable stream")
+        for (s, e), out in zip(ranges, outs):
+            line = fp.readline(1024)
+            while line in (b"\r\n", b"\n"):
+                line = fp.readline(1024)
+            if not line.startswith(boundary):
+                raise Transient(f"truncated multi-range body: expected a part for bytes [{s}, {e}), got {line[:60]!r}")
+            got = None
+            while True:
+                line = fp.readline(4096)
+                if not line:
+                    raise Transient(f"truncated multi-range body in the headers of bytes [{s}, {e})")
+                if line in (b"\r\n", b"\n"):
+                    break
+                if line.lower().startswith(b"content-range:"):
+                    got = content_range(line.split(b":", 1)[1].strip().decode("latin-1"))
+            if got is None or got[:2] != (s, e) or got[2] not in (-1, size):
+                raise _changed(self.url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
+            read_body(None, out, raw)
+
+
+class S3Backend:
+    """Ranged GetObject with boto3 (fsspec's option names: endpoint_url, key, secret, token, region_name, anon)."""
+
+    def __init__(self, url: str, options: dict):
+        import boto3
+        import botocore
+        from botocore.config import Config
+
+        self.url = url
+        self.bucket, _, self.key = url[len("s3://"):].partition("/")
+        client_kwargs = dict(options.get("client_kwargs", {}))
+        for ours, theirs in (("endpoint_url", "endpoint_url"), ("key", "aws_access_key_id"),
+                             ("secret", "aws_secret_access_key"), ("token", "aws_session_token"),
+                             ("region_name", "region_name")):
+            if ours in options:
+                client_kwargs[theirs] = options[ours]
+        timeout = float(options.get("timeout", 30))
+        config = Config(connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1},
+                        max_pool_connections=32,
+                        **({"signature_version": botocore.UNSIGNED} if options.get("anon") else {}))
+        self.client = boto3.session.Session().client("s3", config=config, **client_kwargs)
+
+    def _error(self, e, what: str):
+        from botocore.exceptions import ClientError
+
+        if isinstance(e, ClientError):
+            code = e.response.get("Error", {}).get("Code", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "InvalidRange") or status in (412, 416):
+                return _changed(self.url, f"{what}: {code}")
+            if status and status >= 500:
+                return Transient(f"S3 {status} {code}")
+            return RemoteError(f"{self.url}: {what}: S3 {status} {code}", url=self.url, status=status)
+        return Transient(f"{type(e).__name__}: {e}")
+
+    def identity(self) -> tuple[int, str | None]:
+        """(length, ETag) from HeadObject."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self.key)
+        except Exception as e:  # botocore raises ClientError and a family of connection errors
+            raise self._error(e, "cannot open") from None
+        return int(head["ContentLength"]), head.get("ETag")
+
+    def first_bytes(self, length: int) -> tuple[int, str | None, bytes | None]:
+        """(object length, ETag, its first `length` bytes) from one ranged GetObject (see HTTPBackend)."""
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes=0-{length - 1}")
+        except Exception as e:
+            from botocore.exceptions import ClientError
+
+            if isinstance(e, ClientError) and e.response.get("Error", {}).get("Code") == "InvalidRange":
+                return self.identity() + (b"",)  # an empty object has no byte 0
+            raise self._error(e, "cannot open") from None
+        try:
+            got = content_range(r.get("ContentRange"))
+            size = got[2] if got is not None and got[2] >= 0 else int(r["ContentLength"])
+            want = min(size, length)
+            if got is None and size > length:
+                return size, r.get("ETag"), None
+            buf = bytearray(want)
+            read_body(r["Body"].read, memoryview(buf), getattr(r["Body"], "_raw_stream", None))
+            return size, r.get("ETag"), bytes(buf)
+        except OSError as e:
+            raise Transient(f"reading the body failed: {e}") from None
+        finally:
+            r["Body"].close()
+
+    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
+        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out`."""
+        kwargs = {"IfMatch": etag} if etag else {}
+        try:
+            r = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}", **kwargs)
+        except Exception as e:
+            raise self._error(e, f"bytes [{start}, {end})") from None
+        try:
+            got = content_range(r.get("ContentRange"))
+            if got is None and not (start == 0 and end == size):
+                raise RemoteError(f"{self.url}: bytes [{start}, {end}): the reply has no Content-Range", url=self.url)
+            if got is not None and (got[:2] != (start, end) or got[2] not in (-1, size)):
+                raise _changed(self.url, f"asked for bytes [{start}, {end}) of {size} but got "
+                                         f"{r.get('ContentRange')!r}")
+            if etag and r.get("ETag") and r["ETag"] != etag:
+                raise _changed(self.url, f"ETag {etag} became {r['ETag']}")
+            read_body(r["Body"].read, out, getattr(r["Body"], "_raw_stream", None))
+        except OSError as e:
+            raise Transient(f"reading the body failed: {e}") from None
+        finally:
+            r["Body"].close()
+
+    def list(self) -> list[str]:
+        """The object URLs under this prefix (sorted)."""
+        prefix = self.key.rstrip("/") + "/" if self.key else ""
+        out = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                out += [f"s3://{self.bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        except Exception as e:
+            raise self._error(e, "cannot list the prefix") from None
+        return sorted(out)
+
+
+def backend(url: str, options: dict):
+    """The backend for `url`: S3 for `s3://`, HTTP otherwise."""
+    return S3Backend(url, options) if url.lower().startswith("s3://") else HTTPBackend(url, options)
