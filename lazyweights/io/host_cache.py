@@ -82,9 +82,7 @@ class HostCache:
         version = hashlib.sha256(f"{etag}\0{size}".encode()).hexdigest()[:12]
         self.stem = os.path.join(directory, f"{key}-{version}")
         self._drop_other_versions(key)
-        self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)
-        if os.fstat(self._data).st_size < size:
-            os.ftruncate(self._data, size)  # sparse; every process truncates to the same length
+        self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)  # grows sparse as written
         self._log = os.open(self.stem + ".log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self._claims = self.stem + ".claims"
         os.makedirs(self._claims, exist_ok=True)
@@ -158,6 +156,10 @@ class HostCache:
                 if not self._break_if_stale(path):
                     return False
                 continue
+            except FileNotFoundError:  # a newer version of the object removed this one's folder: share nothing
+                self.error = WriteError(f"cache {self.directory}: {self.url} changed; this version is not cached",
+                                        path=self.directory)
+                return True
             except OSError as e:
                 self._fail(e)
                 return True

@@ -52,13 +52,14 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError
-from .host_cache import CLAIM_CHUNK, HostCache
+from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .ranges import RangeSet, plan_requests
 from .transport import S3Backend, Transient, backend
 
@@ -222,8 +223,13 @@ class RemoteFile:
         self._view = self._buffer.view()
         self._view.flags.writeable = False  # what readers and kernels get
         self._mem = memoryview(self._map) if self._map is not None else memoryview(b"")
-        self._host = (HostCache(cache, url, self.size, self.etag, float(self.options.get("claim_ttl", 60)))
-                      if cache and self.etag is not None and self.size else None)
+        self._host = None
+        if cache and self.etag is not None and self.size:  # without an ETag a cached byte could be stale
+            try:
+                self._host = HostCache(cache, url, self.size, self.etag, float(self.options.get("claim_ttl", 60)))
+            except OSError as e:
+                warnings.warn(f"cache {cache}: cannot use it for {url} ({e.strerror or e}); the load goes on from "
+                              "memory without the cache", CacheWriteWarning, stacklevel=2)
         if head:
             self._mem[:len(head)] = head
             self._have.add(0, len(head))
@@ -364,11 +370,16 @@ class RemoteFile:
         if len(requests) == 1:
             self._request(requests[0])
             return
+        self._run_all(self._request, requests)
+
+    def _run_all(self, call, requests: list) -> None:
+        """`call(request)` for every request on the fetch pool (`max_concurrency` in flight); every one is
+        waited for, then the first failure is raised."""
         if self._pool is None:
             with self._lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lazyweights-fetch")
-        futures = [self._pool.submit(self._request, r) for r in requests]
+        futures = [self._pool.submit(call, r) for r in requests]
         error = None
         for f in futures:
             try:
@@ -378,20 +389,43 @@ class RemoteFile:
         if error is not None:
             raise error
 
-    def _request(self, ranges: list[tuple[int, int]]) -> None:
+    def receive(self, start: int, end: int, out: memoryview) -> None:
+        """Fetch bytes [start, end) straight into `out` (the caller's memory: an output the block then casts
+        in place), bypassing the map: the bytes are touched once. Bytes the map holds are copied from it."""
+        if len(out) != end - start:
+            raise ValueError(f"receive: {end - start} bytes into a {len(out)}-byte buffer")
+        with self._lock:
+            held = self._have.held_many([(start, end)])
+            missing = self._have.missing_many([(start, end)])
+        for s, e in held:
+            out[s - start:e - start] = self._mem[s:e]
+        if not missing:
+            return
+        requests = plan_requests(missing, gap=0, multi_range=False, part_size=self.part_size)
+
+        def one(request: list[tuple[int, int]]) -> None:
+            self._request(request, lambda s, e: out[s - start:e - start])
+
+        if len(requests) == 1:
+            one(requests[0])
+            return
+        self._run_all(one, requests)
+
+    def _request(self, ranges: list[tuple[int, int]], into=None) -> None:
         # a failed attempt may leave some bytes received, but ranges are marked held only after success
+        into = into or (lambda s, e: self._mem[s:e])
         if len(ranges) > 1 and self._multi_range:
-            outs = [self._mem[s:e] for s, e in ranges]
+            outs = [into(s, e) for s, e in ranges]
             what = f"{len(ranges)} ranges from byte {ranges[0][0]}"
             if self._retrying(self._backend.get_many, what, ranges, self.size, self.etag, outs):
                 self._count(ranges)
                 return
             self._multi_range = False  # the server answered with one range or the whole object
             for request in plan_requests(ranges, gap=self.gap, multi_range=False, part_size=self.part_size):
-                self._request(request)
+                self._request(request, into)
             return
         for s, e in ranges:
-            self._retrying(self._backend.get, f"bytes [{s}, {e})", s, e, self.size, self.etag, self._mem[s:e])
+            self._retrying(self._backend.get, f"bytes [{s}, {e})", s, e, self.size, self.etag, into(s, e))
             self._count([(s, e)])
 
     def _count(self, ranges: list[tuple[int, int]]) -> None:
@@ -430,6 +464,11 @@ class RemoteFile:
             first = self._have.ranges[0] if self._have.ranges else (0, 0)
             self._prefix_end = first[1] if first[0] == 0 else 0
 
+    @property
+    def shares_cache(self) -> bool:
+        """Whether fetched bytes are also written to a `cache=` directory (then they must reach it unchanged)."""
+        return self._host is not None
+
     def held_bytes(self) -> int:
         """Bytes of the object now in memory (fetched or copied from the cache, not yet released)."""
         with self._lock:
@@ -466,9 +505,13 @@ class RemoteFile:
         """A read-only uint8 view of [offset, offset+length), fetched first if missing. The bytes stay in memory
         for as long as the file does: the caller's array aliases them (`release` skips them)."""
         self.ensure(offset, length)
-        with self._lock:
-            self._pinned.add(offset, offset + length)
+        self.pin([(offset, offset + length)])
         return self._view[offset:offset + length]
+
+    def pin(self, ranges: list[tuple[int, int]]) -> None:
+        """Never release these bytes: an array handed to a caller (a view, a zero-copy result) aliases them."""
+        with self._lock:
+            self._pinned.add_many(ranges)
 
     def prefetch(self, offset: int, length: int) -> None:
         """Start fetching [offset, offset+length) in the background; returns at once. (Its own thread: the

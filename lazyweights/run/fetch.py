@@ -22,6 +22,7 @@ from ..io.source import SourceRecord, is_remote
 _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"
 _READS = "remote reads"
+RECEIVE = "receive into the output"  # a step cache key: (file, start, end, output bytes)
 
 
 def _unfetched_base(node: Node) -> np.ndarray:
@@ -108,12 +109,79 @@ def fetch_step_sources(step, cache: dict | None) -> None:
         if cache.get(_DONE):
             return
         reads = cache.get(_READS)
-        if reads is not None:
+        receive = cache.get(RECEIVE)
+        if receive is not None:
+            file, start, end, out = receive
+            file.receive(start, end, out)
+        elif reads is not None:
             reads.fetch(step)
         else:
             for file, ranges in remote_ranges(step.node).items():
                 file.ensure_ranges(sorted(ranges))
         cache[_DONE] = True
+
+
+def pin_step_sources(step) -> None:
+    """Keep `step`'s remote bytes for good: its result is a zero-copy view of them (a `MemorySink` view step),
+    so no later run may release them."""
+    for file, ranges in remote_ranges(step.node).items():
+        file.pin(sorted(ranges))
+
+
+def receive_target(step, out: np.ndarray) -> tuple | None:
+    """(file, start, end) when `step`'s remote bytes can be received straight into its output `out`: the
+    step is a copy, or a cast between dtypes of one width, of one contiguous run of a remote source's bytes
+    (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly. Then the block casts `out`
+    in place (`cast_received`) and each byte is touched once, as a plain download would. None otherwise
+    (the bytes go through the source's map), and for a source that shares a `cache=` directory (its writer
+    reads the bytes after they arrive, and an in-place cast would change them under it)."""
+    node = step.node
+    if not node.shape or not out.flags.c_contiguous or out.nbytes == 0:
+        return None
+    src = node
+    if node.op is Op.CAST:
+        src = node.srcs[0]
+        if src.dtype.size_in_bytes != node.dtype.size_in_bytes:
+            return None
+    leaf = src
+    while leaf.op in GroupOp.View:
+        leaf = leaf.srcs[0]
+    if leaf.op is not Op.SOURCE or not _is_remote(leaf.arg) or getattr(leaf.arg.file, "shares_cache", True):
+        return None
+    v = view_of(src, _unfetched_base, {})
+    if v is None or not v.flags.c_contiguous:
+        return None
+    ranges = view_byte_ranges(v, leaf.arg.file.whole_view())
+    if len(ranges) != 1 or ranges[0][1] - ranges[0][0] != out.nbytes:
+        return None
+    return leaf.arg.file, ranges[0][0], ranges[0][1]
+
+
+def receive_into(step, out: np.ndarray, cache: dict) -> bool:
+    """Arrange for `step`'s blocks to receive their bytes straight into `out` (see `receive_target`);
+    True when they will, and then each block must `cast_received` its rows."""
+    target = receive_target(step, out)
+    if target is None:
+        return False
+    cache[RECEIVE] = target + (out.reshape(-1).view(np.uint8).data,)
+    return True
+
+
+def cast_received(node: Node, rows: np.ndarray, scratch) -> None:
+    """Cast, in place, output rows that hold the source's raw bytes (a `receive_into` step): through a small
+    warm scratch buffer (`scratch(nbytes)`), since a cast kernel's source and destination must not alias."""
+    if node.op is not Op.CAST:
+        return  # a copy: the bytes are the result
+    flat = rows.reshape(-1)
+    raw = flat.view(node.srcs[0].dtype.to_numpy())
+    from ..kernels.casts import cast_into
+
+    step = max(1, (256 << 10) // flat.itemsize)
+    for i in range(0, flat.size, step):
+        j = min(flat.size, i + step)
+        tmp = scratch((j - i) * flat.itemsize).view(raw.dtype)
+        np.copyto(tmp, raw[i:j])
+        cast_into(tmp, flat[i:j])
 
 
 class RemoteReads:
@@ -155,9 +223,11 @@ class RemoteReads:
 
     def attach(self, tasks) -> None:
         """Let each task's fetch (`fetch_step_sources`) go through this run's accounting."""
+        self._caches: dict[int, dict] = {}
         for task in tasks:
             if task[3] is not None and id(task[0]) in self._left:
                 task[3][_READS] = self
+                self._caches[id(task[0])] = task[3]
 
     def _step_ranges(self, step) -> dict:
         got = self._ranges.get(id(step))
@@ -190,8 +260,12 @@ class RemoteReads:
             if left > 1:
                 return
         self._unuse(step)
+        with self._cond:
+            self._held.pop(id(step), None)
+            self._cond.notify_all()
 
     def _unuse(self, step) -> None:
+        """Drop one use of each record `step` reads; release those no one uses any more."""
         with self._cond:
             free = []
             for rec in self._records.get(id(step), ()):
@@ -203,9 +277,6 @@ class RemoteReads:
             by_file.setdefault(file, []).append((s, e))
         for file, ranges in by_file.items():
             file.release(sorted(ranges))
-        with self._cond:
-            self._held.pop(id(step), None)
-            self._cond.notify_all()
 
     def start_prefetch(self) -> None:
         """Fetch ahead, in step order, on one background thread (stopped by `stop`)."""
@@ -216,6 +287,13 @@ class RemoteReads:
         for step in self._steps:
             if self._stop.is_set():
                 return
+            cache = self._caches.get(id(step))
+            if cache is not None and RECEIVE in cache:  # straight into the output: no map bytes to hold
+                try:
+                    fetch_step_sources(step, cache)
+                except BaseException:  # reported by the block that needs these bytes
+                    return
+                continue
             try:
                 ranges = self._step_ranges(step)
                 need = sum(e - s for rs in ranges.values() for s, e in rs)

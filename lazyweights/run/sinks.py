@@ -30,7 +30,7 @@ from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
-from .fetch import fetch_step_sources
+from .fetch import RECEIVE, cast_received, fetch_step_sources, pin_step_sources, receive_into
 
 
 def check_unchanged_sources(step: Step) -> None:
@@ -65,7 +65,8 @@ class MemorySink:
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
             if step.kind == "view" and not dsts:
-                fetch_step_sources(step, None)  # a remote mirror holds only what was fetched
+                fetch_step_sources(step, None)  # a remote map holds only what was fetched
+                pin_step_sources(step)  # the result aliases those bytes: never released
                 view = full_view(step.node)
                 if view is None:  # the compiler makes a "view" step only of what graph.layout.view_of replays
                     raise ExecutionError(f"step for {step.outputs[0]!r} was compiled as a view but is not one",
@@ -86,6 +87,7 @@ class MemorySink:
                 self._result[name] = out[name] if name in out else shaped
             extra = [out[n].reshape(step.node.shape) for n in dsts[1:]]
             cache: dict = {}  # one per step, shared by its blocks (BlockTask.cache)
+            receive_into(step, primary, cache)  # a remote copy or cast: bytes straight into the result
             tasks += [BlockTask(step, rows, (primary, extra), cache) for rows in step.blocks]
         return tasks
 
@@ -98,7 +100,9 @@ class MemorySink:
         check_unchanged_sources(step)
         cache = {} if cache is None else cache
         fetch_step_sources(step, cache)
-        if not node.shape:
+        if RECEIVE in cache:
+            cast_received(node, primary[rows.start:rows.stop], scratch_block)
+        elif not node.shape:
             tmp = np.empty((), node.dtype.to_numpy())
             write_rows(node, rows, tmp.reshape(()), cache)
             primary[...] = tmp

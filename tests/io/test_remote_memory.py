@@ -1,0 +1,313 @@
+"""Remote bytes go to memory, not disk; they are released once read; every load revalidates; processes that
+share a `cache=` directory fetch each byte once. Judged by nginx's byte count and by local reads."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import numpy as np
+import pytest
+from test_remote import _checkpoint  # tests/io is on sys.path (pytest's rootdir insertion)
+
+import lazyweights as lw
+from lazyweights.adapters import w1
+from lazyweights.io import remote
+from lazyweights.io.host_cache import HostCache
+from lazyweights.io.ranges import RangeSet, plan_requests
+from lazyweights.io.remote import RemoteFile
+from lazyweights.run import fetch
+
+CFG = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=512)
+
+
+@pytest.fixture(scope="module")
+def big(nginx, write_safetensors):
+    """A checkpoint whose tensors are larger than what opening a shard fetches (64 KiB)."""
+    folder = nginx.root / "big"
+    _checkpoint(folder, write_safetensors, layers=2, hidden=512, vocab=2000)
+    return folder
+
+
+def _fresh():
+    RemoteFile._cache.clear()
+
+
+def _w1(paths, **kw):
+    return w1.convert_safetensor_state_dict(dict(lw.load_weights(paths, **kw).items()), huggingface_config=CFG)
+
+
+def _files():
+    return list(RemoteFile._cache.values())
+
+
+# --- memory, not disk --------------------------------------------------------------------------------------
+def test_no_disk_file_without_cache_and_casts_receive_into_the_result(nginx, big, monkeypatch):
+    """Without cache= nothing is written to disk: a remote object's map is anonymous memory. A cast between
+    dtypes of one width (W1's bf16 -> f16) receives its bytes straight into the result and casts there."""
+    _fresh()
+    received = []
+    real = RemoteFile.receive
+    monkeypatch.setattr(RemoteFile, "receive", lambda self, s, e, out: (received.append(e - s), real(self, s, e, out)))
+    sd = _w1([nginx.url("big/model.safetensors.index.json")])
+    got = lw.plan(sd).materialize()
+    local = lw.plan(_w1([str(big)])).materialize()
+    for k in local:
+        assert np.asarray(got[k]).tobytes() == np.asarray(local[k]).tobytes(), k
+    f16 = [k for k, v in local.items() if np.asarray(v).dtype == np.float16 and "q_proj" not in k and "k_proj" not in k]
+    assert len(received) >= len(f16)  # every plain cast took the direct path (the RoPE-permuted q/k do not)
+    assert _files()
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert not [p for p in fds if "lazyweights-remote" in p], fds  # no scratch file behind the maps
+
+
+def test_a_save_releases_what_it_read_and_stays_within_the_budget(nginx, big, tmp_path, monkeypatch):
+    """A conversion from a URL holds at most the budget (plus the step in hand) of fetched bytes at any time,
+    and nothing once it is done: a remote checkpoint larger than RAM streams through."""
+    _fresh()
+    sd = _w1([nginx.url("big/model.safetensors.index.json")])
+    peak = [0]
+    real = RemoteFile.ensure_ranges
+
+    def watched(self, ranges):
+        real(self, ranges)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    budget = 1 << 20
+    files = lw.plan(sd).save(tmp_path / "out", max_shard_size="1MB", budget=budget)
+    largest = 2000 * 512 * 2  # the embedding, the biggest single step
+    assert 0 < peak[0] <= budget + largest + 4 * (64 << 10), peak[0]
+    assert all(f.held_bytes() <= 64 << 10 for f in _files()), [f.held_bytes() for f in _files()]
+    local = lw.plan(_w1([str(big)])).save(tmp_path / "local", max_shard_size="1MB")
+    assert [open(a, "rb").read() == open(b, "rb").read() for a, b in zip(sorted(files), sorted(local))] == [True] * len(
+        local)
+
+
+def test_an_array_handed_out_is_never_released(nginx, big):
+    """`data().to_numpy()` returns a view of the map: a later run that reads the same tensor must not release
+    (zero) the caller's array."""
+    _fresh()
+    weights = lw.load_weights([nginx.url("big/model.safetensors.index.json")])
+    q = weights.model.layers[0].self_attn.q_proj.weight.data().to_numpy()
+    before = q.copy()
+    lw.plan(_w1([nginx.url("big/model.safetensors.index.json")])).materialize()
+    assert q.tobytes() == before.tobytes()
+    assert np.count_nonzero(q.view(np.uint16)) > 0.9 * q.size
+
+
+# --- ranges by cost -------------------------------------------------------------------------------------
+def test_plan_requests_merges_by_cost_and_packs_multi_range():
+    rows = [(i * 4096, i * 4096 + 1024) for i in range(1000)]  # a rank's quarter of each 4 KiB row
+    multi = plan_requests(rows, gap=1 << 20, multi_range=True)
+    assert sum(e - s for r in multi for s, e in r) == 1000 * 1024  # no gap fetched through: 3 KiB > framing
+    assert len(multi) < 10 and all(len(",".join(f"{s}-{e}" for s, e in r)) < 8000 for r in multi)
+    single = plan_requests(rows, gap=1 << 20, multi_range=False)  # no multi-range (S3): one request is dearer
+    assert single == [[(0, 999 * 4096 + 1024)]]
+    assert plan_requests(rows, gap=1024, multi_range=False) == [[r] for r in rows]
+    big = plan_requests([(0, 20 << 20)], gap=0, multi_range=True, part_size=8 << 20)
+    assert big == [[(0, 8 << 20)], [(8 << 20, 16 << 20)], [(16 << 20, 20 << 20)]]
+
+
+def test_rangeset_remove_and_held():
+    r = RangeSet([(0, 100), (200, 300)])
+    r.remove(50, 250)
+    assert r.ranges == [(0, 50), (250, 300)]
+    assert r.held_many([(0, 10), (40, 260)]) == [(0, 10), (40, 50), (250, 260)]
+    assert r.missing_many([(0, 10), (40, 260)]) == [(50, 250)]
+
+
+# --- never a stale model ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_reload_after_the_object_changed_gets_the_new_bytes(nginx, write_safetensors, tmp_path, cached):
+    """Two loads in one process, the object replaced between them: the second load gets the new bytes
+    (revalidated with a request), with or without cache=; the first load's handle keeps what it holds and
+    raises SourceChangedError where it must fetch."""
+    folder = nginx.root / f"reload{int(cached)}"
+    folder.mkdir()
+    path = folder / "m.safetensors"
+    n = 1 << 16  # 256 KiB of float32: more than opening fetches
+    write_safetensors(path, {"a": np.arange(n, dtype=np.float32), "b": np.arange(n, dtype=np.float32) * 3})
+    kw = {"cache": str(tmp_path / "cache")} if cached else {}
+    url = nginx.url(f"reload{int(cached)}/m.safetensors")
+    first = lw.load_weights([url], **kw)
+    assert first.a.data().to_numpy()[7] == 7
+    time.sleep(1.1)  # nginx's ETag is mtime-size
+    write_safetensors(path, {"a": np.arange(n, dtype=np.float32) + 1, "b": np.arange(n, dtype=np.float32) - 1})
+    nginx.clear_log()
+    second = lw.load_weights([url], **kw)  # no _fresh(): the same process, the same cached RemoteFile key
+    assert second.a.data().to_numpy()[7] == 8 and second.b.data().to_numpy()[7] == 6
+    assert ("HEAD", f"/reload{int(cached)}/m.safetensors", 200, 0) in nginx.log() or cached is False
+    assert first.a.data().to_numpy()[7] == 7  # the old handle's snapshot, never mixed
+    with pytest.raises(lw.SourceChangedError, match="m.safetensors: the object changed"):
+        lw.plan({"b": first.b.data()}).materialize()
+
+
+def test_a_reload_of_an_unchanged_object_refetches_nothing(nginx, big):
+    _fresh()
+    url = nginx.url("big/model.safetensors.index.json")
+    first = lw.load_weights([url])
+    q = first.model.layers[1].self_attn.q_proj.weight.data().to_numpy()
+    nginx.clear_log()
+    again = lw.load_weights([url])
+    q2 = again.model.layers[1].self_attn.q_proj.weight.data().to_numpy()
+    assert q2.tobytes() == q.tobytes()
+    assert nginx.bytes_sent("GET") <= 2000  # the index only; each shard: one HEAD, and the tensor is held
+    assert sum(1 for m, *_ in nginx.log() if m == "HEAD") >= 2
+
+
+# --- one fetch per host ------------------------------------------------------------------------------------
+PROCESS = textwrap.dedent("""
+    import sys, json, hashlib, numpy as np, lazyweights as lw, types
+    from lazyweights.adapters import w1
+    url, cache = sys.argv[1], sys.argv[2]
+    cfg = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=512)
+    sd = w1.convert_safetensor_state_dict(dict(lw.load_weights([url], cache=cache).items()), huggingface_config=cfg)
+    out = lw.plan(sd).materialize()
+    print(json.dumps({k: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for k, v in out.items()}))
+""")
+
+
+def _digests(plan_out):
+    import hashlib
+
+    return {k: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for k, v in plan_out.items()}
+
+
+def test_four_processes_sharing_a_cache_fetch_the_checkpoint_once(nginx, big, tmp_path):
+    cache = str(tmp_path / "cache")
+    url = nginx.url("big/model.safetensors.index.json")
+    local = _digests(lw.plan(_w1([str(big)])).materialize())
+    nginx.clear_log()
+    procs = [subprocess.Popen([sys.executable, "-c", PROCESS, url, cache], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+        assert json.loads(out.strip().splitlines()[-1]) == local
+    checkpoint = sum(os.path.getsize(p) for p in big.glob("*.safetensors"))
+    assert nginx.bytes_sent("GET") <= 1.05 * checkpoint + 4 * 2000, (nginx.bytes_sent("GET"), checkpoint)
+
+
+def test_a_claim_of_a_dead_process_or_an_expired_one_is_broken(tmp_path):
+    cache = HostCache(str(tmp_path), "http://x/m", 100 << 20, '"e"', claim_ttl=0.5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    os.makedirs(cache._claims, exist_ok=True)
+    with open(os.path.join(cache._claims, "0"), "w") as f:  # a process killed while it held chunk 0
+        f.write(f"{os.uname().nodename} {dead.pid} {time.time():.3f}\n")
+    with open(os.path.join(cache._claims, "1"), "w") as f:  # another host's claim, not yet expired
+        f.write(f"elsewhere 1 {time.time():.3f}\n")
+    assert cache.claim(0)
+    assert not cache.claim(1)
+    time.sleep(0.6)
+    assert cache.claim(1)  # expired
+
+
+def test_a_process_killed_mid_range_does_not_stall_the_others(nginx, big, tmp_path):
+    """A process that claimed chunks and was killed before writing them: another process with the same cache
+    breaks its claims and completes, byte-identical."""
+    cache = str(tmp_path / "cache")
+    url = nginx.url("big/model.safetensors.index.json")
+    hold = textwrap.dedent("""
+        import sys, time, lazyweights as lw
+        from lazyweights.io.remote import RemoteFile
+        from lazyweights.io.host_cache import CLAIM_CHUNK, HostCache
+        lw.load_weights([sys.argv[1]])  # (no cache: only to learn each object's length and ETag)
+        for f in list(RemoteFile._cache.values()):  # claim every chunk of every object, fetch none of them
+            held = HostCache(sys.argv[2], f.path, f.size, f.etag)
+            assert all(held.claim(c) for c in range(f.size // CLAIM_CHUNK + 1))
+        print("claimed", flush=True)
+        time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", hold, url, cache], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "claimed"
+    holder.kill()
+    holder.wait()
+    done = subprocess.run([sys.executable, "-c", PROCESS, url, cache], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == _digests(lw.plan(_w1([str(big)])).materialize())
+
+
+def test_a_full_disk_under_the_cache_warns_and_the_load_completes(nginx, big, tmp_path):
+    """RLIMIT_FSIZE makes every write past 4 KiB fail (EFBIG), as a full disk would: the run warns with a
+    CacheWriteWarning naming the cache and still gives the right bytes, from memory."""
+    cache = str(tmp_path / "cache")
+    url = nginx.url("big/model.safetensors.index.json")
+    script = textwrap.dedent("""
+        import resource, signal, sys, warnings
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        warnings.simplefilter("always")
+    """) + PROCESS.replace("out = lw.plan(sd).materialize()", """with warnings.catch_warnings(record=True) as caught:
+    out = lw.plan(sd).materialize()
+print("WARNED", [str(w.message) for w in caught if w.category.__name__ == "CacheWriteWarning"], file=sys.stderr)""")
+    done = subprocess.run([sys.executable, "-c", script, url, cache], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == _digests(lw.plan(_w1([str(big)])).materialize())
+    warned = [line for line in done.stderr.splitlines() if line.startswith("WARNED")]
+    assert warned and f"cache {cache}: cannot write" in warned[0], done.stderr[-2000:]
+
+
+def test_remote_reads_prefetch_waits_for_the_window():
+    """The prefetcher never holds more than the window (plus one step) of map bytes: a unit test of the
+    bookkeeping with fake files."""
+
+    class File:  # holds ranges the way RemoteFile does: a held range is not fetched again
+        def __init__(self):
+            self.have, self.released, self.peak = RangeSet(), [], 0
+
+        @property
+        def held(self):
+            return self.have.total()
+
+        def ensure_ranges(self, ranges):
+            self.have.add_many(ranges)
+            self.peak = max(self.peak, self.held)
+
+        def release(self, ranges):
+            for s, e in ranges:
+                self.have.remove(s, e)
+            self.released += ranges
+
+    f = File()
+
+    class Rec:
+        def __init__(self, i):
+            self.file, self.offset, self.nbytes, self.name = f, i * 100, 100, f"t{i}"
+
+    class Step:
+        def __init__(self, i):
+            self.sources, self.node = [Rec(i)], i
+
+    steps = [Step(i) for i in range(10)]
+    tasks = [(s, range(1), None, {}) for s in steps]
+    orig_ranges, orig_remote = fetch.remote_ranges, fetch._is_remote
+    fetch.remote_ranges = lambda node: {f: [(node * 100, node * 100 + 100)]}
+    fetch._is_remote = lambda r: True
+    try:
+        reads = fetch.RemoteReads(tasks, window=250)
+        reads.attach(tasks)
+        reads.start_prefetch()
+        time.sleep(0.3)
+        assert f.held <= 300  # two or three steps ahead, then it waits
+        for t in tasks:
+            fetch.fetch_step_sources(t[0], t[3])
+            reads.task_done(t)
+        reads.stop()
+        assert f.held == 0 and f.peak <= 350
+        assert sorted(f.released) == [(i * 100, i * 100 + 100) for i in range(10)]
+    finally:
+        fetch.remote_ranges, fetch._is_remote = orig_ranges, orig_remote
+
+
+def test_options_reach_the_files_and_no_etag_means_no_shared_cache():
+    assert remote.current_options() == ({}, None)
+    with remote.remote_options({"timeout": 3}, "~/x"):
+        opts, cache = remote.current_options()
+        assert opts == {"timeout": 3} and cache == os.path.expanduser("~/x")
