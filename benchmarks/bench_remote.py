@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""W1 over HTTP from nginx: lazyweights against a plain 4-way ranged download and safetensors + fsspec.
+"""W1 over HTTP from nginx: lazyweights against the fastest plain download into memory, and safetensors + fsspec.
 
-  python benchmarks/bench_remote.py CKPT [--reps 3] [--prime-gb 3] [--s3]
+  python benchmarks/bench_remote.py CKPT [--reps 3] [--prime-gb 3] [--s3] [--only NAME,NAME]
 
 CKPT is a W1 checkpoint folder (`../shared/bench/make_ckpt.py`). The script starts Debian's nginx on
 127.0.0.1 serving it, then runs each contestant in a fresh process, with warm memory (a throwaway process
 touches and frees --prime-gb right before each) and a warm page cache on the server side:
 
-- `download4`: the floor: every shard fetched whole into memory by 4 concurrent range requests (requests).
+- `floor`: every shard received into a preallocated buffer by 4 threads, each on its own keep-alive
+  http.client connection, one ranged GET per quarter of each shard, `readinto` straight into place: the
+  fastest plain download into memory measured here (benchmarks/bench_transport.py: the least CPU of every
+  recipe, the wall time of the best; requests, obstore and 8-way variants were no faster).
+- `curl`: `curl --parallel` of the three shards to /dev/null: what the network moves with no memory to fill.
 - `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
 - `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
   with `safetensors.torch.load` (safetensors.numpy has no bf16), then the W1 transform in numpy/ml_dtypes.
@@ -16,6 +20,8 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
 - `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
+- `4proc-cache`: four `lazyweights` processes started together with one empty `cache=DIR`, as the ranks of
+  one host would be: the wall time until the last finishes, and the bytes the server sent to all four.
 
 With `--s3`, the same checkpoint is also read through the S3 protocol (path-style GetObject/HeadObject, served
 by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
@@ -23,8 +29,8 @@ by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
 `s3-runai` (runai-model-streamer's `SafetensorsStreamer` on the s3:// shards, then the W1 transform in
 numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-fsspec` (s3fs + safetensors).
 
-Needs, beyond lazyweights[remote]: Debian's nginx, `pip install aiohttp` (fsspec's HTTP filesystem) and, for
---s3, `pip install s3fs runai-model-streamer runai-model-streamer-s3`.
+Needs, beyond lazyweights[remote]: Debian's nginx and curl, `pip install aiohttp` (fsspec's HTTP filesystem)
+and, for --s3, `pip install s3fs runai-model-streamer runai-model-streamer-s3`.
 
 Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
 output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
@@ -117,6 +123,55 @@ def _download4(shards, size_of, fetch_part) -> dict:
     return out
 
 
+def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None) -> dict:
+    """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
+    http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
+    list and receiving each body with `readinto` straight into its place (one copy from the socket)."""
+    import http.client
+    import threading
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(base_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port)
+    bufs, jobs = {}, []
+    for shard in shards:
+        path = f"{u.path}/{shard}"
+        conn.request("HEAD", path)
+        r = conn.getresponse()
+        r.read()
+        size = int(r.headers["Content-Length"])
+        bufs[shard] = bytearray(size)
+        step = part or -(-size // ways)
+        jobs += [(path, shard, s, min(s + step, size)) for s in range(0, size, step)]
+    conn.close()
+    jobs.reverse()
+    lock = threading.Lock()
+
+    def worker():
+        c = http.client.HTTPConnection(u.hostname, u.port)
+        while True:
+            with lock:
+                if not jobs:
+                    break
+                path, shard, s, e = jobs.pop()
+            c.request("GET", path, headers={"Range": f"bytes={s}-{e - 1}"})
+            r = c.getresponse()
+            assert r.status == 206, r.status
+            view, done = memoryview(bufs[shard])[s:e], 0
+            while done < e - s:
+                n = r.readinto(view[done:])
+                assert n, "short read"
+                done += n
+        c.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(ways)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return bufs
+
+
 def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
     sys.path.insert(0, BENCH)
     from memwatch import PeakMem
@@ -126,6 +181,10 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
     out = None
     with PeakMem() as mem:
         t = time.perf_counter()
+        if name == "floor":
+            _urllib_floor(base_url, shards)
+            seconds = time.perf_counter() - t
+            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
         if name == "download4":
             import requests
 
@@ -284,28 +343,67 @@ def main():
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
+    ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones)")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     if args.contestant:
         print(json.dumps(contestant(args.contestant, args.url, ckpt, args.cache)))
         return
+    every = ["floor", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "lazyweights-cached", "4proc-cache"]
+    chosen = args.only.split(",") if args.only else every
 
     root = os.path.dirname(ckpt)
     proc, port, log = start_nginx(root)
     url = f"http://127.0.0.1:{port}/{os.path.basename(ckpt)}"
     total = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
     subprocess.run(["sh", "-c", f"cat {ckpt}/*.safetensors > /dev/null"], check=True)  # server's page cache warm
+    shard_urls = [f"{url}/{f}" for f in sorted(os.listdir(ckpt)) if f.endswith(".safetensors")]
+
+    def prime():
+        subprocess.run([sys.executable, "-c", PRIME, str(int(args.prime_gb * 2**30))], check=True)
+
+    def command(name, base, cache):
+        return ([sys.executable, __file__, ckpt, "--contestant", name, "--url", base]
+                + (["--cache", cache] if cache else []))
 
     def once(name, cache=None, base=url, env=None):
-        subprocess.run([sys.executable, "-c", PRIME, str(int(args.prime_gb * 2**30))], check=True)
+        prime()
         open(log, "w").close()
-        cmd = [sys.executable, __file__, ckpt, "--contestant", name, "--url", base] + (["--cache", cache] if cache else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        done = subprocess.run(command(name, base, cache), capture_output=True, text=True, env=env)
         if done.returncode:
-            raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            raise SystemExit(f"{name}: failed:\n{done.stderr[-3000:]}")
         r = json.loads(done.stdout.strip().splitlines()[-1])
         r["served"] = served_bytes(log)
         return r
+
+    def curl():
+        prime()
+        open(log, "w").close()
+        t = time.perf_counter()
+        subprocess.run(["curl", "-s", "--parallel", "--parallel-max", "3"] + sum((["-o", "/dev/null", u]
+                                                                                   for u in shard_urls), []),
+                       check=True)
+        return {"seconds": time.perf_counter() - t, "peak_anon": 0, "digest": None, "served": served_bytes(log)}
+
+    def processes(n):
+        """n lazyweights processes started together on one empty cache (the ranks of one host)."""
+        cache = tempfile.mkdtemp(prefix="bench-cache-")
+        prime()
+        open(log, "w").close()
+        t = time.perf_counter()
+        procs = [subprocess.Popen(command("lazyweights-cached", url, cache), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(n)]
+        outs = [p.communicate() for p in procs]
+        seconds = time.perf_counter() - t
+        shutil.rmtree(cache)
+        for p, (_out, err) in zip(procs, outs):
+            if p.returncode:
+                raise SystemExit(f"{n}proc-cache: a process failed:\n{err[-3000:]}")
+        rs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+        if any(r["digest"] != reference for r in rs):
+            raise SystemExit(f"{n}proc-cache: a process's output differs from the local materialization")
+        return {"seconds": seconds, "peak_anon": max(r["peak_anon"] for r in rs), "digest": None,
+                "served": served_bytes(log)}
 
     try:
         import lazyweights as lw
@@ -316,47 +414,52 @@ def main():
         reference = _digest(local)
         del local
         results: dict[str, list] = {}
-        for _ in range(args.reps):
-            for name in ("download4", "lazyweights", "fsspec"):
-                r = once(name)
-                if r["digest"] is not None and r["digest"] != reference:
+        references = {}
+        if "rank0of4" in chosen:
+            references["rank0of4"] = _digest(lw.plan(lw.shard({k: v.data() for k, v in lw.load_weights([ckpt]).items()},
+                                                              0, 4)).materialize())
+        if "rank0of4-w1" in chosen:
+            references["rank0of4-w1"] = _digest(lw.plan(lw.shard(w1.convert_safetensor_state_dict(
+                dict(lw.load_weights([ckpt]).items()), huggingface_config=_config(ckpt)), 0, 4)).materialize())
+        for _ in range(args.reps):  # interleaved, so a noisy minute hurts every contestant alike
+            for name in chosen:
+                if name == "curl":
+                    r = curl()
+                elif name == "4proc-cache":
+                    r = processes(4)
+                elif name == "lazyweights-cached":
+                    continue
+                else:
+                    r = once(name)
+                want = references.get(name, reference)
+                if r["digest"] is not None and r["digest"] != want:
                     raise SystemExit(f"{name}: output differs from the local materialization")
                 results.setdefault(name, []).append(r)
-        local_rank = lw.plan(lw.shard({k: v.data() for k, v in lw.load_weights([ckpt]).items()}, 0, 4)).materialize()
-        rank_reference = _digest(local_rank)
-        del local_rank
-        for _ in range(args.reps):
-            r = once("rank0of4")
-            if r["digest"] != rank_reference:
-                raise SystemExit("rank0of4: a slice differs from the same slice of the local checkpoint")
-            results.setdefault("rank0of4", []).append(r)
-        local_w1_rank = lw.plan(lw.shard(w1.convert_safetensor_state_dict(dict(lw.load_weights([ckpt]).items()),
-                                                                          huggingface_config=_config(ckpt)), 0, 4))
-        w1_rank_reference = _digest(local_w1_rank.materialize())
-        for _ in range(args.reps):
-            r = once("rank0of4-w1")
-            if r["digest"] != w1_rank_reference:
-                raise SystemExit("rank0of4-w1: a slice differs from the same slice of the local W1 result")
-            results.setdefault("rank0of4-w1", []).append(r)
         if args.s3:
             s3_results = run_s3(ckpt, once, reference, args.reps)
-        cache = tempfile.mkdtemp(prefix="bench-cache-")
-        first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
-        assert second["digest"] == reference
-        shutil.rmtree(cache)
+        first = second = None
+        if "lazyweights-cached" in chosen:
+            cache = tempfile.mkdtemp(prefix="bench-cache-")
+            first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
+            assert second["digest"] == reference
+            shutil.rmtree(cache)
     finally:
         stop_nginx(proc)
 
-    floor = statistics.median(r["seconds"] for r in results["download4"])
+    floor = statistics.median(r["seconds"] for r in results["floor"]) if "floor" in results else float("nan")
+    full = statistics.median(r["seconds"] for r in results["lazyweights"]) if "lazyweights" in results else None
     print(f"W1 over HTTP (nginx on 127.0.0.1), {total / 1e9:.2f} GB in shards, medians of {args.reps}, warm memory")
-    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'served/ckpt':>13}{'peak RssAnon GB':>17}  identical")
+    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'x full':>8}{'served/ckpt':>13}{'peak RssAnon GB':>17}")
     for name, rs in results.items():
         s = statistics.median(r["seconds"] for r in rs)
         served = statistics.median(r["served"] for r in rs)
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-        same = "floor" if name == "download4" else "yes (rank 0's slices)" if name.startswith("rank0of4") else "yes"
-        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{served / total:>13.4f}{peak:>17.2f}  {same}")
-    print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint, the second {second['served']} bytes")
+        rel = f"{s / full:>8.2f}" if full else f"{'':>8}"
+        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{served / total:>13.4f}{peak:>17.2f}")
+    print("every output identical to the local materialization (rank 0: to the same slices of it)")
+    if first is not None:
+        print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint in {first['seconds']:.3f} s, "
+              f"the second {second['served']} bytes in {second['seconds']:.3f} s")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
         print(f"\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), medians of {args.reps}, warm memory")

@@ -214,6 +214,15 @@ class HostCache:
                 self._writer.start()
         self._queue.put((mirror, ranges, list(chunks)))
 
+    def after_writes(self, call) -> None:
+        """Run `call()` on the writer thread once everything published so far is written (or given up)."""
+        with self._lock:
+            self._pending += 1
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True, name="lazyweights-cache")
+                self._writer.start()
+        self._queue.put(call)
+
     def flush(self) -> None:
         """Wait until everything published so far is written (or the writer has given up)."""
         with self._idle:
@@ -222,7 +231,16 @@ class HostCache:
 
     def _write_loop(self) -> None:
         while True:
-            mirror, ranges, chunks = self._queue.get()
+            item = self._queue.get()
+            if callable(item):
+                try:
+                    item()
+                finally:
+                    with self._idle:
+                        self._pending -= 1
+                        self._idle.notify_all()
+                continue
+            mirror, ranges, chunks = item
             try:
                 if self.error is None:
                     for s, e in ranges:

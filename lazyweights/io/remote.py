@@ -343,8 +343,14 @@ class RemoteFile:
             chunks = sorted({c for s, e in pieces for c in range(s // CLAIM_CHUNK, (e - 1) // CLAIM_CHUNK + 1)})
             claimed = [c for c in chunks if host.claim(c)]
             if claimed:
+                # Another process may have written and released a chunk between our look at the log and our
+                # claim: look again, so a byte written meanwhile is copied, not fetched twice.
+                host.refresh()
                 span = RangeSet([(c * CLAIM_CHUNK, (c + 1) * CLAIM_CHUNK) for c in claimed])
-                ours = span.held_many(pieces)
+                ours = span.held_many(host.held.missing_many(pieces))
+                if not ours:
+                    host.unclaim(claimed)
+                    continue
                 try:
                     self._fetch(ours)
                 except BaseException:
@@ -441,14 +447,21 @@ class RemoteFile:
         if self._host is None:
             self._drop(ranges)
             return
+        # The cache writer may still have to write them: it drops them after the writes queued before
+        # (never blocking the block that released them). Bytes wanted again meanwhile are kept (`ensure_ranges`
+        # takes them out of `_releasing`).
+        ranges = sorted(ranges)
         with self._lock:
             self._releasing.add_many(ranges)
-        self._host.flush()
-        with self._lock:
-            still = self._releasing.held_many(sorted(ranges))
-            for s, e in still:
-                self._releasing.remove(s, e)
-        self._drop(still)
+
+        def drop() -> None:
+            with self._lock:
+                still = self._releasing.held_many(ranges)
+                for s, e in still:
+                    self._releasing.remove(s, e)
+            self._drop(still)
+
+        self._host.after_writes(drop)
 
     def _drop(self, ranges: list[tuple[int, int]]) -> None:
         if self._map is None:
