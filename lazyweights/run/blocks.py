@@ -168,9 +168,13 @@ def _pull_take(node: Node, rows: Rows, cache) -> np.ndarray:
     axis, idx = node.arg
     src = node.srcs[0]
     if axis == 0:
-        picked = idx.array[rows.start:rows.stop] if isinstance(rows, range) else idx.array[rows]
-        return pull(src, picked, cache)
-    return np.take(pull(src, rows, cache), idx.array, axis=axis)
+        return pull(src, idx.values(rows), cache)
+    # Every block takes the whole list along `axis`: an affine one (a block-scale broadcast) is made once per
+    # step, in the step's cache, and freed with it.
+    full = idx.array if idx.affine is None or cache is None else cache.get(("take index", node))
+    if full is None:
+        full = cache[("take index", node)] = idx.array
+    return np.take(pull(src, rows, cache), full, axis=axis)
 
 
 @PULL.register(Op.CONCAT)

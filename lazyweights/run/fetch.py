@@ -121,11 +121,37 @@ def fetch_step_sources(step, cache: dict | None) -> None:
         cache[_DONE] = True
 
 
-def pin_step_sources(step) -> None:
-    """Keep `step`'s remote bytes for good: its result is a zero-copy view of them (a `MemorySink` view step),
-    so no later run may release them."""
-    for file, ranges in remote_ranges(step.node).items():
-        file.pin(sorted(ranges))
+def fetch_views(steps) -> None:
+    """Fetch, all at once, the remote bytes of steps whose results are zero-copy views of them (a rank's
+    slices, untransformed tensors: `MemorySink` view steps), and keep those bytes for good: the results alias
+    them, so no later run may release them.
+
+    One `ensure_ranges` per file with every step's ranges: the requests are planned together (small runs
+    share multi-range requests, big ones go in parts) and kept in flight together, where fetching step by
+    step would wait for each tensor's round trip in turn."""
+    by_file: dict = {}
+    for step in steps:
+        if any(_is_remote(r) for r in step.sources):
+            for file, ranges in remote_ranges(step.node).items():
+                by_file.setdefault(file, []).extend(ranges)
+    if not by_file:
+        return
+    errors: list[BaseException] = []
+
+    def one(file, ranges) -> None:
+        try:
+            file.ensure_ranges(sorted(ranges))
+            file.pin(sorted(ranges))
+        except BaseException as e:  # raised below, after every file's fetch has ended
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=item, name="lazyweights-fetch-views") for item in by_file.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def receive_target(step, out: np.ndarray) -> tuple | None:

@@ -30,7 +30,7 @@ from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
-from .fetch import RECEIVE, cast_received, fetch_step_sources, pin_step_sources, receive_into
+from .fetch import RECEIVE, cast_received, fetch_step_sources, fetch_views, receive_into
 
 
 def check_unchanged_sources(step: Step) -> None:
@@ -62,11 +62,11 @@ class MemorySink:
         and view steps are answered at once with a zero-copy view.
         """
         out, tasks = self.out, []
+        # a remote map holds only what was fetched: the views' bytes first, all together, kept for good
+        fetch_views([s for s in steps if s.kind == "view" and not any(n in out for n in s.outputs)])
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
             if step.kind == "view" and not dsts:
-                fetch_step_sources(step, None)  # a remote map holds only what was fetched
-                pin_step_sources(step)  # the result aliases those bytes: never released
                 view = full_view(step.node)
                 if view is None:  # the compiler makes a "view" step only of what graph.layout.view_of replays
                     raise ExecutionError(f"step for {step.outputs[0]!r} was compiled as a view but is not one",
