@@ -47,6 +47,7 @@ from __future__ import annotations
 from typing import Iterable
 
 __all__ = [
+    "CacheWriteWarning",
     "LazyWeightsError",
     "FormatError",
     "SourceChangedError",
@@ -272,6 +273,11 @@ class ExecutionError(LazyWeightsError, RuntimeError):
     def __init__(self, message: str, tensor: str | None = None):
         super().__init__(message)
         self.tensor = tensor
+
+
+class CacheWriteWarning(LazyWeightsError, UserWarning):
+    """Warned, not raised: a `cache=` directory could not be written (full disk, read-only, a file-size limit),
+    and the load goes on from memory without it. The message names the cache and the object."""
 
 
 class WriteError(ExecutionError, OSError):

@@ -49,14 +49,10 @@ import threading
 import time
 import warnings
 
-from ..core.errors import WriteError
+from ..core.errors import CacheWriteWarning, WriteError
 from .ranges import RangeSet
 
 CLAIM_CHUNK = 8 << 20
-
-
-class CacheWriteWarning(UserWarning):
-    """The cache directory could not be written (full disk, read-only): the load goes on from memory."""
 
 
 def _alive(pid: int) -> bool:
