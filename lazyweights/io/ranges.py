@@ -19,7 +19,8 @@ import bisect
 # nginx refuses request headers over 8 KB (large_client_header_buffers); ~22 characters a range
 RANGE_HEADER_CHARS = 6000
 # A part of a multi-range reply carries about 100 bytes of framing (boundary, Content-Type, Content-Range):
-# a gap shorter than that costs fewer bytes fetched through than as a part boundary, and saves a part.
+# a gap shorter than that costs fewer bytes fetched through than as a part boundary, and saves a part. It is
+# the smallest `part_gap` (`RemoteFile`'s cost model: what one more part costs, in bytes).
 PART_FRAMING = 128
 
 
@@ -137,20 +138,20 @@ def merge(ranges: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
     return out
 
 
-def plan_requests(pieces: list[tuple[int, int]], *, gap: int, multi_range: bool,
-                  part_size: int = 8 << 20) -> list[list[tuple[int, int]]]:
+def plan_requests(pieces: list[tuple[int, int]], *, gap: int, multi_range: bool, part_size: int = 8 << 20,
+                  part_gap: int = PART_FRAMING) -> list[list[tuple[int, int]]]:
     """Group byte ranges into requests: each inner list is one request's ranges (one range: a plain ranged GET;
     more: a multi-range GET).
 
     Ranges closer than what a separate fetch of the next one costs are merged first. Without `multi_range`
     that is a request: `gap` bytes (the cost model's break-even, latency x bandwidth, see `RemoteFile`).
-    With it, small ranges share requests, and a range costs one part: `PART_FRAMING` bytes. Ranges longer
+    With it, small ranges share requests, and a range costs one part: `part_gap` bytes. Ranges longer
     than `part_size` are cut, so a big tensor streams over several connections at once. With `multi_range`,
     the remaining small ranges are packed into multi-range requests of at most `part_size` bytes and a Range
     header nginx accepts; without it, each is its own request.
     """
     if multi_range:
-        pieces = merge(pieces, PART_FRAMING)  # within a multi-range request a range costs a part, not a request
+        pieces = merge(pieces, max(PART_FRAMING, part_gap))  # in a multi-range request a range costs a part
     requests: list[list[tuple[int, int]]] = []
     batch: list[tuple[int, int]] = []
     batch_bytes = batch_chars = 0

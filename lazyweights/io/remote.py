@@ -177,10 +177,11 @@ class RemoteFile:
     Options (`storage_options`, fsspec's names where they exist): `endpoint_url`, `key`, `secret`, `token`,
     `region_name`, `anon`, `client_kwargs` (S3); `headers` (HTTP); `timeout` (seconds per request, 30),
     `retries` (5), `max_concurrency` (requests in flight, 8), `part_size` (bytes per request, 8 MiB), and the
-    cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3)
-    and `bandwidth` (bytes per second, 1 GB/s): a gap between two needed ranges is fetched through when its
-    bytes cost less than another request; `claim_ttl` (seconds after which another host's claim in a shared
-    `cache=` is broken, 60).
+    cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3),
+    `part_cost` (seconds one more part of a multi-range request costs, 20 us; 0 fetches exactly the bytes
+    asked for) and `bandwidth` (bytes per second, 1 GB/s): a gap between two needed ranges is fetched through
+    when its bytes cost less than another request or part; `claim_ttl` (seconds after which another host's
+    claim in a shared `cache=` is broken, 60).
     """
 
     _cache: dict[tuple, RemoteFile] = {}
@@ -199,6 +200,9 @@ class RemoteFile:
         latency = float(self.options.get("request_latency", 0.005 if s3 else 0.0005))
         self.bandwidth = float(self.options.get("bandwidth", 1e9))
         self.gap = int(latency * self.bandwidth)  # break-even: a gap's bytes against one more request
+        # ... and against one more part of a multi-range request (server and client work per part: measured
+        # 20-40 us against nginx on loopback, benchmarks/RESULTS.md)
+        self.part_gap = int(float(self.options.get("part_cost", 20e-6)) * self.bandwidth)
         head = None
         if identity is not None:
             self.size, self.etag = identity
@@ -372,7 +376,8 @@ class RemoteFile:
 
     def _fetch(self, pieces: list[tuple[int, int]]) -> None:
         """Fetch `pieces` from the network into the map: requests planned by cost, many in flight."""
-        requests = plan_requests(pieces, gap=self.gap, multi_range=self._multi_range, part_size=self.part_size)
+        requests = plan_requests(pieces, gap=self.gap, multi_range=self._multi_range, part_size=self.part_size,
+                                 part_gap=self.part_gap)
         if len(requests) == 1:
             self._request(requests[0])
             return

@@ -45,8 +45,8 @@ def _bits(arr, dtype: DType) -> bytes:
     return np.ascontiguousarray(arr if arr.dtype == dtype.to_numpy() else arr.view(dtype.to_numpy())).tobytes()
 
 
-def _adapted(paths):
-    weights = lw.load_weights(paths)
+def _adapted(paths, **kw):
+    weights = lw.load_weights(paths, **kw)
     sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=CFG)
     # bf16 -> f16 on the device for every matrix, as a GPU serving engine would load them
     return {k: (v.astype(DType.float16) if v.dtype is DType.bfloat16 and len(v.shape) == 2 else v)
@@ -81,7 +81,7 @@ def test_gpu_path_on_a_remote_rank_slice(nginx, served, rank):
     local = lw.shard(_adapted([str(served)]), rank, world)
     want = lw.plan(local).materialize()
     weights_url = nginx.url("gpu-ckpt/model.safetensors.index.json")
-    sd = _adapted([weights_url])
+    sd = _adapted([weights_url], storage_options={"part_cost": 0})  # exactly the bytes asked for: counted below
     nginx.clear_log()
     got = materialize_gpu(lw.plan(lw.shard(sd, rank, world)), "gpu:0", backend=NumpyDevice(), block_bytes=8 << 10)
     assert set(got) == set(want)
