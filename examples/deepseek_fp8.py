@@ -15,8 +15,9 @@ block row/column is partial. The shapes below keep that: every projection has a 
 
 Lazily: `weight.astype(float32)` is a lazy cast; the scale grid is expanded to [N, K] with two lazy takes
 (`s[arange(N) // 128]` then `[:, arange(K) // 128]`: each scale broadcast over its block, partial blocks
-included); then a lazy elementwise multiply (`w32 * scale`), and a lazy cast to bfloat16. The whole chain
-is one fused step. `weight_scale_inv` is dropped.
+included; each take keeps its index list as five integers, not the array: `graph.node.IndexArray`); then a
+lazy elementwise multiply (`w32 * scale`), and a lazy cast to bfloat16. The whole chain is one fused step.
+`weight_scale_inv` is dropped. At DeepSeek-V3's size (90,427 tensors) see `benchmarks/bench_scale.py`.
 
 Checked against numpy on tensors read with safetensors (FP8 bytes read from the file directly, since
 safetensors' numpy loader has no float8), after a save to safetensors.

@@ -27,6 +27,7 @@ from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, ShapeError
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
+from ..graph.elementwise import binary
 from ..graph.node import Node
 from ..graph.opcodes import Op
 from .dlpack import export_dlpack, exportable
@@ -173,8 +174,6 @@ class WeightData:
 
     # --- arithmetic (for scale-based dequantization: weight * scale) ----------------------------------
     def _binary(self, kind: str, other, reflected: bool = False) -> "WeightData":
-        from ..graph.elementwise import binary
-
         self._check_not_quantized(kind)
         if not isinstance(other, WeightData):
             if isinstance(other, (numbers.Number, np.number)):
@@ -436,6 +435,9 @@ def _torch_to_numpy(t) -> np.ndarray:
 
 
 # --- numpy-style indexing -----------------------------------------------------------------------------
+_FULL = slice(None)
+
+
 def _index(node: Node, key, name: str) -> Node:
     """Lower a numpy index expression to slice / take / reshape (/ permute) nodes.
 
@@ -446,6 +448,12 @@ def _index(node: Node, key, name: str) -> Node:
     """
     if not isinstance(key, tuple):
         key = (key,)
+    # The common gather, `x[idx]` or `x[:, idx]` with one 1-D array and full slices before it, is one take
+    # (a block-scale broadcast `s[arange(n) // 128][:, arange(k) // 128]` indexes so twice per FP8 weight).
+    last = key[-1] if key else None
+    if (type(last) is np.ndarray and last.ndim == 1 and len(key) <= node.ndim
+            and (len(key) == 1 or all(type(k) is slice and k == _FULL for k in key[:-1]))):
+        return ops.take(node, last, len(key) - 1)
     # A 0-d integer array indexes like a Python int (numpy's rule).
     key = tuple(
         int(k) if isinstance(k, np.ndarray) and k.ndim == 0 and np.issubdtype(k.dtype, np.integer) else k

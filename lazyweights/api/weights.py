@@ -118,7 +118,8 @@ class Weights:
         record = self._shared.checkpoint.records.get(self._prefix)
         if record is None:
             raise missing_weight(self._prefix, self._shared.names)
-        node = getattr(record, "node", None)  # pickle checkpoints (allow_pickle): a const node over torch's map
+        # pickle checkpoints (allow_pickle): a const node over torch's map (no lookup for the common record)
+        node = None if type(record) is TensorRecord else getattr(record, "node", None)
         return WeightData.wrap(node if node is not None else ops.source(record), self._prefix, record.encoding)
 
     def prefetch(self) -> int:

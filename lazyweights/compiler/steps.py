@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.errors import BudgetError
-from ..core.units import available_cpus, parse_size
+from ..core.units import available_cpus, parse_size, paused_gc
 from ..graph.layout import row_alignment, strided_layout
 from ..graph.node import Node, toposort
 from ..graph.opcodes import GroupOp, Op, OpTable
@@ -45,7 +45,7 @@ DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise 
 STREAM_BLOCK_BYTES = 16 << 20
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One output node's fused pass, split into row blocks."""
 
@@ -112,6 +112,11 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
     `in_place`: blocks are computed where they stay (in memory), so steps that stream get
     STREAM_BLOCK_BYTES blocks; False (a writer re-reads every block) keeps every block cache-sized.
     """
+    with paused_gc():  # (a plan of 45,000 steps builds a million objects: see core/units.paused_gc)
+        return _compile_steps(plan, budget, workers, block_bytes, keep_views, merge_rows, in_place)
+
+
+def _compile_steps(plan, budget, workers, block_bytes, keep_views, merge_rows, in_place) -> list[Step]:
     outputs = outputs_of(plan)
     budget = parse_size(budget) or DEFAULT_BUDGET
     workers = workers or available_cpus()
@@ -124,7 +129,7 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
         if node in by_node:
             by_node[node].outputs.append(name)
             continue
-        step = _build_step([name], sink_slices(sink_casts(node)), view_cache, keep_views)
+        step = _build_step([name], *_rewritten(node), view_cache, keep_views)
         if merge_rows:
             step = _merge_big_rows(step, per_worker, target, view_cache, keep_views)
         by_node[node] = step
@@ -135,14 +140,30 @@ def compile_steps(plan, *, budget=None, workers: int | None = None, block_bytes:
     return steps
 
 
-def _build_step(outputs: list[str], root: Node, view_cache: dict, keep_views: bool) -> Step:
+def _rewritten(node: Node) -> tuple[Node, list[Node]]:
+    """`node` with its casts and slices sunk (`sink_casts`, `sink_slices`), and its nodes in order.
+
+    Most chains have nothing to sink (a cast or dequantize over a source, an FP8 block dequantization):
+    one walk finds that, and its order is the step's (a 90,000-tensor plan walked each chain four times)."""
+    nodes = toposort([node])
+    for n in nodes:
+        if n.srcs and ((n.op is Op.SLICE and n.srcs[0].op not in GroupOp.Leaf)
+                       or (n.op in GroupOp.Layout and n.srcs[0].op is Op.CAST)
+                       or (n.op is Op.CONCAT and all(s.op is Op.CAST for s in n.srcs))):
+            root = sink_slices(sink_casts(node))
+            return root, toposort([root])
+    return node, nodes
+
+
+def _build_step(outputs: list[str], root: Node, nodes: list[Node] | None, view_cache: dict,
+                keep_views: bool) -> Step:
     view = strided_layout(root, view_cache)
     if view is not None:
         kind = "view" if (view.c_contiguous and keep_views) else "copy"
     else:
         kind = "fused"
-    step = Step(outputs, root, kind, toposort([root]))
-    step.whole = _needs_whole_inputs(root, view_cache)
+    step = Step(outputs, root, kind, nodes if nodes is not None else toposort([root]))
+    step.whole = any(WHOLE_INPUT[n.op](n, view_cache) for n in step.nodes)
     step.work_per_row = _work_per_row(step, view_cache)
     step.streams = all(n is root or n.op in GroupOp.Leaf or n.op in GroupOp.Layout for n in step.nodes)
     return step
@@ -166,7 +187,7 @@ def _merge_big_rows(step: Step, per_worker: int, target: int, view_cache: dict, 
         merged = merge_leading_axes(node, view_cache)
         if merged is None:
             break
-        candidate = _build_step(step.outputs, merged, view_cache, keep_views)
+        candidate = _build_step(step.outputs, merged, None, view_cache, keep_views)
         if candidate.whole:
             break
         step = candidate
@@ -210,8 +231,9 @@ def _work_per_row(step: Step, view_cache) -> int:
     nrows = node.shape[0] if node.shape else 1
     total = 0
     for n in step.nodes:
-        if n.op in (Op.SOURCE, Op.CONST) or strided_layout(n, view_cache) is not None and n is not node:
-            continue
+        op = n.op
+        if op in GroupOp.Leaf or (op in GroupOp.View and n is not node and strided_layout(n, view_cache) is not None):
+            continue  # (only the ops of GroupOp.View can be views)
         total += n.nbytes
     if step.kind != "fused":
         total = node.nbytes  # a copy block holds its output rows once
@@ -229,6 +251,3 @@ WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE
     lambda n, views: False)
 WHOLE_INPUT.register(Op.LORA)(lambda n, views: False)  # rows of W (and B); A is read whole by every block
 
-
-def _needs_whole_inputs(root: Node, view_cache) -> bool:
-    return any(WHOLE_INPUT[n.op](n, view_cache) for n in toposort([root]))

@@ -47,6 +47,10 @@ class DType(enum.Enum):
     float8_e8m0fnu = "float8_e8m0fnu"
     float4_e2m1fn = "float4_e2m1fn"
 
+    # Members are singletons compared by identity, so they hash by identity too: in C, where Enum's own
+    # __hash__ is a Python call (a node's hash includes its dtype; a 90,000-tensor plan hashes millions).
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"<DType.{self.name}: {self.value!r}>"
 

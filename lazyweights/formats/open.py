@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..core.errors import FormatError, UsageError
+from ..core.units import paused_gc
 from ..io.remote import current_options, is_url, list_prefix, remote_options
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from .source import SourceFile, TensorRecord, absolute_location
@@ -158,7 +159,8 @@ def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
         from .gguf import read_gguf_checkpoint  # imported lazily: gguf support is its own module
 
         return read_gguf_checkpoint([str(f) for f in files])
-    return _open_safetensors(files)
+    with paused_gc():  # (90,000 records and their headers' dicts: see core/units.paused_gc)
+        return _open_safetensors(files)
 
 
 def _open_safetensors(files: list[Path | str]) -> Checkpoint:
@@ -194,12 +196,16 @@ def _open_safetensors(files: list[Path | str]) -> Checkpoint:
                 )
             records[r.name] = r
     if index_map is not None:
+        located: dict = {}  # a shard's location, worked out once (not once per tensor)
         for name, where in index_map.items():
             rec = records.get(name)
             if rec is None:
                 raise FormatError(f"{where}: the index names tensor {name!r} in this shard but the shard does not "
                                   "contain it")
-            if rec.file.path != absolute_location(where):
+            path = located.get(where)
+            if path is None:
+                path = located[where] = absolute_location(where)
+            if rec.file.path != path:
                 raise FormatError(
                     f"tensor {name!r}: the index places it in {where} but it is in {rec.file.path}"
                 )

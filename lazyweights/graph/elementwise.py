@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError
 from . import ops
 from .node import Node
@@ -50,9 +51,9 @@ def binary(kind: str, a: Node, b: Node) -> Node:
         raise ShapeError(f"unknown elementwise op {kind!r}; known: {', '.join(BINARY_OPS)}")
     if a.dtype is not b.dtype:
         raise DTypeError(f"{kind}: dtypes differ ({a.dtype.name} and {b.dtype.name}); cast one operand first")
-    if a.dtype.name == "bool" or (kind == "div" and not a.dtype.is_float):
+    if a.dtype is DType.bool or (kind == "div" and not a.dtype.is_float):
         raise DTypeError(f"{kind}: not defined for {a.dtype.name}")
-    shape = broadcast_shape(a.shape, b.shape, kind)
+    shape = a.shape if a.shape == b.shape else broadcast_shape(a.shape, b.shape, kind)
     nd = len(shape)
     if a.ndim < nd:
         a = ops.reshape(a, (1,) * (nd - a.ndim) + a.shape)

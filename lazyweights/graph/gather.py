@@ -101,7 +101,7 @@ def _gather_take(node: Node) -> Move:
     n_in = node.srcs[0].shape[axis]
 
     def source_units(n, ids, unit):
-        return _remap(ids, run // unit, (outer, len(idx)), (outer, n_in), lambda c: (c[0], idx.array[c[1]]))
+        return _remap(ids, run // unit, (outer, len(idx)), (outer, n_in), lambda c: (c[0], idx.values(c[1])))
 
     return Move(run, source_units)
 

@@ -50,6 +50,9 @@ def row_size(node: Node) -> int:
 # --- views -----------------------------------------------------------------------------------------------
 def view_of(node: Node, base_of: Callable[[Node], np.ndarray], cache: dict | None = None) -> np.ndarray | None:
     """`node` as a numpy view of the arrays `base_of` gives for its leaves, or None if it must be computed."""
+    op = node.op
+    if op not in GroupOp.View and op not in GroupOp.Leaf:
+        return None  # computed: nothing to look up or remember
     if cache is not None and node in cache:
         return cache[node]
     v: np.ndarray | None

@@ -19,6 +19,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,35 +47,257 @@ class Const:
 
 
 class IndexArray:
-    """A 1-D int64 index list (for `take`), hashable by content so equal permutations are shared."""
+    """A 1-D int64 index list (for `take`), hashable by content so equal index lists are shared.
 
-    __slots__ = ("array", "_hash")
+    Indices that follow ``offset + scale * ((i + phase) // div)`` for i in range(n) are held as those five
+    integers and no array (`affine`): an arange, a reversal, a stride, and each value repeated `div` times,
+    as in a block-scale broadcast ``arange(n) // 128`` (DeepSeek-V3's FP8 `weight_scale_inv`), which would
+    otherwise keep n int64 per take node. The constructor recognises them in any int array; `repeat` builds
+    one directly. Such a list is materialized only where it is used: `values(rows)` gives the indices at some
+    positions (what one executor block needs), `array` all of them. Every list has exactly one form (an
+    affine list is never held as an array, and its five integers are canonical), so lists compare and hash
+    by content either way.
 
-    def __init__(self, values):
-        arr = np.ascontiguousarray(values, dtype=np.int64).reshape(-1)
+    Example:
+        >>> import numpy as np
+        >>> idx = IndexArray(np.arange(300) // 128)
+        >>> idx.affine, len(idx), idx.values(range(126, 131)).tolist()
+        ((300, 0, 1, 128, 0), 300, [0, 0, 1, 1, 1])
+        >>> idx == IndexArray.repeat(300, 128), idx[129:].affine, idx
+        (True, (171, 1, 1, 128, 1), [0,0,0,0,...,2](300))
+        >>> IndexArray([2, 0, 1]).affine is None, IndexArray(range(9, -1, -1)).affine
+        (True, (10, 9, -1, 1, 0))
+    """
+
+    __slots__ = ("_array", "affine", "_hash")
+    # (typed Any: exactly one of the two is None, which the methods test before use)
+    _array: Any  # the indices (a read-only int64 array), for a list that is not affine
+    affine: Any  # (n, offset, scale, div, phase), for one that is
+    _hash: int
+    # Affine lists this long or shorter keep their values' bytes in `_PATTERNS`, so recognising the next
+    # equal list is one byte comparison.
+    _PATTERN_MAX = 1 << 16
+
+    def __new__(cls, values):
+        arr = np.asarray(values)
+        if arr.dtype is not _INT64:
+            arr = arr.astype(_INT64)
+        if arr.ndim != 1:
+            arr = arr.reshape(-1)
+        affine = _recognise(arr)
+        if affine is not None:
+            return _affine(affine)
+        self = object.__new__(cls)
+        arr = np.array(arr, dtype=_INT64, copy=True)  # our own copy: the caller's array stays writeable
         arr.setflags(write=False)
-        self.array = arr
-        self._hash = hash(arr.tobytes())
+        self._array, self.affine, self._hash = arr, None, hash(arr.tobytes())
+        return self
+
+    @classmethod
+    def repeat(cls, n: int, div: int = 1, offset: int = 0, scale: int = 1, phase: int = 0) -> "IndexArray":
+        """The affine list ``offset + scale * ((i + phase) // div)`` for i in range(n), held as five integers.
+
+        `repeat(n, 128)` is ``arange(n) // 128``; `repeat(n)` is ``arange(n)``.
+
+        Example:
+            >>> IndexArray.repeat(5, 2, offset=3).array.tolist()
+            [3, 3, 4, 4, 5]
+        """
+        if div < 1 or not 0 <= phase < div or n < 0:
+            raise ValueError(f"IndexArray.repeat: need n >= 0, div >= 1 and 0 <= phase < div, got n={n}, "
+                             f"div={div}, phase={phase}")
+        return _affine(_canonical(int(n), int(offset), int(scale), int(div), int(phase)))
+
+    @property
+    def array(self) -> np.ndarray:
+        """Every index as a read-only int64 array (for an affine list: computed now, not kept)."""
+        if self._array is not None:
+            return self._array
+        arr = _affine_values(self.affine, 0, self.affine[0])
+        arr.setflags(write=False)
+        return arr
+
+    def values(self, rows) -> np.ndarray:
+        """The indices at positions `rows` (a step-1 `range` or an int array), as int64: one block's share."""
+        if self._array is not None:
+            return self._array[rows.start:rows.stop] if isinstance(rows, range) else self._array[rows]
+        if isinstance(rows, range):
+            return _affine_values(self.affine, rows.start, rows.stop)
+        _, offset, scale, div, phase = self.affine
+        pos = np.asarray(rows, np.int64)
+        return offset + scale * ((pos + phase) // div if div != 1 else pos + phase)
+
+    def bounds(self) -> tuple[int, int]:
+        """(smallest, largest) index; (0, -1) when empty."""
+        if self._array is not None:
+            return (int(self._array.min()), int(self._array.max())) if len(self._array) else (0, -1)
+        n, offset, scale, div, phase = self.affine
+        if n == 0:
+            return 0, -1
+        first, last = offset, offset + scale * ((n - 1 + phase) // div)
+        return min(first, last), max(first, last)
+
+    def __getitem__(self, key: slice) -> "IndexArray":
+        """A slice of the list (positive or negative step), affine when this one is and the step allows."""
+        if not isinstance(key, slice):
+            raise TypeError("IndexArray slices only; use values(rows) for positions")
+        if self._array is not None:
+            return IndexArray(self._array[key])
+        n, offset, scale, div, phase = self.affine
+        start, stop, step = key.indices(n)
+        count = len(range(start, stop, step))
+        if count and step == 1:
+            return _affine(_canonical(count, offset + scale * ((start + phase) // div), scale, div,
+                                      (start + phase) % div))
+        # A step of whole runs: (start + phase + i * step) // div == (start + phase) // div + i * (step // div).
+        if step % div == 0 or count <= 1:
+            first = offset + scale * ((start + phase) // div)
+            return _affine(_canonical(count, first, scale * (step // div), 1, 0))
+        return IndexArray(self.values(np.arange(start, stop, step)))
 
     def __len__(self):
-        return len(self.array)
+        return len(self._array) if self._array is not None else self.affine[0]
 
     def __hash__(self):
         return self._hash
 
     def __eq__(self, other):
-        return isinstance(other, IndexArray) and self._hash == other._hash and np.array_equal(self.array, other.array)
+        if self is other:
+            return True
+        if not isinstance(other, IndexArray) or self._hash != other._hash:
+            return False
+        if self.affine is not None or other.affine is not None:
+            return self.affine == other.affine
+        return np.array_equal(self._array, other._array)
+
+    def __reduce__(self):
+        return (_affine, (self.affine,)) if self.affine is not None else (IndexArray, (self._array,))
 
     def is_arange(self) -> bool:
         """True when the indices are 0..n-1 in order (a take that changes nothing)."""
-        a = self.array
+        if self.affine is not None:
+            n, offset, scale, div, phase = self.affine
+            return n <= 1 and offset == 0 or (offset, scale, div, phase) == (0, 1, 1, 0)
+        a = self._array
         return bool(len(a) == 0 or (a[0] == 0 and np.all(np.diff(a) == 1)))
 
     def __repr__(self):
-        a = self.array
-        if len(a) <= 8:
-            return "[" + ",".join(str(int(v)) for v in a) + "]"
-        return "[" + ",".join(str(int(v)) for v in a[:4]) + ",...," + str(int(a[-1])) + f"]({len(a)})"
+        n = len(self)
+        if n <= 8:
+            return "[" + ",".join(str(int(v)) for v in self.values(range(0, n))) + "]"
+        head = self.values(range(0, 4))
+        last = int(self.values(range(n - 1, n))[0])
+        return "[" + ",".join(str(int(v)) for v in head) + f",...,{last}]({n})"
+
+
+def _canonical(n: int, offset: int, scale: int, div: int, phase: int) -> tuple[int, int, int, int, int]:
+    """The one (n, offset, scale, div, phase) of an affine list's values: a list is runs of `div` equal
+    values (the first `div - phase` long, the last cut by n), so when it has no run between its first and
+    last, `div` is taken as the longer of those two; a constant list is (n, value, 0, 1, 0)."""
+    if n <= 0:
+        return (0, 0, 0, 1, 0)
+    first = min(n, div - phase)
+    if scale == 0 or first == n:
+        return (n, offset, 0, 1, 0)
+    rest = n - first
+    if rest > div:
+        return (n, offset, scale, div, phase)
+    d = max(first, rest)
+    return (n, offset, scale, d, d - first)
+
+
+def _affine_values(affine: tuple, start: int, stop: int) -> np.ndarray:
+    """Positions [start, stop) of an affine list, as int64."""
+    _, offset, scale, div, phase = affine
+    pos = np.arange(start + phase, stop + phase, dtype=np.int64)
+    if div != 1:
+        pos //= div
+    if scale != 1:
+        pos *= scale
+    if offset:
+        pos += offset
+    return pos
+
+
+# Affine lists seen, by their five integers: equal lists are one object, and short ones keep their values'
+# bytes so that recognising the next equal array is one comparison. Bounded: cleared when full.
+_AFFINE: dict[tuple, IndexArray] = {}
+_PATTERNS: dict[tuple, bytes] = {}
+_LAST: dict[tuple, tuple] = {}  # (n, first, last value) -> the affine list last recognised with them
+_INT64 = np.dtype(np.int64)
+_AFFINE_MAX = 4096
+
+
+def _affine(affine: tuple) -> IndexArray:
+    got = _AFFINE.get(affine)
+    if got is None:
+        if len(_AFFINE) >= _AFFINE_MAX:
+            _AFFINE.clear()
+        got = object.__new__(IndexArray)
+        got._array, got.affine, got._hash = None, affine, hash(affine)
+        _AFFINE[affine] = got
+    return got
+
+
+def _run_end(arr: np.ndarray, start: int, value: int) -> int:
+    """The first position from `start` whose value is not `value` (len(arr) if none), looking at windows
+    that double from 256 values, so a run of 128 costs one short comparison, not one over the whole list."""
+    n, size = len(arr), 256
+    while start < n:
+        window = arr[start:start + size]
+        hit = int((window != value).argmax())
+        if hit or window[0] != value:
+            return start + hit
+        start += len(window)
+        size *= 4
+    return n
+
+
+def _recognise(arr: np.ndarray) -> tuple | None:
+    """`arr`'s canonical affine form (see `IndexArray`), or None when its values are not affine: the first
+    two runs give the candidate (short searches), then one byte comparison with its values decides."""
+    n = len(arr)
+    if n <= 2:
+        v = [int(x) for x in arr]
+        if n < 2:
+            return _canonical(n, v[0] if n else 0, 0, 1, 0)
+        return _canonical(2, v[0], v[1] - v[0], 1, 0)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    # The list last recognised with this length and these ends is the likely answer (every expert of a
+    # layer broadcasts its scales with the same list): one byte comparison confirms it.
+    ends = (n, int(arr[0]), int(arr[-1]))
+    guess = _LAST.get(ends)
+    if guess is not None and arr.tobytes() == _PATTERNS.get(guess):
+        return guess
+    c0 = ends[1]
+    first = _run_end(arr, 1, c0)
+    if first == n:  # every value equal
+        return (n, c0, 0, 1, 0)
+    c1 = int(arr[first])
+    second = _run_end(arr, first + 1, c1) - first
+    if first + second == n:  # two runs
+        div = max(first, second)
+    else:
+        div = second
+        if first > div:
+            return None
+    affine = _canonical(n, c0, c1 - c0, div, div - first)
+    # The candidate's values, once per distinct short list; compared as bytes (one memcmp).
+    want = _PATTERNS.get(affine) if n <= IndexArray._PATTERN_MAX else None
+    if want is None:
+        want = _affine_values(affine, 0, n).tobytes()
+        if n <= IndexArray._PATTERN_MAX:
+            if len(_PATTERNS) >= 256:
+                _PATTERNS.clear()
+            _PATTERNS[affine] = want
+    if arr.tobytes() != want:
+        return None
+    if n <= IndexArray._PATTERN_MAX:
+        if len(_LAST) >= 256:
+            _LAST.clear()
+        _LAST[ends] = affine
+    return affine
 
 
 class Importance:
@@ -124,13 +347,18 @@ class Node:
     _hash: int
 
     def __init__(self, op: Op, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
-        op = Op(op)
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "srcs", tuple(srcs))
-        object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
-        object.__setattr__(self, "_hash", hash((op, self.srcs, arg, dtype, self.shape)))
+        if type(op) is not Op:
+            op = Op(op)
+        if type(srcs) is not tuple:
+            srcs = tuple(srcs)
+        interned = _SHAPES.get(shape) if type(shape) is tuple else None
+        shape = interned if interned is not None else _intern_shape(shape)
+        _set_op(self, op)
+        _set_srcs(self, srcs)
+        _set_arg(self, arg)
+        _set_dtype(self, dtype)
+        _set_shape(self, shape)
+        _set_hash(self, hash((op, srcs, arg, dtype, shape)))
 
     def __setattr__(self, key, value):
         raise AttributeError("Node is immutable")
@@ -158,15 +386,12 @@ class Node:
     @property
     def size(self) -> int:
         """Number of elements."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the node's value (`size * dtype.size_in_bytes`)."""
-        return self.size * self.dtype.size_in_bytes
+        return math.prod(self.shape) * self.dtype.size_in_bytes
 
     @property
     def ndim(self) -> int:
@@ -181,6 +406,26 @@ class Node:
         return f"Node({self.op}, {self.dtype.short}{list(self.shape)}, arg={self.arg!r})"
 
 
+# The slots' setters, called directly: a node is built ~10 times per tensor of a 90,000-tensor plan, and
+# object.__setattr__ by name costs twice as much (benchmarks/bench_scale.py).
+_set_op, _set_srcs, _set_arg = (vars(Node)[k].__set__ for k in ("op", "srcs", "arg"))
+_set_dtype, _set_shape, _set_hash = (vars(Node)[k].__set__ for k in ("dtype", "shape", "_hash"))
+
+# Shapes are interned: the nodes of a plan share a few hundred distinct shapes (every expert of a layer has
+# the same), so each node points at one tuple instead of holding its own. Bounded: cleared when full.
+_SHAPES: dict[tuple, tuple] = {}
+
+
+def _intern_shape(shape) -> tuple[int, ...]:
+    shape = tuple(map(int, shape))
+    got = _SHAPES.get(shape)
+    if got is None:
+        if len(_SHAPES) >= 1 << 16:
+            _SHAPES.clear()
+        got = _SHAPES[shape] = shape
+    return got
+
+
 def toposort(roots) -> list[Node]:
     """All nodes reachable from `roots`, dependencies before users, each once (iterative: deep chains are fine)."""
     order: list[Node] = []
@@ -188,17 +433,33 @@ def toposort(roots) -> list[Node]:
     for root in roots:
         if root in seen:
             continue
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if node in seen:
-                continue
+        # A chain (one input per node, the common case) is walked down and reversed, with no stack.
+        chain, node = [], root
+        while len(node.srcs) == 1 and node not in seen:
             seen.add(node)
-            stack.append((node, True))
-            for s in reversed(node.srcs):
-                if s not in seen:
-                    stack.append((s, False))
+            chain.append(node)
+            node = node.srcs[0]
+        if not node.srcs and node not in seen:
+            seen.add(node)
+            order.append(node)
+        elif node not in seen:
+            _toposort_from(node, order, seen)
+        chain.reverse()
+        order.extend(chain)
     return order
+
+
+def _toposort_from(root: Node, order: list[Node], seen: set) -> None:
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for s in reversed(node.srcs):
+            if s not in seen:
+                stack.append((s, False))

@@ -224,22 +224,40 @@ def take(x: Node, indices, axis: int) -> Node:
     if not -x.ndim <= axis < x.ndim:
         raise ShapeError(f"take: axis {axis} out of range for {_fmt(x.dtype, x.shape)}")
     axis %= x.ndim
-    idx = np.asarray(indices)
-    if idx.dtype == np.bool_:
-        if idx.shape != (x.shape[axis],):
-            raise ShapeError(f"take: boolean mask of shape {list(idx.shape)} for axis {axis} of length {x.shape[axis]}")
-        idx = np.flatnonzero(idx)
-    if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
-        raise ShapeError(f"take: indices must be a 1-D integer array, got {idx.dtype}{list(idx.shape)}")
     dim = x.shape[axis]
-    if idx.size and (idx.min() < -dim or idx.max() >= dim):
-        bad = int(idx[(idx < -dim) | (idx >= dim)][0])
+    if isinstance(indices, IndexArray):  # (rewrites pass a node's own list on: no array is made)
+        ia = indices
+    else:
+        idx = np.asarray(indices)
+        if idx.dtype.kind == "b":
+            if idx.shape != (x.shape[axis],):
+                raise ShapeError(f"take: boolean mask of shape {list(idx.shape)} for axis {axis} of length "
+                                 f"{x.shape[axis]}")
+            idx = np.flatnonzero(idx)
+        if idx.ndim != 1 or not (idx.size == 0 or idx.dtype.kind in "iu"):
+            raise ShapeError(f"take: indices must be a 1-D integer array, got {idx.dtype}{list(idx.shape)}")
+        # An affine list (`arange(n) // 128`) is recognised here and kept as five integers (`IndexArray`).
+        ia = IndexArray(idx)
+    lo, hi = ia.bounds()
+    if lo < -dim or hi >= dim:
+        arr = ia.array
+        bad = int(arr[(arr < -dim) | (arr >= dim)][0])
         raise ShapeError(f"take: index {bad} is out of bounds for axis {axis} of {_fmt(x.dtype, x.shape)}")
-    ia = IndexArray(np.where(idx < 0, idx + dim, idx))
+    if lo < 0:
+        arr = ia.array
+        ia = IndexArray(np.where(arr < 0, arr + dim, arr))
     if len(ia) == dim and ia.is_arange():
         return x
     shape = x.shape[:axis] + (len(ia),) + x.shape[axis + 1:]
-    return Node(Op.TAKE, (x,), (axis, ia), x.dtype, shape)
+    arg = (axis, ia)
+    if ia.affine is not None:  # one shared argument per (axis, affine list): no tuple per node
+        arg = _TAKE_ARGS.setdefault(arg, arg)
+        if len(_TAKE_ARGS) > 4096:
+            _TAKE_ARGS.clear()
+    return Node(Op.TAKE, (x,), arg, x.dtype, shape)
+
+
+_TAKE_ARGS: dict[tuple, tuple] = {}
 
 
 def concat(xs: Sequence[Node], axis: int = 0) -> Node:

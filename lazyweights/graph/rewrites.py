@@ -54,10 +54,12 @@ def sink_slices(root: Node) -> Node:
     already reshaped, permuted and gathered the source (the q/k RoPE row permutation is a reshape, a take
     and a reshape back). A slice left on top reads the whole source and then keeps a quarter; sunk to the
     source it reads only the rank's rows, which over object storage is the whole point. The slice passes:
-    a permute (its ranges permuted), a take (its indices sliced), a cast or a dequantize (elementwise per
-    row; a dequantize's last axis must stay whole), another slice (composed), a reshape when only axis 0
-    is sliced, with step 1, on boundaries that are whole rows of the reshape's input, and a LoRA update (W's
-    box, B's rows and A's columns: each output element is the same dot product over r).
+    a permute (its ranges permuted), a take (its indices sliced; an affine list stays five integers), a cast,
+    a unary or binary elementwise op (each operand's box; a broadcast axis stays whole: an FP8 weight times
+    its expanded block scales), a dequantize (elementwise per row; its last axis must stay whole), another
+    slice (composed), a reshape when only axis 0 is sliced, with step 1, on boundaries that are whole rows of
+    the reshape's input, and a LoRA update (W's box, B's rows and A's columns: each output element is the same
+    dot product over r).
 
     Example:
         >>> import numpy as np
@@ -103,11 +105,15 @@ def _slice_below(x: Node, slices: tuple) -> Node:
         axis, index = x.arg
         start, stop, step = slices[axis]
         whole_axis = slices[:axis] + (_full(src, axis),) + slices[axis + 1:]
-        return ops.take(_slice_below(src, whole_axis), index.array[start:stop:step], axis)
+        return ops.take(_slice_below(src, whole_axis), index[start:stop:step], axis)
     if op is Op.CAST:
         return ops.cast(_slice_below(src, slices), x.dtype)
     if op is Op.UNARY:  # elementwise: the same box of its input
         return unary(x.arg, _slice_below(src, slices))
+    if op is Op.BINARY:  # elementwise: each operand's box (operands have the output's rank), a broadcast axis whole
+        return binary(x.arg, *(_slice_below(s, tuple(r if d == x.shape[i] else _full(s, i)
+                                                      for i, (r, d) in enumerate(zip(slices, s.shape))))
+                               for s in x.srcs))
     if op is Op.DEQUANTIZE and slices[-1] == _full(x, x.ndim - 1):
         return ops.dequantize(_slice_below(src, slices[:-1] + (_full(src, src.ndim - 1),)), *x.arg)
     if op is Op.SLICE:
@@ -160,7 +166,7 @@ REBUILD = OpTable("rebuild", skip=GroupOp.Leaf)
 REBUILD.register(Op.RESHAPE)(lambda n, srcs: ops.reshape(srcs[0], n.arg))
 REBUILD.register(Op.PERMUTE)(lambda n, srcs: ops.permute(srcs[0], n.arg))
 REBUILD.register(Op.SLICE)(lambda n, srcs: ops.slice_(srcs[0], n.arg))
-REBUILD.register(Op.TAKE)(lambda n, srcs: ops.take(srcs[0], n.arg[1].array, n.arg[0]))
+REBUILD.register(Op.TAKE)(lambda n, srcs: ops.take(srcs[0], n.arg[1], n.arg[0]))
 REBUILD.register(Op.CAST)(lambda n, srcs: ops.cast(srcs[0], n.arg))
 REBUILD.register(Op.BITCAST)(lambda n, srcs: ops.bitcast(srcs[0], n.arg))
 REBUILD.register(Op.CONCAT)(lambda n, srcs: ops.concat(list(srcs), n.arg))
@@ -259,7 +265,7 @@ def _merge_one(n: Node, memo: dict, views: dict) -> Node | None:
         if axis < 2:
             return None
         m = _merge(src, memo, views)
-        return None if m is None else ops.take(m, idx.array, axis - 1)
+        return None if m is None else ops.take(m, idx, axis - 1)
     if op is Op.BINARY:
         if any(s.shape != n.shape for s in n.srcs):
             return None  # broadcasting along the merged axes
