@@ -20,6 +20,9 @@ touches and frees --prime-gb right before each) and a warm page cache on the ser
 - `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
 - `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
+- `convert`: the W1 conversion saved to safetensors files with `budget="256MB"`, straight from the URL: the
+  peak private memory shows a remote checkpoint streams through the budget (the output is hashed against a
+  local save of the same plan).
 - `4proc-cache`: four `lazyweights` processes started together with one empty `cache=DIR`, as the ranks of
   one host would be: the wall time until the last finishes, and the bytes the server sent to all four.
 
@@ -212,6 +215,24 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(lw.shard(sd, 0, 4)).materialize()
+        elif name == "convert":
+            import lazyweights as lw
+            from lazyweights.adapters import w1
+
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
+            sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
+            folder = tempfile.mkdtemp(prefix="bench-convert-")
+            try:
+                files = lw.plan(sd).save(folder, budget="256MB", max_shard_size="1GB")
+                seconds = time.perf_counter() - t
+                digest = hashlib.sha256()
+                for f in sorted(files):
+                    with open(f, "rb") as fh:
+                        for chunk in iter(lambda: fh.read(1 << 24), b""):
+                            digest.update(chunk)
+            finally:
+                shutil.rmtree(folder)
+            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": digest.hexdigest()}
         elif name.startswith(("lazyweights", "s3-lazyweights")):
             import lazyweights as lw
             from lazyweights.adapters import w1
@@ -349,7 +370,8 @@ def main():
     if args.contestant:
         print(json.dumps(contestant(args.contestant, args.url, ckpt, args.cache)))
         return
-    every = ["floor", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "lazyweights-cached", "4proc-cache"]
+    every = ["floor", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "convert", "lazyweights-cached",
+             "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     root = os.path.dirname(ckpt)
@@ -415,6 +437,18 @@ def main():
         del local
         results: dict[str, list] = {}
         references = {}
+        if "convert" in chosen:
+            folder = tempfile.mkdtemp(prefix="bench-convert-")
+            files = lw.plan(w1.convert_safetensor_state_dict(dict(lw.load_weights([ckpt]).items()),
+                                                             huggingface_config=_config(ckpt))).save(
+                folder, budget="256MB", max_shard_size="1GB")
+            digest = hashlib.sha256()
+            for f in sorted(files):
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 24), b""):
+                        digest.update(chunk)
+            references["convert"] = digest.hexdigest()
+            shutil.rmtree(folder)
         if "rank0of4" in chosen:
             references["rank0of4"] = _digest(lw.plan(lw.shard({k: v.data() for k, v in lw.load_weights([ckpt]).items()},
                                                               0, 4)).materialize())

@@ -121,10 +121,26 @@ def fetch_step_sources(step, cache: dict | None) -> None:
         cache[_DONE] = True
 
 
-def fetch_views(steps) -> None:
-    """Fetch, all at once, the remote bytes of steps whose results are zero-copy views of them (a rank's
-    slices, untransformed tensors: `MemorySink` view steps), and keep those bytes for good: the results alias
-    them, so no later run may release them.
+class ViewFetch:
+    """The fetch `fetch_views` started: `wait()` returns once every view's bytes are present, or raises the
+    first failure."""
+
+    def __init__(self, threads: list[threading.Thread], errors: list[BaseException]):
+        self._threads, self._errors = threads, errors
+
+    def wait(self) -> None:
+        """Block until the views' bytes are fetched; raise the first error."""
+        for t in self._threads:
+            t.join()
+        if self._errors:
+            raise self._errors[0]
+
+
+def fetch_views(steps) -> ViewFetch | None:
+    """Start fetching, all at once, the remote bytes of steps whose results are zero-copy views of them (a
+    rank's slices, untransformed tensors: `MemorySink` view steps), and keep those bytes for good: the results
+    alias them, so no later run may release them. Returns a `ViewFetch` to wait on (None: nothing remote),
+    so the views' bytes arrive while the run's blocks compute.
 
     One `ensure_ranges` per file with every step's ranges: the requests are planned together (small runs
     share multi-range requests, big ones go in parts) and kept in flight together, where fetching step by
@@ -135,7 +151,7 @@ def fetch_views(steps) -> None:
             for file, ranges in remote_ranges(step.node).items():
                 by_file.setdefault(file, []).extend(ranges)
     if not by_file:
-        return
+        return None
     errors: list[BaseException] = []
 
     def one(file, ranges) -> None:
@@ -145,13 +161,11 @@ def fetch_views(steps) -> None:
         except BaseException as e:  # raised below, after every file's fetch has ended
             errors.append(e)
 
-    threads = [threading.Thread(target=one, args=item, name="lazyweights-fetch-views") for item in by_file.items()]
+    threads = [threading.Thread(target=one, args=item, name="lazyweights-fetch-views", daemon=True)
+               for item in by_file.items()]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    return ViewFetch(threads, errors)
 
 
 def receive_target(step, out: np.ndarray) -> tuple | None:

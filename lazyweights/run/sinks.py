@@ -56,14 +56,16 @@ class MemorySink:
             if name not in self.outputs:
                 raise UsageError(f"destination given for {name!r}, which is not an output of the plan")
         self._result: dict[str, np.ndarray] = {}
+        self._views = None  # the views' fetch (`fetch_views`), waited for by `result`
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
         """One task per block of every step; results are allocated (or taken from `out`) before any block runs,
         and view steps are answered at once with a zero-copy view.
         """
         out, tasks = self.out, []
-        # a remote map holds only what was fetched: the views' bytes first, all together, kept for good
-        fetch_views([s for s in steps if s.kind == "view" and not any(n in out for n in s.outputs)])
+        # a remote map holds only what was fetched: the views' bytes are fetched all together, kept for good,
+        # while the blocks run; `result()` waits for them
+        self._views = fetch_views([s for s in steps if s.kind == "view" and not any(n in out for n in s.outputs)])
         for step in steps:
             dsts = [n for n in step.outputs if n in out]
             if step.kind == "view" and not dsts:
@@ -113,7 +115,10 @@ class MemorySink:
         return primary[rows.start:rows.stop].nbytes if node.shape else primary.nbytes
 
     def result(self) -> dict[str, np.ndarray]:
-        """{output name: array}, in plan order, once every task has run."""
+        """{output name: array}, in plan order, once every task has run (and every view's bytes are here)."""
+        if self._views is not None:
+            views, self._views = self._views, None
+            views.wait()
         return {name: self._result[name] for name in self.outputs}
 
 
