@@ -64,7 +64,7 @@ class IndexArray:
         >>> idx.affine, len(idx), idx.values(range(126, 131)).tolist()
         ((300, 0, 1, 128, 0), 300, [0, 0, 1, 1, 1])
         >>> idx == IndexArray.repeat(300, 128), idx[129:].affine, idx
-        (True, (171, 1, 1, 128, 1), [0,0,0,0,...,2](300))
+        (True, (171, 1, 1, 127, 0), [0,0,0,0,...,2](300))
         >>> IndexArray([2, 0, 1]).affine is None, IndexArray(range(9, -1, -1)).affine
         (True, (10, 9, -1, 1, 0))
     """

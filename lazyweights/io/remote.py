@@ -26,15 +26,15 @@ Options use fsspec's names (`storage_options={"endpoint_url": ..., "key": ..., "
 
 Example (a local HTTP server; nothing here is specific to it):
     >>> import http.server, threading, tempfile, os, functools
-    >>> root = tempfile.mkdtemp(); open(os.path.join(root, "blob"), "wb").write(bytes(range(256)) * 64)
-    16384
+    >>> root = tempfile.mkdtemp(); open(os.path.join(root, "blob"), "wb").write(bytes(range(256)) * 512)
+    131072
     >>> class Quiet(http.server.SimpleHTTPRequestHandler):
     ...     def log_message(self, *a): pass
     >>> srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
     >>> threading.Thread(target=srv.serve_forever, daemon=True).start()
-    >>> f = RemoteFile(f"http://127.0.0.1:{srv.server_port}/blob")
+    >>> f = RemoteFile(f"http://127.0.0.1:{srv.server_port}/blob")  # this server ignores Range
     >>> f.size
-    16384
+    131072
     >>> bytes(f.view(250, 8))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
