@@ -1,18 +1,23 @@
-"""vLLM loader benchmark (issue 36): weight-loading seconds as vLLM reports them, and peak host memory, for vLLM's
-default `safetensors` loader, `runai_streamer` (where `runai-model-streamer` is installed) and `--load-format
-lazyweights`, on the same local folder. Medians of 3; each run is a fresh process (one in-process engine,
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`), contestants interleaved.
+"""vLLM loader benchmark (issue 36): weight-loading seconds, bytes and peak host memory for vLLM's default
+`safetensors` loader, `runai_streamer` (where `runai-model-streamer` is installed) and `--load-format
+lazyweights`, on the same local folder; with `--http`, lazyweights from nginx at TP=1 (against a plain download
+of the same file) and at TP=2 (each rank's bytes). Medians of `--reps`; each run is a fresh process,
+contestants interleaved.
 
 Run in an environment with vLLM (`pip install "lazyweights[vllm]"`; see .ci/run):
 
-    python benchmarks/bench_vllm.py [--hidden 1024 --layers 8] [--reps 3]
+    python benchmarks/bench_vllm.py [--hidden 1024 --layers 8] [--reps 3] [--http]
 
 The model is a random float32 Llama written with transformers' `save_pretrained` (hidden 1024, 8 layers,
-intermediate 2816 by default: 120M parameters, 480 MB). "Loading weights took X seconds" is vLLM's own log line
-(DefaultModelLoader) or ours (the same words, from lazyweights/tools/vllm.py); peak RSS is the process's
-ru_maxrss, which includes vLLM's own imports and the KV cache (1 GiB, VLLM_CPU_KVCACHE_SPACE=1) and is the same
-for every contestant but the weights' handling. TP=2 per-rank bytes over HTTP are measured by
-tests/interop/test_vllm.py::test_tensor_parallel_2_over_http (nginx's access log).
+intermediate 2816 by default: 156M parameters, 623 MB). Seconds: the loader's `load_weights` call, timed the same
+way for every loader (it wraps each loader class's `load_weights`; vLLM's DefaultModelLoader and lazyweights also
+log "Loading weights took X seconds", runai_streamer logs nothing comparable), with the CPU seconds the process
+spent in it (user + system, all threads: less sensitive than wall time to other work on the machine). Peak RSS is
+the process's ru_maxrss, which includes vLLM's own imports and the KV cache (1 GiB, VLLM_CPU_KVCACHE_SPACE=1) and is
+the same for every contestant but the weights' handling; the anonymous memory (RssAnon, sampled every 2 ms) the
+process gained during `load_weights` at its peak is the parameters' own memory (written for the first time) plus
+whatever the loader holds beside them. Over HTTP, bytes are nginx's body bytes sent, told apart per rank by the
+User-Agent lazyweights gives each rank's requests.
 """
 from __future__ import annotations
 
@@ -20,22 +25,67 @@ import argparse
 import json
 import os
 import re
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 CHILD = r"""
-import os, resource, sys, json
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import os, resource, sys, time
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 def main():
+    import json
+    source, load_format, tp, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+    if tp == 1:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import lazyweights.tools.vllm as lv
+    lv.register()
+    from vllm.model_executor.model_loader import _LOAD_FORMAT_TO_MODEL_LOADER
+    cls = _LOAD_FORMAT_TO_MODEL_LOADER[load_format]
+    inner = cls.load_weights
+    import threading
+    def anon():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
+    def timed(self, *a, **k):
+        base, peak, done = anon(), [0], threading.Event()
+        def sample():
+            while not done.wait(0.002):
+                peak[0] = max(peak[0], anon())
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        try:
+            return inner(self, *a, **k)
+        finally:
+            t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+            done.set()
+            sampler.join()
+            peak[0] = max(peak[0], anon())
+            cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+            print("LOAD_WEIGHTS %.4f %.4f %d" % (t1 - t0, cpu, peak[0] - base), flush=True)
+    cls.load_weights = timed
     from vllm import LLM
-    llm = LLM(model=sys.argv[1], load_format=sys.argv[2], dtype="float32", max_model_len=128, enforce_eager=True,
-              distributed_executor_backend="uni", gpu_memory_utilization=0.3)
+    kw = dict(enforce_eager=True, dtype="float32", max_model_len=128, gpu_memory_utilization=0.3,
+              tensor_parallel_size=tp)
+    if tp == 1:
+        kw["distributed_executor_backend"] = "uni"
+    if extra:
+        kw["model_loader_extra_config"] = extra
+    LLM(model=source, load_format=load_format, **kw)
     print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 if __name__ == "__main__":
     main()
+"""
+
+FLOOR = r"""
+import sys, time, requests
+t = time.perf_counter()
+body = requests.get(sys.argv[1], headers={"Accept-Encoding": "identity"}).content
+print("FLOOR %.4f %d" % (time.perf_counter() - t, len(body)))
 """
 
 
@@ -58,14 +108,153 @@ def make_model(folder: str, hidden: int, layers: int) -> None:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
 
 
-def run(folder: str, load_format: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, folder, load_format], capture_output=True, text=True)
+def warm_memory(gib: int = 2) -> None:
+    """Touch and free a few GiB so the contestant's fresh memory is not the host's cold memory
+    (docs: these VMs hand freed memory back to their host about 2 s after a process frees it)."""
+    b = bytearray(gib << 30)
+    for i in range(0, len(b), 1 << 12):
+        b[i] = 1
+    del b
+
+
+def run(source: str, load_format: str, tp: int = 1, extra: dict | None = None) -> dict:
+    warm_memory()
+    env = dict(os.environ)
+    if tp > 1:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tp)))
+    proc = subprocess.run([sys.executable, "-c", CHILD, source, load_format, str(tp), json.dumps(extra or {})],
+                          capture_output=True, text=True, env=env)
     text = proc.stdout + proc.stderr
-    m = re.search(r"Loading weights took ([0-9.]+) seconds", text)
+    timed = re.findall(r"LOAD_WEIGHTS ([0-9.]+) ([0-9.]+) (\d+)", text)
+    logged = [float(x) for x in re.findall(r"Loading weights took ([0-9.]+) seconds", text)]
     rss = re.search(r"PEAK_RSS_KB (\d+)", text)
-    if proc.returncode or not m or not rss:
+    if proc.returncode or not (timed or logged) or not rss:
         return {"error": text[-2000:]}
-    return {"seconds": float(m.group(1)), "peak_rss_mb": int(rss.group(1)) / 1024}
+    # at TP > 1 the loaders run in vLLM's worker processes, where only their own log line times them
+    return {"seconds": max(float(t[0]) for t in timed) if timed else max(logged),
+            "cpu_seconds": max(float(t[1]) for t in timed) if timed else None,
+            "anon_growth_mb": max(int(t[2]) for t in timed) / 1024 if timed else None,
+            "logged_seconds": max(logged) if logged else None, "peak_rss_mb": int(rss.group(1)) / 1024}
+
+
+def median(rs: list[dict], key: str):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def report(name: str, rs: list[dict]) -> dict | None:
+    ok = [r for r in rs if "error" not in r]
+    if not ok:
+        print(f"{name}: failed: {rs[0]['error'][-600:]}")
+        return None
+    out = {k: median(ok, k) for k in ok[0] if k != "runs"}
+    out["runs"] = len(ok)
+    out["all_seconds"] = [round(r["seconds"], 3) for r in ok]
+    extra = ", ".join(f"{k} {v:,.0f}" for k, v in out.items() if k.endswith("bytes") and v is not None)
+    cpu = f", {out['cpu_seconds']:.2f} CPU s" if out.get("cpu_seconds") is not None else ""
+    print(f"{name:>24}: load_weights {out['seconds']:.2f} s (median of {len(ok)}: {out['all_seconds']}){cpu}, "
+          f"logged {out['logged_seconds']}, peak RSS {out['peak_rss_mb']:.0f} MB (engine process)"
+          + (f", anonymous memory +{out['anon_growth_mb']:.0f} MB at its peak during load_weights"
+             if out.get("anon_growth_mb") is not None else "")
+          + (f", {extra}" if extra else ""))
+    return out
+
+
+class Nginx:
+    """nginx on 127.0.0.1 serving `root`, logging each GET's body bytes and User-Agent."""
+
+    def __init__(self, root: str):
+        exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+        if exe is None:
+            raise RuntimeError("nginx is not installed")
+        self.base = tempfile.mkdtemp(prefix="bench-vllm-nginx-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = os.path.join(self.base, "access.log")
+        user = "user root root;" if os.geteuid() == 0 else ""
+        b = self.base
+        with open(os.path.join(b, "nginx.conf"), "w") as f:
+            f.write(f"""{user}
+daemon off; worker_processes 2; pid {b}/nginx.pid; error_log {b}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    log_format counted '$request_method $uri $status $body_bytes_sent "$http_user_agent"';
+    access_log {self.log} counted;
+    client_body_temp_path {b}/body; proxy_temp_path {b}/proxy; fastcgi_temp_path {b}/fcgi;
+    uwsgi_temp_path {b}/uwsgi; scgi_temp_path {b}/scgi;
+    types {{ application/octet-stream safetensors; application/json json; }}
+    server {{ listen 127.0.0.1:{self.port}; root {root}; }}
+}}
+""")
+        self.proc = subprocess.Popen([exe, "-c", os.path.join(b, "nginx.conf"), "-p", b],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nginx did not start")
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def clear(self) -> None:
+        open(self.log, "w").close()
+
+    def by_agent(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with open(self.log) as f:
+            for line in f:
+                head, _, agent = line.rstrip("\n").partition(' "')
+                method, _, _, sent = head.split()
+                if method == "GET":
+                    out[agent.rstrip('"')] = out.get(agent.rstrip('"'), 0) + int(sent)
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def http_runs(folder: str, reps: int, summary: dict) -> None:
+    """lazyweights from nginx: TP=1 (bytes fetched; a plain download of the file as the floor) and TP=2
+    (each rank's bytes), medians of `reps`."""
+    root = tempfile.mkdtemp(prefix="bench-vllm-root-")
+    os.symlink(folder, os.path.join(root, "llama"))
+    server = Nginx(root)
+    try:
+        url = server.url("llama/")
+        floor, tp1, tp2 = [], [], []
+        for _ in range(reps):
+            warm_memory()
+            out = subprocess.run([sys.executable, "-c", FLOOR, url + "model.safetensors"], capture_output=True,
+                                 text=True).stdout
+            m = re.search(r"FLOOR ([0-9.]+) (\d+)", out)
+            if m:
+                floor.append(float(m.group(1)))
+            server.clear()
+            r = run(url, "lazyweights")
+            r["fetched_bytes"] = sum(server.by_agent().values())
+            tp1.append(r)
+            server.clear()
+            r = run(url, "lazyweights", tp=2)
+            agents = server.by_agent()
+            for rank in range(2):
+                r[f"rank{rank}_bytes"] = sum(b for a, b in agents.items() if f"vllm-tp-rank/{rank}-of-2" in a)
+            r["engine_bytes"] = sum(agents.values()) - r["rank0_bytes"] - r["rank1_bytes"]
+            tp2.append(r)
+        if floor:
+            summary["http_floor_seconds"] = statistics.median(floor)
+            print(f"{'download (requests)':>24}: {statistics.median(floor):.2f} s (median of {len(floor)}: "
+                  f"{[round(x, 3) for x in floor]})")
+        summary["lazyweights-http"] = report("lazyweights over HTTP", tp1)
+        summary["lazyweights-http-tp2"] = report("lazyweights HTTP TP=2", tp2)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
@@ -73,33 +262,38 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--http", action="store_true", help="also lazyweights from nginx at TP=1 and TP=2")
+    ap.add_argument("--loaders", default="safetensors,runai_streamer,lazyweights")
+    ap.add_argument("--model", help="an existing model folder (default: a new random Llama)")
     args = ap.parse_args()
-    try:
-        import runai_model_streamer  # noqa: F401
-
-        loaders = ["safetensors", "runai_streamer", "lazyweights"]
-    except ImportError:
-        loaders = ["safetensors", "lazyweights"]
-        print("runai_streamer: runai-model-streamer is not installed; skipped")
+    loaders = args.loaders.split(",")
+    if "runai_streamer" in loaders:
+        try:
+            import runai_model_streamer  # noqa: F401
+        except ImportError:
+            loaders.remove("runai_streamer")
+            print("runai_streamer: runai-model-streamer is not installed; skipped")
     with tempfile.TemporaryDirectory() as d:
-        folder = os.path.join(d, "llama")
-        make_model(folder, args.hidden, args.layers)
+        folder = args.model or os.path.join(d, "llama")
+        if not args.model:
+            make_model(folder, args.hidden, args.layers)
         size = os.path.getsize(os.path.join(folder, "model.safetensors"))
-        print(f"model: {size / 1e6:.0f} MB float32 safetensors, hidden {args.hidden}, {args.layers} layers")
+        print(f"model: {size / 1e6:.0f} MB safetensors ({folder})")
+        # as an installed package is: compiled once (pip compiles on install; with PYTHONDONTWRITEBYTECODE set,
+        # as on the development VMs, each run would compile lazyweights' modules again inside its load)
+        import lazyweights
+
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(lazyweights.__file__)],
+                       check=False)
         results: dict[str, list] = {name: [] for name in loaders}
         for _ in range(args.reps):
             for name in loaders:
                 results[name].append(run(folder, name))
-        summary = {}
+        summary: dict = {"checkpoint_bytes": size}
         for name, rs in results.items():
-            ok = [r for r in rs if "error" not in r]
-            if not ok:
-                print(f"{name}: failed: {rs[0]['error'][-600:]}")
-                continue
-            summary[name] = {"seconds": statistics.median(r["seconds"] for r in ok),
-                             "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in ok), "runs": len(ok)}
-            print(f"{name:>15}: loading weights {summary[name]['seconds']:.2f} s (median of {len(ok)}), "
-                  f"peak RSS {summary[name]['peak_rss_mb']:.0f} MB")
+            summary[name] = report(name, rs)
+        if args.http:
+            http_runs(folder, args.reps, summary)
         print(json.dumps(summary))
 
 

@@ -30,7 +30,7 @@ from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
-from .fetch import RECEIVE, cast_received, fetch_step_sources, fetch_views, receive_into
+from .fetch import RECEIVE, ViewFetch, cast_received, fetch_step_sources, fetch_views, receive_into
 
 
 def check_unchanged_sources(step: Step) -> None:
@@ -56,7 +56,7 @@ class MemorySink:
             if name not in self.outputs:
                 raise UsageError(f"destination given for {name!r}, which is not an output of the plan")
         self._result: dict[str, np.ndarray] = {}
-        self._views = None  # the views' fetch (`fetch_views`), waited for by `result`
+        self._views: ViewFetch | None = None  # the views' fetch (`fetch_views`), waited for by `result`
 
     def tasks(self, steps: list[Step]) -> list[BlockTask]:
         """One task per block of every step; results are allocated (or taken from `out`) before any block runs,

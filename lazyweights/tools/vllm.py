@@ -10,10 +10,11 @@ parameter's partition (`output_dim` / `input_dim`, the tensor-parallel rank and 
 tensor they are handed with `narrow()`. The loader hands them a `LazyTensor`: a torch tensor with the
 checkpoint tensor's shape and dtype and no storage, whose `narrow`, `reshape`, `to(dtype)` and indexing build
 lazy lazyweights nodes, and whose `copy_` into a parameter is deferred and then computed, with the other
-copies of its layer, in one fused `materialize(out=...)` straight into the parameters' own memory (numpy
-views of torch CPU tensors). So a rank reads exactly the rows and columns vLLM keeps: from a local map only
-those pages, from a URL only those byte ranges. Replicated tensors (norms) are read by every rank, once.
-Any other op on a `LazyTensor` materializes it first (correct, not sliced).
+copies of its layer and the layers beside it (whole layers, about `FLUSH_BYTES` or the budget's bytes at a
+time), in one fused `materialize(out=...)` straight into the parameters' own memory (numpy views of torch
+CPU tensors, their pages faulted in ahead in one call each). So a rank reads exactly the rows and columns
+vLLM keeps: from a local map only those pages, from a URL only those byte ranges. Replicated tensors (norms)
+are read by every rank, once. Any other op on a `LazyTensor` materializes it first (correct, not sliced).
 
 Sources (`model`): a local Hugging Face folder; an `http(s)://` or `s3://` URL of one (config.json and the
 tokenizer files are fetched into a small local folder vLLM reads its config from; weights stay remote and
@@ -24,8 +25,10 @@ folder, the weights are dequantized to the model's dtype as they are copied); a 
 Options (`--model-loader-extra-config` JSON): `adapter` ("module:function", applied to the lazy state dict,
 called as `fn(state_dict, huggingface_config=config)`), `lora` (a PEFT folder or a list of them, merged in the
 same pass), `storage_options` and `cache` (object storage, as `load_weights` takes them), `budget` (bytes in
-flight, e.g. "512MB"), `prefetch` (bool: ask the kernel to read the next layer of a local map ahead; default
-true at tensor-parallel size 1).
+flight, e.g. "512MB"; also how many bytes of deferred copies are computed in one plan), `prefetch` (bool: ask
+the kernel to read the next layer of a local map ahead; default true at tensor-parallel size 1). An http(s)
+source's requests carry `User-Agent: lazyweights/VERSION vllm-tp-rank/R-of-N` (unless `storage_options`
+sets one), so a server's log tells the ranks apart.
 
 Errors, each raised from `load_weights`, before vLLM allocates its KV cache: a tensor the model needs and the
 source lacks (`MissingWeightError`, with the nearest names), an adapter that does not import (`AdapterError`),
@@ -62,6 +65,7 @@ from ..core.errors import (
     UsageError,
     did_you_mean,
 )
+from ..core.units import parse_size
 
 LOAD_FORMAT = "lazyweights"
 OPTIONS = ("adapter", "lora", "storage_options", "cache", "budget", "prefetch")
@@ -70,6 +74,11 @@ CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
                 "preprocessor_config.json")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# Deferred copies are computed, whole layers at a time, once this many bytes of them are pending (or
+# `budget`'s bytes when one is given): one fused plan for a small model instead of a plan and a barrier per
+# layer (benchmarks/RESULTS.md, "vLLM loader"). Deferred copies hold no memory: a plan writes straight
+# into the parameters and holds at most the budget in flight.
+FLUSH_BYTES = 512 << 20
 
 
 def parse_options(extra: Mapping[str, Any] | None) -> dict:
@@ -295,15 +304,17 @@ def lazy_tensor(wd, sink):
 
 class ParameterSink:
     """Collects `param.copy_(lazy)` calls and computes them in fused plans straight into the parameters'
-    memory (`Plan.materialize(out=...)`), one plan per `flush()` (the loader flushes per layer). A copy into
-    memory that is not a contiguous CPU tensor, or into a tensor that is not a model parameter, is computed at
-    once into a temporary and copied (`copy_`). Counts the bytes its plans produce (`bytes_out`)."""
+    memory (`Plan.materialize(out=...)`), one plan per `flush()` (the loader flushes whole layers, about
+    `FLUSH_BYTES` of them at a time). A copy into memory that is not a contiguous CPU tensor, or into a tensor
+    that is not a model parameter, is computed at once into a temporary and copied (`copy_`). Counts the
+    bytes pending (`pending_bytes`) and the bytes its plans produce (`bytes_out`)."""
 
     def __init__(self, params, budget=None):
         torch = _torch()
         self._torch = torch
         self.budget = budget
         self.pending: dict[str, tuple[Any, Any, Any]] = {}
+        self.pending_bytes = 0
         self.bytes_out = 0
         self._ptrs = {p.data.untyped_storage().data_ptr() for p in params}
         self._n = 0
@@ -327,6 +338,7 @@ class ParameterSink:
         self._n += 1
         self.pending[f"{wd.name}#{self._n}"] = (wd.reshape(tuple(dst.shape)) if wd.shape != tuple(dst.shape)
                                                else wd, view, dst)
+        self.pending_bytes += view.nbytes
 
     def materialize_wd(self, wd):
         """A real torch tensor with the value of the lazy `wd` (one plan)."""
@@ -336,22 +348,26 @@ class ParameterSink:
 
         arr = Plan({"x": wd}).materialize(budget=self.budget)["x"]
         self.bytes_out += arr.nbytes
-        return array_to_torch(np.array(arr), dtype_to_torch(wd.dtype))
+        if not arr.flags.writeable:  # a zero-copy view of a read-only map: torch needs its own memory
+            arr = np.array(arr)
+        return array_to_torch(arr, dtype_to_torch(wd.dtype))
 
     def materialize(self, lazy):
         """A real torch tensor with `lazy`'s value (for ops the lazy tensor does not keep lazy)."""
         return self.materialize_wd(lazy._wd)
 
     def flush(self) -> None:
-        """Compute every deferred copy in one fused plan, into the parameters."""
+        """Compute every deferred copy in one fused plan, into the parameters (their pages faulted in first,
+        `populate_pages`)."""
         if not self.pending:
             return
         from ..api.plan import Plan
 
-        pending, self.pending = self.pending, {}
-        Plan({k: wd for k, (wd, _, _) in pending.items()}).materialize(
-            budget=self.budget, out={k: view for k, (_, view, _) in pending.items()})
-        self.bytes_out += sum(view.nbytes for _, view, _ in pending.values())
+        pending, self.pending, self.pending_bytes = self.pending, {}, 0
+        out = {k: view for k, (_, view, _) in pending.items()}
+        populate_pages(out.values())
+        Plan({k: wd for k, (wd, _, _) in pending.items()}).materialize(budget=self.budget, out=out)
+        self.bytes_out += sum(view.nbytes for view in out.values())
 
 
 # --- the source as a lazy state dict, in Hugging Face names --------------------------------------------------------
@@ -471,14 +487,16 @@ def _loader_class():
         def load_weights(self, model, model_config) -> None:
             from ..core.torch_dtypes import torch_dtype_to_dtype
 
-            source = getattr(model_config, "model_weights", "") or model_config.model
+            source = self.options.get("source") or getattr(model_config, "model_weights", "") or model_config.model
             t0 = time.perf_counter()
             quantized = getattr(model_config, "quantization", None) is not None
             dtype = torch_dtype_to_dtype(model_config.dtype)
-            state, w = lazy_state_dict(source, self.options, dtype=dtype)
             tp_size = _tp_size()
+            options = rank_options(self.options, source, _tp_rank(), tp_size)
+            state, w = lazy_state_dict(source, options, dtype=dtype)
             params = [p for _, p in model.named_parameters()]
             sink = ParameterSink(params, budget=self.options.get("budget"))
+            flush_bytes = parse_size(self.options.get("budget")) or FLUSH_BYTES
             prefetch = self.options.get("prefetch", tp_size == 1) and not _is_url(source)
 
             def weights() -> Iterator:
@@ -488,7 +506,8 @@ def _loader_class():
                         _prefetch(w, groups[i + 1])
                     for name in group:
                         yield name, lazy_tensor(state[name], sink)
-                    sink.flush()  # one fused plan per layer, into the parameters
+                    if sink.pending_bytes >= flush_bytes:
+                        sink.flush()  # whole layers, about `flush_bytes` of them, in one fused plan
 
             partial = partially_missing(model, state)
             if partial:
@@ -506,6 +525,44 @@ def _loader_class():
                     raise missing_error(missing, model, set(state), source)
 
     return LazyWeightsLoader
+
+
+def populate_pages(arrays, workers: int | None = None) -> int:
+    """Fault in the pages of `arrays` (fresh destination memory) ahead of the copy, one
+    `madvise(MADV_POPULATE_WRITE)` call per array on `workers` threads, instead of one page fault per 4 KB
+    page taken inside the copy: vLLM's parameters are `torch.empty` memory never touched before the loader
+    writes it, and those faults were about half of a float32 copy (benchmarks/RESULTS.md, "vLLM loader").
+    Contents are unchanged (pages already present stay as they are). Best effort: Linux 5.14+; returns the
+    bytes populated (0 where the call is not available)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return 0
+    import mmap
+
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    page, populate_write = mmap.PAGESIZE, 23  # MADV_POPULATE_WRITE (Linux 5.14+, every architecture)
+    spans = []
+    for a in arrays:
+        lo = -(-a.ctypes.data // page) * page  # whole pages inside the array
+        hi = (a.ctypes.data + a.nbytes) // page * page
+        if hi - lo >= 16 * page:
+            spans.append((lo, hi - lo))
+    if not spans or madvise(spans[0][0], page, populate_write) != 0:  # EINVAL before Linux 5.14
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..core.units import available_cpus
+
+    spans.sort(key=lambda span: -span[1])  # largest first: the threads finish together
+    with ThreadPoolExecutor(max(1, min(workers or available_cpus(), len(spans)))) as pool:
+        list(pool.map(lambda span: madvise(span[0], span[1], populate_write), spans))
+    return sum(n for _, n in spans)
 
 
 def _prefetch(weights, names) -> None:
@@ -528,11 +585,46 @@ def _tp_size() -> int:
         return 1
 
 
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 (not initialized: rank 0)
+        return 0
+
+
+def rank_options(options: Mapping[str, Any], source: str, rank: int, size: int) -> dict:
+    """`options` for tensor-parallel rank `rank` of `size`: an http(s) source's requests say which rank
+    sent them (`User-Agent: lazyweights/VERSION vllm-tp-rank/RANK-of-SIZE`, unless `storage_options`
+    already sets a User-Agent), so a server's access log attributes each rank's bytes
+    (tests/interop/test_vllm.py::test_tensor_parallel_2_over_http).
+
+    >>> rank_options({}, "http://h/m/", 1, 2)["storage_options"]["headers"]["User-Agent"].split()[-1]
+    'vllm-tp-rank/1-of-2'
+    >>> rank_options({}, "local-folder/", 1, 2)
+    {}
+    """
+    options = dict(options)
+    if not re.match(r"(?i)^https?://", os.fspath(source)):
+        return options
+    from ..core.version import __version__
+
+    so = dict(options.get("storage_options") or {})
+    headers = dict(so.get("headers") or {})
+    if not any(k.lower() == "user-agent" for k in headers):
+        headers["User-Agent"] = f"lazyweights/{__version__} vllm-tp-rank/{rank}-of-{size}"
+    so["headers"] = headers
+    options["storage_options"] = so
+    return options
+
+
 def _patch_engine_args() -> None:
     """Let `vllm serve URL_OR_GGUF --load-format lazyweights` work: before vLLM builds its engine config, a
     source that is not a local folder gets a small local folder of config and tokenizer files (fetched, or
     written from GGUF metadata), vLLM's `model` points at it, and `model_weights` (vLLM's own field, which
-    `runai_streamer` uses the same way) keeps the source the loader reads."""
+    `runai_streamer` uses the same way) keeps the source the loader reads; an s3:// source goes in the loader's
+    extra config as `source` instead (vLLM refuses an object-storage `model_weights` for other loaders)."""
     from vllm.engine.arg_utils import EngineArgs
 
     if getattr(EngineArgs.create_engine_config, "_lazyweights", False):
@@ -550,7 +642,11 @@ def _patch_engine_args() -> None:
                 self.tokenizer = folder
             if not self.served_model_name:
                 self.served_model_name = source
-            self.model, self.model_weights = folder, source
+            self.model = folder
+            if re.match(r"(?i)^https?://", source) or not _is_url(source):
+                self.model_weights = source
+            else:  # vLLM takes an s3:// `model_weights` for its runai_streamer loaders only
+                self.model_loader_extra_config = {**extra, "source": source}
         return original(self, *args, **kwargs)
 
     create_engine_config._lazyweights = True  # type: ignore[attr-defined]
