@@ -38,7 +38,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
@@ -219,39 +218,9 @@ def contestant(name: str, source: str, layers: str) -> dict:
     return out
 
 
-# --- nginx (the minimal part of bench_remote.py's) --------------------------------------------------------------
-def start_nginx(root: str):
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    base = tempfile.mkdtemp(prefix="bench-nginx-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    user = "user root root;" if os.geteuid() == 0 else ""
-    with open(os.path.join(base, "nginx.conf"), "w") as f:
-        f.write(f"""{user}
-daemon off; worker_processes 2; pid {base}/nginx.pid; error_log {base}/error.log warn;
-events {{ worker_connections 512; }}
-http {{ log_format counted '$request_method $uri $status $body_bytes_sent';
-  access_log {base}/access.log counted; sendfile on;
-  client_body_temp_path {base}/b; proxy_temp_path {base}/p; fastcgi_temp_path {base}/f; uwsgi_temp_path {base}/u;
-  scgi_temp_path {base}/s;
-  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
-""")
-    proc = subprocess.Popen([exe, "-c", f"{base}/nginx.conf", "-p", base])
-    proc.folder = base
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return proc, port, os.path.join(base, "access.log")
-
-
-def stop_nginx(proc) -> None:
-    proc.terminate()
-    proc.wait(timeout=30)
-    shutil.rmtree(proc.folder, ignore_errors=True)
+# --- nginx: bench_remote.py's (the same server, config and access-log format) --------------------------------
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_remote import start_nginx, stop_nginx  # noqa: E402
 
 
 def log_lines(log: str) -> list[list[str]]:
