@@ -69,7 +69,7 @@ __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_option
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10  # GGUF metadata: a few requests, not one per field
 FIRST_READAHEAD = 64 << 10  # fetched with the object's identity: most safetensors headers fit
-DEFAULT_PART_SIZE = 32 << 20  # fewer, longer requests: 12% faster than 8 MiB on W1 (benchmarks/RESULTS.md)
+DEFAULT_PART_SIZE = 128 << 20  # fewer, longer requests: measured on W1 over nginx (benchmarks/RESULTS.md)
 PAGE = mmap.PAGESIZE
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
 
@@ -176,7 +176,7 @@ class RemoteFile:
 
     Options (`storage_options`, fsspec's names where they exist): `endpoint_url`, `key`, `secret`, `token`,
     `region_name`, `anon`, `client_kwargs` (S3); `headers` (HTTP); `timeout` (seconds per request, 30),
-    `retries` (5), `max_concurrency` (requests in flight, 8), `part_size` (bytes per request, 32 MiB), and the
+    `retries` (5), `max_concurrency` (requests in flight, 8), `part_size` (bytes per request, 128 MiB), and the
     cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3),
     `part_cost` (seconds one more part of a multi-range request costs, 20 us; 0 fetches exactly the bytes
     asked for) and `bandwidth` (bytes per second, 1 GB/s): a gap between two needed ranges is fetched through
