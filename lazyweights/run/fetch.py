@@ -261,6 +261,7 @@ class RemoteReads:
         self._held: dict[int, int] = {}  # step -> remote bytes fetched for it and not yet released
         self._started: set[int] = set()  # steps a worker has begun fetching: the prefetcher leaves them
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def attach(self, tasks) -> None:
         """Let each task's fetch (`fetch_step_sources`) go through this run's accounting."""
@@ -325,8 +326,10 @@ class RemoteReads:
         if self._steps:
             order = iter(self._steps)  # next() on it is atomic under the GIL: each step goes to one thread
             for k in range(max(1, min(threads, len(self._steps)))):
-                threading.Thread(target=self._prefetch, args=(order,), daemon=True,
-                                 name=f"lazyweights-prefetch-{k}").start()
+                t = threading.Thread(target=self._prefetch, args=(order,), daemon=True,
+                                     name=f"lazyweights-prefetch-{k}")
+                t.start()
+                self._threads.append(t)
 
     def _prefetch(self, order) -> None:
         for step in order:
@@ -362,10 +365,13 @@ class RemoteReads:
                 self._unuse(step)
 
     def stop(self) -> None:
-        """Stop the prefetcher (the run ended or failed)."""
+        """Stop the prefetchers (the run ended or failed) and wait for the fetch each has in hand: nothing
+        may still be received into a result after the run returns (or raises) to its caller."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
+        for t in self._threads:
+            t.join()
 
 
 def remote_reads(tasks, window: int) -> RemoteReads | None:
