@@ -351,6 +351,7 @@ class RemoteReads:
                         self._cond.wait(0.05)
                     if self._stop.is_set() or id(step) in self._started:
                         continue  # a worker got there first: it fetches for itself
+                    self._held[id(step)] = need  # reserved before the fetch: the other prefetchers see it
                     for rec in self._records[id(step)]:  # held while we fetch: a finished step's release
                         self._uses[rec] += 1             # must not drop what we are bringing in
             except BaseException:
