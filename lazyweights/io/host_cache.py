@@ -166,11 +166,6 @@ class HostCache:
             return True
         return False
 
-    def claimed(self, chunk: int) -> bool:
-        """Whether a live process holds chunk `chunk`'s claim (a stale claim is broken here)."""
-        path = self._claim_path(chunk)
-        return os.path.exists(path) and not self._break_if_stale(path)
-
     def _break_if_stale(self, path: str) -> bool:
         try:
             with open(path) as f:
