@@ -115,8 +115,9 @@ def _getattr_path(module, attr: str, spec: str):
                             and inspect.isfunction(inspect.unwrap(getattr(module, n))))
             more = ", ..." if len(public) > 12 else ""
             listing = f" (its functions: {', '.join(public[:12])}{more})" if public else ""
-            raise AdapterError(f"{spec!r}: {getattr(module, '__name__', module)!s} has no attribute {attr!r}"
-                                   f"{listing}.{did_you_mean(part, public)}") from None
+            hint = did_you_mean(part, public).strip()  # the fix first
+            raise AdapterError(f"{hint + ' ' if hint else ''}{spec!r}: {getattr(module, '__name__', module)!s} has "
+                               f"no attribute {attr!r}{listing}") from None
     return obj
 
 
@@ -128,6 +129,18 @@ def load_object(spec: str, what: str = "object"):
     if attr is None:
         raise UsageError(f"{what} {spec!r}: expected 'module:name' or 'path/to/file.py:name'")
     return _getattr_path(load_module(mod), attr, spec)
+
+
+def _unknown_name(name: str, why: Exception) -> AdapterError:
+    """A bare adapter name that is neither registered nor importable: the fix first (the did-you-mean), then
+    why, in a few words; the list of names is `lazyweights archs`, not the message."""
+    from ..core.errors import did_you_mean
+    from . import registry
+
+    known = sorted(registry.architectures())
+    hint = did_you_mean(name, known).strip()
+    return AdapterError(f"{hint + ' ' if hint else ''}{name!r} is neither a registered architecture ({len(known)} "
+                        f"known: `lazyweights archs` lists them) nor an importable module ({why})")
 
 
 def load_adapter(spec, fmt=None) -> Callable:
@@ -155,13 +168,7 @@ def load_adapter(spec, fmt=None) -> Callable:
                 try:
                     module = load_module(mod)
                 except LazyWeightsError as e:
-                    from ..core.errors import did_you_mean
-                    from . import registry
-
-                    known = sorted(registry.architectures())
-                    raise AdapterError(
-                        f"adapter {mod!r} is neither a registered architecture (known: {', '.join(known)}) nor an "
-                        f"importable module ({e}).{did_you_mean(mod, known)}") from None
+                    raise _unknown_name(mod, e) from None
         module = load_module(mod)
         wanted = DEFAULT_FUNCTIONS.get(fmt_value) if fmt_value else None
         names = [wanted] if wanted else list(DEFAULT_FUNCTIONS.values())
@@ -176,6 +183,41 @@ def load_adapter(spec, fmt=None) -> Callable:
     if not callable(fn):
         raise AdapterError(f"adapter {spec!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def check_adapter_spec(spec) -> None:
+    """Fail now, before any checkpoint is opened, if `spec` cannot name an adapter for any format: a module or
+    file that does not import, a function it lacks, or a bare name that is neither a registered architecture
+    nor a module (with a did-you-mean). What depends on the checkpoint's format is left to `load_adapter`.
+
+    Example:
+        >>> check_adapter_spec("lazyweights.adapters.w1:convert_safetensor_state_dict")
+        >>> try:
+        ...     check_adapter_spec("LlamaForCasualLM")
+        ... except AdapterError as e:
+        ...     print(str(e).split("?")[0])
+        Did you mean 'LlamaForCausalLM' or 'Llama4ForCausalLM' or 'MambaForCausalLM'
+    """
+    if callable(spec):
+        return
+    if not isinstance(spec, str) or not spec.strip():
+        raise UsageError("no adapter given")
+    mod, attr = _split(spec)
+    if attr is not None:
+        _getattr_path(load_module(mod), attr, spec)
+        return
+    if not _looks_like_file(mod) and re.fullmatch(r"[A-Za-z_]\w*", mod):
+        from . import registry
+
+        if mod in registry.architectures():
+            return
+        if "." not in mod:
+            try:
+                load_module(mod)
+            except LazyWeightsError as e:
+                raise _unknown_name(mod, e) from None
+            return
+    load_module(mod)
 
 
 # --- calling an adapter the seed's way ---------------------------------------------------------------------
@@ -213,6 +255,7 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     allow_pickle = extra_kwargs.pop("allow_pickle", None)  # loader options, not adapter keywords
     remote = {k: extra_kwargs.pop(k) for k in ("storage_options", "cache") if k in extra_kwargs}
     lora = extra_kwargs.pop("lora", None)  # PEFT adapter folders merged into the checkpoint before the adapter
+    check_adapter_spec(spec)  # a mistyped adapter fails before the checkpoint is opened (a URL: no request)
     weights = load_weights(paths, allow_pickle=allow_pickle, **remote)
     fn = load_adapter(spec, weights.format)
     kwargs = {"huggingface_config": load_config(weights, paths, hf_config), "weights_format": weights.format}

@@ -93,6 +93,41 @@ def _consumed(r, nbytes: int) -> None:
 _PARTS: dict[bytes, re.Pattern] = {}
 
 
+def _unreachable(url: str, e: BaseException) -> RemoteError | None:
+    """A RemoteError for a connection no retry can fix: refused (nothing listens at the host and port) or a host
+    name that does not resolve; None for anything else (a dropped or timed-out connection is retried).
+    Refused connections fail on the first attempt: waiting seconds for a server that is not there helps nobody.
+
+    >>> import socket
+    >>> err = OSError("wrapped"); err.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    >>> print(_unreachable("http://127.0.0.1:9/m", err))  # doctest: +ELLIPSIS
+    http://127.0.0.1:9/m: connection refused: nothing listens on 127.0.0.1:9; start the server or fix the host ...
+    >>> _unreachable("http://h/m", TimeoutError()) is None
+    True
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    seen: set[int] = set()
+    stack: list = [e]
+    while stack:
+        c = stack.pop()
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        parts = urlsplit(url)
+        if isinstance(c, ConnectionRefusedError):
+            where = f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+            return RemoteError(f"{url}: connection refused: nothing listens on {where}; start the server or fix "
+                               "the host and port in the URL", url=url)
+        if isinstance(c, socket.gaierror) and c.errno != socket.EAI_AGAIN:  # EAI_AGAIN: DNS may come back
+            return RemoteError(f"{url}: cannot resolve the host name {parts.hostname!r}; fix the host in the URL",
+                               url=url)
+        stack.extend([c.__cause__, c.__context__, getattr(c, "reason", None)])
+        stack.extend(a for a in getattr(c, "args", ()) if isinstance(a, BaseException))
+    return None
+
+
 def _part_header(boundary: bytes) -> re.Pattern:
     """The compiled pattern of one multipart/byteranges part header (boundary, any headers, Content-Range)."""
     pattern = _PARTS.get(boundary)
@@ -133,7 +168,7 @@ class HTTPBackend:
         except requests.Timeout:
             raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
         except requests.ConnectionError as e:
-            raise Transient(f"connection failed: {e}") from None
+            raise _unreachable(self.url, e) or Transient(f"connection failed: {e}") from None
         if r.status_code >= 500:
             raise Transient(f"HTTP {r.status_code} {r.reason}")
         if r.status_code != 200:
@@ -182,7 +217,7 @@ class HTTPBackend:
         except requests.Timeout:
             raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise Transient(f"connection failed: {e}") from None
+            raise _unreachable(self.url, e) or Transient(f"connection failed: {e}") from None
         except (RemoteError, SourceChangedError, Transient):
             raise
         except (OSError, urllib3.exceptions.HTTPError) as e:
@@ -232,7 +267,7 @@ class HTTPBackend:
         except requests.Timeout:
             raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise Transient(f"connection dropped: {e}") from None
+            raise _unreachable(self.url, e) or Transient(f"connection dropped: {e}") from None
         except (RemoteError, SourceChangedError, Transient):
             raise
         except (OSError, urllib3.exceptions.HTTPError) as e:  # ProtocolError / IncompleteRead: a body cut short
@@ -261,7 +296,7 @@ class HTTPBackend:
             raise
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, OSError,
                 urllib3.exceptions.HTTPError) as e:
-            raise Transient(f"multi-range body failed: {e}") from None
+            raise _unreachable(self.url, e) or Transient(f"multi-range body failed: {e}") from None
 
     def _read_parts(self, raw, boundary: bytes, ranges, size: int, outs) -> None:
         # The whole reply is received into this thread's warm buffer with readinto, then the part headers are
@@ -334,6 +369,10 @@ class S3Backend:
             if status and status >= 500:
                 return Transient(f"S3 {status} {code}")
             return RemoteError(f"{self.url}: {what}: S3 {status} {code}", url=self.url, status=status)
+        endpoint = self.client.meta.endpoint_url
+        unreachable = _unreachable(endpoint, e)
+        if unreachable is not None:  # named by the endpoint's URL, which is where nothing listens
+            return RemoteError(f"{self.url}: {what}: {unreachable} (storage_options['endpoint_url'])", url=self.url)
         return Transient(f"{type(e).__name__}: {e}")
 
     def identity(self) -> tuple[int, str | None]:
