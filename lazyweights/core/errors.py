@@ -89,11 +89,19 @@ class LazyWeightsError(Exception):
 
 
 class FormatError(LazyWeightsError, ValueError):
-    """A checkpoint file is malformed: the message names the file and, where known, the tensor."""
+    """A checkpoint file is malformed: the message names the file and, where known, the tensor.
+    safetensors: a bad header length, invalid JSON, offsets that overlap, leave holes, leave the file or
+    disagree with dtype x shape, an unknown dtype code, a tensor in two shards, a missing shard, an index entry
+    outside the checkpoint directory. GGUF: a bad magic or version, truncated tensor data, dims whose product
+    overflows, offsets outside the file or misaligned, an unknown type, a missing split part. A PyTorch
+    pickle (never unpickled)."""
 
 
 class SourceChangedError(FormatError):
-    """A source file was truncated, replaced or modified after `load_weights` opened it."""
+    """A source file was truncated, replaced or modified after `load_weights` opened it (or a remote object
+    changed while it was read). Checked before each block touches pages; a truncation *during* a block is
+    caught too where the block reads through the compiled casts (their SIGBUS guard) or writes straight from
+    the map (EFAULT)."""
 
 
 class ImatrixFormatError(FormatError):
@@ -102,12 +110,14 @@ class ImatrixFormatError(FormatError):
 
 
 class UnsupportedCompressionError(FormatError):
-    """A compressed-tensors checkpoint whose format, strategy or bit width this reader does not decompress;
-    lists the supported ones."""
+    """A compressed-tensors checkpoint whose format (`sparse-bitmask`, `marlin-24`, `mxfp6-pack-quantized`,
+    ...), strategy or bit width this reader does not decompress, or a module no config group targets; lists
+    the supported formats, strategies and widths."""
 
 
 class MissingWeightError(LazyWeightsError, KeyError):
-    """A weight name that does not exist. Carries close matches as a did-you-mean suggestion."""
+    """A weight name that does not exist, or a MoE layer missing an expert. Carries close matches as a
+    did-you-mean suggestion."""
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -118,11 +128,13 @@ class MissingWeightError(LazyWeightsError, KeyError):
 
 
 class UsageError(LazyWeightsError, ValueError):
-    """A call with arguments that cannot work (a rank outside the world, an unknown option value)."""
+    """A call whose argument values cannot work: a rank outside the world, an unknown scheduler, device or
+    output format, an invalid size, a destination that is not an output, an empty path list."""
 
 
 class ArgumentTypeError(LazyWeightsError, TypeError):
-    """An argument of the wrong Python type (a list where a state dict goes), or an adapter that returned one."""
+    """An argument of the wrong Python type (a list where a state dict goes, a non-string key), or an adapter
+    that returned one."""
 
 
 class UnmappedTensorError(LazyWeightsError, KeyError):
@@ -216,12 +228,15 @@ class ScaleShapeError(ShapeError):
 
 
 class LoraError(LazyWeightsError, ValueError):
-    """A LoRA adapter that does not fit the base: a shape, a target module or a saved tensor the base lacks, an
-    adapter for another base, or an adapter kind lazyweights cannot merge (DoRA); names the tensor and both shapes."""
+    """A PEFT LoRA adapter that does not fit the base: an update whose shape is not the base tensor's, a module
+    or target the base lacks (an adapter for another base), a rank that disagrees with `r`, an adapter kind
+    lazyweights cannot merge (DoRA, LoRA biases, parameter targets), a folder without `adapter_config.json`
+    or `adapter_model.safetensors`; names the tensor and both shapes."""
 
 
 class DTypeError(LazyWeightsError, TypeError, ValueError):
-    """An unsupported dtype, or an op the dtype does not allow (e.g. casting packed quantized blocks)."""
+    """An unsupported or mismatched dtype, or an op the dtype does not allow (casting packed quantized blocks,
+    adding to a quantized tensor, a block type MAX has no name for)."""
 
 
 class LoadError(LazyWeightsError, ValueError):
@@ -239,7 +254,7 @@ class TorchLoadError(LoadError, RuntimeError):
 
 
 class BudgetError(LazyWeightsError, ValueError):
-    """The memory budget is smaller than the largest block the plan must hold at once."""
+    """The memory budget is smaller than some tensor's smallest block; raised before any work."""
 
 
 class UnknownPresetError(LazyWeightsError, ValueError):
@@ -252,11 +267,14 @@ class UnknownTypeError(LazyWeightsError, ValueError):
 
 
 class KVOverrideError(LazyWeightsError, ValueError):
-    """A metadata override (`--override-kv KEY=TYPE:VALUE`) that is malformed; names it and says why."""
+    """A metadata override (`--override-kv KEY=TYPE:VALUE`, `kv_overrides=`) that is malformed: no `=`, a key
+    of 128+ bytes, an unknown TYPE, a value that is not one, or a key lazyweights writes itself
+    (`general.file_type`, `general.quantization_version`, `general.alignment`); names it and says why."""
 
 
 class RemoteError(LazyWeightsError, OSError):
-    """Reading a checkpoint from object storage failed; `url` names the object, `status` the HTTP status."""
+    """Reading a checkpoint from object storage failed: 403/404, a server that ignores Range, a truncated body
+    or a timeout after retries. `url` names the object, `status` the HTTP status."""
 
     def __init__(self, message: str, url: str | None = None, status: int | None = None):
         super().__init__(message)
@@ -268,7 +286,8 @@ class RemoteError(LazyWeightsError, OSError):
 
 
 class ExecutionError(LazyWeightsError, RuntimeError):
-    """A step failed while running a plan. `tensor` names the output being computed."""
+    """A step failed while running a plan (inside a kernel, or a tool such as Graphviz's `dot`); the other
+    tasks stop. `tensor` names the output being computed."""
 
     def __init__(self, message: str, tensor: str | None = None):
         super().__init__(message)
@@ -281,7 +300,8 @@ class CacheWriteWarning(LazyWeightsError, UserWarning):
 
 
 class WriteError(ExecutionError, OSError):
-    """Writing an output failed. The partial output has been removed; `path` names it."""
+    """Writing an output failed (disk full, permissions, a file where a folder goes). The partial output has
+    been removed; `path` names it."""
 
     def __init__(self, message: str, path: str | None = None, tensor: str | None = None):
         ExecutionError.__init__(self, message, tensor)
