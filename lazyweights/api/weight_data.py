@@ -123,7 +123,7 @@ class WeightData:
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of a 0-d WeightData")
+            raise ArgumentTypeError(f"len() of a 0-d WeightData {self.name!r} (shape [])")
         return self.shape[0]
 
     def __repr__(self) -> str:

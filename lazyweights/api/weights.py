@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import DTypeError, ShapeError, missing_weight
+from ..core.errors import ArgumentTypeError, DTypeError, ShapeError, missing_weight
 from ..core.quantization import QuantizationEncoding
 from ..formats.checkpoint import Checkpoint, WeightsFormat
 from ..formats.open import open_checkpoint
@@ -82,7 +82,8 @@ class Weights:
             return self._child(str(int(key)))
         if isinstance(key, str):
             return self._child(key)
-        raise TypeError(f"Weights index must be an int or str, not {type(key).__name__}")
+        raise ArgumentTypeError(f"Weights index must be an int or str, not {type(key).__name__} {key!r} "
+                                f"(under {self._prefix or 'the root'!r})")
 
     def __setattr__(self, key, value):
         raise AttributeError("Weights is read-only; build a new state dict instead")
@@ -243,7 +244,8 @@ class Weights:
         return name in self._shared.checkpoint.records
 
     def __iter__(self):
-        raise TypeError("iterate over Weights.items() (the seed protocol), not the Weights object")
+        raise ArgumentTypeError(f"iterate over Weights.items() (the seed protocol), not the Weights object "
+                                f"{self._prefix or '(root)'!r}")
 
 
 def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None,

@@ -51,7 +51,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..core.dtype import DType
-from ..core.errors import FormatError, UsageError
+from ..core.errors import DTypeError, FormatError, UsageError
 from ..core.quantization import QuantizationEncoding
 from ..io.remote import is_url
 from .source import SourceFile, TensorRecord, absolute_location, location_exists
@@ -145,7 +145,7 @@ class GGUFArray(Sequence):
     def numpy(self) -> np.ndarray:
         """Numeric arrays as a read-only numpy view (BOOL as numpy bool). TypeError for strings/arrays."""
         if self.type not in SCALAR_FORMATS:
-            raise TypeError(f"GGUFArray of {self.type.name} has no numpy form; use tolist()")
+            raise DTypeError(f"GGUFArray of {self.type.name} ({len(self)} values) has no numpy form; use tolist()")
         self._file.check_unchanged()
         arr = self._file.view(self._offset, self._nbytes).view(np.dtype(SCALAR_FORMATS[self.type][1]))
         return arr != 0 if self.type is GGUFValueType.BOOL else arr

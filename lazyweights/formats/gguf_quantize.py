@@ -138,26 +138,26 @@ def parse_kv_override(text: str) -> KVOverride:
 
 
 def _checked_override(key: str, kind: str, value, text) -> KVOverride:
+    def bad(why: str) -> KVOverrideError:
+        return KVOverrideError(f"metadata override {text!r}: {value!r} is not a {kind} value ({why})")
+
     try:
         if kind == "int":
             v: int | float | str = int(value)
-            if not -2**63 <= int(value) < 2**63:
-                raise ValueError("outside int64")
         elif kind == "float":
             v = float(value)
         elif kind == "bool":
-            if isinstance(value, bool):
-                v = value
-            elif value in ("true", "false"):
-                v = value == "true"
-            else:
-                raise ValueError("a bool is 'true' or 'false'")
+            v = value if isinstance(value, bool) else value == "true"
         else:
             v = str(value)
-            if len(v.encode("utf-8")) > 127:
-                raise ValueError(f"a str value cannot exceed 127 bytes, got {len(v.encode('utf-8'))}")
-    except (TypeError, ValueError) as e:
-        raise KVOverrideError(f"metadata override {text!r}: {value!r} is not a {kind} value ({e})") from e
+    except (TypeError, ValueError) as e:  # int("x"), float(None): Python's own parse errors
+        raise bad(str(e)) from e
+    if kind == "int" and not -2**63 <= int(v) < 2**63:
+        raise bad("outside int64")
+    if kind == "bool" and not isinstance(value, bool) and value not in ("true", "false"):
+        raise bad("a bool is 'true' or 'false'")
+    if kind == "str" and len(str(v).encode("utf-8")) > 127:
+        raise bad(f"a str value cannot exceed 127 bytes, got {len(str(v).encode('utf-8'))}")
     return KVOverride(key, kind, v)
 
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..core.dtype import DType
+from ..core.errors import ArgumentTypeError, ImatrixShapeError, UsageError
 from .opcodes import Op
 
 
@@ -104,7 +105,7 @@ class IndexArray:
             [3, 3, 4, 4, 5]
         """
         if div < 1 or not 0 <= phase < div or n < 0:
-            raise ValueError(f"IndexArray.repeat: need n >= 0, div >= 1 and 0 <= phase < div, got n={n}, "
+            raise UsageError(f"IndexArray.repeat: need n >= 0, div >= 1 and 0 <= phase < div, got n={n}, "
                              f"div={div}, phase={phase}")
         return _affine(_canonical(int(n), int(offset), int(scale), int(div), int(phase)))
 
@@ -140,7 +141,8 @@ class IndexArray:
     def __getitem__(self, key: slice) -> "IndexArray":
         """A slice of the list (positive or negative step), affine when this one is and the step allows."""
         if not isinstance(key, slice):
-            raise TypeError("IndexArray slices only; use values(rows) for positions")
+            raise ArgumentTypeError(f"IndexArray slices only, got {type(key).__name__} {key!r}; use values(rows) for "
+                                    "positions")
         if self._array is not None:
             return IndexArray(self._array[key])
         n, offset, scale, div, phase = self.affine
@@ -310,7 +312,7 @@ class Importance:
     def __init__(self, values):
         arr = np.ascontiguousarray(values, dtype=np.float32)
         if arr.ndim not in (1, 2):
-            raise ValueError(f"an importance matrix is [n] or [n_expert, n], got shape {list(arr.shape)}")
+            raise ImatrixShapeError(f"an importance matrix is [n] or [n_expert, n], got shape {list(arr.shape)}")
         arr.setflags(write=False)
         self.array = arr
         self._hash = hash((arr.shape, arr.tobytes()))

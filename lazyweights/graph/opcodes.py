@@ -34,6 +34,8 @@ from __future__ import annotations
 import enum
 from typing import Callable, Iterable
 
+from ..core.errors import UsageError
+
 
 class Op(str, enum.Enum):
     """Every op a graph node can hold (see `graph/ops.py` for what each computes)."""
@@ -92,7 +94,7 @@ class OpTable(dict):
         def add(fn):
             for op in ops:
                 if op in self:
-                    raise ValueError(f"{self.rule}: {op} registered twice")
+                    raise UsageError(f"{self.rule}: {op} registered twice (each op has one rule per table)")
                 self[Op(op)] = fn
             return fn
         return add

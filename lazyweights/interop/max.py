@@ -63,7 +63,7 @@ from ..api.weight_data import WeightData, as_weight_data
 from ..api.weights import Weights, load_weights
 from ..core.device import DeviceRef
 from ..core.dtype import DType
-from ..core.errors import DTypeError, LoadError, UsageError, did_you_mean
+from ..core.errors import DependencyError, DTypeError, LoadError, UsageError, did_you_mean
 from ..core.quantization import QuantizationEncoding
 from ..graph.opcodes import Op
 from ..io.source import ByteSource
@@ -84,7 +84,7 @@ def max_modules():
         from max.graph import DeviceRef as MaxDeviceRef
         from max.graph import Shape, quantization, weights
     except ImportError as e:
-        raise ImportError(
+        raise DependencyError(
             "lazyweights.interop.max needs Modular's MAX: pip install 'lazyweights[max]' (or pip install max)"
         ) from e
     return _Max(driver.Buffer, dtype.DType, MaxDeviceRef, Shape, quantization.QuantizationEncoding,

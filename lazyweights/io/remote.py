@@ -58,7 +58,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..core.errors import FormatError, RemoteError, SourceChangedError
+from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .ranges import RangeSet, plan_requests
 from .transport import S3Backend, Transient, backend
@@ -404,7 +404,8 @@ class RemoteFile:
         """Fetch bytes [start, end) straight into `out` (the caller's memory: an output the block then casts
         in place), bypassing the map: the bytes are touched once. Bytes the map holds are copied from it."""
         if len(out) != end - start:
-            raise ValueError(f"receive: {end - start} bytes into a {len(out)}-byte buffer")
+            raise UsageError(f"receive: bytes [{start}, {end}) of {self.path} ({end - start} bytes) into a "
+                             f"{len(out)}-byte buffer")
         with self._lock:
             held = self._have.held_many([(start, end)])
             missing = self._have.missing_many([(start, end)])

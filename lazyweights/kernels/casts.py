@@ -77,7 +77,7 @@ from typing import Any, Iterator, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from ..core.errors import DependencyError, DTypeError, ShapeError
+from ..core.errors import ArgumentTypeError, DependencyError, DTypeError, ShapeError, UsageError
 
 __all__ = ["cast", "cast_into", "gather_cast_into", "compiled_kernels", "compiled_quantizers", "has_fast_path",
            "warm_up", "kernel_backend", "USE_COMPILED", "HAVE_C"]
@@ -526,12 +526,12 @@ def cast_into(src: np.ndarray, out: np.ndarray) -> None:
                [ 3., inf]], dtype=float16)
     """
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        raise ArgumentTypeError(f"out must be a numpy array, not {type(out).__name__}")
     src = np.asanyarray(src)
     if src.shape != out.shape:
         raise ShapeError(f"cast_into: source shape {src.shape} != output shape {out.shape}")
     if not out.flags.writeable:
-        raise ValueError("cast_into: the output array is read-only")
+        raise UsageError(f"cast_into: the output array ({out.dtype}{list(out.shape)}) is read-only")
     if out.size == 0:
         return
     dst_dtype = out.dtype
@@ -638,7 +638,7 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         IndexError: gather_cast_into: row index 4 (at position 0 of 3) is out of range: the source holds rows 0..3
     """
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+        raise ArgumentTypeError(f"out must be a numpy array, not {type(out).__name__}")
     src = np.asanyarray(src)
     idx = np.asarray(rows)
     if idx.ndim != 1 or not (idx.size == 0 or np.issubdtype(idx.dtype, np.integer)):
@@ -649,7 +649,7 @@ def gather_cast_into(src: np.ndarray, rows, out: np.ndarray) -> None:
         raise ShapeError(f"gather_cast_into: {idx.size} rows of source shape {src.shape} do not fit output "
                          f"shape {out.shape}")
     if not out.flags.writeable:
-        raise ValueError("gather_cast_into: the output array is read-only")
+        raise UsageError(f"gather_cast_into: the output array ({out.dtype}{list(out.shape)}) is read-only")
     idx = np.ascontiguousarray(idx, dtype=np.int64)
     kernel = table = None
     if USE_COMPILED and HAVE_C and idx.size and out.size and out.flags.c_contiguous and out.flags.aligned \

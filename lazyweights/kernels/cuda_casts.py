@@ -47,6 +47,7 @@ import functools
 import numpy as np
 
 from ..core.dtype import DType
+from ..core.errors import DTypeError
 
 __all__ = [
     "DEVICE_CASTS",
@@ -394,9 +395,9 @@ Chain = tuple  # tuple[tuple[DType, DType], ...]
 def _check_chain(chain: Chain) -> None:
     for i, pair in enumerate(chain):
         if pair not in _PAIRS:
-            raise KeyError(f"no device cast {pair[0].name} -> {pair[1].name}")
+            raise DTypeError(f"no device cast {pair[0].name} -> {pair[1].name} (chain step {i})")
         if i and chain[i - 1][1].size_in_bytes != pair[0].size_in_bytes:
-            raise ValueError(f"chain step {i} reads {pair[0].name} after a {chain[i - 1][1].name} result")
+            raise DTypeError(f"chain step {i} reads {pair[0].name} after a {chain[i - 1][1].name} result")
 
 
 def reference_bits(bits: np.ndarray, src: DType, dst: DType) -> np.ndarray:

@@ -43,6 +43,7 @@ import functools
 
 import numpy as np
 
+from ..core.errors import ShapeError
 from ..core.quantization import QuantizationEncoding as Q
 from .cuda_casts import NVRTC_OPTIONS, U, cuda_chain_expr, cuda_preamble, reference_chain, widen_f16
 
@@ -502,7 +503,7 @@ def launch(encoding, chain, src, out, stream=None) -> None:
     enc = Q.parse_required(encoding, "launch")
     n = src.size // enc.block_bytes * enc.block_elements
     if out.size != n:
-        raise ValueError(f"dequantize {enc.name}: {src.size} packed bytes give {n} values, output has {out.size}")
+        raise ShapeError(f"dequantize {enc.name}: {src.size} packed bytes give {n} values, output has {out.size}")
     if n == 0:
         return
     kernel = dequant_kernel(enc, tuple(chain))

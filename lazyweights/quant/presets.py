@@ -317,7 +317,8 @@ def tensor_type(
         # which equals the layer number when each layer has one such tensor
         if max(1, n_expert) > 1 or counter is None:
             if layer is None:
-                raise ValueError(f"cannot determine the layer of tensor {name!r} (expected 'blk.N.')")
+                raise UsageError(f"cannot determine the layer of tensor {name!r} (expected 'blk.N.'; "
+                                 f"n_expert={n_expert})")
             return layer, n_layer
         return counter, n_layer
 
