@@ -527,7 +527,10 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
-    md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    try:
+        md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
+    except GGUFConfigError as e:  # one error naming everything to add, not one try per missing thing
+        raise _what_to_add(e, folder, huggingface_config is None, tokenizer) from None
     from .names import hf_to_gguf_name
 
     sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
@@ -549,6 +552,29 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     out = ConvertedStateDict(adapted)
     out.gguf_metadata = md
     return out
+
+
+def _what_to_add(e: GGUFConfigError, folder: str | None, from_folder: bool, tokenizer: bool) -> GGUFConfigError:
+    """`e` (config.json lacks keys) with the exact fix: each key to add to which config.json and, when the folder
+    has no tokenizer.json either, that too, so a checkpoint missing both is fixed in one try.
+
+    >>> e = GGUFConfigError("config.json lacks context_length (max_position_embeddings or n_ctx)",
+    ...                     ["context_length (max_position_embeddings or n_ctx)"])
+    >>> print(_what_to_add(e, None, False, False).args[0].split(": ", 1)[1])
+    add "max_position_embeddings": N (the model's values) to the config
+    """
+    import re
+
+    names = [m.group(1) for k in e.missing if (m := re.search(r"\((\w+)", k))]
+    beside = os.path.join(folder, "config.json") if folder else None
+    where = beside if beside and (from_folder or os.path.isfile(beside)) else "the config"
+    text = str(e)
+    if names:
+        text += f": add {', '.join(json.dumps(n) + ': N' for n in names)} (the model's values) to {where}"
+    if tokenizer and folder and not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        text += (f"; {folder} has no tokenizer.json either: add the model's tokenizer.json, or pass tokenizer=False "
+                 "(--no-tokenizer) to write a GGUF without one")
+    return GGUFConfigError(text, e.missing)
 
 
 def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
