@@ -29,15 +29,20 @@ from __future__ import annotations
 
 import html as _html
 import json
+import logging
 import math
 import os
+import re
 import shutil
 import subprocess
+from importlib import resources
+from typing import Callable
 
-from ..core.errors import DependencyError, ExecutionError, UsageError
+from ..core.errors import DependencyError, ExecutionError, LazyWeightsError, UsageError
 from ..graph.node import Node, toposort
 from ..graph.opcodes import Op
 from ..io.atomic import commit_file, staging_name, write_file_atomically
+from .describe import box_label, op_details, short_name
 from .explain import (
     View,
     build_view,
@@ -51,7 +56,8 @@ from .explain import (
     type_str,
 )
 
-__all__ = ["to_networkx", "visualize", "to_dot", "to_mermaid", "to_html", "build_scene", "OP_COLORS"]
+__all__ = ["to_networkx", "visualize", "to_dot", "to_mermaid", "to_html", "diff_html", "build_scene", "OP_COLORS",
+           "viewer_asset", "write_text"]
 
 # Fill colours by op (ColorBrewer-like, readable with black text).
 OP_COLORS = {
@@ -69,6 +75,7 @@ OP_COLORS = {
     "output": "#ffffff",
 }
 _OTHER_COLOR = "#eeeeee"
+_log = logging.getLogger(__name__)
 KIND_COLORS = {"fused": "#d94801", "copy": "#2171b5", "view": "#238b45", "chain": "#737373"}
 _LAYOUT_OPS = frozenset({"reshape", "permute", "slice", "bitcast"})
 SUFFIXES = (".dot", ".gv", ".svg", ".png", ".mmd", ".html", ".htm")
@@ -125,32 +132,43 @@ def to_networkx(plan):
 
 
 # --- the scene: grouped nodes, outputs, step boxes and a layout ------------------------------------------------
-NODE_W, NODE_H, COL_GAP, ROW_GAP, BOX_PAD, BAND_GAP, LABEL_H = 172, 50, 30, 10, 8, 10, 16
+NODE_W, NODE_H, COL_GAP, ROW_GAP, BOX_PAD, BAND_GAP, LABEL_H = 196, 50, 30, 10, 8, 10, 16
 
 
-def _step_kinds(view: View, plan) -> tuple[dict[str, str], bool]:
-    """Output name -> step kind, from the scheduler when it is available, else inferred from the ops."""
+def _step_info(view: View) -> tuple[dict[str, dict], str | None]:
+    """Output name -> its step from the compiler (`compile_steps` at the default budget): kind, position,
+    blocks, bytes read and written, the compiled chain's ops. Where the compiler refuses the plan (a
+    LazyWeightsError, e.g. a step that cannot fit the default budget), the reason is logged and returned,
+    and each output's kind is inferred from its ops instead."""
     try:
         steps = compile_outputs(view.outputs)
-    except Exception:
-        steps = None
+    except LazyWeightsError as e:
+        reason = f"the compiler refused the plan: {type(e).__name__}: {e}"
+        _log.warning("drawing the plan without the compiler's steps: %s", reason)
+        steps, error = None, reason
+    else:
+        error = None if steps is not None else "no compiler available"
+    info: dict[str, dict] = {}
     if steps is not None:
-        kinds = {}
-        for st in steps:
-            for name in getattr(st, "outputs", ()):
-                kinds[name] = str(getattr(st, "kind", "fused"))
-        return kinds, True
-    kinds = {}
+        for i, st in enumerate(steps):
+            entry = {"kind": str(st.kind), "index": i + 1, "of": len(steps), "blocks": len(st.blocks),
+                     "block_bytes": st.block_bytes, "read": st.read_bytes, "nbytes": st.nbytes, "whole": st.whole,
+                     "ops": " -> ".join(op_label(n) for n in st.nodes), "outputs": list(st.outputs)}
+            for name in st.outputs:
+                info[name] = entry
+        return info, None
     for name, root in view.outputs.items():
         ops = {n.op for n in toposort([root])} - {"source", "const"}
-        kinds[name] = "view" if not ops else ("copy" if ops <= _LAYOUT_OPS else "fused")
-    return kinds, False
+        kind = "view" if not ops else ("copy" if ops <= _LAYOUT_OPS else "fused")
+        info[name] = {"kind": kind, "index": None}
+    return info, error
 
 
 def build_scene(plan, group_layers: bool = True, filter: str | None = None) -> dict:
     """Display data shared by the .dot, .mmd and .html writers: nodes, outputs, edges, boxes, positions."""
     view = build_view(plan, filter=filter, group_layers=group_layers)
-    kinds, from_scheduler = _step_kinds(view, plan)
+    step_info, steps_error = _step_info(view)
+    kinds = {name: i["kind"] for name, i in step_info.items()}
     users: dict[int, list[str]] = {vn.id: [] for vn in view.nodes}
     member_names: dict[int, list[str]] = {vn.id: [] for vn in view.nodes}
     for g in view.groups:
@@ -214,8 +232,8 @@ def build_scene(plan, group_layers: bool = True, filter: str | None = None) -> d
     width = out_col * (NODE_W + COL_GAP) + out_w + 2 * BOX_PAD
     return {
         "grouped": view.grouped, "nodes": nodes, "outputs": outs, "edges": edges, "boxes": boxes,
-        "stats": stats, "from_scheduler": from_scheduler, "width": width + 2 * BOX_PAD, "height": max(y, 1.0),
-        "columns": out_col + 1, "view": view,
+        "stats": stats, "from_scheduler": steps_error is None, "steps": step_info, "steps_error": steps_error,
+        "width": width + 2 * BOX_PAD, "height": max(y, 1.0), "columns": out_col + 1, "view": view,
     }
 
 
@@ -226,7 +244,7 @@ def _scene_node(vn, x, y, group, used_by, kind) -> dict:
         "type": type_str(n), "dtype": n.dtype.name, "shape": list(n.shape), "nbytes": n.nbytes,
         "total": vn.total_nbytes, "count": vn.count, "group": group, "shared": vn.shared,
         "srcs": [f"n{s}" for s in vn.srcs], "line": vn.line(), "outputs": used_by,
-        "x": x, "y": y, "w": NODE_W, "h": NODE_H,
+        "x": x, "y": y, "w": NODE_W, "h": NODE_H, "box": box_label(n), "vnode": vn,
     }
     if n.op is Op.SOURCE:
         recs = [m.arg for m in vn.members]
@@ -236,10 +254,6 @@ def _scene_node(vn, x, y, group, used_by, kind) -> dict:
         d["tensors"] = [r.name for r in recs]
         if getattr(recs[0], "encoding", None) is not None:
             d["encoding"] = recs[0].encoding.name
-    if n.op is Op.TAKE:
-        idx = n.arg[1].array
-        shown = ",".join(str(int(i)) for i in idx[:256])
-        d["indices"] = f"[{shown}{',…' if len(idx) > 256 else ''}] ({len(idx)} along axis {n.arg[0]})"
     return d
 
 
@@ -396,27 +410,54 @@ def to_mermaid(plan, group_layers: bool = True) -> str:
 
 
 # --- HTML --------------------------------------------------------------------------------------------------
+# The page's HTML, CSS and JS are package data in lazyweights/render/viewer/ (viewer.html, .css, .js), inlined
+# into one file that works offline from file:// (tests/render/test_viewer_browser.py drives it in Chromium).
+VIEWER_ASSETS = ("viewer.html", "viewer.css", "viewer.js")
+_TEMPLATE_FIELD = re.compile(r"\{\{(\w+)\}\}")
+
+
+def viewer_asset(name: str) -> str:
+    """The text of one of the viewer's files (`viewer.html`, `viewer.css`, `viewer.js`), from the package data.
+
+    Example:
+        >>> viewer_asset("viewer.js").startswith("// The lazyweights plan viewer")
+        True
+    """
+    if name not in VIEWER_ASSETS:
+        raise UsageError(f"no viewer asset {name!r}; the viewer's files are {', '.join(VIEWER_ASSETS)}")
+    return resources.files("lazyweights.render").joinpath("viewer", name).read_text(encoding="utf-8")
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    """Replace each `{{field}}` once, in one pass: text put in is never scanned again (a tensor named `{{js}}`
+    stays as it is)."""
+    return _TEMPLATE_FIELD.sub(lambda m: values[m.group(1)], template)
+
+
 def _esc(s) -> str:
     return _html.escape(str(s), quote=True)
 
 
-def _fit(text: str, width_px: float, char_px: float = 6.3, keep_end: bool = False) -> str:
+def _fit(text: str, width_px: float, char_px: float = 6.3) -> str:
     n = max(4, int(width_px / char_px))
-    if len(text) <= n:
-        return text
-    return ("…" + text[-(n - 1):]) if keep_end else (text[: n - 1] + "…")
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _svg(sc: dict, scene_id: str) -> str:
-    """Static SVG for one scene (the JS adds interaction). Positions come from `build_scene`."""
+def _chars(width_px: float, char_px: float = 6.3) -> int:
+    return max(4, int(width_px / char_px))
+
+
+def _svg(sc: dict, scene_id: str, marks: dict[int, tuple[str, str]] | None = None) -> str:
+    """Static SVG for one scene (the JS adds interaction). Positions come from `build_scene`. `marks`: output
+    group index -> (css class, badge text) for a diff's changed and one-sided outputs."""
+    marks = marks or {}
     maxb = max([n["nbytes"] for n in sc["nodes"]] + [o["nbytes"] for o in sc["outputs"]] + [2])
     lmax = math.log2(maxb + 1)
-    parts = [f'<svg class="plan" id="{scene_id}" xmlns="http://www.w3.org/2000/svg" '
-             f'viewBox="-12 -12 {sc["width"] + 24:.0f} {sc["height"] + 24:.0f}" '
-             f'width="{sc["width"] + 24:.0f}" height="{sc["height"] + 24:.0f}">',
+    w, h = sc["width"] + 24, sc["height"] + 24
+    parts = [f'<svg class="plan" id="{scene_id}" xmlns="http://www.w3.org/2000/svg" data-w="{w:.0f}" data-h="{h:.0f}">',
              '<defs><marker id="arr-' + scene_id + '" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
              'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#777"/></marker></defs>',
-             '<g class="viewport">']
+             '<g class="viewport" transform="translate(12,12)">']
     for b in sc["boxes"]:
         color = KIND_COLORS.get(b["kind"], "#737373")
         parts.append(f'<g class="box" data-group="{b["group"]}"><rect x="{b["x"]:.1f}" y="{b["y"]:.1f}" '
@@ -442,8 +483,8 @@ def _svg(sc: dict, scene_id: str) -> str:
         frac = math.log2(n["nbytes"] + 1) / lmax if lmax else 0
         fill = OP_COLORS.get(n["op"], _OTHER_COLOR)
         x, y, w, h = n["x"], n["y"], n["w"], n["h"]
-        t1 = _fit(f"{n['num']} {n['label']}", w - 16 - (26 if n["count"] > 1 else 0))
-        t2 = (_fit(n["tensor"], w - 12, keep_end=True) if n["op"] == "source"
+        t1 = _fit(f"{n['num']} {n['box']}", w - 16 - (26 if n["count"] > 1 else 0))
+        t2 = (short_name(n["tensor"], _chars(w - 12)) if n["op"] == "source"
               else _fit(f"{n['type']} · {format_bytes(n['nbytes'])}", w - 12))
         t3 = f"{n['type']} · {format_bytes(n['nbytes'])}" if n["op"] == "source" else ""
         parts.append(
@@ -462,320 +503,286 @@ def _svg(sc: dict, scene_id: str) -> str:
     for o in sc["outputs"]:
         frac = math.log2(o["nbytes"] + 1) / lmax if lmax else 0
         x, y, w, h = o["x"], o["y"], o["w"], o["h"]
+        mark = marks.get(o["group"])
+        cls = f" {mark[0]}" if mark else ""
+        badge = (f'<text x="{x + w - 6:.1f}" y="{y + 33:.1f}" class="diffbadge">{_esc(mark[1])}</text>'
+                 if mark else "")
+        name_w = w - 16 - (30 if o["count"] > 1 else 0)
         parts.append(
-            f'<g class="node out kind-{_esc(o["kind"])}" id="{scene_id}-{o["id"]}" data-id="{o["id"]}" tabindex="0">'
+            f'<g class="node out kind-{_esc(o["kind"])}{cls}" id="{scene_id}-{o["id"]}" data-id="{o["id"]}" '
+            f'data-name="{_esc(o["name"])}" tabindex="0">'
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h}" rx="4" class="body outbody"/>'
             f'<rect x="{x + 6:.1f}" y="{y + h - 5:.1f}" width="{max(2.0, (w - 12) * frac):.1f}" height="2.5" '
             f'rx="1.2" class="bytebar"/>'
             f'<text x="{x + 8:.1f}" y="{y + 18:.1f}" class="t1 '
-            f'outname">{_esc(_fit(o["name"], w - 16 - (30 if o["count"] > 1 else 0), 6.6))}</text>'
+            f'outname">{_esc(short_name(o["name"], _chars(name_w, 6.6)))}</text>'
             f'<text x="{x + 8:.1f}" y="{y + 33:.1f}" '
             f'class="t2">{_esc(o["type"] + " · " + format_bytes(o["nbytes"]))}</text>'
             + (f'<text x="{x + w - 6:.1f}" y="{y + 16:.1f}" class="count">×{o["count"]}</text>'
                if o["count"] > 1 else "")
-            + "</g>"
+            + badge + "</g>"
         )
     parts.append("</g></svg>")
     return "".join(parts)
 
 
-def _details(sc: dict) -> dict:
-    """Per-node details for the JS (tooltips, the side panel, highlighting)."""
+def _step_text(info: dict | None, count: int = 1) -> list[list[str]]:
+    """Rows about the compiler's step for one output (`_step_info`)."""
+    if not info:
+        return []
+    if info.get("index") is None:
+        return [["step", f"{info['kind']} (inferred from the ops: {info.get('why', 'the compiler did not run')})"]]
+    each = " each" if count > 1 else ""
+    rows = [["step", f"{info['kind']}, compiler step {info['index']} of {info['of']}"
+             + (f" (and {count - 1} more like it)" if count > 1 else "")],
+            ["blocks", f"{info['blocks']} block{'s' if info['blocks'] != 1 else ''}{each}"
+             + (f", largest {format_bytes(info['block_bytes'])} of working memory" if info["block_bytes"] else "")
+             + (" (computed whole)" if info["whole"] else "")],
+            ["read", f"{format_bytes(info['read'])}{each} from sources"],
+            ["written", f"{format_bytes(info['nbytes'])}{each}"],
+            ["compiled", info["ops"]]]
+    if len(info["outputs"]) > 1:
+        rows.append(["same step", ", ".join(info["outputs"])])
+    return rows
+
+
+def _node_rows(n: dict, steps: dict) -> list[list[str]]:
+    vn = n["vnode"]
+    node = vn.node
+    rows: list[list[str]] = [["op", n["label"]]]
+    if node.op is Op.SOURCE and vn.count > 1:
+        recs = [m.arg for m in vn.members]
+        rows.append(["tensor", n["tensor"]])
+        rows.append(["tensors", ", ".join(r.name for r in recs[:8]) + (" …" if len(recs) > 8 else "")])
+        files = list(dict.fromkeys(r.file.path for r in recs))
+        rows.append(["file", ", ".join(files)])
+        rows.append(["offsets", ", ".join(f"{r.offset:#x}" for r in recs[:8]) + (" …" if len(recs) > 8 else "")])
+        rows.append(["stored", f"{n['type']} each"])
+        if n.get("encoding"):
+            rows.append(["encoding", n["encoding"]])
+    else:
+        rows += [[k, v] for k, v in op_details(node)]
+    if node.srcs:
+        rows.append(["in", ", ".join(type_str(s) for s in node.srcs)])
+    rows.append(["out", f"{n['type']} ({node.dtype.name})"])
+    rows.append(["bytes", format_bytes(n["nbytes"]) + (f" each, {format_bytes(n['total'])} for all {n['count']}"
+                                                       if n["count"] > 1 else "")])
+    runs = [steps[o] for o in n.get("names") or n["outputs"] if o in steps]
+    if runs and runs[0].get("index") is not None:
+        first = runs[0]
+        distinct = {id(r) for r in runs}
+        rows.append(["runs in", f"{first['kind']} step {first['index']} of {first['of']}, {first['blocks']} block"
+                     f"{'s' if first['blocks'] != 1 else ''}"
+                     + (f" (and {len(distinct) - 1} more steps)" if len(distinct) > 1 else "")])
+    elif runs:
+        rows.append(["runs in", f"a {runs[0]['kind']} step (inferred)"])
+    rows.append(["used by", ", ".join(n["outputs"][:12]) + (" …" if len(n["outputs"]) > 12 else "")])
+    if n["shared"]:
+        rows.append(["shared", "read once, used by several outputs"])
+    return rows
+
+
+def _chain_summary(vn) -> str:
+    """One line of what a chain entry does, for the output's chain list in the side panel."""
+    if vn.node.op is Op.SOURCE and vn.count > 1:
+        recs = [m.arg for m in vn.members]
+        return (f"{vn.count} tensors, {name_pattern(r.name for r in recs)}, offsets "
+                + ", ".join(f"{r.offset:#x}" for r in recs[:4]) + (" …" if len(recs) > 4 else ""))
+    return "; ".join(f"{k} {v}" for k, v in op_details(vn.node) if k not in ("file", "stored"))
+
+
+def _details(sc: dict, diff_lines: dict[int, list[str]] | None = None) -> dict:
+    """Per-node details for the JS (tooltips, the side panel, highlighting). `diff_lines`: output group
+    index -> the lines that say how it differs in a diff."""
     det = {}
     preds: dict[str, list[str]] = {}
     succs: dict[str, list[str]] = {}
     for e in sc["edges"]:
         preds.setdefault(e["to"], []).append(e["from"])
         succs.setdefault(e["from"], []).append(e["to"])
+    steps = sc["steps"]
+    view = sc["view"]
     for n in sc["nodes"]:
-        rows = [["op", n["label"]], ["type", n["type"]], ["bytes", format_bytes(n["nbytes"])]]
-        if n["count"] > 1:
-            rows.append(["stands for", f"{n['count']} nodes, {format_bytes(n['total'])} in all"])
-        if n["op"] == "source":
-            rows += [["file", n["file"]], ["offset", n["offset"]], ["tensor", n["tensor"]]]
-            if n.get("encoding"):
-                rows.append(["encoding", n["encoding"]])
-        if n.get("indices") is not None:
-            rows.append(["indices", n["indices"]])
-        rows.append(["used by", ", ".join(n["outputs"][:12]) + (" …" if len(n["outputs"]) > 12 else "")])
-        if n["shared"]:
-            rows.append(["shared", "read once, used by several outputs"])
-        det[n["id"]] = {"title": n["num"] + " " + n["op"], "line": n["line"], "rows": rows,
+        det[n["id"]] = {"title": n["num"] + " " + n["op"], "line": n["line"], "rows": _node_rows(n, steps),
                         "preds": preds.get(n["id"], []), "succs": succs.get(n["id"], []),
                         "search": " ".join(n.get("names") or n["outputs"]) + " " + " ".join(n.get("tensors", []))}
     for o in sc["outputs"]:
-        rows = [["output", o["name"]], ["type", o["type"]], ["bytes", format_bytes(o["nbytes"])],
-                ["step", o["kind"] + ("" if o["count"] == 1 else f" (×{o['count']})")]]
+        g = view.groups[o["group"]]
+        rows = [["output", o["name"]], ["type", f"{o['type']} ({o['dtype']})"],
+                ["bytes", format_bytes(o["nbytes"]) + (f" each, {format_bytes(o['total'])} for all {o['count']}"
+                                                       if o["count"] > 1 else "")]]
         if o["count"] > 1:
-            rows.append(["tensors", f"{o['count']}, {format_bytes(o['total'])} in all"])
             rows.append(["names", ", ".join(o["names"][:6]) + (" …" if len(o["names"]) > 6 else "")])
+        rows += _step_text(steps.get(o["names"][0]), o["count"])
+        # The chain: the group's nodes that this output depends on, inputs first.
+        needed = set()
+        stack = [o["src"]]
+        while stack:
+            vid = stack.pop()
+            if vid not in needed:
+                needed.add(vid)
+                stack.extend(view.nodes[vid].srcs)
+        chain = [[f"n{vid}", view.nodes[vid].line(), _chain_summary(view.nodes[vid])]
+                 for vid in sorted(needed)]
         det[o["id"]] = {"title": "output", "line": f"out {o['name']!r} = %{o['src']}", "rows": rows,
-                        "preds": preds.get(o["id"], []), "succs": [], "search": " ".join(o["names"])}
+                        "chain": chain, "names": o["names"], "preds": preds.get(o["id"], []), "succs": [],
+                        "search": " ".join(o["names"])}
+        if diff_lines and g.index in diff_lines:
+            det[o["id"]]["diff"] = diff_lines[g.index]
     return det
 
 
 FULL_VIEW_LIMIT = 4000  # nodes; beyond this the ungrouped view is left out of the html (too heavy to draw)
 
 
-def to_html(plan, group_layers: bool = True) -> str:
-    """One self-contained HTML page (no network): the plan drawn as inline SVG, with interaction."""
-    scenes = []
+def _scenes(plan, group_layers: bool) -> tuple[list[tuple[str, dict]], str]:
     main = build_scene(plan, group_layers)
-    scenes.append(("grouped" if group_layers else "full", main))
-    other_note = ""
+    scenes = [("grouped" if group_layers else "full", main)]
+    note = ""
     if group_layers:
         n_all = main["stats"]["nodes"]
         if n_all <= FULL_VIEW_LIMIT:
             scenes.append(("full", build_scene(plan, False)))
         else:
-            other_note = f"(the ungrouped view of {n_all} nodes is too large to draw here)"
-    stats = main["stats"]
-    svgs, details = [], {}
-    for key, sc in scenes:
-        svgs.append(f'<div class="scene" data-scene="{key}"' + ("" if key == scenes[0][0] else " hidden") + ">"
-                    + _svg(sc, f"s-{key}") + "</div>")
-        details[key] = _details(sc)
-    text = explain(plan, group_layers=group_layers)
-    used_ops = sorted({n["op"] for _, sc in scenes for n in sc["nodes"]})
+            note = f"(the ungrouped view of {n_all} nodes is too large to draw here)"
+    return scenes, note
+
+
+def _summary(stats: dict) -> str:
+    return (f"{stats['tensors']} tensors · {stats['nodes']} nodes · read {format_bytes(stats['bytes_read'])} "
+            f"from {stats['sources']} sources in {stats['files']} file{'s' if stats['files'] != 1 else ''} · "
+            f"write {format_bytes(stats['bytes_written'])} · peak ~{format_bytes(stats['peak_bytes'])} "
+            f"(reference executor)")
+
+
+_HELP = ("<h2>Plan</h2><p>Sources (left) are tensors in the checkpoint files; each dashed box is one output's "
+         "compiler step: <b>fused</b> (computed in one pass), <b>copy</b> (bytes moved, no arithmetic) or "
+         "<b>view</b> (zero-copy). Outputs are on the right. Hover a node to highlight it and its edges; click it "
+         "for its details: the full stored name, file and byte offset of a source, each op's arguments, types "
+         "along the chain, bytes, and the step that runs it.</p>")
+
+
+Marker = Callable[[dict], "tuple[dict[int, tuple[str, str]], dict[int, list[str]]]"]
+
+
+def _page(panes: list[tuple[str, object, Marker | None]], group_layers: bool, title: str, summary: str,
+          help_html: str, diff: dict | None = None) -> str:
+    """The viewer page over one or more plans drawn side by side. Each pane: (title, plan, marker), where
+    `marker(scene)` gives the scene's output marks (group index -> (css class, badge)) and diff lines (group
+    index -> lines) for a diff, or is None."""
+    pane_html, pane_data, used_ops, notes, errors = [], [], set(), [], []
+    first = "grouped" if group_layers else "full"
+    keys = None
+    for pi, (ptitle, plan, marker) in enumerate(panes):
+        scenes, note = _scenes(plan, group_layers)
+        if note:
+            notes.append(note)
+        keys = [k for k, _ in scenes] if keys is None else [k for k in keys if k in dict(scenes)]
+        svgs, details = [], {}
+        for key, sc in scenes:
+            marks, lines = marker(sc) if marker is not None else ({}, {})
+            svgs.append(f'<div class="scene" data-scene="{key}"' + ("" if key == first else " hidden") + ">"
+                        + _svg(sc, f"s{pi}-{key}", marks) + "</div>")
+            details[key] = _details(sc, lines)
+            used_ops.update(n["op"] for n in sc["nodes"])
+            if sc["steps_error"]:
+                errors.append(sc["steps_error"])
+        pane_html.append(f'<section class="pane" data-pane="{pi}">'
+                         + (f'<div class="pane-title">{_esc(ptitle)}</div>' if len(panes) > 1 else "")
+                         + f'<div class="canvas" tabindex="0">{"".join(svgs)}</div></section>')
+        pane_data.append({"title": ptitle, "scenes": details})
     legend_ops = "".join(f'<span class="sw" style="background:{OP_COLORS.get(op, _OTHER_COLOR)}"></span>'
-                         f'<span class="lg">{_esc(op)}</span>' for op in used_ops)
+                         f'<span class="lg">{_esc(op)}</span>' for op in sorted(used_ops))
     legend_kinds = "".join(f'<span class="kb" style="border-color:{KIND_COLORS[k]};color:{KIND_COLORS[k]}">{k}</span>'
                            for k in ("fused", "copy", "view"))
-    source_of_steps = ("steps from lazyweights.compiler.steps" if main["from_scheduler"]
-                       else "steps inferred per output chain (scheduler not available)")
-    data = json.dumps(details, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+    legend_diff = ""
+    if diff is not None:
+        legend_diff = ('<span class="lg">&nbsp;outputs:</span>'
+                       '<span class="lgd" style="border-color:#d62728">changed</span>'
+                       '<span class="lgd" style="border-color:#6a51a3">only in one plan</span>')
+    steps_note = ("steps from lazyweights.compiler.steps" if not errors
+                  else "steps inferred per output chain: " + errors[0])
     toggle = ""
-    if len(scenes) > 1:
-        toggle = ('<label class="ctl"><input type="checkbox" id="grouped" checked> group repeated layers</label>')
-    elif other_note:
-        toggle = f'<span class="note">{_esc(other_note)}</span>'
-    summary = (f"{stats['tensors']} tensors · {stats['nodes']} nodes · read {format_bytes(stats['bytes_read'])} "
-               f"from {stats['sources']} sources in {stats['files']} file{'s' if stats['files'] != 1 else ''} · "
-               f"write {format_bytes(stats['bytes_written'])} · peak ~{format_bytes(stats['peak_bytes'])} "
-               f"(reference executor)")
-    return _HTML_TEMPLATE.format(
-        title=_esc(f"lazyweights plan: {stats['tensors']} tensors"),
-        summary=_esc(summary),
-        toggle=toggle,
-        legend_ops=legend_ops,
-        legend_kinds=legend_kinds,
-        steps_note=_esc(source_of_steps),
-        scenes="".join(svgs),
-        text=_esc(text),
-        data=data,
-        css=_CSS,
-        js=_JS,
-    )
+    if keys is not None and len(keys) > 1:
+        toggle = '<label class="ctl"><input type="checkbox" id="grouped" checked> group repeated layers</label>'
+    elif notes:
+        toggle = f'<span class="note">{_esc(notes[0])}</span>'
+    data = {"panes": pane_data, "first": first, "diff": diff}
+    text = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c").replace(">", "\\u003e")
+    text = text.replace("&", "\\u0026")
+    return _fill(viewer_asset("viewer.html"), {
+        "title": _esc(title), "summary": _esc(summary), "toggle": toggle, "legend_ops": legend_ops,
+        "legend_kinds": legend_kinds, "legend_diff": legend_diff, "steps_note": _esc(steps_note),
+        "panes": "".join(pane_html), "help": help_html, "data": text,
+        "body_class": "diff" if diff is not None else "plan",
+        "css": viewer_asset("viewer.css"), "js": viewer_asset("viewer.js"),
+    })
 
 
-_CSS = """
-*{box-sizing:border-box}
-body{margin:0;font:13px/1.35 -apple-system,BlinkMacSystemFont,"Segoe
-UI",Helvetica,Arial,sans-serif;color:#222;background:#fafafa}
-header{padding:10px 16px 6px;background:#fff;border-bottom:1px solid #ddd;position:sticky;top:0;z-index:3}
-h1{font-size:16px;margin:0 0 2px}
-.summary{color:#555}
-.bar{display:flex;flex-wrap:wrap;gap:14px;align-items:center;margin-top:6px}
-.ctl{user-select:none;cursor:pointer}
-#search{width:260px;padding:3px 6px;border:1px solid #bbb;border-radius:4px;font:inherit}
-button{font:inherit;padding:2px 8px;border:1px solid #bbb;border-radius:4px;background:#f4f4f4;cursor:pointer}
-.legend{display:flex;flex-wrap:wrap;gap:4px 8px;align-items:center;color:#444;margin-top:6px}
-.sw{display:inline-block;width:14px;height:12px;border:1px solid #888;border-radius:3px;vertical-align:middle}
-.lg{margin-right:6px}
-.kb{border:1.5px dashed;border-radius:4px;padding:0 5px;font-size:11px}
-.barsw{display:inline-block;width:26px;height:4px;background:#333;border-radius:2px;vertical-align:middle}
-.note{color:#777}
-main{display:flex;height:calc(100vh - 118px)}
-#canvas{flex:1;overflow:hidden;position:relative;background:#fff;cursor:grab}
-#canvas.dragging{cursor:grabbing}
-.scene{position:absolute;inset:0}
-.scene[hidden]{display:none}
-svg.plan{display:block;width:100%;height:100%}
-aside{width:300px;border-left:1px solid #ddd;background:#fff;overflow:auto;padding:10px 12px}
-aside h2{font-size:14px;margin:0 0 6px}
-aside table{border-collapse:collapse;width:100%}
-aside td{vertical-align:top;padding:2px 4px;border-bottom:1px solid #eee;word-break:break-all}
-aside td:first-child{color:#666;white-space:nowrap;word-break:normal}
-code,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}
-.line{background:#f6f6f6;padding:4px 6px;border-radius:4px;word-break:break-all;margin:6px 0}
-details{margin-top:12px}
-pre{white-space:pre;overflow:auto;background:#f6f6f6;padding:6px;border-radius:4px;max-height:50vh}
-.node{cursor:pointer}
-.node .body{stroke:#555;stroke-width:.8}
-.node .outbody{fill:#fff;stroke:#333;stroke-width:1.6}
-.node
-text{font-size:11px;fill:#111;pointer-events:none;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-.node .t1{font-weight:600}
-.node .t2,.node .t3{fill:#333;font-size:10.5px}
-.node .outname{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;font-size:12px}
-.node .count{text-anchor:end;font-weight:700;fill:#08519c}
-.bytebar{fill:#000;fill-opacity:.45}
-.node:hover .body,.node.sel .body{stroke:#000;stroke-width:2.2}
-.edge{fill:none;stroke:#888;stroke-width:1.1}
-.boxlabel{font-size:10.5px;font-weight:600}
-.dim{opacity:.16}
-.hit .body{stroke:#e6550d;stroke-width:2.4}
-# tip{position:fixed;pointer-events:none;background:rgba(30,30,30,.94);color:#fff;padding:6px
-# 8px;border-radius:5px;max-width:520px;font-size:12px;z-index:9;display:none}
-#tip code{color:#ffe9a8;word-break:break-all}
-"""
+def to_html(plan, group_layers: bool = True) -> str:
+    """One self-contained HTML page (no network): the plan drawn as inline SVG, with interaction.
 
-_JS = r"""
-(function(){
-  const DATA = JSON.parse(document.getElementById('plan-data').textContent);
-  const canvas = document.getElementById('canvas');
-  const tip = document.getElementById('tip');
-  const panel = document.getElementById('info');
-  let scene = document.querySelector('.scene:not([hidden])');
-  const views = {};
-  function esc(s){return
-  String(s).replace(/[&<>"']/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c]));}
-  function key(){return scene.dataset.scene;}
-  function det(id){return DATA[key()][id];}
-  // --- zoom and pan (per scene, by viewBox) ---
-  function vb(svg){const v=svg.viewBox.baseVal;return v;}
-  function initView(s){
-    const svg=s.querySelector('svg'); if(views[s.dataset.scene]) return;
-    const full=[vb(svg).x,vb(svg).y,vb(svg).width,vb(svg).height];
-    views[s.dataset.scene]={svg:svg,full:full};
-    svg.removeAttribute('width'); svg.removeAttribute('height');
-    fit(s.dataset.scene);
-  }
-  function fit(k){
-    const v=views[k], r=canvas.getBoundingClientRect();
-    const [x,y,w,h]=v.full; const aspect=r.width/Math.max(1,r.height);
-    // fit width, but never zoom out so far that text is unreadable: show the top of the plan instead
-    let W=Math.max(w, h*aspect), H=W/aspect;
-    const minScale=0.8; if(r.width/W<minScale){W=r.width/minScale;H=W/aspect;}
-    set(v,x,y,W,H);
-  }
-  function set(v,x,y,w,h){v.svg.setAttribute('viewBox',x+' '+y+' '+w+' '+h);}
-  canvas.addEventListener('wheel',e=>{
-    e.preventDefault(); const v=views[key()], b=vb(v.svg), r=canvas.getBoundingClientRect();
-    const f=Math.exp(e.deltaY*0.0015), px=b.x+(e.clientX-r.left)/r.width*b.width,
-    py=b.y+(e.clientY-r.top)/r.height*b.height;
-    set(v,px-(px-b.x)*f,py-(py-b.y)*f,b.width*f,b.height*f);
-  },{passive:false});
-  let drag=null;
-  canvas.addEventListener('mousedown',e=>{if(e.button!==0)return;const
-  b=vb(views[key()].svg);drag={x:e.clientX,y:e.clientY,bx:b.x,by:b.y,moved:false};canvas.classList.add('dragging');});
-  window.addEventListener('mousemove',e=>{
-    if(!drag)return; const v=views[key()], b=vb(v.svg), r=canvas.getBoundingClientRect();
-    const dx=(e.clientX-drag.x)*b.width/r.width, dy=(e.clientY-drag.y)*b.height/r.height;
-    if(Math.abs(e.clientX-drag.x)+Math.abs(e.clientY-drag.y)>3)drag.moved=true;
-    set(v,drag.bx-dx,drag.by-dy,b.width,b.height);
-  });
-  window.addEventListener('mouseup',()=>{setTimeout(()=>{drag=null;},0);canvas.classList.remove('dragging');});
-  // --- tooltips and the details panel ---
-  function rowsHtml(d){return
-  '<table>'+d.rows.map(r=>'<tr><td>'+esc(r[0])+'</td><td>'+esc(r[1])+'</td></tr>').join('')+'</table>';}
-  canvas.addEventListener('mousemove',e=>{
-    const g=e.target.closest&&e.target.closest('.node');
-    if(!g||drag&&drag.moved){tip.style.display='none';return;}
-    const d=det(g.dataset.id); if(!d)return;
-    tip.innerHTML='<b>'+esc(d.title)+'</b><br><code>'+esc(d.line)+'</code>';
-    tip.style.display='block';
-    const x=Math.min(e.clientX+14, window.innerWidth-tip.offsetWidth-8), y=Math.min(e.clientY+14,
-    window.innerHeight-tip.offsetHeight-8);
-    tip.style.left=x+'px'; tip.style.top=y+'px';
-  });
-  canvas.addEventListener('mouseleave',()=>{tip.style.display='none';});
-  function closure(id,dir,acc){acc=acc||new Set();if(acc.has(id))return acc;acc.add(id);for(const n of
-  det(id)[dir])closure(n,dir,acc);return acc;}
-  function clearMarks(){scene.querySelectorAll('.dim,.sel,.hit').forEach(el=>el.classList.remove('dim','sel','hit'));}
-  function highlight(ids){
-    scene.querySelectorAll('.node').forEach(g=>{if(!ids.has(g.dataset.id))g.classList.add('dim');});
-    scene.querySelectorAll('.edge').forEach(p=>{if(!(ids.has(p.dataset.from)&&ids.has(p.dataset.to)))p.classList.add('dim');});
-    scene.querySelectorAll('.box').forEach(b=>b.classList.add('dim'));
-  }
-  function select(id){
-    clearMarks(); const d=det(id); if(!d)return;
-    const ids=new Set([...closure(id,'preds'),...closure(id,'succs')]);
-    highlight(ids);
-    document.getElementById(scene.querySelector('svg').id+'-'+id).classList.add('sel');
-    panel.innerHTML='<h2>'+esc(d.title)+'</h2><div class="line"><code>'+esc(d.line)+'</code></div>'+rowsHtml(d)+
-      '<p class="note">Highlighted: everything this node depends on and everything that uses it. Click empty space to
-      clear.</p>';
-  }
-  canvas.addEventListener('click',e=>{
-    if(drag&&drag.moved)return;
-    const g=e.target.closest&&e.target.closest('.node');
-    if(g)select(g.dataset.id); else {clearMarks(); panel.innerHTML=document.getElementById('help').innerHTML;}
-  });
-  canvas.addEventListener('keydown',e=>{const g=e.target.closest&&e.target.closest('.node');
-  if(g&&(e.key==='Enter'||e.key===' ')){select(g.dataset.id);e.preventDefault();}});
-  // --- search: outputs and stored names (glob * ? or substring) ---
-  const search=document.getElementById('search');
-  function runSearch(){
-    clearMarks(); const q=search.value.trim(); if(!q)return;
-    let re; try{re=new
-    RegExp(q.includes('*')||q.includes('?')?('^'+q.replace(/[.+^${}()|[\]\\]/g,'\\$&').replace(/\*/g,'.*').replace(/\?/g,'.')+'$'):q.replace(/[.*+?^${}()|[\]\\]/g,'\\$&'));}catch(err){return;}
-    const ids=new Set();
-    for(const [id,d] of Object.entries(DATA[key()])){ if(d.search.split(' ').some(s=>re.test(s))){ids.add(id);} }
-    const all=new Set(); ids.forEach(id=>{closure(id,'preds',all);});
-    highlight(all); let first=null;
-    ids.forEach(id=>{const el=document.getElementById(scene.querySelector('svg').id+'-'+id);
-    if(el){el.classList.add('hit'); if(!first)first=el;}});
-    if(first){ // bring the first match into view, keeping the zoom
-      const v=views[key()], b=vb(v.svg), r=first.querySelector('rect').getBBox();
-      if(r.y<b.y||r.y+r.height>b.y+b.height||r.x<b.x||r.x+r.width>b.x+b.width)
-      set(v,Math.max(v.full[0],r.x-40),r.y-40,b.width,b.height);
-    }
-    document.getElementById('hits').textContent=ids.size?ids.size+' match'+(ids.size>1?'es':''):'no match';
-  }
-  search.addEventListener('input',runSearch);
-  document.getElementById('fit').addEventListener('click',()=>fit(key()));
-  const toggle=document.getElementById('grouped');
-  if(toggle)toggle.addEventListener('change',()=>{
-    document.querySelectorAll('.scene').forEach(s=>{s.hidden=(s.dataset.scene!==(toggle.checked?'grouped':'full'));});
-    scene=document.querySelector('.scene:not([hidden])'); initView(scene); runSearch();
-  });
-  initView(scene);
-  panel.innerHTML=document.getElementById('help').innerHTML;
-  // plan.html#select=n21 or #search=layers.*.q_proj* (shareable links; also used for screenshots)
-  const h=new URLSearchParams(location.hash.slice(1));
-  if(h.get('full')!==null&&toggle){toggle.checked=false;toggle.dispatchEvent(new Event('change'));}
-  if(h.get('search')){search.value=h.get('search');runSearch();}
-  if(h.get('select')&&det(h.get('select')))select(h.get('select'));
-})();
-"""
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights import WeightData, DType, plan
+        >>> page = to_html(plan({"a": WeightData.from_numpy(np.zeros(4, np.float32), "w").astype(DType.float16)}))
+        >>> page.startswith("<!DOCTYPE html>"), "{{" in page
+        (True, False)
+    """
+    stats = build_scene(plan, group_layers)["stats"]
+    text = explain(plan, group_layers=group_layers)
+    help_html = _HELP + f"<details><summary>plan as text</summary><pre>{_esc(text)}</pre></details>"
+    return _page([("plan", plan, None)], group_layers, f"lazyweights plan: {stats['tensors']} tensors",
+                 _summary(stats), help_html)
 
-_HTML_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{css}</style></head>
-<body>
-<header>
-<h1>{title}</h1>
-<div class="summary">{summary}</div>
-<div class="bar">
-{toggle}
-<input id="search" type="search" placeholder="search names, e.g. layers.*.q_proj*" aria-label="search">
-<span id="hits" class="note"></span>
-<button id="fit" type="button">fit</button>
-<span class="note">wheel: zoom · drag: pan · click a node: details</span>
-</div>
-<div class="legend">{legend_ops}
-<span class="lg">&nbsp;boxes = one step each:</span>{legend_kinds}
-<span class="lg">&nbsp;<span class="barsw"></span> bar and shade: bytes (log scale)</span>
-<span class="lg">&nbsp;<b style="color:#08519c">×N</b>: N identical layers drawn once</span>
-<span class="note">&nbsp;({steps_note})</span>
-</div>
-</header>
-<main>
-<div id="canvas" tabindex="0">{scenes}</div>
-<aside id="info"></aside>
-</main>
-<div id="tip"></div>
-<template id="help"><h2>Plan</h2><p>Sources (left) are tensors in the checkpoint files; each box is one output's
-step: <b>fused</b> (computed in one pass), <b>copy</b> (bytes moved, no arithmetic) or <b>view</b> (zero-copy).
-Outputs are on the right. Hover for the node's line, click for details.</p>
-<details><summary>plan as text</summary><pre>{text}</pre></details></template>
-<script id="plan-data" type="application/json">{data}</script>
-<script>{js}</script>
-</body></html>
-"""
+
+def _diff_marker(changed: dict, only: list[str]) -> Marker:
+    """Marks for one side of a diff: an output group is marked when any of its members changed or is here only."""
+    only_set = set(only)
+
+    def marker(sc: dict):
+        marks: dict[int, tuple[str, str]] = {}
+        lines: dict[int, list[str]] = {}
+        for g in sc["view"].groups:
+            ch = [n for n in g.names if n in changed]
+            on = [n for n in g.names if n in only_set]
+            if on:
+                marks[g.index] = ("diff-only", "only here" + (f" {len(on)}/{g.count}" if g.count > 1 else ""))
+                lines[g.index] = [f"only in this plan: {name_pattern(on)}"]
+            elif ch:
+                marks[g.index] = ("diff-changed", "changed" + (f" {len(ch)}/{g.count}" if g.count > 1 else ""))
+                first = changed[ch[0]]
+                lines[g.index] = ([f"{name_pattern(ch)}: {first.summary()}"] if len(ch) > 1 else []) + first.lines
+        return marks, lines
+
+    return marker
+
+
+def diff_html(diff, group_layers: bool = True) -> str:
+    """The viewer page for a `PlanDiff` (`Plan.diff`): both plans side by side, their differing outputs marked
+    (red: changed, purple: in one plan only), each marked output's details listing how its chain differs."""
+    la, lb = diff.labels
+    sa, sb = build_scene(diff.a, group_layers)["stats"], build_scene(diff.b, group_layers)["stats"]
+    items = []
+    for names in ([[n] for n in diff.only_a] + [[n] for n in diff.only_b]):
+        side = la if names[0] in diff.only_a else lb
+        items.append(f'<li><a class="go" data-name="{_esc(names[0])}">{_esc(names[0])}</a> '
+                     f'<span class="note">only in {_esc(side)}</span></li>')
+    for names, ch in diff.groups():
+        count = f" ×{len(names)}" if len(names) > 1 else ""
+        items.append(f'<li><a class="go" data-name="{_esc(names[0])}">{_esc(name_pattern(names))}</a>{count} '
+                     f'<span class="note">{_esc(ch.summary())}</span></li>')
+    listing = f'<ul class="difflist">{"".join(items)}</ul>' if items else "<p>The plans are the same.</p>"
+    help_html = (f"<h2>Plan diff</h2><p><b>{_esc(la)}</b> (left) against <b>{_esc(lb)}</b> (right). Outputs outlined "
+                 "red changed (source, ops and arguments, dtype or shape); purple ones are in one plan only. Click "
+                 "an output for its chain and the lines that differ; click a name below to find it.</p>"
+                 + listing + f"<details><summary>diff as text</summary><pre>{_esc(str(diff))}</pre></details>")
+    summary = (f"{la}: {sa['tensors']} tensors, {lb}: {sb['tensors']} tensors · {len(diff.changed)} changed · "
+               f"{len(diff.only_a)} only in {la} · {len(diff.only_b)} only in {lb} · {len(diff.same)} the same")
+    data = {"labels": [la, lb], "changed": list(diff.changed), "only": [diff.only_a, diff.only_b]}
+    return _page([(f"{la}: {_summary(sa)}", diff.a, _diff_marker(diff.changed, diff.only_a)),
+                  (f"{lb}: {_summary(sb)}", diff.b, _diff_marker(diff.changed, diff.only_b))],
+                 group_layers, f"lazyweights plan diff: {la} vs {lb}", summary, help_html, diff=data)
 
 
 # --- entry point ------------------------------------------------------------------------------------------
@@ -789,16 +796,16 @@ def visualize(plan, path, group_layers: bool = True) -> str:
             "use .dot, .svg, .png (Graphviz), .mmd (Mermaid) or .html"
         )
     if suffix in (".dot", ".gv"):
-        _write_text(path, to_dot(plan, group_layers))
+        write_text(path, to_dot(plan, group_layers))
     elif suffix in (".svg", ".png"):
         _render_with_dot(to_dot(plan, group_layers), path, suffix[1:])
     elif suffix == ".mmd":
-        _write_text(path, to_mermaid(plan, group_layers))
+        write_text(path, to_mermaid(plan, group_layers))
     else:
-        _write_text(path, to_html(plan, group_layers))
+        write_text(path, to_html(plan, group_layers))
     return path
 
 
-def _write_text(path: str, text: str) -> None:
-    """Write atomically: a partial picture never replaces a good one."""
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path` atomically (UTF-8): a partial picture never replaces a good one."""
     write_file_atomically(path, text.encode("utf-8"))

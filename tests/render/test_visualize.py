@@ -175,9 +175,10 @@ def test_html_is_self_contained(tiny, tmp_path):
     # the details the JS needs are valid JSON, for both the grouped and the ungrouped view
     m = re.search(r'<script id="plan-data" type="application/json">(.*?)</script>', text, re.S)
     data = json.loads(m.group(1))
-    assert set(data) == {"grouped", "full"}
-    assert len(data["grouped"]) == 16 + 5 and len(data["full"]) == 28 + 8
-    assert data["grouped"]["n8"]["title"] == "%8 cast"
+    scenes = data["panes"][0]["scenes"]
+    assert set(scenes) == {"grouped", "full"} and data["first"] == "grouped" and data["diff"] is None
+    assert len(scenes["grouped"]) == 16 + 5 and len(scenes["full"]) == 28 + 8
+    assert scenes["grouped"]["n8"]["title"] == "%8 cast"
     assert 'class="scene" data-scene="full" hidden' in text
     assert text.count("<svg") == 2
     assert "plan as text" in text
@@ -186,7 +187,7 @@ def test_html_is_self_contained(tiny, tmp_path):
 def test_html_ungrouped_only(tiny, tmp_path):
     text = open(tiny.visualize(str(tmp_path / "p.html"), group_layers=False), encoding="utf-8").read()
     m = re.search(r'<script id="plan-data" type="application/json">(.*?)</script>', text, re.S)
-    assert list(json.loads(m.group(1))) == ["full"]
+    assert list(json.loads(m.group(1))["panes"][0]["scenes"]) == ["full"]
 
 
 def test_html_escapes_script_breakers(tmp_path):
