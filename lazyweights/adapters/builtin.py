@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from ..core.errors import ConfigError
-from .archs import ARCHS
+from .archs import ALIASES, ARCHS
 
 # HF architecture class -> HF model_type(s) it accepts (see hf_export.SUPPORTED)
 BUILTIN: dict[str, tuple[str, ...]] = {
@@ -31,8 +31,10 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_text", "gemma3"),
     "Phi3ForCausalLM": ("phi3",),
 }
-# every other family's class from its record (adapters/archs.py)
-BUILTIN.update({a.hf_class: (a.model_type,) for a in ARCHS.values() if a.hf_class not in BUILTIN})
+# every other family's class from its record (adapters/archs.py); a multimodal class (a VL model whose record
+# is its text part, `qwen2_5_vl_text`) also accepts the outer config's own model_type (`qwen2_5_vl`, ALIASES)
+BUILTIN.update({a.hf_class: (a.model_type, *sorted(k for k, v in ALIASES.items() if v == a.model_type))
+                for a in ARCHS.values() if a.hf_class not in BUILTIN})
 
 
 def _model_type(cfg) -> str | None:
