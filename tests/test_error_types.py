@@ -84,6 +84,34 @@ def test_the_builtin_check_can_fail(tmp_path, monkeypatch):
     assert sorted(_builtin_raises()) == [("bad.py", 3, "ValueError"), ("bad.py", 4, "TypeError")]
 
 
+# Files whose silent `except ...: pass` handlers are another author's to annotate (being edited as this was
+# written); each is a cleanup after a failure that is re-raised or an optional step. Remove once commented.
+SILENT_HANDLERS_PENDING = {"formats/save.py", "tools/cli.py"}
+
+
+def _silent_handlers():
+    """(path, line) of every `except ...:` whose body is only `pass` with no comment on either line saying
+    why nothing is done (the reason, or a log call instead of the pass, is what a reader debugging needs)."""
+    for path, tree in _sources():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler) and all(isinstance(s, ast.Pass) for s in node.body):
+                if not any("#" in lines[n - 1] for n in [node.lineno] + [s.lineno for s in node.body]):
+                    yield str(path.relative_to(PACKAGE)), node.lineno
+
+
+def test_no_exception_is_swallowed_silently():
+    silent = [f"{path}:{line}" for path, line in _silent_handlers() if path not in SILENT_HANDLERS_PENDING]
+    assert silent == [], "log the exception or say in a comment why it is ignored: " + ", ".join(silent)
+
+
+def test_the_silent_handler_check_can_fail(tmp_path, monkeypatch):
+    (tmp_path / "m.py").write_text("try:\n    x = 1\nexcept OSError:\n    pass\n"
+                                   "try:\n    x = 2\nexcept OSError:\n    pass  # gone already\n")
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path)
+    assert list(_silent_handlers()) == [("m.py", 3)]
+
+
 def test_every_error_class_lives_in_core_errors():
     elsewhere = []
     names = set(errors.__all__)

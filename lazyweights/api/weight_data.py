@@ -18,6 +18,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import numbers
 from typing import Sequence
 
@@ -31,6 +32,8 @@ from ..graph.elementwise import binary
 from ..graph.node import Node
 from ..graph.opcodes import Op
 from .dlpack import export_dlpack, exportable
+
+_log = logging.getLogger(__name__)
 
 
 class WeightData:
@@ -54,7 +57,7 @@ class WeightData:
         elif isinstance(data, WeightData):
             node = data.node
         else:
-            node = ops.const(_to_host_array(data))
+            node = ops.const(_to_host_array(data, name))
         if dtype is not None:
             dtype = DType.parse(dtype)
             if dtype is not node.dtype:
@@ -93,7 +96,7 @@ class WeightData:
     @classmethod
     def from_numpy(cls, arr, name: str) -> "WeightData":
         """Wrap an in-memory array (held by reference: do not mutate it afterwards)."""
-        return cls.wrap(ops.const(_to_host_array(arr)), name)
+        return cls.wrap(ops.const(_to_host_array(arr, name)), name)
 
     # --- metadata -----------------------------------------------------------------------------------
     @property
@@ -178,7 +181,7 @@ class WeightData:
         if not isinstance(other, WeightData):
             if isinstance(other, (numbers.Number, np.number)):
                 other = np.asarray(other, dtype=self.dtype.to_numpy())
-            other = WeightData.from_numpy(_to_host_array(other), f"{self.name}.{kind}")
+            other = WeightData.from_numpy(_to_host_array(other, f"{self.name}.{kind}"), f"{self.name}.{kind}")
         other._check_not_quantized(kind)
         a, b = (other.node, self.node) if reflected else (self.node, other.node)
         return self._derive(binary(kind, a, b), keep_encoding=False)
@@ -365,30 +368,38 @@ def _check_same_encoding(xs: Sequence[WeightData], what: str) -> None:
         raise DTypeError(f"{what}: mixed quantization encodings {sorted(str(e) for e in encs)}")
 
 
-def _to_host_array(data) -> np.ndarray:
-    """numpy arrays, DLPack producers, array-likes -> numpy array (no copy where possible)."""
+def _to_host_array(data, name: str = "") -> np.ndarray:
+    """numpy arrays, DLPack producers, array-likes -> numpy array (no copy where possible). `name` labels errors."""
     if isinstance(data, np.ndarray):
         return data
     if isinstance(data, WeightData):
         return data.to_numpy()
     if is_foreign_weight_data(data):
         return _foreign_weight_data(data).to_numpy()
+    why = ""
     if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         try:
             return np.from_dlpack(data)
-        except (BufferError, TypeError, RuntimeError):
-            pass  # e.g. bf16 torch tensors: numpy cannot import them through DLPack
+        except (BufferError, TypeError, RuntimeError) as e:
+            # e.g. bf16 torch tensors: numpy cannot import them through DLPack; the routes below can
+            why = f"DLPack: {type(e).__name__}: {e}"
+            _log.debug("%s: numpy cannot import it through DLPack (%s); trying its .numpy()",
+                       type(data).__name__, e)
         carried = _through_carrier_view(data)
         if carried is not None:
             return carried
         if hasattr(data, "numpy"):
             try:
                 return _torch_to_numpy(data)
-            except Exception:
-                pass
+            except (ImportError, AttributeError, TypeError, RuntimeError) as e:
+                # torch absent, a tensor on a GPU, a dtype numpy lacks (torch's float8): np.asarray below, or
+                # the DTypeError, which carries both reasons
+                why += f"; .numpy(): {type(e).__name__}: {e}"
+                _log.debug("%s: .numpy() failed (%s)", type(data).__name__, e)
     if isinstance(data, (list, tuple, numbers.Number)) or hasattr(data, "__array__"):
         return np.asarray(data)
-    raise DTypeError(f"cannot make an array from {type(data).__name__}")
+    raise DTypeError(f"cannot make an array{f' for {name!r}' if name else ''} from {type(data).__name__}"
+                     + (f" ({why.lstrip('; ')})" if why else ""))
 
 
 def is_foreign_weight_data(value) -> bool:

@@ -25,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import shutil
@@ -33,6 +34,8 @@ import weakref
 import numpy as np
 
 from ..core.errors import WriteError
+
+_log = logging.getLogger(__name__)
 
 
 def fsync_dir(directory: str) -> None:
@@ -46,12 +49,13 @@ def fsync_dir(directory: str) -> None:
     """
     try:
         fd = os.open(directory or ".", os.O_RDONLY)
-    except OSError:
+    except OSError as e:
+        _log.debug("fsync_dir: cannot open %r (%s): nothing to make durable", directory, e)
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as e:  # some filesystems (and platforms) cannot fsync a directory; the rename still stands
+        _log.debug("fsync_dir: %r cannot be fsynced (%s)", directory, e)
     finally:
         os.close(fd)
 
@@ -76,12 +80,14 @@ def _remove(fd_box: list, tmp: str) -> None:
     if fd is not None:
         try:
             os.close(fd)
-        except OSError:
-            pass
+        except OSError as e:  # cleaning up after a failure: the failure is what gets raised
+            _log.debug("closing the temporary %r failed: %s", tmp, e)
     try:
         os.unlink(tmp)
-    except OSError:
-        pass
+    except FileNotFoundError:
+        pass  # never created, or already gone: nothing to clean up
+    except OSError as e:
+        _log.warning("could not remove the temporary %r after a failed write: %s", tmp, e)
 
 
 class AtomicFile:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 import queue
 import socket
@@ -51,6 +52,8 @@ import warnings
 
 from ..core.errors import CacheWriteWarning, WriteError
 from .ranges import RangeSet
+
+_logger = logging.getLogger(__name__)
 
 CLAIM_CHUNK = 8 << 20
 
@@ -105,8 +108,8 @@ class HostCache:
                         os.rmdir(path)
                     else:
                         os.unlink(path)
-                except OSError:
-                    pass
+                except OSError as e:  # another process's files, or gone already: the old version stays unused
+                    _logger.debug("cache %s: cannot remove an older version %r: %s", self.directory, path, e)
 
     # --- what the cache holds -----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -183,7 +186,7 @@ class HostCache:
         try:
             os.unlink(path)
         except FileNotFoundError:
-            pass
+            pass  # another process broke the stale claim first: it is free either way
         return True
 
     def unclaim(self, chunks) -> None:
@@ -191,8 +194,8 @@ class HostCache:
         for c in chunks:
             try:
                 os.unlink(self._claim_path(c))
-            except OSError:
-                pass
+            except OSError as e:  # gone already; otherwise the claim goes stale after claim_ttl seconds
+                _logger.debug("cache %s: cannot release the claim on chunk %d: %s", self.stem, c, e)
 
     # --- the writer -------------------------------------------------------------------------------------
     def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks) -> None:
@@ -261,5 +264,5 @@ class HostCache:
         for fd in (self._data, self._log):
             try:
                 os.close(fd)
-            except OSError:
-                pass
+            except OSError as e:  # closing after the writer stopped: nothing left to lose
+                _logger.debug("cache %s: close failed: %s", self.stem, e)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import logging
 import mmap
 import os
 import sys
@@ -62,6 +63,8 @@ from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageErr
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .ranges import RangeSet, plan_requests
 from .transport import S3Backend, Transient, backend
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_options", "list_prefix", "fetch_small",
            "sibling_options", "url_exists"]
@@ -541,8 +544,8 @@ class RemoteFile:
     def _quiet_ensure(self, offset: int, length: int) -> None:
         try:
             self.ensure(offset, length)
-        except BaseException:  # a hint only: the read that needs these bytes reports the failure
-            pass
+        except Exception as e:  # a hint only: the read that needs these bytes reports the failure
+            _log.debug("prefetch of %s bytes [%d, %d) failed: %s", self.path, offset, offset + length, e)
 
     def changed(self) -> str | None:
         """Always None: every fetch is checked against the ETag and length the object had when opened."""

@@ -10,6 +10,7 @@ A source under anything else is fetched whole. What a step reads is therefore ex
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -18,6 +19,8 @@ from ..graph.layout import view_of
 from ..graph.node import Node
 from ..graph.opcodes import GroupOp, Op
 from ..io.source import SourceRecord, is_remote
+
+_log = logging.getLogger(__name__)
 
 _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"
@@ -339,7 +342,8 @@ class RemoteReads:
             if cache is not None and RECEIVE in cache:  # straight into the output: no map bytes to hold
                 try:
                     fetch_step_sources(step, cache)
-                except BaseException:  # reported by the block that needs these bytes
+                except Exception as e:  # reported by the block that needs these bytes
+                    _log.debug("prefetch of %s stopped: %s", step.outputs, e)
                     return
                 continue
             try:
@@ -354,13 +358,15 @@ class RemoteReads:
                     self._held[id(step)] = need  # reserved before the fetch: the other prefetchers see it
                     for rec in self._records[id(step)]:  # held while we fetch: a finished step's release
                         self._uses[rec] += 1             # must not drop what we are bringing in
-            except BaseException:
+            except Exception as e:  # the block that needs these ranges computes them again and raises
+                _log.debug("prefetch of %s stopped: %s", step.outputs, e)
                 return
             try:
                 for file, rs in ranges.items():
                     file.ensure_ranges(rs)
                 self._account(step, ranges)
-            except BaseException:  # reported by the block that needs these bytes
+            except Exception as e:  # reported by the block that needs these bytes
+                _log.debug("prefetch of %s stopped: %s", step.outputs, e)
                 return
             finally:
                 self._unuse(step)

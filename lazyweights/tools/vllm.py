@@ -49,6 +49,7 @@ Without vLLM, the option parsing and source classification can be tried:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tempfile
@@ -66,6 +67,8 @@ from ..core.errors import (
     did_you_mean,
 )
 from ..core.units import parse_size
+
+_log = logging.getLogger(__name__)
 
 LOAD_FORMAT = "lazyweights"
 OPTIONS = ("adapter", "lora", "storage_options", "cache", "budget", "prefetch")
@@ -572,8 +575,8 @@ def _prefetch(weights, names) -> None:
             w = weights[n] if hasattr(weights, "__getitem__") else None
             if w is not None and w.exists():
                 w.prefetch()
-    except Exception:  # noqa: BLE001 (a hint only: an adapter's names need not be the checkpoint's)
-        pass
+    except Exception as e:  # noqa: BLE001 (a hint only: an adapter's names need not be the checkpoint's)
+        _log.debug("prefetch hint skipped: %s", e)
 
 
 def _tp_size() -> int:
