@@ -45,6 +45,8 @@
     // A tall plan fitted whole is unreadable: fit its width (or a readable scale) and show its top.
     if (k < READABLE_K) k = Math.min(1, Math.max(READABLE_K, W / v.w));
     v.k = k; v.x = pad; v.y = pad;
+    // Too wide for the pane: a diff shows the outputs' side (where the differences are marked).
+    if (DATA.diff && v.w * k > W) v.x = pad + W - v.w * k;
     apply(v);
   }
   function zoomAt(p, f, cx, cy) {
