@@ -1,6 +1,6 @@
 """lazyweights: lazy model weight adapters over memory-mapped safetensors and GGUF.
 
-Write an adapter the way the seed documents do; every op builds a graph node and nothing is read until
+Write an adapter the way MAX's adapter guide does; every op builds a graph node and nothing is read until
 `.data`, `to_numpy()`, `Plan.materialize()`, `allocated_weights` or a save.
 
 Example:

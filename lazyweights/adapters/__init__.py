@@ -2,10 +2,10 @@
 
 - `gguf_to_hf` / `hf_to_gguf`: llama.cpp GGUF tensor names <-> Hugging Face names for every family in
   `archs.ARCHS`, undoing (or applying) llama.cpp's value transforms (RoPE permutation, norm +1, ...).
-- `convert_gguf_state_dict`: the seed-style GGUF adapter (`adapter(dict(weights.items()),
+- `convert_gguf_state_dict`: the MAX-style GGUF adapter (`adapter(dict(weights.items()),
   huggingface_config=...)`), GGUF to Hugging Face names dequantized to bfloat16.
 
-- `convert_hf_to_gguf`: the seed-style Hugging Face -> GGUF adapter, carrying the complete GGUF metadata
+- `convert_hf_to_gguf`: the MAX-style Hugging Face -> GGUF adapter, carrying the complete GGUF metadata
   built from config.json and tokenizer.json (`lazyweights.adapters.hf_export`).
 - `export_hf_folder(gguf, dir)` / `export_gguf(dir, gguf)`: whole-model conversions in one call.
 

@@ -483,7 +483,7 @@ def pad_token_list(md: dict, vocab_size: int, multiple: int) -> None:
 
 def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *, tokenizer: bool = True,
                        folder: str | None = None, **unused_kwargs) -> ConvertedStateDict:
-    """The seed-style HF -> GGUF adapter: GGUF tensor names and llama.cpp's value conventions (`hf_to_gguf`),
+    """The MAX-style HF -> GGUF adapter: GGUF tensor names and llama.cpp's value conventions (`hf_to_gguf`),
     plus the complete GGUF metadata from config.json and the tokenizer files (`gguf_metadata`).
 
     `folder` (where config.json and tokenizer.json live) defaults to the checkpoint's folder; `tokenizer=False`
@@ -839,7 +839,7 @@ def export_gguf(hf_dir, out_path, *, tokenizer: bool = True, **save_kwargs) -> l
 
 def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=None,
                             dequantize_to: DType | None = DType.bfloat16, **unused_kwargs) -> dict[str, WeightData]:
-    """The seed-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
+    """The MAX-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
     to bfloat16 (pass `dequantize_to=None` to keep quantized blocks). `huggingface_config` is the GGUF
     file's own config (`weights.config`) when none is given by the caller, as `lazyweights convert` does.
     Saved to a folder (`lazyweights.adapters.hf_export.save_converted`, as `convert` does), the result is a complete

@@ -3,11 +3,11 @@
 An ADAPTER is one of
     package.module:function      imported (the current directory is searched too)
     path/to/file.py:function     executed from the file (its directory is put on sys.path for its imports)
-    package.module or file.py    the seed's function name for the checkpoint's format:
+    package.module or file.py    MAX's function name for the checkpoint's format:
                                  `convert_safetensor_state_dict` or `convert_gguf_state_dict`
     ArchitectureName             an architecture registered with `lazyweights.adapters.registry`
 
-Adapters are called as the seed's pipeline calls them, `fn(dict(weights.items()), **kwargs)`, with
+Adapters are called as MAX's pipeline calls them, `fn(dict(weights.items()), **kwargs)`, with
 `huggingface_config=` from the `config.json` beside the checkpoint (or, for GGUF, from the file's metadata)
 and `weights_format=`. A function without `**kwargs` gets only the keywords it names.
 
@@ -220,7 +220,7 @@ def check_adapter_spec(spec) -> None:
     load_module(mod)
 
 
-# --- calling an adapter the seed's way ---------------------------------------------------------------------
+# --- calling an adapter MAX's way ---------------------------------------------------------------------
 def load_config(weights, paths=None, hf_config: str | None = None):
     """The `huggingface_config` for a checkpoint: `hf_config` (a config.json path) if given, else the
     config.json beside the checkpoint, else (GGUF) one built from the file's metadata; None if none."""

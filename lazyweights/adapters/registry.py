@@ -1,4 +1,4 @@
-"""The architecture registry: which weight adapter converts which checkpoint format, as the seed system does.
+"""The architecture registry: which weight adapter converts which checkpoint format, as MAX does.
 
     arch = SupportedArchitecture(
         "LlamaForCausalLM",
@@ -12,7 +12,7 @@
     state_dict = adapt("LlamaForCausalLM", ["/path/to/model.safetensors"], huggingface_config=cfg)
 
 `adapt` detects the format from the files (`weights_format`), opens the checkpoint lazily
-(`load_weights`), picks the adapter registered for that format and calls it the way the seed's pipeline
+(`load_weights`), picks the adapter registered for that format and calls it the way MAX's pipeline
 does, `adapter(dict(weights.items()), **kwargs)`, then returns the adapted state dict
 (`dict[str, WeightData]`; arrays an adapter returns are wrapped). Nothing is read.
 
@@ -62,7 +62,7 @@ class SupportedArchitecture:
     `weight_adapters` maps a `WeightsFormat` (or its name, "safetensors" / "gguf") to a function
     `(state_dict: dict[str, Weights], **kwargs) -> dict[str, WeightData]`. `module` may be a factory for
     the module the adapter targets (used by `lazyweights check` when no --module is given). Other
-    keyword arguments (the seed's `default_encoding`, `supported_encodings`, `task`, ...) are kept as
+    keyword arguments (MAX's `default_encoding`, `supported_encodings`, `task`, ...) are kept as
     attributes."""
 
     def __init__(self, name: str, weight_adapters: Mapping[Any, Callable] | None = None, *,

@@ -1,4 +1,4 @@
-"""The W1 benchmark adapter (`../shared/bench/workload.py`), written lazily in the seed style.
+"""The benchmark adapter (Llama-shaped, bf16 -> f16, the shared benchmark's workload), written lazily in MAX's style.
 
 On a Llama-shaped Hugging Face checkpoint:
 - strip the `model.` prefix and rename `self_attn.` -> `attention.`

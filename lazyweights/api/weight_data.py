@@ -37,11 +37,11 @@ _log = logging.getLogger(__name__)
 
 
 class WeightData:
-    """A lazy tensor. Build it with `Weights.data()`, `WeightData.from_numpy`, or the seed's constructor.
+    """A lazy tensor. Build it with `Weights.data()`, `WeightData.from_numpy`, or MAX's constructor.
 
-    The seed's constructor `WeightData(data, name, dtype, shape, quantization_encoding=None)` wraps an
+    MAX's constructor `WeightData(data, name, dtype, shape, quantization_encoding=None)` wraps an
     in-memory array; when `dtype` differs from the array's dtype but has the same item size (a uint16
-    array labelled bfloat16, say) the bits are reinterpreted, as the seed system does.
+    array labelled bfloat16, say) the bits are reinterpreted, as MAX does.
     """
 
     # `_exported`: the array the first `__dlpack__` materialized, kept for later exports (see there).
@@ -274,7 +274,7 @@ class WeightData:
 
     @property
     def data(self) -> np.ndarray:
-        """The materialized array (DLPack-capable), as the seed's `WeightData.data`."""
+        """The materialized array (DLPack-capable), as MAX's `WeightData.data`."""
         return self.to_numpy()
 
     def __array__(self, dtype=None, copy=None):
@@ -414,7 +414,7 @@ def is_foreign_weight_data(value) -> bool:
 
 def _foreign_weight_data(wd, name: str | None = None) -> "WeightData":
     """A foreign WeightData as ours: its array (zero copy) with its `dtype` and `shape` labels applied by
-    our constructor (a uint16 array labelled bfloat16 stands for bf16 bits, as the seed system has it)."""
+    our constructor (a uint16 array labelled bfloat16 stands for bf16 bits, as MAX has it)."""
     return WeightData(_to_host_array(wd.data), str(getattr(wd, "name", None) or name), wd.dtype, wd.shape,
                       getattr(wd, "quantization_encoding", None))
 

@@ -1,4 +1,4 @@
-"""`load_weights` and the seed's `Weights` protocol: hierarchical, lazy access to a checkpoint.
+"""`load_weights` and MAX's `Weights` protocol: hierarchical, lazy access to a checkpoint.
 
 `load_weights(paths)` reads headers only. `weights.model.layers[0].mlp.weight` builds the name
 `model.layers.0.mlp.weight`; `.data()` returns a lazy `WeightData`; `.items()` walks the names under a
@@ -53,7 +53,7 @@ class _Shared:
 
 
 class Weights:
-    """Hierarchical access to a checkpoint's tensors (the seed's `Weights` protocol, lazy)."""
+    """Hierarchical access to a checkpoint's tensors (MAX's `Weights` protocol, lazy)."""
 
     __slots__ = ("_shared", "_prefix")
     _shared: _Shared  # set through object.__setattr__ (__setattr__ refuses assignment)

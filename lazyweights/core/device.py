@@ -1,4 +1,4 @@
-"""`DeviceRef`: where a materialized weight lives ("cpu" or "gpu:N"), in the seed system's spelling.
+"""`DeviceRef`: where a materialized weight lives ("cpu" or "gpu:N"), in MAX's spelling.
 
 Example:
     >>> from lazyweights import DeviceRef
@@ -20,8 +20,8 @@ class DeviceRef:
     id: int = 0
 
     @staticmethod
-    def CPU(id: int = 0) -> "DeviceRef":  # noqa: N802 - the seed system's spelling
-        """The host (the seed system's `DeviceRef.CPU()`).
+    def CPU(id: int = 0) -> "DeviceRef":  # noqa: N802 - MAX's spelling
+        """The host (MAX's `DeviceRef.CPU()`).
 
         Example:
             >>> DeviceRef.CPU().is_gpu
@@ -31,7 +31,7 @@ class DeviceRef:
 
     @staticmethod
     def GPU(id: int = 0) -> "DeviceRef":  # noqa: N802
-        """GPU number `id` (the seed system's `DeviceRef.GPU(0)`).
+        """GPU number `id` (MAX's `DeviceRef.GPU(0)`).
 
         Example:
             >>> DeviceRef.GPU(1).is_gpu, DeviceRef.GPU(1).id
@@ -41,7 +41,7 @@ class DeviceRef:
 
     @property
     def is_gpu(self) -> bool:
-        """True for a GPU device (a property, as in the seed system)."""
+        """True for a GPU device (a property, as in MAX)."""
         return self.kind == "gpu"
 
     @classmethod

@@ -1,4 +1,4 @@
-"""`DType`: the seed system's element types, with numpy conversion in both directions.
+"""`DType`: MAX's element types, with numpy conversion in both directions.
 
 numpy has no bfloat16, fp8 or fp4; `ml_dtypes` supplies them as real numpy dtypes, so a bf16 tensor is a
 bf16 numpy array here and nobody needs byte-view tricks.
@@ -54,7 +54,7 @@ class DType(enum.Enum):
     def __repr__(self) -> str:
         return f"<DType.{self.name}: {self.value!r}>"
 
-    def __str__(self) -> str:  # the seed prints dtypes as "DType.bfloat16"
+    def __str__(self) -> str:  # MAX prints dtypes as "DType.bfloat16"
         return f"DType.{self.name}"
 
     # --- properties -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The exception hierarchy. Every error lazyweights raises on bad input derives from `LazyWeightsError`.
 
 Each subclass also derives from the builtin a caller would naturally catch (a missing weight is a
-`KeyError`, a mismatch at load is a `ValueError`), so code written against the seed system keeps working.
+`KeyError`, a mismatch at load is a `ValueError`), so code written against MAX's weights API keeps working.
 
     LazyWeightsError
     ├── FormatError            (also ValueError) a file is not what it claims (bad magic, header, offsets, truncation)

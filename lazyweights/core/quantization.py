@@ -1,6 +1,6 @@
 """`QuantizationEncoding`: block-quantized storage formats (every GGUF block type, plus GPTQ and MXFP4).
 
-A quantized tensor is stored as packed blocks. Following the seed system, lazyweights exposes it as a
+A quantized tensor is stored as packed blocks. Following MAX, lazyweights exposes it as a
 `uint8` tensor whose last dimension is the byte length of one row of blocks, with `quantization_encoding`
 set; `WeightData.dequantize()` turns it into floats lazily.
 

@@ -23,7 +23,7 @@ PathLike = Union[str, os.PathLike]
 
 
 class WeightsFormat(str, enum.Enum):
-    """A checkpoint file format, as the seed system names them."""
+    """A checkpoint file format, as MAX names them."""
 
     safetensors = "safetensors"
     gguf = "gguf"

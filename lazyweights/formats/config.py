@@ -1,6 +1,6 @@
 """Model configs readable like a Hugging Face config: from GGUF metadata, or a checkpoint's config.json.
 
-Adapters written in the seed style read `huggingface_config.num_attention_heads` and friends. A GGUF file
+Adapters written in MAX's style read `huggingface_config.num_attention_heads` and friends. A GGUF file
 carries the same facts under llama.cpp's keys (`{arch}.attention.head_count`, ...); `GGUFConfig` exposes
 them under the Hugging Face names, so one adapter serves both formats:
 

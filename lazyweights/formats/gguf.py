@@ -14,7 +14,7 @@ aligned, inside the file and non-overlapping, and every failure is a `FormatErro
 where known, the key or tensor.
 
 Shapes are converted once, here, to numpy order: GGUF's `ne` is fastest-varying first, so a llama.cpp
-`[4096, 11008]` tensor is a numpy `(11008, 4096)` array. Quantized tensors follow the seed system: a
+`[4096, 11008]` tensor is a numpy `(11008, 4096)` array. Quantized tensors follow MAX: a
 `uint8` record of shape `(*outer, row_bytes)` with `encoding` set, where `row_bytes` is the packed size of
 one row of `ne[0]` values.
 

@@ -162,7 +162,7 @@ class TensorRecord:
     """Where one stored tensor's bytes are and what they mean.
 
     `dtype` and `shape` describe the stored array: for quantized tensors the dtype is uint8 and the last
-    dimension is the byte length of one row of blocks (the seed system's convention), with `encoding` set.
+    dimension is the byte length of one row of blocks (MAX's convention), with `encoding` set.
     `offset` is absolute within the file.
     """
 

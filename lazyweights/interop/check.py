@@ -189,7 +189,7 @@ class CheckReport:
 
     def rows(self, style: str = "table") -> list[tuple[str, str, str, str, str]]:
         """(problem, name, expected, actual, hint) per problem, unfolded. `style`: "table" (bf16, [2,3])
-        or "message" (the seed's DType.bfloat16, (2, 3))."""
+        or "message" (MAX's DType.bfloat16, (2, 3))."""
         long = style == "message"
         dt = (lambda v: _value_str(v) if not isinstance(v, DType) else str(v)) if long else _value_str
         shp = (lambda v: str(tuple(int(d) for d in v))) if long else _shape_str
@@ -370,7 +370,7 @@ def as_value(value, name: str) -> WeightData | InvalidValue:
         return InvalidValue(name, tname, _USE_ARRAY)
     if hasattr(value, "data") and callable(value.data) and hasattr(value, "exists"):
         try:
-            return value.data()  # a Weights accessor: the seed's adapters sometimes forget .data()
+            return value.data()  # a Weights accessor: MAX's adapters sometimes forget .data()
         except KeyError as e:
             return InvalidValue(name, tname, f"a Weights accessor for a name the checkpoint lacks: {e}")
     if isinstance(value, np.ndarray) or hasattr(value, "__dlpack__"):
@@ -387,7 +387,7 @@ _USE_ARRAY = "use WeightData, a numpy array or a tensor"
 def expected_layout(slot: Slot, encoding: QuantizationEncoding | None) -> tuple[Any, tuple[int, ...]]:
     """(dtype, shape) a value must have to fill `slot` when it carries `encoding`.
 
-    Quantized values are packed uint8 rows (the seed's convention). A slot may declare them packed (uint8,
+    Quantized values are packed uint8 rows (MAX's convention). A slot may declare them packed (uint8,
     last axis in bytes) or logically (its float dtype and element shape); either way the value must be the
     packed form. GPTQ (several tensors, not one block row) is compared as declared."""
     q = QuantizationEncoding
@@ -483,7 +483,7 @@ def _compare(slot: Slot, key: str, v: WeightData, report: CheckReport, override:
     enc_w, enc_d = slot.encoding, v.quantization_encoding
     encoding = enc_w
     if enc_w is q.GPTQ and enc_d in (None, q.GPTQ):
-        # As the seed system does: GPTQ weights load as their raw bytes (GPTQ safetensors carry no label).
+        # As MAX does: GPTQ weights load as their raw bytes (GPTQ safetensors carry no label).
         if slot.dtype is DType.uint8 and v.dtype is not DType.uint8 and v.shape:
             v = v.view(DType.uint8)
     elif enc_d is not enc_w:
@@ -587,7 +587,7 @@ def check(state_dict: Mapping[str, Any], module, *, override_quantization_encodi
 
 
 def load_error_message(report: CheckReport, strict: bool, what: str) -> str:
-    """The LoadError text: every offender (layer indices folded), in the seed system's wording."""
+    """The LoadError text: every offender (layer indices folded), in MAX's wording."""
     lines = []
     rows = [r for r in report.rows("message") if strict or r[0] not in ("missing", "unexpected")]
     for kind, name, expected, actual, hint in fold_rows(rows):

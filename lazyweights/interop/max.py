@@ -5,7 +5,7 @@ called, so `import lazyweights` never needs it. What is here:
 
 - `as_max_adapter(lazy_adapter)`: a MAX `WeightsAdapter`. MAX calls it as
   `adapter(dict(max_weights.items()), huggingface_config=..., pipeline_config=...)`; it re-opens the same
-  checkpoint lazily with `lazyweights.load_weights`, calls the lazy adapter seed-style on it, materializes
+  checkpoint lazily with `lazyweights.load_weights`, calls the lazy adapter MAX-style on it, materializes
   the whole adapted state dict in ONE fused plan, and returns `dict[str, max.graph.weights.WeightData]`
   with MAX `DType`, MAX `Shape` and MAX `QuantizationEncoding` (GGUF blocks), over MAX `Buffer`s.
 - `to_max_state_dict(state_dict)`: the same last step for any lazy state dict (one plan).
@@ -411,7 +411,7 @@ def reopen_lazily(state_dict: Mapping[str, Any], pipeline_config=None, *, reopen
 
 
 class _BufferAccessor:
-    """A seed-protocol accessor over one MAX accessor: `.data()` is a lazy, zero-copy constant over the
+    """A `Weights`-protocol accessor over one MAX accessor: `.data()` is a lazy, zero-copy constant over the
     Buffer MAX maps from the file (MAX reads nothing to make it)."""
 
     __slots__ = ("name", "accessor")
@@ -432,7 +432,7 @@ class _BufferAccessor:
 def as_max_adapter(lazy_adapter: Callable[..., Mapping[str, Any]], *, reopen: str = "auto", device=None,
                    budget=None, workers: int | None = None, zero_copy: bool = True,
                    nan_payloads: str = "ml_dtypes") -> MaxAdapter:
-    """Wrap a lazy, seed-style adapter as a MAX `WeightsAdapter`.
+    """Wrap a lazy, MAX-style adapter as a MAX `WeightsAdapter`.
 
     The result is called by MAX as `adapter(state_dict, huggingface_config=..., pipeline_config=...)`
     with `state_dict = dict(max_weights.items())`; it re-opens the checkpoint lazily (`reopen_lazily`),

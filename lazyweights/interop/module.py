@@ -1,6 +1,6 @@
 """`Module` and `LayerList`: weights declared in a tree, named by attribute path, loaded from a lazy state dict.
 
-Naming (as the seed system does): a weight's full name is the dotted attribute path of the `Module` that
+Naming (as MAX does): a weight's full name is the dotted attribute path of the `Module` that
 holds it, then the `Weight`'s own `name`. The attribute a `Weight` is bound to does not enter the name.
 
     class Linear(Module):
@@ -13,8 +13,8 @@ holds it, then the `Weight`'s own `name`. The attribute a `Weight` is bound to d
 So `self.q_proj = Weight("q_proj.weight", ...)` directly inside `attention` is also
 `attention.q_proj.weight`, while `self.q_proj = Weight("weight", ...)` there is `attention.weight`. Two
 different `Weight`s with the same name in one module are an error (the second would silently replace the
-first in the seed system). A `Weight` whose name is empty takes its attribute's name. Unlike the seed
-system, loading does not rewrite `Weight.name` to the full name: the full name is the key in
+first in MAX). A `Weight` whose name is empty takes its attribute's name. Unlike MAX,
+loading does not rewrite `Weight.name` to the full name: the full name is the key in
 `raw_state_dict()`, and a `Weight` keeps the name it was declared with (so tying it elsewhere later
 still names it predictably).
 

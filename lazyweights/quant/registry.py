@@ -5,7 +5,7 @@ is installed); a lookup takes the first backend in `BACKENDS` that has the kerne
 lazyweights goes through the four functions here, which validate shapes and dtypes once so the kernels can
 trust their inputs.
 
-Conventions (the same as the seed system's and gguf-py's byte view of a quantized tensor):
+Conventions (the same as MAX's and gguf-py's byte view of a quantized tensor):
   * packed data is `uint8` of shape `[rows, row_bytes]`, `row_bytes` a whole number of blocks;
   * the float side is `float32` of shape `[rows, row_bytes // block_bytes * block_elements]`;
   * both C-contiguous; the packed side may be a read-only memory map.

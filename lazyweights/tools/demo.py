@@ -1,7 +1,7 @@
 """The main job on an embedded default: `lazyweights demo` (or `python -m lazyweights.tools.demo`).
 
 It writes a small Llama-shaped bf16 checkpoint (Hugging Face names, two shards with an index, FP8 KV
-scales, random values), runs the seed document's adapter on it lazily (strip `model.`, rename
+scales, random values), runs MAX's example adapter on it lazily (strip `model.`, rename
 `self_attn.` to `attention.`, drop `.k_scale`/`.v_scale`, RoPE-permute q/k rows, cast norms to float32 and
 the rest to float16), prints the plan, streams the converted checkpoint to disk under a memory budget,
 and checks every output tensor against the same adapter computed eagerly with numpy. Exit status 0 means
@@ -84,7 +84,7 @@ UNUSED_SUFFIXES = (".k_scale", ".v_scale")
 
 
 def convert_safetensor_state_dict(state_dict, huggingface_config, **unused_kwargs):
-    """The seed document's adapter, lazily: every line builds graph nodes; nothing is read here."""
+    """MAX's example adapter, lazily: every line builds graph nodes; nothing is read here."""
     cfg = huggingface_config
     get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
     num_heads = get("num_attention_heads")
