@@ -59,14 +59,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Callable, Iterable, Mapping
 
 from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
-    DTypeError,
     FormatError,
     GGUFConfigError,
     LazyWeightsError,
@@ -405,47 +403,27 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     return md
 
 
-# llama.cpp's LlamaFileType for the type most 2-D tensors have (gguf-py constants.LlamaFileType).
-_FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
-_FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
-_MXFP4_MOE = 38  # LlamaFileType.MOSTLY_MXFP4_MOE: gpt-oss's experts kept as MXFP4, the rest float
-
-
 def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
     """(`general.file_type`, any tensor quantized) for the tensors a GGUF will hold: the type of the most
-    bytes among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp).
+    bytes among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp);
+    `lazyweights.formats.save.gguf_file_type`, which `Plan.save` applies to a converter's metadata.
 
     >>> import numpy as np; from lazyweights import WeightData, DType
     >>> w = WeightData.from_numpy(np.zeros((4, 4), np.float32), "w").astype(DType.bfloat16)
     >>> file_type_of({"w": w})
     (32, False)
     """
-    weight: dict[str, int] = {}
-    quantized = False
-    for _name, wd in state.items():
-        enc = getattr(wd, "quantization_encoding", None)
-        quantized = quantized or enc is not None
-        if len(wd.shape) < 2:
-            continue
-        key = enc.name if enc is not None else wd.dtype.name
-        weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
-    if not weight:
-        return 0, quantized
-    top = max(weight, key=weight.__getitem__)
-    if "MXFP4" in weight and top in _FILE_TYPE_BY_DTYPE:
-        return _MXFP4_MOE, quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE whatever else
-    if top in _FILE_TYPE_BY_ENCODING:
-        return _FILE_TYPE_BY_ENCODING[top], quantized
-    if top in _FILE_TYPE_BY_DTYPE:
-        return _FILE_TYPE_BY_DTYPE[top], quantized
-    raise DTypeError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
+    from ..formats.save import gguf_file_type
+
+    return gguf_file_type(state)
 
 
 # --- adapters ---------------------------------------------------------------------------------------------------
 class ConvertedStateDict(dict):
     """An adapted state dict that carries what a complete output needs besides tensors: `gguf_metadata`
-    (HF -> GGUF) or `extra_files()` (GGUF -> HF: name -> bytes, built only when saving)."""
+    (HF -> GGUF) or `extra_files()` (GGUF -> HF: name -> bytes, built only when saving). `lazyweights.plan`
+    keeps both (`Plan.metadata`, `Plan.extra_files`), so `lazyweights.plan(result).save(path)` writes the
+    complete file or folder."""
 
     gguf_metadata: dict | None = None
     extra_files: Callable[[], dict[str, bytes]] | None = None
@@ -750,52 +728,25 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
 
 # --- saving ---------------------------------------------------------------------------------------------------------
 def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -> list[str]:
-    """Save an adapter's output completely: tensors (`Plan.save`), plus `gguf_metadata` for a GGUF (its
-    `general.file_type` recomputed from the tensors saved) or the `extra_files()` beside the weights for a
-    Hugging Face folder. A folder is written under a temporary
-    name beside `path` and swapped in only when every file is complete, so a failure leaves the old
-    folder (or none), never a half-written one. Returns the files written.
+    """Save an adapter's output completely: `lazyweights.plan(adapted).save(path, ...)` (see `Plan.save`),
+    kept for callers of the name. A GGUF gets the result's `gguf_metadata` (its `general.file_type` recomputed
+    from the tensors saved); a folder gets the `extra_files()` (config.json, tokenizer files) beside the
+    weights, the whole folder staged under a temporary name beside `path` and swapped in only when every file
+    is complete, so a failure leaves the old folder (or none), never a half-written one. Returns the files
+    written.
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> from lazyweights import WeightData
+        >>> sd = ConvertedStateDict(w=WeightData.from_numpy(np.ones((2, 2), np.float32), "w"))
+        >>> sd.extra_files = lambda: {"config.json": b"{}"}
+        >>> files = save_converted(sd, os.path.join(tempfile.mkdtemp(), "out"))
+        >>> [os.path.basename(f) for f in files]
+        ['model.safetensors', 'config.json']
     """
-    from ..api.plan import Plan
-    from ..io.atomic import staging_name, swap_directory, write_file_atomically
+    from ..api.plan import plan
 
-    path = os.fspath(path)
-    p = adapted if isinstance(adapted, Plan) else Plan(adapted)
-    gguf_md = getattr(adapted, "gguf_metadata", None)
-    extra = getattr(adapted, "extra_files", None)
-    is_gguf = (format or "").lower() == "gguf" or path.endswith(".gguf")
-    if is_gguf and gguf_md is not None and isinstance(adapted, Mapping) and "general.file_type" in gguf_md:
-        # the tensors may have changed since the metadata was built (quantized after convert_hf_to_gguf):
-        # general.file_type always says what is written
-        from gguf.constants import GGUFValueType as T
-
-        from ..formats.gguf_writer import GGUFValue
-
-        ftype, quantized = file_type_of(adapted)
-        gguf_md = dict(gguf_md)
-        gguf_md["general.file_type"] = GGUFValue(int(ftype), T.UINT32)
-        if quantized:
-            gguf_md["general.quantization_version"] = GGUFValue(2, T.UINT32)
-        else:
-            gguf_md.pop("general.quantization_version", None)
-    if is_gguf or extra is None or path.endswith(".safetensors"):
-        return list(p.save(path, format=format or ("gguf" if is_gguf else "safetensors"),
-                           metadata=gguf_md if is_gguf else None, **save_kwargs) or [])
-    final = os.path.abspath(path)
-    parent = os.path.dirname(final)
-    os.makedirs(parent, exist_ok=True)
-    tmp = staging_name(final)
-    os.makedirs(tmp)
-    try:
-        files = list(p.save(tmp, format="safetensors", **save_kwargs) or [])
-        for name, data in extra().items():
-            write_file_atomically(os.path.join(tmp, name), data)
-            files.append(os.path.join(tmp, name))
-        swap_directory(tmp, final)  # WriteError if a file is in the way; an old folder survives any failure
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return [os.path.join(final, os.path.basename(f)) for f in files]
+    return plan(adapted).save(path, format=format, **save_kwargs)
 
 
 # --- the API ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""Tensor-at-a-time GGUF writing for an adapted state dict: `write_gguf` and `save_gguf`.
+"""GGUF writing for an adapted state dict: `save_gguf` and `write_gguf`.
 
-The scheduled, parallel path is `Plan.save(path, format="gguf")`; these write one tensor after another,
+`save_gguf(path, state_dict, metadata)` is `lazyweights.plan(state_dict).save(path, format="gguf",
+metadata=metadata)` (the one save, scheduled and parallel); `write_gguf` writes one tensor after another,
 materializing each alone (peak memory about one tensor), or with your own `produce(name, weight_data)`.
+Both refuse metadata without `general.architecture` (a `GGUFConfigError`, nothing written) unless
+`require_architecture=False`.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -39,15 +42,20 @@ def _materialize_one(name: str, value) -> np.ndarray:
 
 def write_gguf(path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
                produce: Callable[[str, Any], Any] | None = None, alignment: int | None = None,
-               fsync: bool = True) -> str:
+               fsync: bool = True, *, require_architecture: bool = True) -> str:
     """Write `tensors` (name -> WeightData or Node) to `path` as GGUF, one tensor at a time, in order.
 
     `produce(name, weight_data)` returns the tensor's array (or bytes); by default each tensor is
     materialized alone with `lazyweights.plan({name: wd}).materialize()`, written, and released, so peak
-    memory is about one tensor. The file appears under `path` only when complete.
+    memory is about one tensor. The file appears under `path` only when complete. `metadata` without
+    `general.architecture` is a GGUFConfigError before anything is written, unless
+    `require_architecture=False` (a bare tensor container).
     """
     from ..formats.gguf_writer import GGUFLayout, GGUFStreamWriter
+    from ..formats.save import check_gguf_architecture
 
+    if require_architecture:
+        check_gguf_architecture(metadata, path)
     wds = {name: _as_weight_data(name, v) for name, v in tensors.items()}
     layout = GGUFLayout.plan(wds, metadata, alignment)
     produce = produce or _materialize_one
@@ -60,6 +68,13 @@ def write_gguf(path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | N
 
 
 def save_gguf(path, state_dict: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
-              alignment: int | None = None) -> str:
-    """Eager convenience: stream `state_dict` (name -> WeightData) to a GGUF file with `metadata`."""
-    return write_gguf(path, state_dict, metadata, alignment=alignment)
+              alignment: int | None = None, *, require_architecture: bool = True, **save_kwargs) -> str:
+    """Save `state_dict` (name -> WeightData or Node; a converter's result keeps its own metadata) to the GGUF
+    file `path` with `metadata` (default: the result's `gguf_metadata`): `Plan.save(path, format="gguf")`,
+    kept for callers of the name; `save_kwargs` are `Plan.save`'s (budget, workers, ...). Returns `path`.
+    Example: see the module docstring."""
+    wds = {name: _as_weight_data(name, v) for name, v in state_dict.items()}
+    carried = plan(state_dict) if not any(isinstance(v, Node) for v in state_dict.values()) else None
+    p = carried._derived(wds) if carried is not None else plan(wds)
+    return p.save(path, format="gguf", metadata=metadata, alignment=alignment,
+                  require_architecture=require_architecture, **save_kwargs)[0]

@@ -4,6 +4,11 @@
 collects the output nodes. Equal nodes are one node, so a tensor used twice (tied embeddings) is read
 once. Execution lives in `lazyweights.run.driver`; a plan can be inspected without running anything.
 
+A converter's result carries more than tensors (`adapters.hf_export.ConvertedStateDict`): GGUF metadata,
+or the files of a Hugging Face folder (config.json, tokenizer). The plan keeps them (`Plan.metadata`,
+`Plan.extra_files`), every plan derived from it (`filter`, `quantize`) keeps them too, and `Plan.save` writes
+them: `lazyweights.plan(convert_hf_to_gguf(sd, cfg)).save("x.gguf")` is a GGUF llama.cpp loads.
+
 Example:
     >>> import numpy as np
     >>> from lazyweights import WeightData, DType, plan
@@ -14,7 +19,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -24,9 +29,36 @@ from .weight_data import WeightData, as_weight_data
 
 
 class Plan:
-    """The outputs of an adapter, by name, as graph nodes."""
+    """The outputs of an adapter, by name, as graph nodes, with what a complete output needs besides them.
 
-    def __init__(self, state_dict: Mapping[str, object]):
+    Attributes:
+        tensors: output name -> `WeightData`.
+        metadata: GGUF key/values to save with the tensors (a converter's `gguf_metadata`, e.g.
+            `convert_hf_to_gguf`'s), or None. A `.gguf` save writes them; where they came from the
+            converter's result, `general.file_type` is recomputed from the tensors saved.
+        extra_files: files a folder save writes beside the shards (a converter's `extra_files`, e.g.
+            `convert_gguf_state_dict`'s config.json, generation_config.json and tokenizer files): name -> bytes,
+            or a callable returning them, called only when saving; or None.
+
+    `Plan(state_dict)` takes both from a converter's result (its `gguf_metadata` / `extra_files` attributes,
+    or a Plan's); `metadata=` / `extra_files=` given here win.
+
+    Example:
+        >>> import numpy as np
+        >>> from lazyweights import WeightData, plan
+        >>> from lazyweights.adapters.hf_export import ConvertedStateDict
+        >>> sd = ConvertedStateDict(w=WeightData.from_numpy(np.ones((2, 2), np.float32), "w"))
+        >>> sd.gguf_metadata = {"general.architecture": "llama"}
+        >>> p = plan(sd)
+        >>> p.metadata, p.filter("w").metadata
+        ({'general.architecture': 'llama'}, {'general.architecture': 'llama'})
+    """
+
+    def __init__(self, state_dict: Mapping[str, object], *, metadata: Mapping | None = None,
+                 extra_files: Mapping[str, bytes] | Callable[[], Mapping[str, bytes]] | None = None):
+        carried = state_dict
+        if isinstance(state_dict, Plan):
+            state_dict = state_dict.tensors
         if not isinstance(state_dict, Mapping):
             raise ArgumentTypeError(f"plan() needs a dict of name -> WeightData, got {type(state_dict).__name__}")
         self.tensors: dict[str, WeightData] = {}
@@ -34,6 +66,40 @@ class Plan:
             if not isinstance(name, str):
                 raise ArgumentTypeError(f"state dict keys must be strings, got {name!r}")
             self.tensors[name] = as_weight_data(value, name)
+        own_md = getattr(carried, "metadata" if isinstance(carried, Plan) else "gguf_metadata", None)
+        # kept as given: a GGUF file's metadata mapping also carries each key's stored type
+        self.metadata: Mapping | None = metadata if metadata is not None else \
+            (own_md if isinstance(own_md, Mapping) else None)
+        # general.file_type is recomputed on save where the metadata is a converter's, built before its tensors
+        # may have changed (quantized in place); not where the caller or `quantize` set it (a preset's own type)
+        self._retype: bool = metadata is None and (carried._retype if isinstance(carried, Plan)
+                                                   else self.metadata is not None)
+        own_files = getattr(carried, "extra_files", None)
+        self.extra_files = extra_files if extra_files is not None else \
+            (own_files if isinstance(own_files, Mapping) or callable(own_files) else None)
+
+    def _derived(self, tensors: Mapping[str, object], metadata: Mapping | None = None) -> "Plan":
+        """A plan over `tensors` that keeps this plan's metadata (or `metadata`) and extra files."""
+        out = Plan(tensors, metadata=metadata if metadata is not None else self.metadata,
+                   extra_files=self.extra_files)
+        out._retype = self._retype if metadata is None else False
+        return out
+
+    def filter(self, pattern: str) -> "Plan":
+        """The plan of the outputs whose names match the glob `pattern` (fnmatch, case-sensitive), with this
+        plan's metadata and extra files; UsageError naming the pattern when none match.
+
+        Example:
+            >>> import numpy as np
+            >>> from lazyweights import WeightData, plan
+            >>> w = WeightData.from_numpy(np.ones(2, np.float32), "w")
+            >>> sorted(plan({"layers.0.w": w, "layers.1.w": w, "norm": w}).filter("layers.*").outputs)
+            ['layers.0.w', 'layers.1.w']
+        """
+        from ..render.explain import filter_outputs
+
+        kept = filter_outputs(self.outputs, pattern)
+        return self._derived({k: self.tensors[k] for k in kept})
 
     @property
     def outputs(self) -> dict[str, Node]:
@@ -58,33 +124,68 @@ class Plan:
         return materialize(self.outputs, device=device, budget=budget, scheduler=scheduler, progress=progress, out=out,
                            workers=workers, block_bytes=block_bytes)
 
-    def save(self, path, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
-             progress: bool = False, metadata: dict | None = None, *, quant: str | None = None, imatrix=None,
+    def save(self, path, format: str | None = None, max_shard_size=None, budget=None, scheduler=None,
+             progress: bool = False, metadata: Mapping | None = None, *, quant: str | None = None, imatrix=None,
              quant_options: Mapping | None = None, workers: int | None = None,
-             block_bytes: int | None = None) -> list[str]:
-        """Stream the outputs to `path` (see `lazyweights.formats.save`): `.safetensors` file, a directory
-        (sharded with an index when `max_shard_size` is set), or `.gguf`. Atomic; returns the files.
+             block_bytes: int | None = None, alignment: int | None = None,
+             require_architecture: bool = True) -> list[str]:
+        """Stream the outputs to `path` (see `lazyweights.formats.save`), the one save every output goes
+        through; atomic; returns the files written.
+
+        - `x.safetensors`: one file (`metadata`: its string header metadata).
+        - `x.gguf` (or `format="gguf"`): GGUF with `metadata` or else the plan's own (`Plan.metadata`, its
+          `general.file_type` recomputed from the tensors); without a `general.architecture` it is a
+          `GGUFConfigError` naming the key before anything is written, unless `require_architecture=False`
+          (a bare tensor container llama.cpp will not load). `alignment`: the data alignment (default 32).
+        - any other path: a folder, `model.safetensors` or shards with an index when `max_shard_size` splits
+          it, plus the plan's `extra_files` (a Hugging Face folder: config.json, tokenizer files), staged
+          and swapped in whole.
 
         `quant` (GGUF): a llama.cpp preset ("Q4_K_M", "Q8_0", ...; see `Plan.quantize`), applied in the
         same pass; `imatrix`: an importance matrix file for it; `quant_options`: `Plan.quantize`'s
-        llama-quantize controls as a dict (`{"tensor_types": {"attn_v": "Q8_0"}, "pure": True}`, ...)."""
+        llama-quantize controls as a dict (`{"tensor_types": {"attn_v": "Q8_0"}, "pure": True}`, ...).
+
+        Example:
+            >>> import numpy as np, os, tempfile
+            >>> from lazyweights import WeightData, plan
+            >>> from lazyweights.formats.gguf import read_gguf
+            >>> p = plan({"w": WeightData.from_numpy(np.ones((2, 3), np.float32), "w")},
+            ...          metadata={"general.architecture": "llama"})
+            >>> out = os.path.join(tempfile.mkdtemp(), "x.gguf")
+            >>> p.save(out) == [out], read_gguf(out)[1]["general.architecture"]
+            (True, 'llama')
+        """
+        is_gguf = (format or "").lower() == "gguf" or str(path).endswith(".gguf")
         if quant_options and quant is None:
             raise UsageError(f"quant_options={dict(quant_options)!r} are used with quant=PRESET")
         if quant is not None:
-            fmt = (format or "").lower()
-            if fmt != "gguf" and not str(path).endswith(".gguf"):
+            if not is_gguf:
                 raise UsageError(f"quant={quant!r} writes GGUF: give a .gguf path or format='gguf'")
-            quantized, metadata = self.quantize(quant, metadata, imatrix=imatrix, with_metadata=True,
-                                                **dict(quant_options or {}))
+            quantized = self.quantize(quant, self._gguf_metadata(metadata), imatrix=imatrix,
+                                      **dict(quant_options or {}))
             return quantized.save(path, format="gguf", budget=budget, scheduler=scheduler, progress=progress,
-                                  metadata=metadata, workers=workers, block_bytes=block_bytes)
+                                  workers=workers, block_bytes=block_bytes, alignment=alignment,
+                                  require_architecture=require_architecture)
         from ..formats.gguf_writer import TensorMeta
         from ..formats.save import save
 
         meta = {n: TensorMeta(w.dtype, w.shape, w.quantization_encoding) for n, w in self.tensors.items()}
-        return save(self.outputs, path, format=format, tensor_meta=meta, max_shard_size=max_shard_size, budget=budget,
-                    scheduler=scheduler, progress=progress, metadata=metadata, workers=workers,
-                    block_bytes=block_bytes)
+        return save(self.outputs, path, format=format or ("gguf" if is_gguf else "safetensors"), tensor_meta=meta,
+                    max_shard_size=max_shard_size, budget=budget, scheduler=scheduler, progress=progress,
+                    metadata=self._gguf_metadata(metadata) if is_gguf else metadata, workers=workers,
+                    block_bytes=block_bytes, alignment=alignment, require_architecture=require_architecture,
+                    extra_files=None if is_gguf else self.extra_files)
+
+    def _gguf_metadata(self, metadata: Mapping | None) -> Mapping | None:
+        """The GGUF metadata a save writes: the caller's, else the plan's (a converter's: its
+        `general.file_type` recomputed from the tensors, `formats.save.with_file_type`)."""
+        if metadata is not None:
+            return metadata
+        if self.metadata is not None and self._retype and "general.file_type" in self.metadata:
+            from ..formats.save import with_file_type
+
+            return with_file_type(self.metadata, self.tensors)
+        return self.metadata
 
     def stream(self, order=None, *, prefetch="1GB", budget=None, scheduler=None, workers: int | None = None):
         """Yield `(name, array)` in `order` (names, or groups of names computed together; default: every
@@ -106,14 +207,15 @@ class Plan:
             order = layer_groups(list(self.outputs))
         return stream(self.outputs, order, prefetch=prefetch, budget=budget, scheduler=scheduler, workers=workers)
 
-    def quantize(self, preset: str, metadata, *, imatrix=None, with_metadata: bool = False, tensor_types=None,
+    def quantize(self, preset: str, metadata=None, *, imatrix=None, with_metadata: bool = False, tensor_types=None,
                  output_tensor_type: str | None = None, token_embedding_type: str | None = None,
                  pure: bool = False, prune_layers=None, kv_overrides=None):
         """This plan with its tensors quantized the way llama.cpp's `llama-quantize` does for `preset`
         (Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0): per tensor, llama.cpp's type choice,
         as lazy `quantize` nodes (`explain()` shows each type and why a rule picked it). Outputs must have
-        GGUF names (e.g. from `lazyweights.adapters.hf_to_gguf`); `metadata` is the GGUF metadata to write.
-        `with_metadata=True` returns (plan, metadata with `general.file_type` set) instead.
+        GGUF names (e.g. from `lazyweights.adapters.hf_to_gguf`); `metadata` is the GGUF metadata to write
+        (default: the plan's own, `Plan.metadata`). The quantized plan carries the metadata with
+        `general.file_type` set to the preset's; `with_metadata=True` returns (plan, that metadata) instead.
 
         llama-quantize's per-tensor controls, same names and semantics:
         `tensor_types` (`--tensor-type PATTERN=TYPE`): {pattern: type} or [(pattern, type), ...], a regular
@@ -139,6 +241,8 @@ class Plan:
         """
         from ..formats.gguf_quantize import quantize_outputs
 
+        if metadata is None:
+            metadata = self._gguf_metadata(None)
         result = quantize_outputs(self.outputs, metadata, preset, imatrix=imatrix, tensor_types=tensor_types,
                                   output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
                                   pure=pure, prune_layers=prune_layers, kv_overrides=kv_overrides)
@@ -146,7 +250,7 @@ class Plan:
                           else (self.tensors[name] if name in self.tensors and node is self.outputs[name]
                                 else WeightData.wrap(node, name)))
                    for name, node in result.outputs.items()}
-        quantized = Plan(tensors)
+        quantized = self._derived(tensors, metadata=result.metadata)
         return (quantized, result.metadata) if with_metadata else quantized
 
     def steps(self, budget=None):
@@ -185,6 +289,8 @@ class Plan:
         return f"<Plan: {len(self.tensors)} outputs, {len(self.nodes())} nodes>"
 
 
-def plan(state_dict: Mapping[str, object]) -> Plan:
-    """Build the plan for an adapted state dict (`dict[str, WeightData]`). Reads nothing."""
-    return Plan(state_dict)
+def plan(state_dict: Mapping[str, object], *, metadata: Mapping | None = None,
+         extra_files: Mapping[str, bytes] | Callable[[], Mapping[str, bytes]] | None = None) -> Plan:
+    """Build the plan for an adapted state dict (`dict[str, WeightData]`, or a converter's result, whose GGUF
+    metadata and extra files the plan keeps: see `Plan`). Reads nothing."""
+    return Plan(state_dict, metadata=metadata, extra_files=extra_files)

@@ -9,7 +9,10 @@ left under a final name.
 
 Paths: `out.safetensors` writes one file; any other path is a directory holding `model.safetensors`, or
 `model-0000K-of-0000N.safetensors` shards plus `model.safetensors.index.json` when `max_shard_size` splits
-it. `out.gguf` writes GGUF.
+it, plus `extra_files` (config.json, tokenizer files: a Hugging Face folder), the whole folder staged under a
+temporary sibling name and swapped in only when every file is complete. `out.gguf` writes GGUF, which must
+say its `general.architecture` (llama.cpp loads nothing else) unless `require_architecture=False` asks for a
+bare tensor container: a `GGUFConfigError` naming the key, raised before any file is created.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -26,10 +29,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from ..compiler.steps import outputs_of
-from ..core.errors import ExecutionError, UsageError
+from ..core.errors import DTypeError, ExecutionError, GGUFConfigError, UsageError
 from ..core.units import parse_size
 from ..graph.node import Node
 from ..io.atomic import AtomicFile, staging_name, swap_directory, write_file_atomically
@@ -56,19 +59,25 @@ def shard_names(outputs: Mapping[str, Node], max_shard_size: int | None) -> list
 
 
 def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget=None, scheduler=None,
-         progress: bool = False, metadata: dict | None = None, workers: int | None = None,
-         block_bytes: int | None = None, tensor_meta: Mapping | None = None) -> list[str]:
+         progress: bool = False, metadata: Mapping | None = None, workers: int | None = None,
+         block_bytes: int | None = None, tensor_meta: Mapping | None = None, alignment: int | None = None,
+         extra_files: Mapping[str, bytes] | Callable[[], Mapping[str, bytes]] | None = None,
+         require_architecture: bool = True) -> list[str]:
     """Write `plan`'s outputs (a Plan, or name -> node) to `path`; returns the files written (final names).
 
     `tensor_meta` (GGUF only): name -> what `GGUFLayout.plan` accepts, where a node alone does not say
-    the tensor's quantization encoding."""
+    the tensor's quantization encoding; `alignment` (GGUF only): the data alignment (default 32);
+    `require_architecture` (GGUF only): False writes a file without `general.architecture`.
+    `extra_files` (a directory only): name -> bytes (or a callable returning them, called once the tensors
+    are written) saved beside the shards; the folder is then always staged and swapped in whole."""
     path = os.fspath(path)
     outputs = outputs_of(plan)
     fmt = (format or "safetensors").lower()
     if fmt == "gguf" or path.endswith(".gguf"):
         return save_gguf_outputs(outputs, path, metadata=metadata, budget=budget, scheduler=scheduler,
                                  progress=progress, workers=workers, block_bytes=block_bytes,
-                                 tensor_meta=tensor_meta)
+                                 tensor_meta=tensor_meta, alignment=alignment,
+                                 require_architecture=require_architecture)
     if fmt != "safetensors":
         raise UsageError(f"unknown output format {format!r}; use 'safetensors' or 'gguf'")
     max_shard = parse_size(max_shard_size)
@@ -80,6 +89,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
                 "give a directory path to write shards and an index"
             )
         directory, files = os.path.dirname(os.path.abspath(path)), [os.path.abspath(path)]
+        extra_files = None  # one file: nothing beside it
     else:
         directory = os.path.abspath(path)
         if len(shards) == 1:
@@ -87,7 +97,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
         else:
             files = [os.path.join(directory, f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
                      for i in range(len(shards))]
-    meta = {"format": "pt"} if metadata is None else metadata
+    meta = {"format": "pt"} if metadata is None else dict(metadata)
     sched = resolve_scheduler(scheduler)
     if sched == "reference":
         sched = "sync"
@@ -101,9 +111,10 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
 
     # A new directory is staged under a temporary sibling name and renamed whole at the end, so a reader
     # never sees some shards without the rest; into an existing directory each file is renamed in turn,
-    # the index last.
+    # the index last. A folder with extra files (a Hugging Face folder: config, tokenizer) is always staged
+    # and swapped in whole, replacing an existing one only once complete (tests/api/test_plan_save.py).
     staging = None
-    if not os.path.isdir(directory):
+    if extra_files is not None or not os.path.isdir(directory):
         staging = staging_name(directory)
         os.makedirs(staging)
     work_files = [os.path.join(staging, os.path.basename(f)) for f in files] if staging else files
@@ -116,6 +127,9 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
             committed.append(w.path)
         if len(files) > 1:
             _write_index(staging or directory, _index_doc(outputs, files, shards))
+        extra = dict(extra_files() if callable(extra_files) else extra_files or {})
+        for name, data in extra.items():
+            write_file_atomically(os.path.join(staging or directory, name), data)
         if staging:
             swap_directory(staging, directory)
     except BaseException:
@@ -130,7 +144,8 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
                 except OSError:
                     pass
         raise
-    return files + ([os.path.join(directory, INDEX_NAME)] if len(files) > 1 else [])
+    return (files + ([os.path.join(directory, INDEX_NAME)] if len(files) > 1 else [])
+            + [os.path.join(directory, name) for name in extra])
 
 
 def write_shards(outputs: Mapping[str, Node], files: list[str], shards: list[list[str]], writers: list, *,
@@ -189,16 +204,100 @@ def write_shards_distributed(outputs: Mapping[str, Node], client, files: list[st
         raise ExecutionError(f"workers reported shards the client cannot see: {missing} (no shared file system?)")
 
 
+def check_gguf_architecture(metadata: Mapping | None, path) -> None:
+    """GGUFConfigError naming `path` and the key unless `metadata` holds a `general.architecture` string (as a
+    value or a `GGUFValue`): llama.cpp refuses a GGUF without one, so writing it is a mistake, found before a
+    byte is written.
+
+    Example:
+        >>> check_gguf_architecture({"general.architecture": "llama"}, "x.gguf")
+        >>> try:
+        ...     check_gguf_architecture({"general.name": "x"}, "x.gguf")
+        ... except ValueError as e:
+        ...     print(str(e).split(";")[0])
+        x.gguf: the GGUF metadata has no general.architecture (its 1 keys: general.name)
+    """
+    value = (metadata or {}).get("general.architecture")
+    value = getattr(value, "value", value)
+    if isinstance(value, str) and value:
+        return
+    keys = sorted(metadata or {})
+    shown = ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+    raise GGUFConfigError(
+        f"{os.fspath(path)}: the GGUF metadata has no general.architecture (its {len(keys)} keys: {shown or 'none'}"
+        f"{'' if value is None else f'; general.architecture={value!r}'}); llama.cpp cannot load such a file. "
+        "Save a converter's result (lazyweights.plan(convert_hf_to_gguf(...)).save) or pass metadata=, or "
+        "require_architecture=False for a bare tensor container", ["general.architecture"])
+
+
+# llama.cpp's LlamaFileType (gguf-py constants.LlamaFileType) for the type most 2-D tensors have
+_FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
+                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
+_FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
+_MXFP4_MOE = 38  # LlamaFileType.MOSTLY_MXFP4_MOE: gpt-oss's experts kept as MXFP4, the rest float
+
+
+def gguf_file_type(tensors: Mapping[str, Any]) -> tuple[int, bool]:
+    """(`general.file_type`, any tensor quantized) for the tensors a GGUF will hold (name -> anything with
+    `dtype`, `shape`, `quantization_encoding` and `node.nbytes`, e.g. WeightData): the type of the most bytes
+    among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp).
+
+    >>> import numpy as np; from lazyweights import WeightData, DType
+    >>> gguf_file_type({"w": WeightData.from_numpy(np.zeros((4, 4), np.float32), "w").astype(DType.bfloat16)})
+    (32, False)
+    """
+    weight: dict[str, int] = {}
+    quantized = False
+    for _name, wd in tensors.items():
+        enc = getattr(wd, "quantization_encoding", None)
+        quantized = quantized or enc is not None
+        if len(wd.shape) < 2:
+            continue
+        key = enc.name if enc is not None else wd.dtype.name
+        weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
+    if not weight:
+        return 0, quantized
+    top = max(weight, key=weight.__getitem__)
+    if "MXFP4" in weight and top in _FILE_TYPE_BY_DTYPE:
+        return _MXFP4_MOE, quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE whatever else
+    if top in _FILE_TYPE_BY_ENCODING:
+        return _FILE_TYPE_BY_ENCODING[top], quantized
+    if top in _FILE_TYPE_BY_DTYPE:
+        return _FILE_TYPE_BY_DTYPE[top], quantized
+    raise DTypeError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
+
+
+def with_file_type(metadata: Mapping, tensors: Mapping[str, Any]) -> dict:
+    """`metadata` with `general.file_type` (and `general.quantization_version`) saying what `tensors` are
+    (`gguf_file_type`), as llama.cpp's converter writes them: a converter's metadata, saved after its tensors
+    changed, still tells the truth."""
+    from gguf.constants import GGUFValueType as T
+
+    from .gguf_writer import GGUFValue
+
+    ftype, quantized = gguf_file_type(tensors)
+    out = dict(metadata)
+    out["general.file_type"] = GGUFValue(int(ftype), T.UINT32)
+    if quantized:
+        out["general.quantization_version"] = GGUFValue(2, T.UINT32)
+    else:
+        out.pop("general.quantization_version", None)
+    return out
+
+
 def save_gguf_outputs(outputs: Mapping[str, Node], path, *, metadata: Mapping | None = None, budget=None,
                       scheduler=None, progress: bool = False, workers: int | None = None,
                       block_bytes: int | None = None, alignment: int | None = None,
-                      tensor_meta: Mapping | None = None) -> list[str]:
+                      tensor_meta: Mapping | None = None, require_architecture: bool = True) -> list[str]:
     """`Plan.save(path, format="gguf")`: the header from the planned shapes, dtypes and encodings, then
     every tensor's row blocks computed by the fused scheduler (in parallel, under `budget`) and written at
     their offsets; atomic. A dask.distributed Client runs the blocks on local threads (the file is local).
-    Returns `[path]`."""
+    `metadata` without `general.architecture` is a GGUFConfigError before anything is written, unless
+    `require_architecture=False`. Returns `[path]`."""
     from .gguf_writer import GGUFLayout, GGUFStreamWriter  # (gguf-py loads only for GGUF saves)
 
+    if require_architecture:
+        check_gguf_architecture(metadata, path)
     layout = GGUFLayout.plan(dict(tensor_meta) if tensor_meta is not None else outputs, metadata, alignment)
     sched = resolve_scheduler(scheduler)
     if not isinstance(sched, str) or sched == "reference":

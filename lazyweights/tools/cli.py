@@ -199,14 +199,10 @@ def _adapted_plan(args):
     if getattr(args, "storage_options", None) or getattr(args, "cache", None):
         extra["storage_options"], extra["cache"] = args.storage_options, args.cache
     adapted, weights = run_adapter(args.adapter, args.paths, hf_config=getattr(args, "hf_config", None), **extra)
-    p = Plan(adapted)
+    p = Plan(adapted)  # keeps what a converter's result carries: GGUF metadata, config/tokenizer files
     pattern = getattr(args, "filter", None)
     if pattern:
-        from ..render.explain import filter_outputs
-
-        kept = filter_outputs(p.outputs, pattern)
-        p = Plan({k: p.tensors[k] for k in kept})
-    p.adapted = adapted  # what the adapter returned: may carry GGUF metadata or config/tokenizer files
+        p = p.filter(pattern)
     return p, weights
 
 
@@ -339,23 +335,10 @@ def cmd_convert(args) -> int:
                                     ("--dry-run", args.dry_run)) if given]
         raise UsageError(f"{', '.join(flags)}: used with --quant PRESET")
     p, _ = _adapted_plan(args)
-    if not hasattr(p, "save"):
-        raise DependencyError("this build of lazyweights cannot save plans yet (Plan.save is missing)")
-    from ..adapters.hf_export import save_converted
-
-    carried = getattr(p, "adapted", None)
-    if carried is not None and type(carried) is not dict:  # keep its metadata/files, with the filtered tensors
-        filtered = type(carried)(p.tensors)
-        filtered.__dict__.update(getattr(carried, "__dict__", {}))
-        target = filtered
-    else:
-        target = p
     if args.dry_run:
-        metadata = getattr(carried, "gguf_metadata", None) if carried is not None else None
-        return _print_dry_run(target.tensors if hasattr(target, "tensors") else dict(target), metadata or {},
-                              args.quant, options, args.imatrix)
-    files = _with_warnings(lambda: save_converted(
-        target, args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
+        return _print_dry_run(p.tensors, p.metadata or {}, args.quant, options, args.imatrix)
+    files = _with_warnings(lambda: p.save(
+        args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
         scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers, **quant))
     files = list(files or [])
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
