@@ -12,6 +12,9 @@
     lazyweights diff A B [--values] [--rtol R] [--atol A] [--filter GLOB]
     lazyweights check ADAPTER PATH... --module MOD:CLASS_OR_FACTORY
     lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
+    lazyweights archs [--json]
+
+Every PATH may be an http(s):// or s3:// URL. Each subcommand's `--help` shows its defaults and examples.
 
 ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding the seed's
 `convert_safetensor_state_dict` / `convert_gguf_state_dict`, or a registered architecture name; it is called
@@ -27,6 +30,7 @@ import fnmatch
 import json
 import math
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -207,11 +211,52 @@ def _adapted_plan(args):
 
 
 def cmd_plan(args) -> int:
-    """`lazyweights plan ADAPTER PATH...`: print the adapter's plan (and draw it with --visualize)."""
+    """`lazyweights plan ADAPTER PATH...`: print the adapter's plan (and draw it with --visualize); with
+    `--diff ADAPTER2 PATH2...`, print how the second plan differs from the first (and draw both, marked)."""
     p, _ = _adapted_plan(args)
+    if args.diff is not None:
+        return _plan_diff(args, p)
     _out(p.explain(group_layers=not args.no_group).rstrip("\n"))
     if args.visualize:
         path = p.visualize(args.visualize, group_layers=not args.no_group)
+        _err(f"{PROG}: wrote {path}")
+    return 0
+
+
+def _diff_labels(a: tuple[str, Sequence[str]], b: tuple[str, Sequence[str]]) -> tuple[str, str]:
+    """Short names for the two plans of `plan --diff`: what tells them apart (the checkpoint, the adapter, or both)."""
+    def where(paths):
+        names = [os.path.basename(str(x).rstrip("/")) or str(x) for x in paths]
+        return ", ".join(names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
+
+    def who(spec):
+        return spec.rsplit(":", 1)[-1] if ":" in spec else os.path.basename(spec.rstrip("/")) or spec
+
+    if a[0] == b[0]:
+        la, lb = where(a[1]), where(b[1])
+    elif list(a[1]) == list(b[1]):
+        la, lb = who(a[0]), who(b[0])
+    else:
+        la, lb = f"{who(a[0])} on {where(a[1])}", f"{who(b[0])} on {where(b[1])}"
+    return (la, lb) if la != lb else (f"{la} (a)", f"{lb} (b)")
+
+
+def _plan_diff(args, p) -> int:
+    """`plan ... --diff ADAPTER2 PATH2...`: the second plan built like the first (same --filter; its own
+    --diff-hf-config; no --lora), `Plan.diff` printed, and drawn side by side with --visualize FILE.html."""
+    if len(args.diff) < 2:
+        raise UsageError(f"--diff needs a second adapter and its checkpoint (--diff ADAPTER2 PATH2 ...), got "
+                         f"{' '.join(args.diff) or 'nothing'}")
+    if args.visualize and os.path.splitext(args.visualize)[1].lower() not in (".html", ".htm"):
+        raise UsageError(f"--diff draws the two plans side by side as .html; --visualize {args.visualize} is not")
+    second = argparse.Namespace(**vars(args))
+    second.adapter, second.paths = args.diff[0], args.diff[1:]
+    second.hf_config, second.lora = args.diff_hf_config, None
+    other, _ = _adapted_plan(second)
+    d = p.diff(other, labels=_diff_labels((args.adapter, args.paths), (second.adapter, second.paths)))
+    _out(str(d))
+    if args.visualize:
+        path = d.visualize(args.visualize, group_layers=not args.no_group)
         _err(f"{PROG}: wrote {path}")
     return 0
 
@@ -249,7 +294,8 @@ def _quant_flags(p, with_preset: bool = True) -> None:
     if with_preset:
         p.add_argument("--quant", metavar="PRESET", type=str.upper, default=None,
                        help="GGUF output: quantize as llama-quantize does, in the same pass "
-                            "(Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0)")
+                            "(Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0; default: none, the "
+                            "adapter's types are kept)")
     p.add_argument("--imatrix", metavar="FILE", default=None,
                    help="a llama.cpp importance matrix (.dat or GGUF, from llama-imatrix)")
     p.add_argument("--tensor-type", metavar="PATTERN=TYPE", action="append", type=_tensor_type_arg, default=None,
@@ -292,6 +338,77 @@ def _with_warnings(fn):
                 _err(f"{PROG}: warning: {w.message}")
 
 
+# --- checks that run before any work (each has a test in tests/tools/test_cli_manners.py showing that no tensor
+# was read and no output written when it fails) -------------------------------------------------------------------
+def _check_output(output, format, quant=None, dry_run: bool = False) -> str:
+    """What OUT will be ("gguf", "safetensors" file or "folder"), checked before anything is read: a GGUF for
+    --quant, a local path, and a place that can be written (its nearest existing folder writable, no file where
+    a folder must go). The folders it needs are created later, just before the save (`_make_parent`)."""
+    from ..io.remote import is_url
+
+    out = os.fspath(output)
+    if is_url(out):
+        raise UsageError(f"-o {out}: outputs are written to local paths, not URLs")
+    fmt = (format or "").lower()
+    kind = "gguf" if fmt == "gguf" or (not fmt and out.endswith(".gguf")) else (
+        "safetensors" if out.endswith(".safetensors") else "folder")
+    if quant is not None and kind != "gguf":
+        raise UsageError(f"--quant {quant} writes GGUF: give an output ending in .gguf or --format gguf "
+                         f"(the output is {out})")
+    if dry_run:
+        return kind
+    final = os.path.abspath(out)
+    if kind != "folder" and os.path.isdir(final):
+        raise UsageError(f"-o {out}: a folder is there; a {kind} output is one file: give a file name "
+                         f"(e.g. {os.path.join(out, 'model.' + kind)})")
+    if kind == "folder" and os.path.exists(final) and not os.path.isdir(final):
+        raise UsageError(f"-o {out}: a file is there; a sharded or Hugging Face output is a folder")
+    existing = os.path.dirname(final)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"-o {out}: {existing} is a file, so no folder can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {out}: cannot write in {existing} (permission denied); choose another output")
+    return kind
+
+
+def _make_parent(output) -> None:
+    """Create OUT's folder (and the folders above it) now that the checks passed: the save itself stays atomic
+    (a hidden temporary beside OUT, renamed into place when complete)."""
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(output))), exist_ok=True)
+
+
+def _check_quant(preset: str, options: dict, imatrix) -> None:
+    """The preset, the --tensor-type / --output-tensor-type / --token-embedding-type names and the --imatrix
+    file, checked before the checkpoint is opened (UnknownPresetError leads with the did-you-mean)."""
+    from ..core.errors import UnknownPresetError, did_you_mean
+    from ..io.remote import is_url
+    from ..quant.presets import PRESETS, parse_type, tensor_type_overrides
+
+    if preset not in PRESETS:
+        hint = did_you_mean(preset, list(PRESETS)).strip()
+        raise UnknownPresetError(f"{hint + ' ' if hint else ''}--quant {preset}: unknown preset; the presets are "
+                                 f"{', '.join(PRESETS)}")
+    tensor_type_overrides(options.get("tensor_types"))
+    for flag, key in (("--output-tensor-type", "output_tensor_type"),
+                      ("--token-embedding-type", "token_embedding_type")):
+        if options.get(key):
+            parse_type(options[key], flag)
+    if imatrix is not None and not is_url(os.fspath(imatrix)) and not os.path.isfile(imatrix):
+        raise UsageError(f"--imatrix {imatrix}: no such file")
+
+
+def _build_files_first(p) -> None:
+    """A Hugging Face folder's config.json and tokenizer files (GGUF -> HF), built from the GGUF's metadata
+    before any tensor is converted, so a GGUF without a tokenizer or with missing config keys fails at once,
+    not after the whole conversion; the save then writes these same bytes."""
+    build = p.extra_files
+    if callable(build):
+        built = dict(build())
+        p.extra_files = built
+
+
 def cmd_quantize(args) -> int:
     """`lazyweights quantize IN.gguf OUT.gguf PRESET`: requantize a bf16/f16/f32 GGUF as llama-quantize does, in one
     streaming pass.
@@ -302,7 +419,10 @@ def cmd_quantize(args) -> int:
     if not str(args.input).endswith(".gguf"):
         raise UsageError(f"{args.input}: quantize reads a GGUF (.gguf); for a Hugging Face folder use "
                          "`lazyweights convert ... -o OUT.gguf --quant PRESET`")
-    weights = load_weights([args.input])
+    if not args.dry_run:
+        _check_output(args.output, "gguf", args.preset)
+    _check_quant(args.preset, _quant_options(args), args.imatrix)
+    weights = load_weights([args.input], storage_options=args.storage_options, cache=args.cache)
     tensors = {name: w.data() for name, w in weights.items()}
     packed = [(n, t.quantization_encoding.name) for n, t in tensors.items() if t.quantization_encoding is not None]
     if packed:
@@ -311,6 +431,7 @@ def cmd_quantize(args) -> int:
     options = _quant_options(args)
     if args.dry_run:
         return _print_dry_run(tensors, weights.metadata, args.preset, options, args.imatrix)
+    _make_parent(args.output)
     files = _with_warnings(lambda: Plan(tensors).save(
         args.output, format="gguf", metadata=weights.metadata, quant=args.preset, imatrix=args.imatrix,
         quant_options=options, budget=args.budget, progress=not args.no_progress, workers=args.workers))
@@ -334,9 +455,15 @@ def cmd_convert(args) -> int:
                                     ("--prune-layers", args.prune_layers), ("--override-kv", args.override_kv),
                                     ("--dry-run", args.dry_run)) if given]
         raise UsageError(f"{', '.join(flags)}: used with --quant PRESET")
+    fmt = _check_output(args.output, args.format, args.quant, dry_run=args.dry_run)
+    if args.quant is not None:
+        _check_quant(args.quant, options, args.imatrix)
     p, _ = _adapted_plan(args)
+    if fmt == "folder" and not args.dry_run:
+        _build_files_first(p)
     if args.dry_run:
         return _print_dry_run(p.tensors, p.metadata or {}, args.quant, options, args.imatrix)
+    _make_parent(args.output)
     files = _with_warnings(lambda: p.save(
         args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
         scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers, **quant))
@@ -446,7 +573,8 @@ def cmd_diff(args) -> int:
     """`lazyweights diff A B`: tensors added, removed and changed between two checkpoints; 1 when they differ."""
     from ..api.weights import load_weights
 
-    wa, wb = load_weights([args.a]), load_weights([args.b])
+    opts = {"allow_pickle": args.allow_pickle, "storage_options": args.storage_options, "cache": args.cache}
+    wa, wb = load_weights([args.a], **opts), load_weights([args.b], **opts)
     ra, rb = wa.records, wb.records
     na, nb = _filter_names(list(ra), args.filter), _filter_names(list(rb), args.filter)
     sa, sb = set(na), set(nb)
@@ -499,9 +627,67 @@ def cmd_diff(args) -> int:
 
 
 # --- the parser ----------------------------------------------------------------------------------------------
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and example epilogs as written; each option's default shown where it has one and its help
+    does not already say it (`ArgumentDefaultsHelpFormatter` would print `(default: None)` for unset ones)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if ("default" in text or d is None or d is False or d is argparse.SUPPRESS or d == []
+                or not action.option_strings):
+            return text
+        return f"{text} (default: {d})"
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # one line, exit 2 (argparse's own format, without the usage dump)
         self.exit(2, f"{self.prog.split()[0]}: error: {message} (see '{self.prog} --help')\n")
+
+
+# Two or three real command lines per subcommand, shown by its --help (tests/tools/test_cli_manners.py parses
+# every one with this parser, and runs the local ones on a real checkpoint).
+EXAMPLES: dict[str, list[str]] = {
+    "": ["lazyweights demo                                   # the whole job on a built-in checkpoint",
+         "lazyweights inspect llama-hf/",
+         "lazyweights convert LlamaForCausalLM llama-hf/ -o llama-q4_k_m.gguf --quant Q4_K_M",
+         "lazyweights archs                                  # the architecture names convert takes"],
+    "inspect": ["lazyweights inspect llama-hf/",
+                "lazyweights inspect model.gguf --json --filter 'blk.0.*'",
+                "lazyweights inspect https://example.org/llama/model.safetensors.index.json"],
+    "plan": ["lazyweights plan lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/",
+             "lazyweights plan LlamaForCausalLM llama-hf/ --filter '*.0.*' --visualize plan.html"],
+    "convert": ["lazyweights convert LlamaForCausalLM llama-hf/ -o llama.gguf            # HF -> GGUF",
+                "lazyweights convert LlamaForCausalLM llama-hf/ -o out/llama-q4_k_m.gguf --quant Q4_K_M",
+                "lazyweights convert Gemma3ForCausalLM gemma.gguf -o gemma-hf/          # GGUF -> HF folder",
+                "lazyweights convert lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/ -o out/ "
+                "--max-shard-size 5GB"],
+    "quantize": ["lazyweights quantize model-bf16.gguf model-q4_k_m.gguf Q4_K_M",
+                 "lazyweights quantize model-bf16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf "
+                 "--tensor-type attn_v=q8_0",
+                 "lazyweights quantize model-bf16.gguf model-q4_k_m.gguf Q4_K_M --dry-run"],
+    "diff": ["lazyweights diff llama-hf/ converted/",
+             "lazyweights diff a.safetensors b.safetensors --values --rtol 1e-3 --atol 1e-5",
+             "lazyweights diff https://example.org/llama/model.safetensors.index.json llama-hf/"],
+    "check": ["lazyweights check LlamaForCausalLM llama-hf/ --module mymodel:build_model",
+              "lazyweights check lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/ "
+              "--module mymodel:Model --json"],
+    "verify": ["lazyweights verify converted/ --write     # hash every tensor into lazyweights.verify.json",
+               "lazyweights verify converted/             # check them again (exit 1 on a mismatch)",
+               "lazyweights verify https://example.org/converted/model.safetensors"],
+    "demo": ["lazyweights demo",
+             "lazyweights demo --workdir /tmp/lw-demo --layers 4"],
+    "archs": ["lazyweights archs",
+              "lazyweights archs --json"],
+}
+
+
+def _epilog(command: str) -> str:
+    return "examples:\n" + "\n".join("  " + line for line in EXAMPLES[command])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -511,13 +697,18 @@ def build_parser() -> argparse.ArgumentParser:
         >>> build_parser().parse_args(["inspect", "model.safetensors"]).command
         'inspect'
     """
+    from ..compiler.steps import DEFAULT_BUDGET
     from ..core.version import __version__
+
+    budget_help = f"working memory, e.g. 1GB (default: {format_bytes(DEFAULT_BUDGET)})"
 
     common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the full traceback on errors")
     parser = _Parser(prog=PROG, description="Lazy weight adapters: inspect checkpoints, print and draw adapter "
-                                            "plans, convert, diff and check.", parents=[common])
+                                            "plans, convert, diff and check.", parents=[common],
+                     epilog=_epilog("") + f"\n\n'{PROG} COMMAND --help' shows a command's options, defaults and "
+                                          "examples.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -526,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--allow-pickle", choices=("weights_only",), default=None,
                        help="open .bin/.pt/.pth pickle checkpoints with torch's restricted unpickler "
                             "(torch.load(weights_only=True)); refused without it")
+        _remote_arg(p)
+
+    def _remote_arg(p):
         p.add_argument("--storage-options", metavar="JSON", type=_json_object, default=None,
                        help="for http(s):// and s3:// paths: options as fsspec names them, e.g. "
                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}'")
@@ -557,6 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter", metavar="GLOB", help="only outputs whose names match this glob")
     p.add_argument("--visualize", metavar="FILE", help="also draw it: .html, .dot, .svg, .png or .mmd")
     p.add_argument("--no-group", action="store_true", help="print every layer (no grouping of repeated layers)")
+    p.add_argument("--diff", nargs="+", metavar=("ADAPTER2", "PATH2"), default=None,
+                   help="compare with a second plan (another adapter and/or checkpoint): print the outputs only in "
+                        "one plan and those whose chains differ (source, ops and arguments, dtype/shape); with "
+                        "--visualize FILE.html, draw both side by side with the differences marked")
+    p.add_argument("--diff-hf-config", metavar="FILE", default=None,
+                   help="config.json for the --diff plan (default: the one beside its checkpoint)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("convert", parents=[common], help="run an adapter and write the converted checkpoint",
@@ -566,8 +766,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a .safetensors file, a directory (shards + index), or a .gguf file")
     p.add_argument("--format", choices=("safetensors", "gguf"), default=None,
                    help="output format (default: from OUT's suffix, else safetensors)")
-    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
-    p.add_argument("--max-shard-size", type=_size_arg, default=None, metavar="SIZE", help="e.g. 5GB")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help=budget_help)
+    p.add_argument("--max-shard-size", type=_size_arg, default=None, metavar="SIZE",
+                   help="split a folder output into shards of at most SIZE with an index, e.g. 5GB (default: one "
+                        "shard)")
     p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--filter", metavar="GLOB", help="only convert outputs whose names match this glob")
@@ -586,20 +788,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset", metavar="PRESET", type=str.upper,
                    help="Q8_0 Q6_K Q5_K_M Q5_K_S Q4_K_M Q4_K_S Q3_K_M Q2_K Q4_0")
     _quant_flags(p, with_preset=False)
-    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="threads computing blocks")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help=budget_help)
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="threads computing blocks (default: the CPUs this process may use)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _remote_arg(p)
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("diff", parents=[common], help="compare two checkpoints",
                        description="Tensors added, removed, or changed in dtype or shape; with --values, "
                                    "compare the data too. Exit 1 if they differ.")
-    p.add_argument("a", metavar="A", help="first checkpoint (file or directory)")
-    p.add_argument("b", metavar="B", help="second checkpoint (file or directory)")
+    p.add_argument("a", metavar="A", help="first checkpoint (file, directory, index.json or URL)")
+    p.add_argument("b", metavar="B", help="second checkpoint (file, directory, index.json or URL)")
     p.add_argument("--values", action="store_true", help="compare values (as float64; quantized data decoded)")
     p.add_argument("--rtol", type=_tolerance, default=0.0, metavar="R", help="relative tolerance (default 0)")
     p.add_argument("--atol", type=_tolerance, default=0.0, metavar="A", help="absolute tolerance (default 0)")
     p.add_argument("--filter", metavar="GLOB", help="only tensors whose names match this glob")
+    _pickle_arg(p)
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("check", parents=[common], help="check an adapter's output against a module",
@@ -617,28 +822,45 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Without --write: re-read PATH and check every tensor against the "
                                    "lazyweights.verify.json beside it (exit 1 on any mismatch, naming it). With "
                                    "--write: hash PATH as it is now and write that manifest.")
-    p.add_argument("path", metavar="PATH", help="a checkpoint: .safetensors / .gguf file, directory, or index.json")
+    p.add_argument("path", metavar="PATH",
+                   help="a checkpoint: .safetensors / .gguf file, directory, index.json, or a URL of one")
     p.add_argument("--write", action="store_true", help="write the manifest instead of checking it")
-    p.add_argument("--manifest", metavar="FILE", default=None, help="manifest to check against (default: beside PATH)")
+    p.add_argument("--manifest", metavar="FILE", default=None,
+                   help="the manifest to check against, or (--write) to write (default: lazyweights.verify.json "
+                        "beside PATH; a URL's is fetched from beside it, and --write needs FILE)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
-    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help="working memory, e.g. 1GB")
+    p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help=budget_help)
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("archs", parents=[common], help="the architecture names convert takes, both ways",
+                       description="Every built-in architecture: Hugging Face class and model_type -> llama.cpp's "
+                                   "GGUF architecture, and GGUF architecture -> the classes that convert it back. "
+                                   "Any of these class names is an ADAPTER for plan, convert and check.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_archs)
 
     p = sub.add_parser("demo", parents=[common], help="the main job on an embedded default checkpoint",
                        description="Write a small Llama-shaped checkpoint, adapt it lazily (the seed adapter), "
                                    "print the plan, save the result and verify every byte against numpy.")
-    p.add_argument("--workdir", default=None, help="where to write the checkpoint and the output (default: a temp dir)")
+    p.add_argument("--workdir", default=None,
+                   help="where to write the checkpoint and the output (default: a temporary folder)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers in the demo checkpoint")
     p.add_argument("--budget", type=_size_arg, default="64MB", metavar="SIZE", help="working memory")
     p.set_defaults(func=cmd_demo)
+    for name, subparser in sub.choices.items():
+        if name in EXAMPLES and not subparser.epilog:
+            subparser.epilog = _epilog(name)
     return parser
 
 
 def cmd_verify(args) -> int:
     """`lazyweights verify PATH`: check a checkpoint against its manifest (or write one with --write)."""
+    from ..io.remote import is_url
     from .verify import verify, write_manifest
 
+    if is_url(args.path):
+        return _verify_url(args)
     if not os.path.exists(args.path):
         raise UsageError(f"{args.path}: no such file or directory")
     if args.write:
@@ -652,6 +874,108 @@ def cmd_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _verify_url(args) -> int:
+    """`verify URL`: the manifest beside the URL (fetched) or --manifest FILE; `--write` writes --manifest FILE."""
+    import shutil
+    import tempfile
+
+    from ..io.atomic import write_file_atomically
+    from ..io.remote import fetch_small, is_url
+    from .verify import MANIFEST_NAME, verify, write_manifest
+
+    url = args.path
+    folder_url = url.rstrip("/") if not url.endswith((".safetensors", ".gguf", ".json")) else url.rsplit("/", 1)[0]
+    tmp = tempfile.mkdtemp(prefix="lazyweights-verify-")
+    try:
+        if args.write:
+            if not args.manifest or is_url(args.manifest):
+                raise UsageError(f"verify --write {url}: a manifest cannot be written beside a URL; give "
+                                 "--manifest FILE (a local path), then upload it beside the checkpoint")
+            written = write_manifest(url, os.path.join(tmp, MANIFEST_NAME), scheduler=args.scheduler,
+                                     budget=args.budget)
+            with open(written, "rb") as fh:
+                data = fh.read()
+            _make_parent(args.manifest)
+            write_file_atomically(os.path.abspath(args.manifest), data)
+            _out(f"wrote {args.manifest}: {len(json.loads(data)['tensors'])} tensors hashed")
+            return 0
+        manifest = args.manifest
+        source = manifest or f"{folder_url}/{MANIFEST_NAME}"
+        if manifest is None or is_url(manifest):
+            manifest = os.path.join(tmp, MANIFEST_NAME)
+            with open(manifest, "wb") as fh:
+                fh.write(fetch_small(source))
+        report = verify(url, manifest, scheduler=args.scheduler, budget=args.budget)
+        report.path, report.manifest = url, source
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _out(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1
+
+
+def arch_tables() -> dict:
+    """The architectures `convert` takes, both ways, from the records in `adapters/archs.py` and the registry:
+    `hf_to_gguf` rows (HF class, the model_types it accepts, the GGUF architecture each becomes), `gguf_to_hf`
+    (GGUF architecture -> the classes whose adapter converts such a file back, with the model_type written), and
+    `registered` (names added with `lazyweights.registry.register`, with their formats).
+
+    Example:
+        >>> t = arch_tables()
+        >>> [r["gguf"] for r in t["hf_to_gguf"] if r["hf_class"] == "LlamaForCausalLM"]
+        ['llama']
+        >>> [c["hf_class"] for c in t["gguf_to_hf"]["gemma3"]]
+        ['Gemma3ForCausalLM', 'Gemma3ForConditionalGeneration']
+    """
+    from ..adapters import registry
+    from ..adapters.archs import ALIASES, ARCHS
+    from ..adapters.builtin import BUILTIN
+
+    def record(mt):
+        return ARCHS.get(ALIASES.get(mt, mt))
+
+    to_gguf = [{"hf_class": cls, "model_type": mt, "gguf": rec.gguf}
+               for cls, types in sorted(BUILTIN.items(), key=lambda kv: kv[0].lower()) for mt in types
+               if (rec := record(mt)) is not None]
+    back: dict[str, list[dict]] = {}
+    for rec in ARCHS.values():
+        written = rec.back_as or rec.model_type  # the model_type a file of this record converts back to
+        for cls, types in sorted(BUILTIN.items(), key=lambda kv: kv[0].lower()):
+            entry = {"hf_class": cls, "model_type": written}
+            if written in types and entry not in back.setdefault(rec.gguf, []):
+                back[rec.gguf].append(entry)
+    others = {name: sorted(f.value for f in a.weight_adapters)
+              for name, a in sorted(registry.architectures().items()) if name not in BUILTIN}
+    return {"hf_to_gguf": to_gguf, "gguf_to_hf": dict(sorted(back.items())), "registered": others}
+
+
+def cmd_archs(args) -> int:
+    """`lazyweights archs`: the architecture names `convert` takes, HF -> GGUF and GGUF -> HF."""
+    t = arch_tables()
+    if args.json:
+        _out(json.dumps(t, indent=2))
+        return 0
+    _out(f"Hugging Face -> GGUF ({len(t['hf_to_gguf'])}): {PROG} convert HF_CLASS hf-folder/ -o out.gguf")
+    rows = [["HF class", "model_type", "GGUF arch"]]
+    rows += [[r["hf_class"], r["model_type"], r["gguf"]] for r in t["hf_to_gguf"]]
+    for line in _table(rows):
+        _out("  " + line)
+    _out("")
+    _out(f"GGUF -> Hugging Face ({len(t['gguf_to_hf'])}): {PROG} convert HF_CLASS model.gguf -o hf-folder/")
+    rows = [["GGUF arch", "HF class (model_type written)"]]
+    rows += [[g, ", ".join(f"{c['hf_class']} ({c['model_type']})" for c in classes)]
+             for g, classes in t["gguf_to_hf"].items()]
+    for line in _table(rows):
+        _out("  " + line)
+    _out("  (where one GGUF arch holds several model types, the file's metadata picks one: llama with experts is "
+         "mixtral)")
+    if t["registered"]:
+        _out("")
+        _out("registered in code (lazyweights.registry.register):")
+        for name, fmts in t["registered"].items():
+            _out(f"  {name}: {', '.join(fmts) or 'no adapters'}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     """`lazyweights demo`: write a small Llama-shaped checkpoint, adapt it lazily, print the plan, save the result
     and verify every byte against numpy.
@@ -659,6 +983,31 @@ def cmd_demo(args) -> int:
     from .demo import run_demo
 
     return run_demo(args.workdir, layers=args.layers, budget=args.budget)
+
+
+# The library's messages name its keyword arguments; on the command line the same fix is a flag.
+_CLI_WORDS = [
+    (re.compile(r"quant='?(\w+)'? writes GGUF: give a \.gguf path or format='gguf'"),
+     r"--quant \1 writes GGUF: give an output ending in .gguf or --format gguf"),
+    (re.compile(r"pass tokenizer=False \(--no-tokenizer\)"), "pass --no-tokenizer"),
+    (re.compile(r"pass tokenizer=False / --no-tokenizer"), "pass --no-tokenizer"),
+    (re.compile(r"tokenizer=False \(--no-tokenizer\)"), "--no-tokenizer"),
+    (re.compile(r"format='(\w+)'"), r"--format \1"),
+    (re.compile(r"quant=PRESET"), "--quant PRESET"),
+    (re.compile(r"storage_options\['(\w+)'\]"), r"""--storage-options '{"\1": ...}'"""),
+]
+
+
+def cli_words(text: str) -> str:
+    """A library message with its keyword-argument advice in command-line words.
+
+    Example:
+        >>> cli_words("quant='Q4_K_M' writes GGUF: give a .gguf path or format='gguf'")
+        '--quant Q4_K_M writes GGUF: give an output ending in .gguf or --format gguf'
+    """
+    for pattern, replacement in _CLI_WORDS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _message(e: BaseException) -> str:
@@ -696,7 +1045,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the command line never shows a traceback unless --debug
         if debug:
             raise
-        _err(f"{PROG}: error: {_message(e)}")
+        _err(f"{PROG}: error: {cli_words(_message(e))}")
         return 1
 
 
