@@ -627,9 +627,15 @@ def cmd_diff(args) -> int:
 
 
 # --- the parser ----------------------------------------------------------------------------------------------
-class _Help(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and example epilogs as written; each option's default shown where it has one and its help
-    does not already say it (`ArgumentDefaultsHelpFormatter` would print `(default: None)` for unset ones)."""
+class _Help(argparse.HelpFormatter):
+    """Example epilogs as written (descriptions wrapped as usual); each option's default shown where it has one
+    and its help does not already say it (`ArgumentDefaultsHelpFormatter` would print `(default: None)` for
+    unset ones)."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -863,6 +869,8 @@ def cmd_verify(args) -> int:
         return _verify_url(args)
     if not os.path.exists(args.path):
         raise UsageError(f"{args.path}: no such file or directory")
+    if args.write and args.manifest:
+        return _write_manifest_to(args)
     if args.write:
         target = write_manifest(args.path, scheduler=args.scheduler, budget=args.budget)
         with open(target, encoding="utf-8") as fh:
@@ -874,14 +882,35 @@ def cmd_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _write_manifest_to(args) -> int:
+    """`verify PATH --write --manifest FILE`: hash PATH (a local path or a URL) and write the manifest to FILE."""
+    import shutil
+    import tempfile
+
+    from ..io.atomic import write_file_atomically
+    from .verify import MANIFEST_NAME, write_manifest
+
+    tmp = tempfile.mkdtemp(prefix="lazyweights-verify-")
+    try:
+        written = write_manifest(args.path, os.path.join(tmp, MANIFEST_NAME), scheduler=args.scheduler,
+                                 budget=args.budget)
+        with open(written, "rb") as fh:
+            data = fh.read()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _make_parent(args.manifest)
+    write_file_atomically(os.path.abspath(args.manifest), data)
+    _out(f"wrote {args.manifest}: {len(json.loads(data)['tensors'])} tensors hashed")
+    return 0
+
+
 def _verify_url(args) -> int:
     """`verify URL`: the manifest beside the URL (fetched) or --manifest FILE; `--write` writes --manifest FILE."""
     import shutil
     import tempfile
 
-    from ..io.atomic import write_file_atomically
     from ..io.remote import fetch_small, is_url
-    from .verify import MANIFEST_NAME, verify, write_manifest
+    from .verify import MANIFEST_NAME, verify
 
     url = args.path
     folder_url = url.rstrip("/") if not url.endswith((".safetensors", ".gguf", ".json")) else url.rsplit("/", 1)[0]
@@ -891,14 +920,7 @@ def _verify_url(args) -> int:
             if not args.manifest or is_url(args.manifest):
                 raise UsageError(f"verify --write {url}: a manifest cannot be written beside a URL; give "
                                  "--manifest FILE (a local path), then upload it beside the checkpoint")
-            written = write_manifest(url, os.path.join(tmp, MANIFEST_NAME), scheduler=args.scheduler,
-                                     budget=args.budget)
-            with open(written, "rb") as fh:
-                data = fh.read()
-            _make_parent(args.manifest)
-            write_file_atomically(os.path.abspath(args.manifest), data)
-            _out(f"wrote {args.manifest}: {len(json.loads(data)['tensors'])} tensors hashed")
-            return 0
+            return _write_manifest_to(args)
         manifest = args.manifest
         source = manifest or f"{folder_url}/{MANIFEST_NAME}"
         if manifest is None or is_url(manifest):

@@ -121,7 +121,9 @@ def test_every_help_shows_its_defaults_and_examples(capsys):
     for name, sub in choices.items():
         rc, text, _ = run(capsys, name, "--help")
         assert rc == 0
-        examples = text.split("\nexamples:\n", 1)[1].splitlines()
+        head, examples = text.split("\nexamples:\n", 1)
+        examples = examples.splitlines()
+        assert max(len(ln) for ln in head.splitlines()) <= 100, name  # descriptions still wrapped
         assert 2 <= len([ln for ln in examples if ln.startswith(f"  lazyweights {name}")]) <= 4, (name, examples)
         for action in sub._actions:  # every option with a default says what it is
             if action.option_strings and action.default not in (None, False, argparse.SUPPRESS, []):
@@ -375,6 +377,16 @@ def test_every_path_taking_subcommand_reads_urls(capsys, nginx, served, ckpt, tm
     assert rc == 0 and json.loads(out)["ok"] and json.loads(out)["path"] == url
     rc, out, err = run(capsys, "verify", nginx.url("manners/"))
     one_line_error(rc, err, "lazyweights.verify.json", "404")
+
+
+def test_verify_write_to_a_named_manifest(capsys, ckpt, tmp_path):
+    mine = tmp_path / "elsewhere" / "m.json"
+    rc, out, err = run(capsys, "verify", ckpt, "--write", "--manifest", mine)
+    assert rc == 0 and out.startswith(f"wrote {mine}: 10 tensors hashed"), err
+    assert not (ckpt / "lazyweights.verify.json").exists()
+    assert json.loads(mine.read_text())["tensors"] == _local_manifest(ckpt, tmp_path)["tensors"]
+    rc, out, err = run(capsys, "verify", ckpt, "--manifest", mine)
+    assert rc == 0 and out.startswith("OK: 10 tensors checked"), err
 
 
 def _local_manifest(ckpt, tmp_path):
