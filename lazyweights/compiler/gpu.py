@@ -50,6 +50,7 @@ GPU_SPLIT.update({
     Op.BINARY: "host",     # arithmetic between tensors (scales, LoRA deltas) stays on the host
     Op.UNARY: "host",      # exp/log/neg of small tensors (Mamba's A) beside the binary arithmetic
     Op.LORA: "host",       # the LoRA update runs in kernels/_clora.c on the host (the same bytes as the CPU path)
+    Op.SCATTER: "host",    # a sparse bitmask's values put back in place (graph/scatter.py) before any device cast
 })
 
 

@@ -250,4 +250,5 @@ WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE
                       Op.UNARY)(
     lambda n, views: False)
 WHOLE_INPUT.register(Op.LORA)(lambda n, views: False)  # rows of W (and B); A is read whole by every block
+WHOLE_INPUT.register(Op.SCATTER)(lambda n, views: False)  # the block's mask rows and the values under them
 

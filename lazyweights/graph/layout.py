@@ -178,6 +178,12 @@ def _align_lora(node: Node) -> int:
     return math.lcm(*[row_alignment(s) for s in [node.srcs[0], *pairs]])
 
 
+@ROW_ALIGN.register(Op.SCATTER)
+def _align_scatter(node: Node) -> int:
+    # The bitmask's rows (and [rows, k] values' rows) follow the output rows; flat values are cut at row offsets.
+    return math.lcm(*[row_alignment(s) for s in node.srcs if s.ndim == 2])
+
+
 @ROW_ALIGN.register(Op.BITCAST)
 def _align_bitcast(node: Node) -> int:
     src = node.srcs[0]

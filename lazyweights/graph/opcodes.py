@@ -54,6 +54,7 @@ class Op(str, enum.Enum):
     BINARY = "binary"          # elementwise mul/add/sub/div with broadcasting (arg: kind)
     UNARY = "unary"            # elementwise exp/log/neg on floats (arg: kind)
     LORA = "lora"              # W + sum scale_i * (B_i @ A_i), srcs (W, B1, A1, ...) (arg: ((scale, transposed), ...))
+    SCATTER = "scatter"        # values put at a bitmask's set bits, srcs (values, bitmask[, row_offsets]) (arg: cols)
 
     # Compare, hash and print as the plain string, so `node.op == "cast"` and plan text are unchanged.
     __hash__ = str.__hash__
@@ -75,7 +76,8 @@ class GroupOp:
     View = frozenset({Op.RESHAPE, Op.PERMUTE, Op.SLICE, Op.BITCAST})
     Quant = frozenset({Op.DEQUANTIZE, Op.QUANTIZE})
     # Ops that compute new values (what makes a step "fused" rather than a view or a copy).
-    Value = frozenset({Op.CAST, Op.BITCAST, Op.DEQUANTIZE, Op.QUANTIZE, Op.BINARY, Op.UNARY, Op.LORA})
+    Value = frozenset({Op.CAST, Op.BITCAST, Op.DEQUANTIZE, Op.QUANTIZE, Op.BINARY, Op.UNARY, Op.LORA,
+                       Op.SCATTER})
 
 
 class OpTable(dict):

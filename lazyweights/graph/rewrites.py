@@ -28,6 +28,7 @@ from .lora import lora_update
 from .lora import rebuild as lora_rebuild
 from .node import Node, toposort
 from .opcodes import GroupOp, Op, OpTable
+from .scatter import rebuild as scatter_rebuild
 
 
 def sink_casts(root: Node) -> Node:
@@ -175,6 +176,7 @@ REBUILD.register(Op.QUANTIZE)(lambda n, srcs: ops.quantize(srcs[0], *n.arg))
 REBUILD.register(Op.BINARY)(lambda n, srcs: binary(n.arg, srcs[0], srcs[1]))
 REBUILD.register(Op.UNARY)(lambda n, srcs: unary(n.arg, srcs[0]))
 REBUILD.register(Op.LORA)(lora_rebuild)
+REBUILD.register(Op.SCATTER)(scatter_rebuild)
 
 
 def _rebuild(n: Node, srcs: tuple[Node, ...]) -> Node:

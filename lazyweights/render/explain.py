@@ -128,6 +128,11 @@ def _arg_lora(node: Node) -> str:
     return ", ".join(f"{scale:g}{' T' if transposed else ''}" for scale, transposed in node.arg)
 
 
+@EXPLAIN.register(Op.SCATTER)
+def _arg_scatter(node: Node) -> str:
+    return f"cols={node.arg}" + (" row_offsets" if len(node.srcs) > 2 else "")
+
+
 @EXPLAIN.register(Op.CONST, Op.RESHAPE)
 def _arg_none(node: Node) -> str:
     return ""  # the result type shows the shape
@@ -342,7 +347,7 @@ def build_view(plan_or_outputs, filter: str | None = None, group_layers: bool = 
 
 
 # --- statistics ---------------------------------------------------------------------------------------
-_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary", "unary", "lora"})
+_ALLOCATING = frozenset({"cast", "take", "concat", "dequantize", "quantize", "binary", "unary", "lora", "scatter"})
 
 
 def estimate_peak_memory(outputs: Mapping[str, Node], order: list[Node] | None = None) -> int:

@@ -300,6 +300,34 @@ def _pull_lora(node: Node, rows: Rows, cache) -> np.ndarray:
     return lora_rows(node, *_lora_inputs(node, rows, cache))
 
 
+@PULL.register(Op.SCATTER)
+def _pull_scatter(node: Node, rows: Rows, cache) -> np.ndarray:
+    from ..graph.scatter import fill_rows
+
+    if not isinstance(rows, range):  # gathered rows: the run that covers them, then pick
+        lo, hi = (int(rows.min()), int(rows.max()) + 1) if len(rows) else (0, 0)
+        return _pull_scatter(node, range(lo, hi), cache)[rows - lo]
+    values, mask = node.srcs[0], node.srcs[1]
+    if len(node.srcs) == 2:
+        return fill_rows(node, rows.start, pull(mask, rows, cache), pull(values, rows, cache))
+    if not len(rows):
+        return np.empty((0,) + node.shape[1:], node.dtype.to_numpy())
+    # Flat values: the block's run lies between its first row's offset and the next row's (or the end).
+    offsets = node.srcs[2]
+    last = rows.stop >= nrows(offsets)
+    starts = np.asarray(pull(offsets, range(rows.start, rows.stop if last else rows.stop + 1), cache), np.int64)
+    if last:
+        starts = np.append(starts, values.shape[0])
+    if starts[0] < 0 or starts[-1] > values.shape[0] or np.any(np.diff(starts) < 0):
+        from ..core.errors import FormatError
+        from ..graph.scatter import label
+
+        raise FormatError(f"{label(offsets)}: row offsets {starts[:8].tolist()} (rows {rows.start}..{rows.stop - 1}) "
+                          f"do not increase within the {values.shape[0]} values")
+    run = pull(values, range(int(starts[0]), int(starts[-1])), cache)
+    return fill_rows(node, rows.start, pull(mask, rows, cache), run, starts)
+
+
 def write_rows(node: Node, rows: range, dst: np.ndarray, cache: dict | None = None) -> None:
     """Compute rows `rows` of `node` straight into `dst` (shape `(len(rows),) + node.shape[1:]`).
 

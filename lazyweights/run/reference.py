@@ -125,6 +125,13 @@ def _unary(node: Node, a: np.ndarray) -> np.ndarray:
 
 
 
+@REFERENCE.register(Op.SCATTER)
+def _scatter(node: Node, values: np.ndarray, mask: np.ndarray, *offsets: np.ndarray) -> np.ndarray:
+    from ..graph.scatter import whole
+
+    return whole(node, values, mask, *offsets)
+
+
 @REFERENCE.register(Op.LORA)
 def _lora(node: Node, w: np.ndarray, *factors: np.ndarray) -> np.ndarray:
     from ..graph.lora import lora_rows
