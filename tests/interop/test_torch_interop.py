@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 
 import ml_dtypes
 import numpy as np
@@ -27,24 +26,15 @@ def _torch_error(module, sd, strict=True) -> str:
 
 
 # --- the real checkpoint: all-MiniLM-L6-v2 into transformers' BertModel -----------------------------------
-@pytest.fixture(scope="module")
-def minilm(tmp_path_factory, minilm_zip):  # minilm_zip: tests/conftest.py (skips when not installed)
+def test_minilm_into_bert_matches_torch_load_state_dict(minilm_dir):  # tests/conftest.py (skips without it)
     pytest.importorskip("transformers")
-    d = tmp_path_factory.mktemp("minilm")
-    with zipfile.ZipFile(minilm_zip) as z:
-        z.extract("model.safetensors", d)
-        z.extract("config.json", d)
-    return str(d)
-
-
-def test_minilm_into_bert_matches_torch_load_state_dict(minilm):
     from safetensors.torch import load_file
     from transformers import BertConfig, BertModel
 
-    config = BertConfig.from_json_file(os.path.join(minilm, "config.json"))
+    config = BertConfig.from_json_file(os.path.join(minilm_dir, "config.json"))
     torch.manual_seed(0)
     ours, reference = BertModel(config).eval(), BertModel(config).eval()
-    path = os.path.join(minilm, "model.safetensors")
+    path = os.path.join(minilm_dir, "model.safetensors")
 
     weights = load_weights([path])
     names = [name for name, _ in weights.items()]
