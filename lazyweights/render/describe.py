@@ -119,7 +119,7 @@ def _slice_rows(node: Node) -> list[tuple[str, str]]:
     for axis, ((start, stop, step), dim) in enumerate(zip(node.arg, node.srcs[0].shape)):
         if (start, stop, step) == (0, dim, 1):
             continue
-        text = f"{start}:{stop}" + (f":{step}" if step != 1 else "")
+        text = f"{start}:{min(stop, dim)}" + (f":{step}" if step != 1 else "")
         rows.append((f"axis {axis}", f"{text} of {dim} ({len(range(start, stop, step))} kept)"))
     return rows or [("bounds", "whole (no axis cut)")]
 
@@ -199,6 +199,19 @@ def _is_index(c: str) -> bool:
     return c.isdigit() or (c.startswith("{") and c.endswith("}"))
 
 
+def _elide(head: list[str], rest: list[str], width: int) -> str:
+    """`head` joined with as many of `rest`'s last components as fit in `width` (at least one), `…` between."""
+    tail: list[str] = []
+    for i in range(len(rest) - 1, -1, -1):
+        whole = i == 0  # taking this one leaves nothing out: no `…`
+        if tail and len(".".join(head) + ("." if whole else ".…") + ".".join(rest[i:])) > width:
+            break
+        tail.insert(0, rest[i])
+    if len(tail) == len(rest):
+        return ".".join(head + tail)
+    return ".".join(head) + ".…" + ".".join(tail)
+
+
 def short_name(name: str, width: int) -> str:
     """`name` in at most `width` characters, keeping its distinguishing parts (see the module docstring)."""
     if len(name) <= width:
@@ -222,15 +235,9 @@ def short_name(name: str, width: int) -> str:
             return text
     # 3. elide the middle: keep the head (up to the layer number) and as many trailing components as fit
     head = parts[: (idx + 1) if idx is not None else 1]
-    tail: list[str] = []
-    for c in reversed(parts[len(head):]):
-        candidate = ".".join(head) + ".…" + ".".join([c] + tail)
-        if len(candidate) > width and tail:
-            break
-        tail.insert(0, c)
-    if len(tail) == len(parts) - len(head):
-        text = ".".join(head + tail)
-    else:
-        text = ".".join(head) + ".…" + ".".join(tail)
-    # 4. still too long: cut the end
+    text = _elide(head, parts[len(head):], width)
+    # 4. a folded layer set too long to leave room for the module: keep its first member (`{0,…}`)
+    if len(text) > width and head[-1].startswith("{") and "," in head[-1]:
+        text = _elide(head[:-1] + ["{" + head[-1][1:].split(",")[0] + ",…}"], parts[len(head):], width)
+    # 5. still too long: cut the end
     return text if len(text) <= width else text[: max(1, width - 1)] + "…"

@@ -140,12 +140,13 @@ def _step_info(view: View) -> tuple[dict[str, dict], str | None]:
     blocks, bytes read and written, the compiled chain's ops. Where the compiler refuses the plan (a
     LazyWeightsError, e.g. a step that cannot fit the default budget), the reason is logged and returned,
     and each output's kind is inferred from its ops instead."""
+    error: str | None
     try:
         steps = compile_outputs(view.outputs)
     except LazyWeightsError as e:
-        reason = f"the compiler refused the plan: {type(e).__name__}: {e}"
-        _log.warning("drawing the plan without the compiler's steps: %s", reason)
-        steps, error = None, reason
+        error = f"the compiler refused the plan: {type(e).__name__}: {e}"
+        _log.warning("drawing the plan without the compiler's steps: %s", error)
+        steps = None
     else:
         error = None if steps is not None else "no compiler available"
     info: dict[str, dict] = {}
@@ -160,7 +161,7 @@ def _step_info(view: View) -> tuple[dict[str, dict], str | None]:
     for name, root in view.outputs.items():
         ops = {n.op for n in toposort([root])} - {"source", "const"}
         kind = "view" if not ops else ("copy" if ops <= _LAYOUT_OPS else "fused")
-        info[name] = {"kind": kind, "index": None}
+        info[name] = {"kind": kind, "index": None, "why": error}
     return info, error
 
 
@@ -425,7 +426,7 @@ def viewer_asset(name: str) -> str:
     """
     if name not in VIEWER_ASSETS:
         raise UsageError(f"no viewer asset {name!r}; the viewer's files are {', '.join(VIEWER_ASSETS)}")
-    return resources.files("lazyweights.render").joinpath("viewer", name).read_text(encoding="utf-8")
+    return resources.files("lazyweights.render").joinpath("viewer").joinpath(name).read_text(encoding="utf-8")
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -670,7 +671,11 @@ def _page(panes: list[tuple[str, object, Marker | None]], group_layers: bool, ti
     """The viewer page over one or more plans drawn side by side. Each pane: (title, plan, marker), where
     `marker(scene)` gives the scene's output marks (group index -> (css class, badge)) and diff lines (group
     index -> lines) for a diff, or is None."""
-    pane_html, pane_data, used_ops, notes, errors = [], [], set(), [], []
+    pane_html: list[str] = []
+    pane_data: list[dict] = []
+    used_ops: set[str] = set()
+    notes: list[str] = []
+    errors: list[str] = []
     first = "grouped" if group_layers else "full"
     keys = None
     for pi, (ptitle, plan, marker) in enumerate(panes):
@@ -687,10 +692,13 @@ def _page(panes: list[tuple[str, object, Marker | None]], group_layers: bool, ti
             used_ops.update(n["op"] for n in sc["nodes"])
             if sc["steps_error"]:
                 errors.append(sc["steps_error"])
+        label, _, detail = ptitle.partition(": ")
         pane_html.append(f'<section class="pane" data-pane="{pi}">'
-                         + (f'<div class="pane-title">{_esc(ptitle)}</div>' if len(panes) > 1 else "")
+                         + (f'<div class="pane-title" title="{_esc(ptitle)}">{_esc(label)}'
+                            f'<span class="note">{_esc(": " + detail if detail else "")}</span></div>'
+                            if len(panes) > 1 else "")
                          + f'<div class="canvas" tabindex="0">{"".join(svgs)}</div></section>')
-        pane_data.append({"title": ptitle, "scenes": details})
+        pane_data.append({"title": label, "scenes": details})
     legend_ops = "".join(f'<span class="sw" style="background:{OP_COLORS.get(op, _OTHER_COLOR)}"></span>'
                          f'<span class="lg">{_esc(op)}</span>' for op in sorted(used_ops))
     legend_kinds = "".join(f'<span class="kb" style="border-color:{KIND_COLORS[k]};color:{KIND_COLORS[k]}">{k}</span>'

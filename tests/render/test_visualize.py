@@ -209,3 +209,24 @@ def test_doctests():
     import lazyweights.render.visualize
 
     assert doctest.testmod(lazyweights.render.visualize).failed == 0
+
+
+def test_html_when_the_compiler_refuses_the_plan(tmp_path, monkeypatch, caplog):
+    """A compiler error (here a BudgetError) is logged and named on the page; kinds are inferred from the ops."""
+    import logging
+
+    import lazyweights.render.visualize as viz
+    from lazyweights.core.errors import BudgetError
+
+    def refuse(outputs):
+        raise BudgetError("tensor 'a' must be computed whole and needs 9 bytes, more than the budget of 8 bytes")
+
+    monkeypatch.setattr(viz, "compile_outputs", refuse)
+    w = WeightData.from_numpy(np.zeros((4, 2), np.float32), "w")
+    with caplog.at_level(logging.WARNING, logger="lazyweights.render.visualize"):
+        text = open(lw.plan({"a": w.astype(DType.float16)}).visualize(str(tmp_path / "p.html")), encoding="utf-8").read()
+    assert any("BudgetError" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records)
+    assert "steps inferred per output chain: the compiler refused the plan: BudgetError: tensor &#x27;a&#x27;" in text
+    m = re.search(r'<script id="plan-data" type="application/json">(.*?)</script>', text, re.S)
+    rows = dict(json.loads(m.group(1))["panes"][0]["scenes"]["grouped"]["o0"]["rows"])
+    assert rows["step"].startswith("fused (inferred from the ops: the compiler refused the plan: BudgetError")

@@ -60,10 +60,10 @@
   function centerOn(p, el) {
     const v = view(p), b = el.getBBox(), r = p.canvas.getBoundingClientRect();
     const sx = b.x * v.k + v.x, sy = b.y * v.k + v.y;
-    if (sx < 0 || sy < 0 || sx + b.width * v.k > r.width || sy + b.height * v.k > r.height) {
-      v.x = r.width / 2 - (b.x + b.width / 2) * v.k; v.y = r.height / 2 - (b.y + b.height / 2) * v.k;
-      apply(v);
-    }
+    // Move only along an axis where the element is out of sight, so the rest of the view stays put.
+    if (sx < 0 || sx + b.width * v.k > r.width) v.x = r.width / 2 - (b.x + b.width / 2) * v.k;
+    if (sy < 0 || sy + b.height * v.k > r.height) v.y = r.height / 2 - (b.y + b.height / 2) * v.k;
+    apply(v);
   }
 
   let drag = null;
