@@ -282,6 +282,25 @@ class Plan:
 
         return visualize(self, path, group_layers=group_layers)
 
+    def diff(self, other: "Plan", labels: tuple[str, str] = ("a", "b")):
+        """How `other` differs from this plan, output by output: a `lazyweights.render.diff.PlanDiff` with the
+        outputs only in one plan (`only_a`, `only_b`), those whose chains differ (`changed`: source, ops and
+        their arguments, dtype or shape; sources compared by stored name and type, not file or offset) and
+        `same`. `str()` is a text report; `.visualize("diff.html")` draws both plans side by side in the viewer
+        with the differing outputs marked. `labels`: the two plans' names in the report.
+
+        Example:
+            >>> import numpy as np
+            >>> from lazyweights import WeightData, DType, plan
+            >>> w = WeightData.from_numpy(np.zeros((4, 2), np.float32), "w")
+            >>> d = plan({"a": w.astype(DType.float16)}).diff(plan({"a": w.astype(DType.bfloat16)}))
+            >>> list(d.changed), d.changed["a"].what
+            (['a'], ['type', 'ops'])
+        """
+        from ..render.diff import diff_plans
+
+        return diff_plans(self, other, labels)
+
     def __len__(self) -> int:
         return len(self.tensors)
 
