@@ -253,9 +253,14 @@ def test_safetensors_metadata_strings_are_never_evaluated(tmp_path, marker):
     save_file({"w": np.ones(2, np.float32)}, str(path), metadata={"format": "pt", "config": code, "eval": code})
     w = lw.load_weights(path)
     assert w.metadata["config"] == code and w.metadata["eval"] == code
-    assert w.config is None or True  # reading the config does not evaluate anything either
+    # the metadata's "config" string is not a config: with no config.json beside the file there is none
+    assert w.config is None and not marker.exists()
     lw.plan({"w": w["w"].data()}).save(tmp_path / "o.safetensors", metadata=dict(w.metadata))
     assert lw.load_weights(tmp_path / "o.safetensors").metadata["config"] == code
+    # a config.json beside it holding the same string: read as data, the string kept verbatim, nothing run
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": code, "hidden_size": 8}))
+    cfg = lw.load_weights(path).config
+    assert cfg.model_type == code and cfg.hidden_size == 8 and not marker.exists()
 
 
 def test_gguf_metadata_strings_are_never_evaluated(tmp_path, marker):
