@@ -53,13 +53,26 @@ from ..io.remote import fetch_small, is_url, remote_options, sibling_options, ur
 from .checkpoint import Checkpoint
 
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized",
-                     "nvfp4-pack-quantized", "mxfp4-pack-quantized", "dense")
+                     "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized",
+                     "dense")
+# `quantization_config.sparsity_config.format`: how a sparse module's weight is stored (see `graph/scatter.py`).
+SPARSITY_FORMATS = ("sparse-bitmask", "sparse-24-bitmask", "dense")
+# Formats refused by name, with the reason (anything else unknown is refused as unknown).
+REFUSED_FORMATS = {
+    "marlin-24": "a 2:4-sparse int4 layout for vLLM's Marlin kernel (packed weights, `meta` bits and packed scales "
+                 "permuted for the GPU); compressed-tensors itself has no decompressor for it",
+}
 SUPPORTED_STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block")
+PACK_BITS = (1, 2, 3, 4, 5, 6, 7, 8)  # pack-quantized intB, as compressed-tensors' pack_to_int32 writes them
 # Parameters of a compressed module that the dense view does not keep.
 _WEIGHT_PARAMS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape",
                   "weight_g_idx")
 _ACTIVATION_PARAMS = ("input_scale", "input_zero_point", "input_global_scale", "output_scale",
                       "output_zero_point", "output_global_scale")
+# Parameters of a sparse module (compressed-tensors' bitmask compressors; `row_offsets` for sparse-bitmask only).
+_SPARSE_PARAMS = ("compressed", "bitmask", "shape", "row_offsets")
+# Parameters that only exist in compressed modules: one left in the dense view means a module was not understood.
+_COMPRESSED_PARAMS = frozenset(_WEIGHT_PARAMS + _SPARSE_PARAMS + ("scale_packed", "meta"))
 _KV_PARAMS = ("k_scale", "v_scale", "q_scale", "k_zero_point", "v_zero_point", "q_zero_point")
 _F32 = DType.float32
 
@@ -120,6 +133,27 @@ def quantization_config(config: Mapping[str, Any] | None) -> dict | None:
     return qc
 
 
+def check_format(fmt: Any, tensor: str, where: str, allowed: tuple[str, ...] = SUPPORTED_FORMATS) -> None:
+    """UnsupportedCompressionError naming `tensor` when `fmt` is not one of `allowed` (refused formats say why).
+
+    Example:
+        >>> check_format("marlin-24", "fc.weight_packed", "quantization_config.format")
+        Traceback (most recent call last):
+        ...
+        lazyweights.core.errors.UnsupportedCompressionError: fc.weight_packed: compressed-tensors format \
+'marlin-24' (quantization_config.format) is refused: a 2:4-sparse int4 layout for vLLM's Marlin kernel \
+(packed weights, `meta` bits and packed scales permuted for the GPU); compressed-tensors itself has no \
+decompressor for it
+    """
+    if fmt in allowed:
+        return
+    if fmt in REFUSED_FORMATS:
+        raise UnsupportedCompressionError(f"{tensor}: compressed-tensors format {fmt!r} ({where}) is refused: "
+                                          f"{REFUSED_FORMATS[fmt]}")
+    raise UnsupportedCompressionError(f"{tensor}: compressed-tensors format {fmt!r} ({where}) is not supported; "
+                                      f"supported: {', '.join(allowed)}")
+
+
 def _matches(target: str, name: str) -> bool:
     if target.startswith("re:"):
         return re.match(target[3:], name) is not None
@@ -165,10 +199,7 @@ def _scheme(module: str, gname: str, group: Mapping[str, Any], qc: Mapping[str, 
     if fmt == "mixed-precision":
         raise UnsupportedCompressionError(f"{module}: group {gname!r} gives no format under a mixed-precision "
                                           "quantization_config")
-    if fmt not in SUPPORTED_FORMATS:
-        raise UnsupportedCompressionError(
-            f"{module}: compressed-tensors format {fmt!r} (group {gname!r}) is not supported; supported: "
-            f"{', '.join(SUPPORTED_FORMATS)}")
+    check_format(fmt, module, f"group {gname!r}")
     w = group.get("weights") or {}
     strategy = str(w.get("strategy") or ("group" if w.get("group_size") else "tensor")).lower()
     if strategy not in SUPPORTED_STRATEGIES:
@@ -177,12 +208,21 @@ def _scheme(module: str, gname: str, group: Mapping[str, Any], qc: Mapping[str, 
             f"{', '.join(SUPPORTED_STRATEGIES)}")
     kind = str(w.get("type") or "int").lower()
     bits = int(w.get("num_bits") or 8)
-    if fmt == "pack-quantized" and (kind != "int" or bits not in (4, 8)):
+    if kind not in ("int", "float"):
+        raise UnsupportedCompressionError(f"{module}: weight type {kind!r} (group {gname!r}) is not supported; "
+                                          "supported: int, float")
+    if fmt == "pack-quantized" and (kind != "int" or bits not in PACK_BITS):
         raise UnsupportedCompressionError(
-            f"{module}: pack-quantized {kind}{bits} (group {gname!r}) is not supported; supported: int4, int8")
-    if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized") and (kind != "float" or bits != 4):
-        raise UnsupportedCompressionError(f"{module}: {fmt} needs float4 weights, the group {gname!r} gives "
-                                          f"{kind}{bits}")
+            f"{module}: pack-quantized {kind}{bits} (group {gname!r}) is not supported; supported: "
+            f"{', '.join(f'int{b}' for b in PACK_BITS)}")
+    need = {"nvfp4-pack-quantized": 4, "mxfp4-pack-quantized": 4, "mxfp6-pack-quantized": 6, "mxfp8-quantized": 8}
+    if fmt in need and (kind != "float" or bits != need[fmt]):
+        raise UnsupportedCompressionError(f"{module}: {fmt} needs float{need[fmt]} weights, the group {gname!r} "
+                                          f"gives {kind}{bits}")
+    if fmt in ("naive-quantized", "int-quantized", "float-quantized") and not (
+            (kind == "int" and 1 <= bits <= 8) or (kind == "float" and bits == 8)):
+        raise UnsupportedCompressionError(f"{module}: {fmt} {kind}{bits} (group {gname!r}) is not supported; "
+                                          "supported: int1..int8 (stored as int8), float8 (e4m3)")
     block = w.get("block_structure")
     if isinstance(block, str):  # old configs: "128x128"
         block = [int(p) for p in block.lower().split("x")]
@@ -232,6 +272,91 @@ def nibbles(data: Node, count: int) -> Node:
 
 def _scalar(value: float, ndim: int) -> Node:
     return ops.const(np.full((1,) * ndim, value, dtype=np.float32))
+
+
+_ZEROS16 = np.zeros(16, dtype=np.uint8)
+
+
+def bits(data: Node, count: int, width: int) -> Node:
+    """uint8 [..., B] read as a little-endian bit stream -> float32 [..., count, width] of its first
+    `count * width` bits (0.0 / 1.0), field j's bit i being stream bit ``j * width + i``.
+
+    Done without a bit op: every 4 bytes become the high-bit word `qh` of a llama.cpp Q5_0 block whose scale is
+    1.0 and whose nibbles are 0, which dequantizes element e to ``(bit_e - 1) * 16`` (exact), in stream order.
+
+    Example:
+        >>> from lazyweights.run.reference import evaluate
+        >>> evaluate([bits(ops.const(np.array([[0b10110001]], np.uint8)), 2, 3)])[0].tolist()
+        [[[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]]]
+    """
+    lead = data.shape[:-1]
+    rows = math.prod(lead)
+    width_bytes = data.shape[-1]
+    x = ops.reshape(data, (rows, width_bytes))
+    pad = -width_bytes % 4
+    if pad:
+        x = ops.concat([x, ops.take(ops.const(np.zeros((1, pad), np.uint8)), _rows(rows), 0)], 1)
+    nb = (width_bytes + pad) // 4
+    blocks = ops.concat([_broadcast_const(_Q4_0_ONE, rows, nb), ops.reshape(x, (rows, nb, 4)),
+                         _broadcast_const(_ZEROS16, rows, nb)], 2)
+    values = ops.dequantize(ops.reshape(blocks, (rows, nb * 22)), QuantizationEncoding.Q5_0, _F32)
+    values = ops.slice_(values, ((0, rows, 1), (0, count * width, 1)))
+    values = binary("add", binary("div", values, _scalar(16.0, 2)), _scalar(1.0, 2))
+    return ops.reshape(values, lead + (count, width))
+
+
+def _field(b: Node, lo: int, hi: int) -> Node:
+    """Bits lo..hi-1 of each field of `bits(...)` as one unsigned float32 number [..., count] (exact)."""
+    nd = b.ndim
+    out = None
+    for i in range(lo, hi):
+        bit = ops.reshape(ops.slice_(b, tuple((0, d, 1) for d in b.shape[:-1]) + ((i, i + 1, 1),)), b.shape[:-1])
+        term = bit if i == lo else binary("mul", bit, _scalar(float(1 << (i - lo)), nd - 1))
+        out = term if out is None else binary("add", out, term)
+    assert out is not None
+    return out
+
+
+def signed_fields(data: Node, width: int, count: int) -> Node:
+    """uint8 [..., B], a little-endian stream of `width`-bit unsigned fields -> float32 [..., count]: each
+    field minus ``2 ** (width - 1)``, as compressed-tensors' `unpack_from_int32` gives it (exact).
+
+    Example:
+        >>> from lazyweights.run.reference import evaluate
+        >>> evaluate([signed_fields(ops.const(np.array([[0b11100100]], np.uint8)), 2, 4)])[0].tolist()
+        [[-2.0, -1.0, 0.0, 1.0]]
+    """
+    if width == 4:
+        return nibbles(data, count)
+    if width == 8:
+        sliced = ops.slice_(data, tuple((0, d, 1) for d in data.shape[:-1]) + ((0, count, 1),))
+        return binary("sub", ops.cast(sliced, _F32), _scalar(128.0, data.ndim))
+    return binary("sub", _field(bits(data, count, width), 0, width), _scalar(float(1 << (width - 1)), data.ndim))
+
+
+def fp6_values(packed: Node, count: int) -> Node:
+    """uint8 [..., B] of FP6 E2M3 codes, four per three bytes (little-endian, sign in bit 5) -> float32
+    [..., count], -0.0 kept (compressed-tensors' `unpack_fp6_from_uint8`). With e = bits 3-4 and m = bits 0-2,
+    the magnitude is ``(m + 8 * (e > 0)) / 8 * 2 ** max(e - 1, 0)``, written in products of bits (exact).
+
+    Example:
+        >>> from lazyweights.run.reference import evaluate
+        >>> codes = [0x01, 0x08, 0x1F, 0x20]  # 1/8, 1.0, 7.5, -0.0
+        >>> word = codes[0] | codes[1] << 6 | codes[2] << 12 | codes[3] << 18
+        >>> packed = np.array([[word & 255, word >> 8 & 255, word >> 16]], np.uint8)
+        >>> evaluate([fp6_values(ops.const(packed), 4)])[0].tolist()
+        [[0.125, 1.0, 7.5, -0.0]]
+    """
+    b = bits(packed, count, 6)
+    nd = b.ndim - 1
+    m, b3, b4, b5 = _field(b, 0, 3), _field(b, 3, 4), _field(b, 4, 5), _field(b, 5, 6)
+    b34 = binary("mul", b3, b4)
+    normal = binary("sub", binary("add", b3, b4), b34)                        # e > 0
+    power = binary("add", binary("add", _scalar(1.0, nd), b4), binary("mul", b34, _scalar(2.0, nd)))  # 2**max(e-1,0)
+    mag = binary("mul", binary("mul", binary("add", m, binary("mul", normal, _scalar(8.0, nd))), power),
+                 _scalar(0.125, nd))
+    sign = binary("sub", _scalar(1.0, nd), binary("mul", b5, _scalar(2.0, nd)))
+    return binary("mul", sign, mag)
 
 
 def fp4_values(packed: Node, count: int) -> Node:
@@ -416,6 +541,119 @@ def _small_array(record, what: str) -> np.ndarray:
     return arr
 
 
+def _mx_scale(scale: Node) -> Node:
+    """compressed-tensors' `decompress_mx_scale`: e8m0 exponents (uint8) -> 2 ** (e - 127) in bfloat16."""
+    if scale.dtype is DType.uint8:
+        scale = ops.bitcast(scale, DType.float8_e8m0fnu)
+    return ops.cast(ops.cast(scale, _F32), DType.bfloat16)
+
+
+class SparseWeight:
+    """A sparse module's dense weight (before any dequantization): `records` are its stored tensors
+    (`compressed`, `bitmask`, `shape`, maybe `row_offsets`), `node()` the `scatter` that rebuilds it. `shape`
+    comes from the stored `shape` tensor (read at open, two integers); everything else is checked against it.
+    """
+
+    def __init__(self, module: str, fmt: str, params: Mapping[str, Any]):
+        self.module, self.fmt = module, fmt
+        need = ("compressed", "bitmask", "shape") + (("row_offsets",) if fmt == "sparse-bitmask" else ())
+        missing = [p for p in need if p not in params]
+        if missing:
+            raise FormatError(f"{module}: a {fmt} module needs {', '.join(module + '.' + p for p in need)}; the "
+                              f"checkpoint lacks {', '.join(module + '.' + p for p in missing)}")
+        self.compressed, self.bitmask = params["compressed"], params["bitmask"]
+        self.row_offsets = params.get("row_offsets") if fmt == "sparse-bitmask" else None
+        shape_rec = params["shape"]
+        self.records = [r for r in (self.compressed, self.bitmask, shape_rec, self.row_offsets) if r is not None]
+        shape = tuple(int(v) for v in _small_array(shape_rec, "shape").reshape(-1))
+        if len(shape) != 2 or min(shape) < 0:
+            raise ScaleShapeError(f"{module}.shape: {list(shape)} is not the shape of a 2-D weight")
+        rows, cols = shape
+        c, b = self.compressed, self.bitmask
+        if b.dtype is not DType.uint8 or tuple(b.shape) != (rows, -(-cols // 8)):
+            raise ScaleShapeError(f"{module}.bitmask: {b.dtype.name}{list(b.shape)} does not fit the weight "
+                                  f"{list(shape)} (need uint8{[rows, -(-cols // 8)]})")
+        if fmt == "sparse-24-bitmask":
+            if cols % 4 or tuple(c.shape) != (rows, cols // 2):
+                raise ScaleShapeError(f"{module}.compressed: {c.dtype.name}{list(c.shape)} does not hold 2:4 values "
+                                      f"of the weight {list(shape)} (need [{rows}, {cols // 2}])")
+        else:
+            ro = self.row_offsets
+            assert ro is not None
+            if len(c.shape) != 1 or c.shape[0] > rows * cols:
+                raise ScaleShapeError(f"{module}.compressed: {c.dtype.name}{list(c.shape)} is not the flat values of "
+                                      f"the weight {list(shape)} (need [nnz], nnz <= {rows * cols})")
+            if tuple(ro.shape) != (rows,) or ro.dtype.name not in ("int32", "int64"):
+                raise ScaleShapeError(f"{module}.row_offsets: {ro.dtype.name}{list(ro.shape)} does not fit the weight "
+                                      f"{list(shape)} (need int64[{rows}])")
+        self.shape, self.dtype = shape, c.dtype
+        self.name, self.offset, self.file, self.nbytes = c.name, c.offset, c.file, c.nbytes
+
+    def record(self) -> "DecompressedRecord":
+        """The dense weight as a record (a sparse module without quantization)."""
+        return DecompressedRecord(StoredParts(self.records), self.module + ".weight", self.offset,
+                                  math.prod(self.shape) * self.dtype.size_in_bytes, self.dtype, self.shape, self.node,
+                                  {"format": self.fmt, "stored": [r.name for r in self.records]})
+
+    def node(self) -> Node:
+        """The dense weight as a `scatter` over the stored tensors (values in their stored dtype)."""
+        from ..graph.scatter import scatter
+
+        ro = None if self.row_offsets is None else ops.source(self.row_offsets)
+        return scatter(ops.source(self.compressed), ops.source(self.bitmask), self.shape[1], ro)
+
+
+def check_config(qc: Mapping[str, Any], names: list[str]) -> None:
+    """Refuse, before any work, a compressed-tensors config this reader does not fully understand: a quantization
+    or sparsity format it does not decompress (marlin-24 by name), a group's weight scheme (type, bits, strategy)
+    it does not know, a `transform_config`. The UnsupportedCompressionError names a stored tensor the setting
+    governs (one of `names`) and the value.
+
+    Example:
+        >>> check_config({"format": "pack-quantized", "sparsity_config": {"format": "sparse-4-of-8"}},
+        ...              ["fc.compressed", "fc.bitmask"])
+        Traceback (most recent call last):
+        ...
+        lazyweights.core.errors.UnsupportedCompressionError: fc.compressed: compressed-tensors format \
+'sparse-4-of-8' (quantization_config.sparsity_config.format) is not supported; supported: sparse-bitmask, \
+sparse-24-bitmask, dense
+    """
+    def tensor_for(targets) -> str:
+        order = ("weight_packed", "compressed", "weight_scale")  # a module's main tensor first
+        compressed = sorted((n for n in names if n.rpartition(".")[2] in _COMPRESSED_PARAMS),
+                            key=lambda n: order.index(p) if (p := n.rpartition(".")[2]) in order else len(order))
+        named = [t for t in (targets or []) if isinstance(t, str) and not _is_class_target(t)]
+        hit = [n for n in compressed if any(_matches(t, n.rpartition(".")[0]) for t in named)]
+        return (hit or compressed or names or ["(no tensors)"])[0]
+
+    fmt = qc.get("format")
+    if fmt is not None and fmt != "mixed-precision":
+        check_format(fmt, tensor_for(None), "quantization_config.format")
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise UnsupportedCompressionError(f"{tensor_for(None)}: quantization_config.config_groups must be an object, "
+                                          f"got {groups!r}")
+    for gname, group in groups.items():
+        group = group or {}
+        tensor = tensor_for(group.get("targets"))
+        if group.get("format") is not None:
+            check_format(group["format"], tensor, f"quantization_config.config_groups.{gname}.format")
+        if group.get("weights") and (group.get("format") or fmt) not in (None, "mixed-precision"):
+            _scheme(tensor, gname, group, qc)  # type, bits, strategy: refused here, at open
+    sparsity = qc.get("sparsity_config")
+    if sparsity:
+        if not isinstance(sparsity, dict):
+            raise UnsupportedCompressionError(f"{tensor_for(None)}: quantization_config.sparsity_config must be an "
+                                              f"object, got {sparsity!r}")
+        check_format(sparsity.get("format"), tensor_for(sparsity.get("targets")),
+                     "quantization_config.sparsity_config.format", SPARSITY_FORMATS)
+    transform = qc.get("transform_config")
+    if transform:
+        raise UnsupportedCompressionError(
+            f"{tensor_for(None)}: quantization_config.transform_config (keys {sorted(transform)}) is not supported: "
+            "the stored weights are rotated and need the transforms applied, which this reader does not do")
+
+
 class _Module:
     """One compressed module: its stored tensors and how to build its dense weight."""
 
@@ -424,6 +662,8 @@ class _Module:
 
     def src(self, param: str) -> Node | None:
         r = self.params.get(param)
+        if isinstance(r, SparseWeight):
+            return r.node()
         return None if r is None else ops.source(r)
 
     def stored(self, param: str):
@@ -448,6 +688,15 @@ class _Module:
         elif fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
             shape = tuple(main.shape[:-1]) + (main.shape[-1] * 2,)
             dtype = DType.bfloat16
+        elif fmt == "mxfp6-pack-quantized":
+            if main.dtype is not DType.uint8 or len(main.shape) != 2 or main.shape[-1] % 3:
+                raise ScaleShapeError(f"{self.name}.weight_packed: {main.dtype.name}{list(main.shape)} does not hold "
+                                      "FP6 codes four per three bytes (need uint8[rows, 3 * cols / 4])")
+            shape = (main.shape[0], main.shape[1] // 3 * 4)
+            dtype = DType.bfloat16
+        elif fmt == "mxfp8-quantized":
+            shape = tuple(main.shape)
+            dtype = DType.bfloat16  # decompress_mx_scale gives bfloat16 scales
         else:
             shape = tuple(main.shape)
             dtype = scale.dtype
@@ -455,7 +704,8 @@ class _Module:
             if gs is not None:
                 dtype = _promote(dtype, gs.dtype)
         nbytes = math.prod(shape) * dtype.size_in_bytes
-        parts = StoredParts([main] + [r for p, r in sorted(self.params.items()) if r is not main])
+        stored = [main] + [r for p, r in sorted(self.params.items()) if r is not main]
+        parts = StoredParts([x for r in stored for x in (r.records if isinstance(r, SparseWeight) else [r])])
         return DecompressedRecord(parts, self.name + ".weight", main.offset, nbytes, dtype, shape,
                                   lambda: self.build(shape), {"format": fmt, "scheme": sch,
                                                               "stored": sorted(self.params)})
@@ -482,23 +732,24 @@ class _Module:
             elif not sch.symmetric:
                 zp = self.src("weight_zero_point")
             return dequantize(q, scale, zp, sch, name, g_idx=self.g_idx())
-        if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
+        if fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized"):
             packed = self.src("weight_packed")
             assert packed is not None
-            q = fp4_values(packed, shape[-1])
-            if fmt == "mxfp4-pack-quantized":
-                if scale.dtype is DType.uint8:
-                    scale = ops.bitcast(scale, DType.float8_e8m0fnu)
-                # decompress_mx_scale: 2 ** (e - 127) in bfloat16
-                scale = ops.cast(ops.cast(scale, _F32), DType.bfloat16)
-                return dequantize(q, scale, None, sch, name, out_dtype=DType.bfloat16)
+            if fmt == "mxfp6-pack-quantized":  # unpack_fp6_from_uint8 (bfloat16 values), then as MXFP4
+                q = ops.cast(fp6_values(packed, shape[-1]), DType.bfloat16)
+            else:
+                q = fp4_values(packed, shape[-1])
+            if fmt != "nvfp4-pack-quantized":
+                return dequantize(q, _mx_scale(scale), None, sch, name, out_dtype=DType.bfloat16)
             scale = ops.cast(scale, DType.bfloat16)  # _decompress_scale: scale.to(unpacked.dtype)
             q = ops.cast(q, DType.bfloat16)
             return dequantize(q, scale, None, sch, name, global_scale=self.src("weight_global_scale"),
                               out_dtype=DType.bfloat16)
-        # naive / int / float-quantized
+        # naive / int / float-quantized, mxfp8-quantized (FP8 e4m3 weights, e8m0 scales per 32)
         weight = self.src("weight")
         assert weight is not None
+        if fmt == "mxfp8-quantized":
+            return dequantize(weight, _mx_scale(scale), None, sch, name)
         zp = None if sch.symmetric else self.src("weight_zero_point")
         return dequantize(weight, scale, zp, sch, name, global_scale=self.src("weight_global_scale"),
                           g_idx=self.g_idx())
@@ -512,11 +763,7 @@ class _Module:
             raise ScaleShapeError(f"{self.name}.weight_packed: {packed_rec.dtype.name}{list(packed_rec.shape)} does "
                                   f"not hold int{bits} values of the weight {list(shape)} (expected int32"
                                   f"{list(shape[:-1]) + [-(-k * bits // 32)]})")
-        raw = ops.bitcast(ops.source(packed_rec), DType.uint8)
-        if bits == 4:
-            return nibbles(raw, k)
-        sliced = ops.slice_(raw, tuple((0, d, 1) for d in shape[:-1]) + ((0, k, 1),))
-        return binary("sub", ops.cast(sliced, _F32), _scalar(128.0, len(shape)))
+        return signed_fields(ops.bitcast(ops.source(packed_rec), DType.uint8), bits, k)
 
     def _unpack_zero_point(self, shape: tuple[int, ...], scale: Node) -> Node:
         rec = self.stored("weight_zero_point")
@@ -531,12 +778,7 @@ class _Module:
         nd = len(want)
         axes = tuple(range(nd - 2)) + (nd - 1, nd - 2)
         raw = ops.bitcast(ops.permute(ops.source(rec), axes), DType.uint8)  # [.., groups, packed rows bytes]
-        if bits == 4:
-            zp = nibbles(raw, n)
-        else:
-            zp = binary("sub", ops.cast(ops.slice_(raw, tuple((0, d, 1) for d in raw.shape[:-1]) + ((0, n, 1),)),
-                                        _F32), _scalar(128.0, nd))
-        return ops.permute(zp, axes)
+        return ops.permute(signed_fields(raw, bits, n), axes)
 
 
 def decompress_checkpoint(checkpoint: Checkpoint, config: Mapping[str, Any] | None = None) -> Checkpoint:
@@ -570,34 +812,69 @@ def decompress_checkpoint(checkpoint: Checkpoint, config: Mapping[str, Any] | No
     if qc is None:
         return checkpoint
     records = checkpoint.records
+    check_config(qc, list(records))
+    sparsity = (qc.get("sparsity_config") or {}).get("format")
     modules: dict[str, dict] = {}
     for name, rec in records.items():
         module, _, param = name.rpartition(".")
-        if param in _WEIGHT_PARAMS:
+        if param in _WEIGHT_PARAMS or param in _SPARSE_PARAMS:
             modules.setdefault(module, {})[param] = rec
     for module in list(modules):
+        params = modules[module]
+        if "compressed" in params or "bitmask" in params:
+            if sparsity not in ("sparse-bitmask", "sparse-24-bitmask"):
+                raise UnsupportedCompressionError(
+                    f"{module}.{'compressed' if 'compressed' in params else 'bitmask'}: a sparse module's tensor, but "
+                    f"quantization_config.sparsity_config.format is {sparsity!r} (supported: sparse-bitmask, "
+                    "sparse-24-bitmask)")
+            if "weight_packed" in params or module + ".weight" in records:
+                raise UnsupportedCompressionError(
+                    f"{module}.compressed: {sparsity} over a packed or dense weight "
+                    f"({', '.join(sorted(module + '.' + p for p in params))}) is not supported")
+            sparse_weight = SparseWeight(module, sparsity, params)
+            for p in _SPARSE_PARAMS:
+                params.pop(p, None)
+            params["weight"] = sparse_weight
+            continue
+        for p in ("shape", "row_offsets"):  # names only a sparse module gives meaning to
+            params.pop(p, None)
         if module + ".weight" in records:
-            modules[module]["weight"] = records[module + ".weight"]
-        if "weight_scale" not in modules[module]:  # e.g. a stray weight_shape: not a compressed module
+            params["weight"] = records[module + ".weight"]
+        if "weight_scale" not in params:  # e.g. a stray weight_shape: not a compressed module
             del modules[module]
     kv = bool(qc.get("kv_cache_scheme"))
     out: dict = {}
     for name, rec in records.items():
         module, _, param = name.rpartition(".")
-        if module in modules and (param in _WEIGHT_PARAMS or param in _ACTIVATION_PARAMS or param == "weight"):
-            if param in ("weight_packed", "weight") and name not in out:
-                params = modules[module]
-                scheme = scheme_for(module, qc, frozenset(params))
-                if scheme.fmt == "dense":
-                    if "weight" in params:
-                        out[module + ".weight"] = params["weight"]
+        if module in modules and (param in _WEIGHT_PARAMS or param in _ACTIVATION_PARAMS or param == "weight"
+                                  or param in _SPARSE_PARAMS):
+            key = module + ".weight"
+            params = modules[module]
+            if param in ("weight_packed", "weight", "compressed") and key not in out:
+                weight = params.get("weight")
+                scheme = scheme_for(module, qc, frozenset(params)) if "weight_scale" in params else None
+                if isinstance(weight, SparseWeight) and scheme is not None and scheme.fmt not in (
+                        "naive-quantized", "int-quantized", "float-quantized", "mxfp8-quantized", "dense"):
+                    raise UnsupportedCompressionError(f"{module}.compressed: {weight.fmt} with {scheme.fmt} weights is "
+                                                      "not supported (sparse weights are stored unpacked)")
+                if scheme is None or scheme.fmt == "dense":
+                    if isinstance(weight, SparseWeight):
+                        out[key] = weight.record()
+                    elif weight is not None:
+                        out[key] = weight
                     continue
-                out[module + ".weight"] = _Module(module, params, scheme).record()
+                out[key] = _Module(module, params, scheme).record()
             continue
         if kv and param in _KV_PARAMS:
             continue
         if param in _ACTIVATION_PARAMS and module + ".weight" in records:
             continue
         out[name] = rec
+    left = [n for n in out if n.rpartition(".")[2] in _COMPRESSED_PARAMS - {"weight_shape", "shape"}]
+    if left:
+        raise UnsupportedCompressionError(
+            f"{left[0]}: a compressed-tensors parameter that no module this reader understands uses ({len(left)} such "
+            f"tensors, e.g. {', '.join(left[:4])}); quantization_config.format {qc.get('format')!r}, "
+            f"sparsity_config.format {sparsity!r}. Refusing to pass stored parts through as dense weights")
     return Checkpoint(checkpoint.format, out, {**checkpoint.metadata, "compressed_tensors": qc},
                       list(checkpoint.files))
