@@ -62,11 +62,12 @@ def test_block_counts():
                 shown += 1
     print(f"\ncode blocks: {run} run, {skipped} skipped, {shown} shown (console/text)")
     print("\n".join("  skipped " + r for r in reasons))
-    assert run >= 30, f"only {run} code blocks run"
+    assert run >= 25, f"only {run} code blocks run"
     assert skipped <= 5, reasons
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(lang in RUN for lang, *_ in blocks(p))], ids=_page_id)
+@pytest.mark.parametrize("page", [p for p in PAGES if any(lang in RUN and reason is None for lang, _, reason, _ in blocks(p))],
+                         ids=_page_id)
 def test_page_examples_run(page, docs_checkpoints, tmp_path, monkeypatch, capsys):
     todo = [(lang, code, line) for lang, code, reason, line in blocks(page) if lang in RUN and reason is None]
     docs_checkpoints.link("\n".join(code for _, code, _ in todo), tmp_path)
