@@ -132,7 +132,7 @@ def to_networkx(plan):
 
 
 # --- the scene: grouped nodes, outputs, step boxes and a layout ------------------------------------------------
-NODE_W, NODE_H, COL_GAP, ROW_GAP, BOX_PAD, BAND_GAP, LABEL_H = 196, 50, 30, 10, 8, 10, 16
+NODE_W, NODE_H, COL_GAP, ROW_GAP, BOX_PAD, BAND_GAP, LABEL_H = 210, 50, 30, 10, 8, 10, 16
 
 
 def _step_info(view: View) -> tuple[dict[str, dict], str | None]:
