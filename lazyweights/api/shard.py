@@ -8,11 +8,11 @@ requests where the server takes them).
 
 Built-in rules (first match wins; custom `rules` come before them):
 
-- column-parallel, axis 0: Hugging Face `q_proj k_proj v_proj gate_proj up_proj` (+ bias); MAX / W1 `wq wk wv`,
+- column-parallel, axis 0: Hugging Face `q_proj k_proj v_proj gate_proj up_proj` (+ bias); MAX-style `wq wk wv`,
   `feed_forward.w1 w3`, `attention.q_proj ...`; GGUF `attn_q attn_k attn_v ffn_gate ffn_up`.
-- row-parallel, axis 1: Hugging Face `o_proj down_proj` (bias replicated); MAX / W1 `wo`, `feed_forward.w2`;
+- row-parallel, axis 1: Hugging Face `o_proj down_proj` (bias replicated); MAX-style `wo`, `feed_forward.w2`;
   GGUF `attn_output ffn_down`.
-- vocab-parallel, axis 0: Hugging Face `embed_tokens lm_head`; MAX / W1 `tok_embeddings output`; GGUF
+- vocab-parallel, axis 0: Hugging Face `embed_tokens lm_head`; MAX-style `tok_embeddings output`; GGUF
   `token_embd output`.
 - stacked experts, axis 0 (expert-parallel): Hugging Face `experts.*` of rank >= 3; GGUF `ffn_*_exps`.
 - per-expert: Hugging Face `experts.E.*`: expert E on rank E // (experts / world_size).
