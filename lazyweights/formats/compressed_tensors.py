@@ -11,17 +11,32 @@ bit for bit: every intermediate is computed in float32 and rounded to the dtype 
 it but `weight_shape` (two integers) at open and `weight_g_idx` when the weight is first asked for.
 
 Formats (`SUPPORTED_FORMATS`):
-    pack-quantized        int4 / int8 packed little-endian in int32 (8 or 4 per word), group / channel /
+    pack-quantized        int1..int8 packed densely, little-endian, in int32 (compressed-tensors'
+                          `pack_to_int32`: field j at bit j * B, straddling words), group / channel /
                           tensor scales, zero points packed along rows, actorder `weight_g_idx`
     naive-quantized       (and its aliases int-quantized, float-quantized): int8 or FP8 e4m3 weights with
                           tensor / channel / group / block (e.g. 128x128) scales
+    mxfp8-quantized       FP8 e4m3 weights, e8m0 scales (uint8 exponents, 2**(e-127) in bf16) per 32
     nvfp4-pack-quantized  FP4 e2m1 two per byte, fp8 e4m3 scales per 16, divided by the global scale
-    mxfp4-pack-quantized  FP4 e2m1 two per byte, e8m0 scales (2**(e-127)) per 32
+    mxfp4-pack-quantized  FP4 e2m1 two per byte, e8m0 scales per 32
+    mxfp6-pack-quantized  FP6 e2m3 four per three bytes, e8m0 scales per 32
     dense                 weights stored dense: quantization parameters dropped, weights as stored
+
+Sparsity (`quantization_config.sparsity_config.format`, `SPARSITY_FORMATS`), alone or under a naive /
+int / float / mxfp8 quantization of the same module (its `weight` is then the sparse one):
+    sparse-bitmask        `M.compressed` (the non-zeros, flat, C order), `M.bitmask` (packbits, little),
+                          `M.row_offsets`, `M.shape`
+    sparse-24-bitmask     `M.compressed` [rows, cols / 2] (2 of every 4 kept), `M.bitmask`, `M.shape`
+Both become a `scatter` node (`graph/scatter.py`) under whatever dequantization the module has. Refused by
+name (`REFUSED_FORMATS`): marlin-24. Anything this reader does not fully understand (another format, a
+weight type, width or strategy it does not know, a `transform_config`, compressed parts no module claims)
+is an `UnsupportedCompressionError` at open that names a stored tensor and the value: nothing compressed
+is ever passed through as if it were a dense weight (`check_config`).
 
 The nibbles are split without a bit op: the packed bytes become llama.cpp Q4_0 blocks with scale 1.0
 (`(nibble - 8) * 1.0`, exact), whose element order (low nibbles, then high nibbles) a `take` puts back.
-FP4 codes then go through `uint8 -> float4_e2m1fn` (a bitcast), so -0.0 stays -0.0 as in torch.
+FP4 codes then go through `uint8 -> float4_e2m1fn` (a bitcast), so -0.0 stays -0.0 as in torch. Other
+widths read single bits the same way (`bits`: Q5_0 blocks whose high-bit word is the data) and sum them.
 
 Example:
     >>> sorted(SUPPORTED_FORMATS)[:3]

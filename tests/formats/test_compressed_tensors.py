@@ -394,7 +394,8 @@ def test_pack_quantized_stacked_experts(tmp_path, symmetric):
 
 # --- formats added for issue 39: pack-quantized int1..int8, mxfp8-quantized, mxfp6-pack-quantized -----------
 @pytest.mark.parametrize("num_bits,strategy,group_size,symmetric", [
-    (b, *case) for b in (2, 3, 5, 6, 7) for case in (("group", 32, True), ("group", 32, False), ("channel", None, False))
+    (b, *case) for b in (2, 3, 5, 6, 7)
+    for case in (("group", 32, True), ("group", 32, False), ("channel", None, False))
 ] + [(1, "group", 32, False), (1, "channel", None, False)])  # (symmetric int1 is all zeros)
 def test_pack_quantized_any_width_equals_compressed_tensors(tmp_path, num_bits, strategy, group_size, symmetric):
     """intB for every B compressed-tensors packs (dense cross-element packing: fields straddle bytes and int32

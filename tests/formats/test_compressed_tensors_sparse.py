@@ -96,7 +96,8 @@ def test_opening_reads_only_shapes(monkeypatch):
 
     read: list = []
     real_array, real_view = TensorRecord.array, SourceFile.view
-    monkeypatch.setattr(TensorRecord, "array", lambda self, *a, **k: read.append(self.name) or real_array(self, *a, **k))
+    monkeypatch.setattr(TensorRecord, "array",
+                        lambda self, *a, **k: read.append(self.name) or real_array(self, *a, **k))
     monkeypatch.setattr(SourceFile, "view", lambda self, off, n: read.append(n) or real_view(self, off, n))
     weights = load_weights(os.path.join(DATA, "ct_sparse_bitmask"))
     weights[f"{UP}.weight"].data()
@@ -253,3 +254,30 @@ def test_large_sparse_weights_in_many_blocks(tmp_path, fmt):
     out = str(tmp_path / "dense")
     plan({"w": state["a.fc.weight"].astype(lw.DType.bfloat16)}).save(out)
     assert os.path.getsize(os.path.join(out, "model.safetensors")) > 1000 * 132 * 2
+
+
+@pytest.mark.parametrize("case", ["ct_sparse_bitmask", "ct_sparse24_fp8"])
+def test_gpu_pipeline_runs_the_scatter_on_the_host(case):
+    """The GPU executor (its pipeline on the fake NumpyDevice of tests/run/fake_gpu.py): the scatter is host
+    work written into pinned staging rows, a cast on top runs on the device; the bytes equal the CPU's."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(DATA)), "run", "fake_gpu.py")
+    spec = importlib.util.spec_from_file_location("_fake_gpu_for_ct", path)
+    assert spec is not None and spec.loader is not None
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)
+    from lazyweights.compiler.gpu import split_chain
+    from lazyweights.run.gpu import materialize_gpu
+
+    weights = load_weights(os.path.join(DATA, case))
+    state = {n: weights[n].data() for n, _ in weights.items()}
+    state["up.f16"] = state[f"{UP}.weight"].astype(lw.DType.float16)
+    host, program = split_chain(state["up.f16"].node)
+    p = plan(state)
+    want = p.materialize(scheduler="sync")
+    got = materialize_gpu(p, "gpu:0", backend=fake.NumpyDevice(seed=3), block_bytes=300, streams=2)
+    for name, ref in want.items():
+        assert np.asarray(got[name]).tobytes() == np.ascontiguousarray(ref).tobytes(), name
+    if case == "ct_sparse_bitmask":
+        assert host.op == "scatter" and str(program) == "cast[bf16->f16]"

@@ -32,8 +32,12 @@ import compressed_tensors
 import torch
 from compressed_tensors.compressors import BaseCompressor, ModelCompressor
 from compressed_tensors.config import SparsityCompressionConfig
-from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme, apply_quantization_config,
-                                             preset_name_to_scheme)
+from compressed_tensors.quantization import (
+    QuantizationConfig,
+    QuantizationScheme,
+    apply_quantization_config,
+    preset_name_to_scheme,
+)
 from compressed_tensors.quantization.utils import calculate_qparams
 from safetensors.torch import save_file
 
