@@ -8,6 +8,9 @@ conftest.py; a fixture used by one file stays in the file.
   config.json, the tokenizer files), a folder as Hugging Face lays it out.
 - `child_env`: os.environ with this checkout first on PYTHONPATH, for a Python started in a subprocess
   (graph, formats, api).
+- `llama_checkpoint`: writes a Llama-shaped Hugging Face checkpoint (bf16, sharded with an index, config.json)
+  of any size, TinyLlama-1.1B's by default, as the shared benchmark's make_ckpt.py does; so no test needs
+  ../shared beside the checkout (api, formats, tools).
 
 The folders mirror the package's layers and have no __init__.py: pytest's default (prepend) import mode
 imports each test file by its basename, so basenames must be unique across folders, and a helper module
@@ -112,6 +115,78 @@ def minilm_dir(tmp_path_factory, minilm_zip) -> Path:
         folder = tmp_path_factory.mktemp("minilm")
         z.extractall(folder)
     return folder
+
+
+def _llama_tensors(layers, hidden, inter, heads, kv_heads, vocab, fp8_scales):
+    hd = hidden // heads
+    yield "model.embed_tokens.weight", (vocab, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (hidden,)
+        yield p + "self_attn.q_proj.weight", (heads * hd, hidden)
+        yield p + "self_attn.k_proj.weight", (kv_heads * hd, hidden)
+        yield p + "self_attn.v_proj.weight", (kv_heads * hd, hidden)
+        yield p + "self_attn.o_proj.weight", (hidden, heads * hd)
+        if fp8_scales:
+            yield p + "self_attn.k_scale", ()
+            yield p + "self_attn.v_scale", ()
+        yield p + "post_attention_layernorm.weight", (hidden,)
+        yield p + "mlp.gate_proj.weight", (inter, hidden)
+        yield p + "mlp.up_proj.weight", (inter, hidden)
+        yield p + "mlp.down_proj.weight", (hidden, inter)
+    yield "model.norm.weight", (hidden,)
+    yield "lm_head.weight", (vocab, hidden)
+
+
+def _llama_checkpoint(out, *, layers=22, hidden=2048, inter=5632, heads=32, kv_heads=4, vocab=32000,
+                      shard_bytes=1 << 30, fp8_scales=False, seed=0) -> Path:
+    from safetensors.numpy import save_file  # the reference writer: the files are not lazyweights' own
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    groups: list[list] = [[]]
+    size = 0
+    for name, shape in _llama_tensors(layers, hidden, inter, heads, kv_heads, vocab, fp8_scales):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * 2
+        if groups[-1] and size + nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += nbytes
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" if len(groups) > 1 else "model.safetensors"
+        shard = {}
+        for name, shape in group:  # random, not zeros, so an unwritten or misplaced output shows
+            if name.endswith(("k_scale", "v_scale")):
+                a = np.asarray(rng.random(), dtype=np.float32).reshape(shape)
+            else:
+                a = (rng.standard_normal(size=shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+            shard[name] = a
+            weight_map[name] = fname
+            total += a.nbytes
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        del shard
+    if len(groups) > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "num_hidden_layers": layers, "vocab_size": vocab, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+@pytest.fixture(scope="session")
+def llama_checkpoint():
+    """`llama_checkpoint(out, *, layers=22, hidden=2048, inter=5632, heads=32, kv_heads=4, vocab=32000,
+    shard_bytes=1 << 30, fp8_scales=False, seed=0) -> out`: a Llama-shaped Hugging Face checkpoint in folder
+    `out` (Hugging Face names, bf16 values ~N(0, 0.02) from `seed`, float32 k/v scales with `fp8_scales`,
+    `model-0000i-of-0000n.safetensors` shards of at most `shard_bytes` plus model.safetensors.index.json, and
+    config.json). The defaults are TinyLlama-1.1B's shape: 2.2 GB in 3 shards. Written by safetensors' own
+    writer, with the same layout as ../shared/bench/make_ckpt.py (which the tests no longer need)."""
+    return _llama_checkpoint
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """Laziness on a multi-GB checkpoint: opening reads headers only, building an adapter reads nothing, and
 materializing one tensor touches only that tensor's pages.
 
-The checkpoint is the shared benchmark's (`../shared/bench/make_ckpt.py`, default TinyLlama-1.1B shape:
-2.2 GB of bf16 in 3 shards), written once per session into pytest's temp dir and removed afterwards.
-The W1 adapter is `../shared/bench/workload.py`'s, written with WeightData ops.
+The checkpoint has the shared benchmark's layout and default TinyLlama-1.1B shape (tests/conftest.py's
+`llama_checkpoint`, byte for byte what `../shared/bench/make_ckpt.py` writes: 2.2 GB of bf16 in 3 shards),
+written once per session into pytest's temp dir and removed afterwards. The W1 adapter is the benchmark's
+`workload.py`, restated below (`Workload`) and written with WeightData ops.
 
 Page residency is measured with `mincore(2)` (through ctypes, `_page_cache.py`) on a fresh map of the file after the file
 was dropped from the page cache with `posix_fadvise(POSIX_FADV_DONTNEED)`; that part runs in a
@@ -12,7 +13,6 @@ subprocess, so nothing this test process touched earlier stays mapped.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import os
 import shutil
@@ -28,8 +28,6 @@ import pytest
 import lazyweights as lw
 from lazyweights import DType, load_weights
 
-REPO = Path(__file__).resolve().parents[2]
-BENCH = Path(os.environ.get("LAZYWEIGHTS_BENCH", REPO.parent / "shared" / "bench"))
 MB = 1 << 20
 
 
@@ -41,24 +39,37 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS")
 
 
+class Workload:
+    """The benchmark's W1 definition (../shared/bench/workload.py), restated here as the reference the lazy
+    adapter is judged against; deliberately not lazyweights.adapters.w1, the package's own version."""
+
+    @staticmethod
+    def adapt_name(k):
+        if k.endswith((".k_scale", ".v_scale")):
+            return None
+        return k.replace("model.", "", 1).replace("self_attn.", "attention.")
+
+    @staticmethod
+    def rope_perm(hd):
+        return np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
+
+    @staticmethod
+    def target_dtype(name):
+        return np.float32 if "norm" in name else np.float16
+
+
 def _load_workload():
-    spec = importlib.util.spec_from_file_location("lw_bench_workload", BENCH / "workload.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return Workload
 
 
 @pytest.fixture(scope="session")
-def big_checkpoint(tmp_path_factory):
+def big_checkpoint(tmp_path_factory, llama_checkpoint):
     """The default benchmark checkpoint (2.2 GB, 3 shards), generated once per session."""
-    if not (BENCH / "make_ckpt.py").is_file():
-        pytest.skip(f"benchmark scripts not found in {BENCH}")
     if shutil.disk_usage(tmp_path_factory.getbasetemp()).free < 8 * (1 << 30):
         pytest.skip("needs ~8 GB of free disk for the 2.2 GB checkpoint")
     out = tmp_path_factory.mktemp("bench_ckpt") / "tinyllama"
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(BENCH / "make_ckpt.py"), str(out)], check=True,
-                   capture_output=True, text=True, timeout=600)
+    llama_checkpoint(out)
     gen_s = time.perf_counter() - t0
     shards = sorted(out.glob("*.safetensors"))
     total = sum(p.stat().st_size for p in shards)

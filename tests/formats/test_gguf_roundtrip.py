@@ -1,9 +1,5 @@
-"""A Llama-shaped checkpoint from the shared generator (../shared/bench/make_ckpt.py), converted to GGUF and
-back through lazyweights: identical tensors for lossless types, gguf-py's values for quantized ones."""
-import os
-import subprocess
-import sys
-
+"""A Llama-shaped checkpoint (tests/conftest.py's `llama_checkpoint`, the shared benchmark's layout), converted
+to GGUF and back through lazyweights: identical tensors for lossless types, gguf-py's values for quantized ones."""
 import numpy as np
 import pytest
 from gguf import GGUFReader
@@ -16,18 +12,11 @@ import lazyweights as lw
 from lazyweights.adapters import gguf_to_hf, hf_to_gguf
 from lazyweights.adapters.gguf_names import gguf_metadata_from_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAKE_CKPT = os.path.join(ROOT, "..", "shared", "bench", "make_ckpt.py")
-
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    if not os.path.exists(MAKE_CKPT):
-        pytest.skip("../shared/bench/make_ckpt.py is not beside this checkout")
-    d = tmp_path_factory.mktemp("llama")
-    subprocess.run([sys.executable, MAKE_CKPT, str(d), "--layers", "2", "--hidden", "256", "--inter", "512",
-                    "--heads", "4", "--kv-heads", "2", "--vocab", "320", "--shard-gb", "0.001"],
-                   check=True, capture_output=True)
+def llama(tmp_path_factory, llama_checkpoint):
+    d = llama_checkpoint(tmp_path_factory.mktemp("llama"), layers=2, hidden=256, inter=512, heads=4, kv_heads=2,
+                         vocab=320, shard_bytes=int(0.001 * (1 << 30)))
     weights = lw.load_weights(d)
     original = {}
     for name, _ in weights.items():
