@@ -68,8 +68,10 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
     `tensor_meta` (GGUF only): name -> what `GGUFLayout.plan` accepts, where a node alone does not say
     the tensor's quantization encoding; `alignment` (GGUF only): the data alignment (default 32);
     `require_architecture` (GGUF only): False writes a file without `general.architecture`.
-    `extra_files` (a directory only): name -> bytes (or a callable returning them, called once the tensors
-    are written) saved beside the shards; the folder is then always staged and swapped in whole."""
+    `extra_files` (a directory only): name -> bytes (or a callable returning them, called before any tensor is
+    computed, so a file that cannot be built, such as the tokenizer of a GGUF that has none, fails without work
+    done: tests/tools/test_cli_manners.py) saved beside the shards; the folder is then always staged and
+    swapped in whole."""
     path = os.fspath(path)
     outputs = outputs_of(plan)
     fmt = (format or "safetensors").lower()
@@ -98,6 +100,7 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
             files = [os.path.join(directory, f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
                      for i in range(len(shards))]
     meta = {"format": "pt"} if metadata is None else dict(metadata)
+    extra = dict(extra_files() if callable(extra_files) else extra_files or {})
     sched = resolve_scheduler(scheduler)
     if sched == "reference":
         sched = "sync"
@@ -127,7 +130,6 @@ def save(plan, path, *, format: str = "safetensors", max_shard_size=None, budget
             committed.append(w.path)
         if len(files) > 1:
             _write_index(staging or directory, _index_doc(outputs, files, shards))
-        extra = dict(extra_files() if callable(extra_files) else extra_files or {})
         for name, data in extra.items():
             write_file_atomically(os.path.join(staging or directory, name), data)
         if staging:

@@ -338,6 +338,27 @@ def test_gguf_to_hf_without_tokenizer_fails_before_any_tensor(capsys, counted, g
     assert cfg.model_type == "llama" and cfg.max_position_embeddings == 256 and cfg.hidden_size == 64
 
 
+def test_gguf_to_hf_from_python_builds_the_files_before_the_tensors(monkeypatch, gguf_without_tokenizer, tmp_path):
+    """The same check on the library's path (`Plan.save` of a GGUF -> HF result, `export_hf_folder`): the
+    folder's files are built before any shard is written, so the missing tokenizer costs no work."""
+    import lazyweights.formats.save as save_module
+    from lazyweights.adapters import convert_gguf_state_dict, export_hf_folder
+
+    shards = []
+    real = save_module.write_shards
+    monkeypatch.setattr(save_module, "write_shards", lambda *a, **k: shards.append(1) or real(*a, **k))
+    w = lw.load_weights([str(gguf_without_tokenizer)])
+    adapted = convert_gguf_state_dict(dict(w.items()), w.config)
+    with pytest.raises(lw.TokenizerConversionError, match="the GGUF metadata has no tokenizer"):
+        lw.plan(adapted).save(str(tmp_path / "hf"))
+    with pytest.raises(lw.TokenizerConversionError, match="the GGUF metadata has no tokenizer"):
+        export_hf_folder(str(gguf_without_tokenizer), str(tmp_path / "hf2"))
+    assert shards == [] and os.listdir(tmp_path) == []
+    export_hf_folder(str(gguf_without_tokenizer), str(tmp_path / "hf2"), tokenizer=False)
+    assert shards == [1] and sorted(os.listdir(tmp_path / "hf2")) == ["config.json", "generation_config.json",
+                                                                       "model.safetensors"]
+
+
 # --- URLs everywhere ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def served(nginx, tiny_llama):
