@@ -58,6 +58,8 @@ __all__ = [
     "UnmappedTensorError",
     "ConfigError",
     "GGUFConfigError",
+    "VisionConfigError",
+    "MissingPreprocessorConfigError",
     "UnsupportedArchitectureError",
     "UnknownArchitectureError",
     "AdapterError",
@@ -159,6 +161,16 @@ class GGUFConfigError(ConfigError):
     def __init__(self, message: str, missing: Iterable[str] = ()):
         super().__init__(message)
         self.missing = list(missing)
+
+
+class VisionConfigError(ConfigError):
+    """A multimodal checkpoint whose vision tower no mmproj file can hold: no tower at all, or a vision config
+    value llama.cpp's mtmd cannot compute (names the key, its value and what mtmd needs)."""
+
+
+class MissingPreprocessorConfigError(VisionConfigError, FileNotFoundError):
+    """No preprocessor_config.json (or processor_config.json) beside a checkpoint whose projector needs its image
+    mean and std."""
 
 
 class UnsupportedArchitectureError(LazyWeightsError, ValueError):

@@ -458,7 +458,11 @@ def cmd_convert(args) -> int:
     fmt = _check_output(args.output, args.format, args.quant, dry_run=args.dry_run)
     if args.quant is not None:
         _check_quant(args.quant, options, args.imatrix)
-    p, _ = _adapted_plan(args)
+    mmproj = getattr(args, "mmproj", None)
+    if mmproj is not None:
+        _check_mmproj_output(mmproj, fmt, args)
+    p, weights = _adapted_plan(args)
+    vision = _mmproj_of(args, weights) if mmproj is not None else None  # validated before anything is written
     if fmt == "folder" and not args.dry_run:
         _build_files_first(p)
     if args.dry_run:
@@ -468,11 +472,35 @@ def cmd_convert(args) -> int:
         args.output, format=args.format, max_shard_size=args.max_shard_size, budget=args.budget,
         scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers, **quant))
     files = list(files or [])
+    if vision is not None:
+        from ..adapters.mmproj import save_mmproj
+
+        files += _with_warnings(lambda: save_mmproj(vision, mmproj, budget=args.budget, scheduler=args.scheduler,
+                                                    progress=not args.no_progress, workers=args.workers))
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
-    _out(f"wrote {len(p.outputs)} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
+    n_tensors = len(p.outputs) + len(vision or ())
+    _out(f"wrote {n_tensors} tensors, {format_bytes(total)} in {len(files)} file{'s' if len(files) != 1 else ''}:")
     for f in files:
         _out(f"  {f}")
     return 0
+
+
+def _check_mmproj_output(mmproj: str, fmt: str, args) -> None:
+    """--mmproj: llama.cpp's second file, beside a GGUF text model, unquantized (checked before any work)."""
+    if fmt != "gguf" or args.quant is not None or args.dry_run or not str(mmproj).endswith(".gguf"):
+        raise UsageError(f"--mmproj {mmproj}: the vision tower is written as a .gguf beside a GGUF text model "
+                         "(-o X.gguf), without --quant or --dry-run")
+
+
+def _mmproj_of(args, weights):
+    """--mmproj: the vision tower and projector of the same lazily opened checkpoint (`adapters.mmproj`)."""
+    from ..adapters.mmproj import convert_hf_to_mmproj
+
+    cfg = None
+    if getattr(args, "hf_config", None):
+        with open(args.hf_config, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    return convert_hf_to_mmproj(dict(weights.items()), cfg)
 
 
 def _instantiate_module(obj, hf_config):
@@ -783,6 +811,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write no tokenizer (GGUF -> HF: no tokenizer files; HF -> GGUF: no tokenizer.* keys)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="threads computing blocks (default: the CPUs this process may use)")
+    p.add_argument("--mmproj", metavar="MMPROJ.gguf", default=None,
+                   help="also write a multimodal checkpoint's vision tower and projector as llama.cpp's mmproj "
+                        "file (Gemma 3, Qwen2-VL, Qwen2.5-VL), from the same lazily opened source")
     _quant_flags(p)
     p.set_defaults(func=cmd_convert)
 

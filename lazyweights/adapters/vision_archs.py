@@ -1,0 +1,147 @@
+"""One declarative record per multimodal family's vision tower: what an mmproj GGUF (llama.cpp's `mtmd`) needs.
+
+The text half of a multimodal checkpoint is an `archs.Arch` record; the vision tower and its projector become
+llama.cpp's second file, the mmproj (`convert_hf_to_gguf.py --mmproj`, its `MmprojModel` classes;
+`lazyweights.adapters.mmproj` is the engine). Tensor names come from gguf-py's MMPROJ table (the one llama.cpp's
+converter uses); a record says only
+
+- which Hugging Face `model_type` / class it is and its projector (`clip.projector_type`, gguf-py's
+  `VisionProjectorType`);
+- which tensors are the tower's (`prefixes`, the published layout; `layouts` rewrites other saved layouts, such
+  as transformers 5's, to it), what llama.cpp drops (`dropped`) and renames first (`renames`);
+- the `clip.*` keys in llama.cpp's order: `VParam(key, config names, where, kind, default)`, `where` saying which
+  config holds them: the vision config, the outer config.json (`top`), the text config or the image processor's
+  (`pre`: preprocessor_config.json, then processor_config.json), a name-less row being a fixed value;
+- the value transforms and storage types llama.cpp's converter applies (norms stored w + 1, fused qkv rows split,
+  a temporal Conv3d patch embedding split into two Conv2d, tensors always float16 / float32);
+- the vision config values mtmd's graph hard-codes (`requires`): a config saying otherwise cannot be computed.
+
+Adding a family is a record here and a line in the test table (tests/adapters/test_mmproj.py).
+
+Example:
+    >>> from lazyweights.adapters.vision_archs import vision_arch_for_model_type
+    >>> v = vision_arch_for_model_type("qwen2_5_vl")
+    >>> v.hf_class, v.projector, v.requires["window_size"]
+    ('Qwen2_5_VLForConditionalGeneration', 'qwen2.5vl_merger', 112)
+    >>> try:
+    ...     vision_arch_for_model_type("llama")
+    ... except ValueError as e:
+    ...     print(str(e).split(";")[0])
+    Hugging Face model_type 'llama' has no vision tower lazyweights writes as an mmproj
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+from ..core.errors import VisionConfigError
+
+
+class VParam(NamedTuple):
+    """One mmproj key: `key` (in full, gguf-py's `Keys`) <- the first of `hf` found in the config `where` says
+    (`vision`, `top`: the outer config.json, `text`, `pre`: the image processor's config). `kind`: u32, f32,
+    bool, str, f32s (a float32 array), or a derived value (`n_wa_pattern`: Qwen2.5-VL's window-attention period
+    from fullatt_block_indexes; `gemma3_scale`: the projector's pooling from image_seq_length, written only where
+    it is not mtmd's default 4). `default` stands in where no name is found (None: required); with no names it is
+    a fixed value."""
+
+    key: str
+    hf: tuple[str, ...]
+    where: str = "vision"
+    kind: str = "u32"
+    default: Any = None
+
+
+class VisionArch(NamedTuple):
+    """One vision tower's record (one comment per field)."""
+
+    model_type: str                           # the outer config.json's model_type
+    hf_class: str                             # the Hugging Face class holding tower, projector and text model
+    projector: str                            # clip.projector_type (gguf-py VisionProjectorType)
+    prefixes: tuple[str, ...]                 # HF names (published layout) of the tower and projector
+    hparams: tuple[VParam, ...]               # clip.* keys after the common header, in llama.cpp's order
+    layouts: tuple[tuple[str, str], ...] = ()  # (regex, replacement): another saved layout to the published one
+    renames: tuple[tuple[str, str], ...] = ()  # (old, new) substrings replaced before gguf-py's table
+    dropped: tuple[str, ...] = ()             # HF name fragments llama.cpp skips
+    norm_shift: tuple[str, ...] = ()          # HF name fragments stored as w + 1 (in float32)
+    qkv: str = ""                             # HF name fragment of fused [q; k; v] rows, split into three
+    temporal_patch: str = ""                  # HF name of a Conv3d [out, in, 2, p, p] patch embedding, stored as
+                                              # two Conv2d: v.patch_embd.weight and v.patch_embd.weight.1
+    f16: tuple[str, ...] = ()                 # HF name fragments llama.cpp always stores float16
+    f32: tuple[str, ...] = ()                 # HF or GGUF name fragments llama.cpp always stores float32
+    requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes
+
+
+# llama.cpp's MmprojModel.n_block_keys: where a vision config says its block count
+BLOCK_KEYS = ("n_layers", "num_hidden_layers", "n_layer", "num_layers", "depth", "layers", "encoder_layers",
+              "vt_num_hidden_layers")
+MEAN = VParam("clip.vision.image_mean", ("image_mean",), "pre", "f32s")
+STD = VParam("clip.vision.image_std", ("image_std",), "pre", "f32s")
+# MmprojModel.set_gguf_parameters: the keys every vision tower writes (after has_vision_encoder and
+# projection_dim, which the engine writes from the text config)
+_SIGLIP_BASE = (VParam("clip.vision.image_size", ("image_size",)), VParam("clip.vision.patch_size", ("patch_size",)),
+                VParam("clip.vision.embedding_length", ("hidden_size", "width", "vt_hidden_size")),
+                VParam("clip.vision.feed_forward_length", ("intermediate_size", "vt_intermediate_size")),
+                VParam("clip.vision.block_count", BLOCK_KEYS),
+                VParam("clip.vision.attention.head_count", ("num_attention_heads", "num_heads", "heads",
+                                                            "vt_num_attention_heads")), MEAN, STD)
+
+
+def _qwen_base(embd: str, ff: str) -> tuple[VParam, ...]:
+    """Qwen2-VL / 2.5-VL: llama.cpp's converter reads the image size as 560 where the config has none, the
+    heads from num_heads, the blocks from depth; Qwen2-VL's width is embed_dim and its feed-forward length the
+    config's hidden_size (as llama.cpp writes it)."""
+    return (VParam("clip.vision.image_size", ("image_size",), default=560),
+            VParam("clip.vision.patch_size", ("patch_size",)), VParam("clip.vision.embedding_length", (embd,)),
+            VParam("clip.vision.feed_forward_length", (ff,)), VParam("clip.vision.block_count", ("depth",)),
+            VParam("clip.vision.attention.head_count", ("num_heads",)), MEAN, STD)
+
+
+def _fixed(key: str, value: Any, kind: str) -> VParam:
+    return VParam(key, (), "vision", kind, value)
+
+
+def _record(model_type: str, hf_class: str, projector: str, base: tuple[VParam, ...], own: tuple[VParam, ...],
+            **fields: Any) -> VisionArch:
+    """A record whose keys are the common header `base`, the projector type, then the family's own rows."""
+    return VisionArch(model_type, hf_class, projector, prefixes=fields.pop("prefixes"),
+                      hparams=(*base, _fixed("clip.projector_type", projector, "str"), *own), **fields)
+
+
+_QWEN_VL = dict(prefixes=("visual.",), layouts=((r"^model\.visual\.", "visual."),), qkv=".attn.qkv.",
+                temporal_patch="visual.patch_embed.proj.weight", f32=(".position_embd.",))
+_RECORDS: tuple[VisionArch, ...] = (
+    # Gemma 3: SigLIP tower, average-pooled to image_seq_length tokens, RMS-normed (w + 1) and projected; llama.cpp
+    # keeps the projection float16 and the embeddings float32 (issue 13025); transformers 5 saves the tower
+    # without its `vision_model.` level
+    _record("gemma3", "Gemma3ForConditionalGeneration", "gemma3", _SIGLIP_BASE,
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32", default=1e-6),
+             _fixed("clip.use_gelu", True, "bool"),
+             VParam("clip.vision.projector.scale_factor", ("image_seq_length",), "pre", "gemma3_scale", 256)),
+            prefixes=("multi_modal_projector.", "vision_tower.", "multimodal_projector.", "vision_model."),
+            layouts=((r"^model\.", ""), (r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.")),
+            renames=(("_weight", ".weight"),), dropped=("vision_model.head.",), norm_shift=("soft_emb_norm.weight",),
+            f16=("input_projection",), f32=(".embeddings.",),
+            requires={"hidden_act": "gelu_pytorch_tanh"}),
+    # Qwen2.5-VL: window attention every n_wa_pattern-th block full (mtmd's window is 112 pixels), SwiGLU MLP,
+    # 2x2 spatial merge (mtmd's default; the converter writes no merge size), two-frame temporal patches
+    _record("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2.5vl_merger",
+            _qwen_base("hidden_size", "intermediate_size"),
+            (_fixed("clip.use_silu", True, "bool"),
+             VParam("clip.vision.n_wa_pattern", ("fullatt_block_indexes",), kind="n_wa_pattern"),
+             VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6)),
+            requires={"window_size": 112, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "silu"},
+            **_QWEN_VL),
+    # Qwen2-VL: the same converter class; full attention everywhere, LayerNorm and a quick-GELU fc1/fc2 MLP
+    _record("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2vl_merger", _qwen_base("embed_dim", "hidden_size"),
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6),),
+            requires={"spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "quick_gelu"}, **_QWEN_VL),
+)
+VISION_ARCHS: dict[str, VisionArch] = {v.model_type: v for v in _RECORDS}
+
+
+def vision_arch_for_model_type(model_type: Any) -> VisionArch:
+    """The vision record for an outer Hugging Face `model_type`; VisionConfigError listing those there are."""
+    if isinstance(model_type, str) and model_type in VISION_ARCHS:
+        return VISION_ARCHS[model_type]
+    raise VisionConfigError(f"Hugging Face model_type {model_type!r} has no vision tower lazyweights writes as an "
+                            f"mmproj; families with one: {', '.join(sorted(VISION_ARCHS))}")

@@ -1,0 +1,315 @@
+"""mmproj GGUF from a multimodal Hugging Face folder (issue 39): judged by llama.cpp's converter and by its mtmd.
+
+For each family of `lazyweights.adapters.vision_archs` a tiny random transformers model (vision tower, projector
+and text model) is saved in the published layout, in float32 and in bfloat16, with its image processor's
+preprocessor_config.json and the shared tiny tokenizer; then
+
+(a) our mmproj (`export_gguf_with_mmproj`) holds exactly the tensors (names, types, shapes, bytes) and metadata of
+    llama.cpp's `convert_hf_to_gguf.py --mmproj --outtype <the source's type>`, run from the llama-cpp-python sdist
+    CI's wheel vendors (its own gguf-py: the wheel's gguf package is older than its converter) except
+    `general.name` / `general.size_label`, which llama.cpp derives from the folder's name;
+(b) llama.cpp's mtmd (llama-cpp-python's `mtmd_cpp`) loads our mmproj beside our text GGUF and encodes an image
+    whose size neither side resizes; its embeddings equal transformers' vision tower + projector on the same
+    normalized pixels (cosine > 0.9999 per token, max relative error reported in docs/multimodal.md);
+
+and bad input is a named error before any work, nothing written: `--mmproj` for a checkpoint with no tower, no
+preprocessor_config.json, a vision config mtmd cannot compute (the key and value named).
+
+The sdist: `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d DIR` and unpack it; the tests look
+in $LLAMA_CPP_SDIST (the unpacked llama_cpp_python-0.3.36 folder) or /tmp/lcp-sdist/llama_cpp_python-0.3.36 and
+skip (a) loudly without it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from test_arch_round_trip import tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
+
+from lazyweights.adapters.mmproj import export_gguf_with_mmproj, export_mmproj  # noqa: E402
+from lazyweights.core.errors import (  # noqa: E402
+    MissingPreprocessorConfigError,
+    VisionConfigError,
+)
+
+SDIST = os.environ.get("LLAMA_CPP_SDIST", "/tmp/lcp-sdist/llama_cpp_python-0.3.36")
+CONVERTER = os.path.join(SDIST, "vendor", "llama.cpp", "convert_hf_to_gguf.py")
+_SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+_TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=256, **_SPECIAL)
+_QWEN_PRE = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+             "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056}
+_MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+
+# family -> (config class, model class, text config, vision config, outer config, preprocessor config, image h x w)
+# Image sizes neither side resizes: Gemma 3's image_size; Qwen: multiples of 28 within mtmd's token limits, two
+# 112-pixel windows wide. Qwen2.5-VL: four blocks, full attention every 2nd (llama.cpp's tensor table needs the
+# merger's mlp.2 below the block count, so depth >= 3).
+FAMILIES = {
+    "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", dict(_TEXT, query_pre_attn_scalar=16),
+               dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                    patch_size=8, layer_norm_eps=1e-6, vision_use_head=False),
+               dict(mm_tokens_per_image=16, image_token_index=3, boi_token_index=4, eoi_token_index=5),
+               {"image_processor_type": "Gemma3ImageProcessor", "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5], "size": {"height": 64, "width": 64}, "image_seq_length": 16},
+               (64, 64)),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(_TEXT, rope_parameters=_MROPE),
+                   dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=14,
+                        spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3]),
+                   dict(_SPECIAL), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"), (112, 224)),
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", dict(_TEXT, rope_parameters=_MROPE),
+                 dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2),
+                 dict(_SPECIAL), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"), (112, 224)),
+}
+DTYPES = ["float32", "bfloat16"]
+
+
+def _published(folder: str, family: str) -> None:
+    """Rewrite transformers 5's saved names to the published layout (Gemma 3's tower under
+    `vision_tower.vision_model.`, as google/gemma-3-*-it ship it; transformers loads both)."""
+    if family != "gemma3":
+        return
+    path = os.path.join(folder, "model.safetensors")
+    sd = safetensors_torch.load_file(path)
+    sd = {re.sub(r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.", k): v for k, v in sd.items()}
+    safetensors_torch.save_file(sd, path, metadata={"format": "pt"})
+
+
+def make_vl(family: str, dtype: str, tok, folder: str, **vision_overrides):
+    """A seeded tiny multimodal model of `family` saved in `dtype` with its tokenizer and preprocessor config."""
+    cfg_cls, model_cls, text, vision, outer, pre, _ = FAMILIES[family]
+    cfg = getattr(transformers, cfg_cls)(text_config=dict(text, vocab_size=len(tok)),
+                                         vision_config=dict(vision, **vision_overrides), **outer)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # non-trivial norms and biases, weights large enough that a missed transform shows
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if p.ndim > 1 else 0.05) + (1.0 if p.ndim == 1 else 0.0) * 0.1)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    _published(folder, family)
+    tok.save_pretrained(folder)
+    with open(os.path.join(folder, "preprocessor_config.json"), "w") as fh:
+        json.dump(pre, fh)
+    return model
+
+
+@pytest.fixture(scope="module")
+def folders(tokenizer, tmp_path_factory):  # noqa: F811
+    """(family, dtype) -> a folder with the model, converted once: ours.gguf (text) and mmproj.gguf."""
+    out = {}
+    for family in FAMILIES:
+        for dtype in DTYPES:
+            d = str(tmp_path_factory.mktemp(f"{family}-{dtype}"))
+            hf = os.path.join(d, "hf")
+            make_vl(family, dtype, tokenizer, hf)
+            export_gguf_with_mmproj(hf, os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"))
+            out[family, dtype] = d
+    return out
+
+
+def _tensors(path):
+    r = gguf.GGUFReader(path)
+    return {t.name: (t.tensor_type.name, [int(x) for x in t.shape], np.asarray(t.data).view(np.uint8).tobytes())
+            for t in r.tensors}
+
+
+def _fields(path):
+    r = gguf.GGUFReader(path)
+    return {k: ([t.name for t in f.types], f.contents()) for k, f in r.fields.items()
+            if not k.startswith("GGUF.") and k not in ("general.name", "general.size_label")}
+
+
+def llama_cpp_mmproj(hf: str, out: str, outtype: str) -> str:
+    if not os.path.isfile(CONVERTER):
+        pytest.skip(f"llama.cpp's converter is not at {CONVERTER}: `pip download --no-deps --no-binary :all: "
+                    "llama-cpp-python==0.3.36 -d DIR`, unpack it and set LLAMA_CPP_SDIST to the unpacked folder")
+    r = subprocess.run([sys.executable, CONVERTER, hf, "--mmproj", "--outtype", outtype, "--outfile", out],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
+    d = folders[family, dtype]
+    ref = llama_cpp_mmproj(os.path.join(d, "hf"), os.path.join(d, "ref-mmproj.gguf"),
+                           {"float32": "f32", "bfloat16": "bf16"}[dtype])
+    mine, theirs = _tensors(os.path.join(d, "mmproj.gguf")), _tensors(ref)
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        assert mine[name][:2] == theirs[name][:2], (name, mine[name][:2], theirs[name][:2])
+        assert mine[name][2] == theirs[name][2], f"{name}: bytes differ"
+    assert _fields(os.path.join(d, "mmproj.gguf")) == _fields(ref)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+def test_command_line_writes_both_files(family, folders, tmp_path):
+    """`lazyweights convert CLASS DIR -o text.gguf --mmproj mmproj.gguf` writes the same two files as
+    `export_gguf_with_mmproj` (the text model under its own class name, issue 39 part 1)."""
+    from lazyweights.tools.cli import main
+
+    d = folders[family, "bfloat16"]
+    out, mm = str(tmp_path / "text.gguf"), str(tmp_path / "mmproj.gguf")
+    assert main(["convert", FAMILIES[family][1], os.path.join(d, "hf"), "-o", out, "--mmproj", mm,
+                 "--no-progress"]) == 0
+    assert _tensors(mm) == _tensors(os.path.join(d, "mmproj.gguf"))
+    assert _fields(mm) == _fields(os.path.join(d, "mmproj.gguf"))
+    assert _tensors(out) == _tensors(os.path.join(d, "text.gguf"))
+
+
+# --- mtmd --------------------------------------------------------------------------------------------------------
+def _image(h: int, w: int) -> np.ndarray:
+    return np.random.default_rng(7).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def mtmd_embeddings(text_gguf: str, mmproj: str, img: np.ndarray) -> np.ndarray:
+    """llama.cpp's mtmd: the image's embeddings [n_tokens, n_embd] from our mmproj beside our text model."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
+    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=512, verbose=False, n_threads=2)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu = False
+    params.n_threads = 2
+    params.warmup = False
+    params.print_timings = False
+    ctx = mtmd.mtmd_init_from_file(mmproj.encode(), llm._model.model, params)
+    assert ctx, "mtmd could not load the mmproj"
+    try:
+        h, w, _ = img.shape
+        buf = (ctypes.c_uint8 * img.size).from_buffer_copy(np.ascontiguousarray(img).tobytes())
+        bitmap = mtmd.mtmd_bitmap_init(w, h, buf)
+        chunks = mtmd.mtmd_input_chunks_init()
+        marker = mtmd.mtmd_default_marker().decode()
+        text = mtmd.mtmd_input_text(f"look {marker} here".encode(), len(f"look {marker} here".encode()), True, True)
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+        n_embd = llm.n_embd()
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == 1:  # MTMD_INPUT_CHUNK_TYPE_IMAGE
+                n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+                assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
+                ptr = mtmd.mtmd_get_output_embd(ctx)
+                out = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
+                break
+        else:
+            raise AssertionError("mtmd made no image chunk")
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bitmap)
+        return out
+    finally:
+        mtmd.mtmd_free(ctx)
+        llm.close()
+
+
+def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray:
+    """transformers' vision tower + projector (in float32) on the normalized pixels mtmd computes."""
+    model = getattr(transformers, FAMILIES[family][1]).from_pretrained(hf, dtype=torch.float32).eval()
+    pre = FAMILIES[family][5]
+    with torch.no_grad():
+        if family == "gemma3":
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
+            return model.get_image_features(pixel_values=pixels).pooler_output[0].float().numpy()
+        pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"])
+        out = model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]))
+        return out.pooler_output[0].float().numpy()
+
+
+def qwen_patches(img: np.ndarray, mean, std, ps: int = 14, ms: int = 2, tps: int = 2):
+    """Qwen2-VL's image processor without resizing (as transformers' Qwen2VLImageProcessor flattens): the image
+    normalized, repeated over the two temporal frames, cut into merge-ordered patches [n, C * tps * ps * ps]."""
+    x = (img.astype(np.float32) / 255.0 - np.float32(mean)) / np.float32(std)
+    x = np.repeat(x.transpose(2, 0, 1)[None], tps, axis=0)  # [T, C, H, W]
+    _, c, h, w = x.shape
+    gh, gw = h // ps, w // ps
+    x = x.reshape(1, tps, c, gh // ms, ms, ps, gw // ms, ms, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x.reshape(gh * gw, c * tps * ps * ps)), [1, gh, gw]
+
+
+def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
+    """(min per-token cosine, max relative error |got - ref| / max|ref|)."""
+    cos = (ref * got).sum(-1) / (np.linalg.norm(ref, axis=-1) * np.linalg.norm(got, axis=-1))
+    return float(cos.min()), float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_mtmd_embeddings_equal_transformers(family, dtype, folders):
+    d = folders[family, dtype]
+    img = _image(*FAMILIES[family][6])
+    got = mtmd_embeddings(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
+    ref = transformers_embeddings(family, os.path.join(d, "hf"), img)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    cos, rel = compare(ref, got)
+    print(f"\n{family} {dtype}: {ref.shape[0]} image tokens, min cosine {cos:.7f}, max rel error {rel:.3g}")
+    assert cos > 0.9999, f"{family} {dtype}: mtmd's image embeddings differ from transformers' (cosine {cos})"
+
+
+# --- bad input ---------------------------------------------------------------------------------------------------
+def test_no_tower_is_named_and_nothing_written(tokenizer, tmp_path):  # noqa: F811
+    """A text-only checkpoint (Qwen2ForCausalLM) has no tower: `--mmproj` is a VisionConfigError naming the
+    model_type, before either file is written."""
+    from lazyweights.tools.cli import main
+
+    cfg = transformers.Qwen2Config(**dict(_TEXT, vocab_size=len(tokenizer)))
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "hf")
+    tokenizer.save_pretrained(tmp_path / "hf")
+    with pytest.raises(VisionConfigError, match=r"model_type 'qwen2' has no vision tower"):
+        export_gguf_with_mmproj(tmp_path / "hf", tmp_path / "t.gguf", tmp_path / "m.gguf")
+    assert main(["convert", "Qwen2ForCausalLM", str(tmp_path / "hf"), "-o", str(tmp_path / "t.gguf"),
+                 "--mmproj", str(tmp_path / "m.gguf"), "--no-progress"]) != 0
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
+    hf = str(tmp_path / "hf")
+    make_vl("gemma3", "float32", tokenizer, hf)
+    os.remove(os.path.join(hf, "preprocessor_config.json"))
+    with pytest.raises(MissingPreprocessorConfigError, match=r"no preprocessor_config.json .*image_mean"):
+        export_gguf_with_mmproj(hf, tmp_path / "t.gguf", tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+@pytest.mark.parametrize("family,override,message", [
+    ("qwen2_5_vl", dict(window_size=56), r"vision_config.window_size is 56; .* window_size = 112"),
+    ("qwen2_5_vl", dict(fullatt_block_indexes=[1, 2]), r"fullatt_block_indexes is \[1, 2\]"),
+    ("qwen2_5_vl", dict(hidden_act="gelu"), r"vision_config.hidden_act is 'gelu'"),
+    ("qwen2_vl", dict(spatial_merge_size=1), r"vision_config.spatial_merge_size is 1"),
+])
+def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
+    hf = str(tmp_path / "hf")
+    make_vl(family, "float32", tokenizer, hf, **override)
+    with pytest.raises(VisionConfigError, match=message):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_gemma3_pooling_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
+    """Gemma 3's projector pools the patch grid to image_seq_length tokens in mtmd, to mm_tokens_per_image in
+    transformers: a disagreement (or a count that is not a square dividing the grid) is named."""
+    hf = str(tmp_path / "hf")
+    make_vl("gemma3", "float32", tokenizer, hf)
+    path = os.path.join(hf, "preprocessor_config.json")
+    with open(path) as fh:
+        pre = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(pre, image_seq_length=256), fh)
+    with pytest.raises(VisionConfigError, match=r"image_seq_length is 256 but config.json mm_tokens_per_image is 16"):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
