@@ -47,6 +47,7 @@ from .node import Node
 from .opcodes import Op
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_POPCOUNT = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1).astype(np.uint8)
 
 
 def _fmt(n: Node) -> str:
@@ -115,8 +116,11 @@ def fill_rows(node: Node, first: int, mask_bytes: np.ndarray, values: np.ndarray
     """
     cols = node.arg
     n = mask_bytes.shape[0]
-    mask = np.unpackbits(np.ascontiguousarray(mask_bytes), axis=-1, count=cols, bitorder="little").view(bool)
-    counts = mask.sum(axis=1)
+    mask_bytes = np.ascontiguousarray(mask_bytes)
+    if cols % 8:  # pad bits past the last column are not elements (unpackbits(count=cols) ignores them too)
+        mask_bytes = mask_bytes.copy()
+        mask_bytes[:, -1] &= (1 << (cols % 8)) - 1
+    counts = _POPCOUNT[mask_bytes].sum(axis=1, dtype=np.int64)
     want = np.diff(starts) if starts is not None else np.full(n, values.shape[1] if values.ndim == 2 else 0)
     bad = np.flatnonzero(counts != want)
     if bad.size:
@@ -126,7 +130,10 @@ def fill_rows(node: Node, first: int, mask_bytes: np.ndarray, values: np.ndarray
                           f"{first + n - 1} checked)")
     itemsize = node.dtype.size_in_bytes
     out = np.zeros((n, cols), _UINT[itemsize])
-    out[mask] = np.ascontiguousarray(values).reshape(-1).view(_UINT[itemsize])
+    # The set bits' flat positions, in C order, take the values in order (10x faster than `out[mask] = values`;
+    # flatnonzero of a bool view, 10x faster than of the uint8 bits).
+    where = np.flatnonzero(np.unpackbits(mask_bytes, axis=-1, count=cols, bitorder="little").view(bool))
+    out.reshape(-1)[where] = np.ascontiguousarray(values).reshape(-1).view(_UINT[itemsize])
     return out.view(node.dtype.to_numpy())
 
 
