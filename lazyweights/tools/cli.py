@@ -868,6 +868,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--scheduler", choices=("sync", "threads"), default=None, help="default: threads")
     p.add_argument("--budget", type=_size_arg, default=None, metavar="SIZE", help=budget_help)
+    _remote_arg(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("archs", parents=[common], help="the architecture names convert takes, both ways",
@@ -924,7 +925,7 @@ def _write_manifest_to(args) -> int:
     tmp = tempfile.mkdtemp(prefix="lazyweights-verify-")
     try:
         written = write_manifest(args.path, os.path.join(tmp, MANIFEST_NAME), scheduler=args.scheduler,
-                                 budget=args.budget)
+                                 budget=args.budget, storage_options=args.storage_options, cache=args.cache)
         with open(written, "rb") as fh:
             data = fh.read()
     finally:
@@ -940,7 +941,7 @@ def _verify_url(args) -> int:
     import shutil
     import tempfile
 
-    from ..io.remote import fetch_small, is_url
+    from ..io.remote import fetch_small, is_url, remote_options
     from .verify import MANIFEST_NAME, verify
 
     url = args.path
@@ -956,9 +957,10 @@ def _verify_url(args) -> int:
         source = manifest or f"{folder_url}/{MANIFEST_NAME}"
         if manifest is None or is_url(manifest):
             manifest = os.path.join(tmp, MANIFEST_NAME)
-            with open(manifest, "wb") as fh:
+            with remote_options(args.storage_options, args.cache), open(manifest, "wb") as fh:
                 fh.write(fetch_small(source))
-        report = verify(url, manifest, scheduler=args.scheduler, budget=args.budget)
+        report = verify(url, manifest, scheduler=args.scheduler, budget=args.budget,
+                        storage_options=args.storage_options, cache=args.cache)
         report.path, report.manifest = url, source
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

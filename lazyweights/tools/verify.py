@@ -120,8 +120,8 @@ def hash_plan(plan, *, scheduler=None, budget=None, workers: int | None = None, 
 
 
 # --- manifests ---------------------------------------------------------------------------------------------------
-def _checkpoint_plan(path):
-    w = load_weights(path)
+def _checkpoint_plan(path, remote: Mapping | None = None):
+    w = load_weights(path, **dict(remote or {}))
     return Plan({name: acc.data() for name, acc in w.items()}), w
 
 
@@ -141,18 +141,19 @@ def _manifest_doc(plan, hashes: Mapping[str, str], files) -> dict:
 
 
 def write_manifest(plan_or_checkpoint, path=None, *, scheduler=None, budget=None, workers: int | None = None,
-                   progress: bool = False) -> str:
+                   progress: bool = False, storage_options: dict | None = None, cache: str | None = None) -> str:
     """Hash every tensor and write `lazyweights.verify.json` for the checkpoint at `path`.
 
     `plan_or_checkpoint` is a `Plan` (hashed from its sources; `path` is where it was saved) or a checkpoint
-    path (hashed as it is on disk now; `path` defaults to it). Returns the manifest's path."""
+    path (hashed as it is on disk now; `path` defaults to it; a URL is opened with `storage_options` and
+    `cache`, as `load_weights` takes them). Returns the manifest's path."""
     if isinstance(plan_or_checkpoint, Plan):
         if path is None:
             raise UsageError("write_manifest(plan, path): give the checkpoint path the plan was saved to")
         plan, files = plan_or_checkpoint, _checkpoint_files(path)
     else:
         path = plan_or_checkpoint if path is None else path
-        plan, weights = _checkpoint_plan(plan_or_checkpoint)
+        plan, weights = _checkpoint_plan(plan_or_checkpoint, {"storage_options": storage_options, "cache": cache})
         files = weights.files
     hashes = hash_plan(plan, scheduler=scheduler, budget=budget, workers=workers, progress=progress)
     target = manifest_path(path)
@@ -210,9 +211,10 @@ class VerifyReport:
 
 
 def verify(path, manifest=None, *, scheduler=None, budget=None, workers: int | None = None,
-           progress: bool = False) -> VerifyReport:
+           progress: bool = False, storage_options: dict | None = None, cache: str | None = None) -> VerifyReport:
     """Re-read the checkpoint at `path` and check every tensor against its manifest (default: the
-    `lazyweights.verify.json` beside it). Returns a `VerifyReport`; a missing/invalid manifest is a VerifyError."""
+    `lazyweights.verify.json` beside it). Returns a `VerifyReport`; a missing/invalid manifest is a VerifyError.
+    A URL `path` is opened with `storage_options` and `cache` (as `load_weights` takes them)."""
     mpath = os.path.abspath(manifest) if manifest else manifest_path(path)
     try:
         with open(mpath, encoding="utf-8") as fh:
@@ -225,7 +227,7 @@ def verify(path, manifest=None, *, scheduler=None, budget=None, workers: int | N
     tensors = doc.get("tensors") if isinstance(doc, dict) else None
     if doc.get("format") != MANIFEST_FORMAT or not isinstance(tensors, dict):
         raise VerifyError(f"{mpath}: not a {MANIFEST_FORMAT} manifest")
-    plan, _ = _checkpoint_plan(path)
+    plan, _ = _checkpoint_plan(path, {"storage_options": storage_options, "cache": cache})
     report = VerifyReport(os.path.abspath(os.fspath(path)), mpath)
     hashes = hash_plan(plan, scheduler=scheduler, budget=budget, workers=workers, progress=progress)
     for name, node in plan.outputs.items():

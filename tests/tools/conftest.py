@@ -1,8 +1,7 @@
 """Fixtures of the command-line tests.
 
-- `nginx`: the real nginx of tests/io/conftest.py (serving a temporary folder on 127.0.0.1), for the tests that
-  give the command line URLs; one definition, loaded from that file rather than copied (a session fixture
-  defined in two folders starts one server per folder in a whole-suite run).
+- `nginx`, `s3`: the real nginx and moto S3 server of tests/io/conftest.py (on 127.0.0.1), for the tests that
+  give the command line URLs; one definition, loaded from that file rather than copied.
 """
 from __future__ import annotations
 
@@ -16,4 +15,5 @@ _io = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_io)
 
 nginx = _io.nginx
+s3 = _io.s3
 free_port = _io.free_port

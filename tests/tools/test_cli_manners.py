@@ -410,6 +410,25 @@ def test_verify_write_to_a_named_manifest(capsys, ckpt, tmp_path):
     assert rc == 0 and out.startswith("OK: 10 tensors checked"), err
 
 
+def test_s3_paths_with_storage_options(capsys, s3, ckpt, tmp_path):
+    """inspect, diff and verify on s3:// with --storage-options (verify's manifest fetched from the bucket)."""
+    s3.client.create_bucket(Bucket="manners")
+    s3.client.upload_file(str(ckpt / "model.safetensors"), "manners", "tiny/model.safetensors")
+    options = json.dumps(s3.options)
+    url = "s3://manners/tiny/model.safetensors"
+    rc, out, err = run(capsys, "inspect", url, "--storage-options", options)
+    assert rc == 0 and "10 tensors" in out, err
+    rc, out, err = run(capsys, "diff", url, ckpt / "model.safetensors", "--values", "--storage-options", options)
+    assert rc == 0 and "10 equal in values" in out, err
+    manifest = tmp_path / "m.json"
+    rc, out, err = run(capsys, "verify", url, "--write", "--manifest", manifest, "--storage-options", options)
+    assert rc == 0, err
+    assert json.loads(manifest.read_text())["tensors"] == _local_manifest(ckpt, tmp_path)["tensors"]
+    s3.client.upload_file(str(manifest), "manners", "tiny/lazyweights.verify.json")
+    rc, out, err = run(capsys, "verify", url, "--storage-options", options)
+    assert rc == 0 and out.startswith("OK: 10 tensors checked against s3://manners/tiny/lazyweights.verify.json"), err
+
+
 def _local_manifest(ckpt, tmp_path):
     from lazyweights.tools.verify import write_manifest
 
