@@ -165,10 +165,14 @@ def _step_info(view: View) -> tuple[dict[str, dict], str | None]:
     return info, error
 
 
-def build_scene(plan, group_layers: bool = True, filter: str | None = None) -> dict:
-    """Display data shared by the .dot, .mmd and .html writers: nodes, outputs, edges, boxes, positions."""
+def build_scene(plan, group_layers: bool = True, filter: str | None = None, *,
+                steps: tuple[dict[str, dict], str | None] | None = None) -> dict:
+    """Display data shared by the .dot, .mmd and .html writers: nodes, outputs, edges, boxes, positions.
+
+    `steps`: another scene's `(scene["steps"], scene["steps_error"])` for the same outputs, so the grouped
+    and ungrouped scenes of one page compile the plan once."""
     view = build_view(plan, filter=filter, group_layers=group_layers)
-    step_info, steps_error = _step_info(view)
+    step_info, steps_error = steps if steps is not None else _step_info(view)
     kinds = {name: i["kind"] for name, i in step_info.items()}
     users: dict[int, list[str]] = {vn.id: [] for vn in view.nodes}
     member_names: dict[int, list[str]] = {vn.id: [] for vn in view.nodes}
@@ -643,7 +647,7 @@ def _scenes(plan, group_layers: bool) -> tuple[list[tuple[str, dict]], str]:
     if group_layers:
         n_all = main["stats"]["nodes"]
         if n_all <= FULL_VIEW_LIMIT:
-            scenes.append(("full", build_scene(plan, False)))
+            scenes.append(("full", build_scene(plan, False, steps=(main["steps"], main["steps_error"]))))
         else:
             note = f"(the ungrouped view of {n_all} nodes is too large to draw here)"
     return scenes, note
@@ -666,11 +670,11 @@ _HELP = ("<h2>Plan</h2><p>Sources (left) are tensors in the checkpoint files; ea
 Marker = Callable[[dict], "tuple[dict[int, tuple[str, str]], dict[int, list[str]]]"]
 
 
-def _page(panes: list[tuple[str, object, Marker | None]], group_layers: bool, title: str, summary: str,
-          help_html: str, diff: dict | None = None) -> str:
-    """The viewer page over one or more plans drawn side by side. Each pane: (title, plan, marker), where
-    `marker(scene)` gives the scene's output marks (group index -> (css class, badge)) and diff lines (group
-    index -> lines) for a diff, or is None."""
+def _page(panes: list[tuple[str, tuple[list[tuple[str, dict]], str], Marker | None]], group_layers: bool, title: str,
+          summary: str, help_html: str, diff: dict | None = None) -> str:
+    """The viewer page over one or more plans drawn side by side. Each pane: (title, `_scenes(plan)`, marker),
+    where `marker(scene)` gives the scene's output marks (group index -> (css class, badge)) and diff lines
+    (group index -> lines) for a diff, or is None."""
     pane_html: list[str] = []
     pane_data: list[dict] = []
     used_ops: set[str] = set()
@@ -678,8 +682,7 @@ def _page(panes: list[tuple[str, object, Marker | None]], group_layers: bool, ti
     errors: list[str] = []
     first = "grouped" if group_layers else "full"
     keys = None
-    for pi, (ptitle, plan, marker) in enumerate(panes):
-        scenes, note = _scenes(plan, group_layers)
+    for pi, (ptitle, (scenes, note), marker) in enumerate(panes):
         if note:
             notes.append(note)
         keys = [k for k, _ in scenes] if keys is None else [k for k in keys if k in dict(scenes)]
@@ -737,10 +740,11 @@ def to_html(plan, group_layers: bool = True) -> str:
         >>> page.startswith("<!DOCTYPE html>"), "{{" in page
         (True, False)
     """
-    stats = build_scene(plan, group_layers)["stats"]
+    scenes = _scenes(plan, group_layers)
+    stats = scenes[0][0][1]["stats"]
     text = explain(plan, group_layers=group_layers)
     help_html = _HELP + f"<details><summary>plan as text</summary><pre>{_esc(text)}</pre></details>"
-    return _page([("plan", plan, None)], group_layers, f"lazyweights plan: {stats['tensors']} tensors",
+    return _page([("plan", scenes, None)], group_layers, f"lazyweights plan: {stats['tensors']} tensors",
                  _summary(stats), help_html)
 
 
@@ -770,7 +774,8 @@ def diff_html(diff, group_layers: bool = True) -> str:
     """The viewer page for a `PlanDiff` (`Plan.diff`): both plans side by side, their differing outputs marked
     (red: changed, purple: in one plan only), each marked output's details listing how its chain differs."""
     la, lb = diff.labels
-    sa, sb = build_scene(diff.a, group_layers)["stats"], build_scene(diff.b, group_layers)["stats"]
+    scenes_a, scenes_b = _scenes(diff.a, group_layers), _scenes(diff.b, group_layers)
+    sa, sb = scenes_a[0][0][1]["stats"], scenes_b[0][0][1]["stats"]
     items = []
     for names in ([[n] for n in diff.only_a] + [[n] for n in diff.only_b]):
         side = la if names[0] in diff.only_a else lb
@@ -788,8 +793,8 @@ def diff_html(diff, group_layers: bool = True) -> str:
     summary = (f"{la}: {sa['tensors']} tensors, {lb}: {sb['tensors']} tensors · {len(diff.changed)} changed · "
                f"{len(diff.only_a)} only in {la} · {len(diff.only_b)} only in {lb} · {len(diff.same)} the same")
     data = {"labels": [la, lb], "changed": list(diff.changed), "only": [diff.only_a, diff.only_b]}
-    return _page([(f"{la}: {_summary(sa)}", diff.a, _diff_marker(diff.changed, diff.only_a)),
-                  (f"{lb}: {_summary(sb)}", diff.b, _diff_marker(diff.changed, diff.only_b))],
+    return _page([(f"{la}: {_summary(sa)}", scenes_a, _diff_marker(diff.changed, diff.only_a)),
+                  (f"{lb}: {_summary(sb)}", scenes_b, _diff_marker(diff.changed, diff.only_b))],
                  group_layers, f"lazyweights plan diff: {la} vs {lb}", summary, help_html, diff=data)
 
 

@@ -306,6 +306,11 @@ def test_diff_page_marks_changed_and_one_sided_outputs(browser, tiny, tmp_path):
     assert marked(0, "diff-only") == {"norm.weight"} and marked(1, "diff-only") == {"lm_head.weight"}
     _click(browser, '.pane[data-pane="1"] .scene:not([hidden]) .out[data-name="layers.1.attention.k_proj.weight"]')
     text = _panel(browser)[""]
+    # the same output in the other plan is outlined too
+    sel = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.scene:not([hidden]) .node.sel')).map(e=>"
+        "[e.closest('.pane').dataset.pane, e.dataset.name])")
+    assert sorted(sel) == [["0", "layers.1.attention.k_proj.weight"], ["1", "layers.1.attention.k_proj.weight"]]
     assert "differences" in text
     # astype on the f16 output adds a cast: the chain gains one line
     assert "+ %5:bf16[16,32] = cast[bf16] %4" in text and "  %4:f16[16,32] = cast[f16] %3" in text

@@ -190,6 +190,13 @@
     highlight(p, new Set([...closure(p, id, 'preds'), ...closure(p, id, 'succs')]));
     const el = nodeEl(p, id);
     if (el) { el.classList.add('sel'); centerOn(p, el); }
+    if (DATA.diff && d.names) {  // the same output in the other plan: outlined and brought into view too
+      panes.forEach(q => {
+        const other = q === p ? null : findOutput(q, d.names[0]);
+        const e2 = other && nodeEl(q, other);
+        if (e2) { e2.classList.add('sel'); centerOn(q, e2); }
+      });
+    }
     panel.innerHTML = detailsHtml(p, id, d);
     panel.dataset.selected = p.i + ':' + id;
   }
@@ -202,17 +209,19 @@
     panel.innerHTML = document.getElementById('help').innerHTML;
     delete panel.dataset.selected;
   }
+  function findOutput(p, name) {
+    const scene = p.data.scenes[sceneKey()];
+    for (const id in scene) if (scene[id].names && scene[id].names.indexOf(name) >= 0) return id;
+    return null;
+  }
   // Links in the panel: a chain entry (pane + node id) or a diff list entry (an output name).
   panel.addEventListener('click', e => {
     const a = e.target.closest && e.target.closest('a.go');
     if (!a) return;
     if (a.dataset.id) { select(panes[+a.dataset.pane], a.dataset.id); return; }
-    const name = a.dataset.name;
     for (const p of panes) {
-      const scene = p.data.scenes[sceneKey()];
-      for (const id in scene) {
-        if (scene[id].names && scene[id].names.indexOf(name) >= 0) { select(p, id); return; }
-      }
+      const id = findOutput(p, a.dataset.name);
+      if (id) { select(p, id); return; }
     }
   });
 
