@@ -400,6 +400,19 @@ def test_every_path_taking_subcommand_reads_urls(capsys, nginx, served, ckpt, tm
     one_line_error(rc, err, "lazyweights.verify.json", "404")
 
 
+def test_quantize_reads_a_url(capsys, nginx, gguf_without_tokenizer, tmp_path):
+    from gguf import GGUFReader
+
+    os.link(gguf_without_tokenizer, nginx.root / "manners-bf16.gguf")
+    out = tmp_path / "q" / "q8.gguf"
+    rc, _, err = run(capsys, "quantize", "--no-progress", nginx.url("manners-bf16.gguf"), out, "Q8_0")
+    assert rc == 0, err
+    local = tmp_path / "local-q8.gguf"
+    assert run(capsys, "quantize", "--no-progress", gguf_without_tokenizer, local, "Q8_0")[0] == 0
+    assert out.read_bytes() == local.read_bytes()  # the same file as from the local copy
+    assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} >= {"Q8_0"}
+
+
 def test_verify_write_to_a_named_manifest(capsys, ckpt, tmp_path):
     mine = tmp_path / "elsewhere" / "m.json"
     rc, out, err = run(capsys, "verify", ckpt, "--write", "--manifest", mine)
