@@ -281,3 +281,20 @@ def test_gpu_pipeline_runs_the_scatter_on_the_host(case):
         assert np.asarray(got[name]).tobytes() == np.ascontiguousarray(ref).tobytes(), name
     if case == "ct_sparse_bitmask":
         assert host.op == "scatter" and str(program) == "cast[bf16->f16]"
+
+
+def test_pad_bits_past_the_last_column_are_ignored(tmp_path):
+    """36 columns: each mask row's fifth byte has 4 pad bits. compressed-tensors unpacks with count=cols, so
+    set pad bits change nothing; they must not count as values either."""
+    folder = _copy(tmp_path, "ct_sparse_bitmask")
+    path = os.path.join(folder, "model.safetensors")
+    with open(path, "rb") as fh:
+        blob = bytearray(fh.read())
+    n = int.from_bytes(blob[:8], "little")
+    a, b = json.loads(blob[8:8 + n])[f"{DOWN}.bitmask"]["data_offsets"]
+    for pos in range(8 + n + a + 4, 8 + n + b, 5):  # the last byte of every row
+        blob[pos] |= 0xF0
+    with open(path, "wb") as fh:
+        fh.write(blob)
+    got = plan({"w": load_weights(folder)[f"{DOWN}.weight"].data()}).materialize(scheduler="sync")["w"]
+    np.testing.assert_array_equal(_raw(got), _golden("ct_sparse_bitmask")[f"{DOWN}.weight"][1])

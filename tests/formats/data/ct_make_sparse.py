@@ -48,8 +48,8 @@ assert compressed_tensors.__version__.startswith("0.14"), compressed_tensors.__v
 class Mlp(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.up_proj = torch.nn.Linear(72, 32, bias=False)    # 72 columns: 9 mask bytes a row
-        self.down_proj = torch.nn.Linear(32, 20, bias=False)  # 20 columns: a partial mask byte
+        self.up_proj = torch.nn.Linear(72, 32, bias=False)    # [32, 72]: 9 mask bytes a row
+        self.down_proj = torch.nn.Linear(36, 20, bias=False)  # [20, 36]: a partial mask byte (4 pad bits) a row
 
 
 class Layer(torch.nn.Module):
