@@ -11,6 +11,9 @@ preprocessor_config.json and the shared tiny tokenizer; then
 (b) llama.cpp's mtmd (llama-cpp-python's `mtmd_cpp`) loads our mmproj beside our text GGUF and encodes an image
     whose size neither side resizes; its embeddings equal transformers' vision tower + projector on the same
     normalized pixels (cosine > 0.9999 per token, max relative error reported in docs/multimodal.md);
+(c) the text model given the image (mtmd's chunks decoded by llama.cpp) predicts the next token as transformers'
+    whole model does on the same tokens and pixels (KL < 1e-3, and another image moves transformers' own
+    distribution at least 10x further, so the judge sees the image);
 
 and bad input is a named error before any work, nothing written: `--mmproj` for a checkpoint with no tower, no
 preprocessor_config.json, a vision config mtmd cannot compute (the key and value named).
@@ -69,11 +72,13 @@ FAMILIES = {
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(_TEXT, rope_parameters=_MROPE),
                    dict(depth=4, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=14,
                         spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1, 3]),
-                   dict(_SPECIAL), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"), (112, 224)),
+                   dict(_SPECIAL, image_token_id=3), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"),
+                   (112, 224)),
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", dict(_TEXT, rope_parameters=_MROPE),
                  dict(depth=3, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
                       spatial_merge_size=2, temporal_patch_size=2),
-                 dict(_SPECIAL), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"), (112, 224)),
+                 dict(_SPECIAL, image_token_id=3), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"),
+                 (112, 224)),
 }
 DTYPES = ["float32", "bfloat16"]
 
@@ -177,11 +182,13 @@ def _image(h: int, w: int) -> np.ndarray:
     return np.random.default_rng(7).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
-def mtmd_embeddings(text_gguf: str, mmproj: str, img: np.ndarray) -> np.ndarray:
-    """llama.cpp's mtmd: the image's embeddings [n_tokens, n_embd] from our mmproj beside our text model."""
+def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {} here"):
+    """llama.cpp's mtmd with our mmproj beside our text model, on `prompt` with the image at `{}`: (the image's
+    embeddings [n_tokens, n_embd], the prompt as (token ids or None for the image, in order), the text model's
+    next-token logits after the whole prompt)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
-    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=512, verbose=False, n_threads=2)
+    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=512, n_batch=512, verbose=False, n_threads=2)
     params = mtmd.mtmd_context_params_default()
     params.use_gpu = False
     params.n_threads = 2
@@ -194,27 +201,42 @@ def mtmd_embeddings(text_gguf: str, mmproj: str, img: np.ndarray) -> np.ndarray:
         buf = (ctypes.c_uint8 * img.size).from_buffer_copy(np.ascontiguousarray(img).tobytes())
         bitmap = mtmd.mtmd_bitmap_init(w, h, buf)
         chunks = mtmd.mtmd_input_chunks_init()
-        marker = mtmd.mtmd_default_marker().decode()
-        text = mtmd.mtmd_input_text(f"look {marker} here".encode(), len(f"look {marker} here".encode()), True, True)
+        raw = prompt.format(mtmd.mtmd_default_marker().decode()).encode()
+        text = mtmd.mtmd_input_text(raw, len(raw), True, True)
         bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
         assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
         n_embd = llm.n_embd()
+        parts: list = []
+        embd = None
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
             if mtmd.mtmd_input_chunk_get_type(chunk) == 1:  # MTMD_INPUT_CHUNK_TYPE_IMAGE
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
                 ptr = mtmd.mtmd_get_output_embd(ctx)
-                out = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
-                break
-        else:
-            raise AssertionError("mtmd made no image chunk")
+                embd = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
+                parts += [None] * n
+            else:
+                k = ctypes.c_size_t(0)
+                toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(k))
+                parts += [int(toks[j]) for j in range(k.value)]
+        assert embd is not None, "mtmd made no image chunk"
+        new_n_past = llama_cpp.llama_pos(0)
+        assert mtmd.mtmd_helper_eval_chunks(ctx, llm._ctx.ctx, chunks, 0, 0, 512, True,
+                                            ctypes.byref(new_n_past)) == 0
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
         mtmd.mtmd_input_chunks_free(chunks)
         mtmd.mtmd_bitmap_free(bitmap)
-        return out
+        return embd, parts, logits
     finally:
         mtmd.mtmd_free(ctx)
         llm.close()
+
+
+def mtmd_embeddings(text_gguf: str, mmproj: str, img: np.ndarray) -> np.ndarray:
+    """llama.cpp's mtmd: the image's embeddings [n_tokens, n_embd] from our mmproj beside our text model."""
+    return mtmd_run(text_gguf, mmproj, img)[0]
 
 
 def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray:
@@ -259,6 +281,52 @@ def test_mtmd_embeddings_equal_transformers(family, dtype, folders):
     cos, rel = compare(ref, got)
     print(f"\n{family} {dtype}: {ref.shape[0]} image tokens, min cosine {cos:.7f}, max rel error {rel:.3g}")
     assert cos > 0.9999, f"{family} {dtype}: mtmd's image embeddings differ from transformers' (cosine {cos})"
+
+
+def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) -> np.ndarray:
+    """transformers' next-token logits after the prompt mtmd tokenized (`parts`: token ids, None where the image's
+    tokens go), the image's positions marked as image tokens (Gemma 3: bidirectional attention over them; Qwen:
+    M-RoPE positions over the merged grid)."""
+    cls, outer, pre = FAMILIES[family][1], FAMILIES[family][4], FAMILIES[family][5]
+    model = getattr(transformers, cls).from_pretrained(hf, dtype=torch.float32).eval()
+    image_id = outer.get("image_token_id", outer.get("image_token_index"))
+    ids = torch.tensor([[image_id if t is None else t for t in parts]])
+    is_image = torch.tensor([[int(t is None) for t in parts]])
+    with torch.no_grad():
+        if family == "gemma3":
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
+            out = model(input_ids=ids, pixel_values=pixels, token_type_ids=is_image)
+        else:
+            pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"])
+            out = model(input_ids=ids, pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]),
+                        mm_token_type_ids=is_image)
+    return out.logits[0, -1].float().numpy()
+
+
+def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    lp = p_logits - p_logits.max()
+    lp = lp - np.log(np.exp(lp).sum())
+    lq = q_logits - q_logits.max()
+    lq = lq - np.log(np.exp(lq).sum())
+    return float((np.exp(lp) * (lp - lq)).sum())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_text_model_given_the_image_agrees(family, folders):
+    """(c) The text model given the image (mtmd's chunks decoded into llama.cpp's context) predicts the next token
+    as transformers' full model does on the same tokens and pixels: KL < 1e-3."""
+    d = folders[family, "float32"]
+    img = _image(*FAMILIES[family][6])
+    _, parts, mine = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
+    ref = transformers_next_token(family, os.path.join(d, "hf"), img, parts)
+    kl = _kl(ref, mine)
+    # the judge sees the image: another image moves transformers' own distribution 10x more than llama.cpp differs
+    moved = _kl(ref, transformers_next_token(family, os.path.join(d, "hf"), 255 - img, parts))
+    print(f"\n{family}: {len(parts)} tokens ({parts.count(None)} image), next-token KL {kl:.3g} "
+          f"(another image: {moved:.3g})")
+    assert kl < 1e-3, f"{family}: llama.cpp's next-token distribution given the image differs (KL {kl:.3g})"
+    assert moved > 10 * max(kl, 1e-7), (family, moved, kl)
 
 
 # --- bad input ---------------------------------------------------------------------------------------------------
