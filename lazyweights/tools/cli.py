@@ -350,6 +350,10 @@ def _check_output(output, format, quant=None, dry_run: bool = False) -> str:
     if is_url(out):
         raise UsageError(f"-o {out}: outputs are written to local paths, not URLs")
     fmt = (format or "").lower()
+    for suffix, other in ((".gguf", "safetensors"), (".safetensors", "gguf")):
+        if fmt == other and out.endswith(suffix):
+            raise UsageError(f"-o {out} with --format {fmt}: the name says {suffix[1:]}; give an output ending in "
+                             f"{'.gguf' if fmt == 'gguf' else '.safetensors (or a folder)'}, or drop --format")
     kind = "gguf" if fmt == "gguf" or (not fmt and out.endswith(".gguf")) else (
         "safetensors" if out.endswith(".safetensors") else "folder")
     if quant is not None and kind != "gguf":
