@@ -259,6 +259,10 @@ def test_an_output_that_cannot_be_written_fails_before_the_work(capsys, counted,
     one_line_error(rc, err, "a folder is there", "give a file name")
     rc, _, err = run(capsys, "convert", W1, ckpt, "-o", "http://127.0.0.1:9/x.gguf")
     one_line_error(rc, err, "local paths, not URLs")
+    rc, _, err = run(capsys, "convert", W1, ckpt, "-o", tmp_path / "x.gguf", "--format", "safetensors")
+    one_line_error(rc, err, "with --format safetensors: the name says gguf")
+    rc, _, err = run(capsys, "convert", W1, ckpt, "-o", tmp_path / "x.safetensors", "--format", "gguf")
+    one_line_error(rc, err, "with --format gguf: the name says safetensors", "ending in .gguf")
     assert counted == {"load_weights": 0, "save": 0}
     assert sorted(os.listdir(tmp_path)) == ["a-file", "a-folder"] and not os.listdir(folder)
 
