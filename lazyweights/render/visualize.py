@@ -510,7 +510,8 @@ def _svg(sc: dict, scene_id: str, marks: dict[int, tuple[str, str]] | None = Non
         x, y, w, h = o["x"], o["y"], o["w"], o["h"]
         mark = marks.get(o["group"])
         cls = f" {mark[0]}" if mark else ""
-        badge = (f'<text x="{x + w - 6:.1f}" y="{y + 33:.1f}" class="diffbadge">{_esc(mark[1])}</text>'
+        # (drawn just above the box, in its band's top padding, so it never covers the box's own text)
+        badge = (f'<text x="{x + w - 4:.1f}" y="{y - 3:.1f}" class="diffbadge">{_esc(mark[1])}</text>'
                  if mark else "")
         name_w = w - 16 - (30 if o["count"] > 1 else 0)
         parts.append(

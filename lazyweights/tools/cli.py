@@ -253,7 +253,12 @@ def _plan_diff(args, p) -> int:
     second.adapter, second.paths = args.diff[0], args.diff[1:]
     second.hf_config, second.lora = args.diff_hf_config, None
     other, _ = _adapted_plan(second)
-    d = p.diff(other, labels=_diff_labels((args.adapter, args.paths), (second.adapter, second.paths)))
+    la, lb = _diff_labels((args.adapter, args.paths), (second.adapter, second.paths))
+    if args.lora:  # (only the first plan merges them)
+        if la.endswith(" (a)") and lb.endswith(" (b)"):
+            la, lb = la[:-4], lb[:-4]
+        la += " + LoRA " + ", ".join(os.path.basename(str(x).rstrip("/")) for x in args.lora)
+    d = p.diff(other, labels=(la, lb))
     _out(str(d))
     if args.visualize:
         path = d.visualize(args.visualize, group_layers=not args.no_group)
