@@ -825,6 +825,14 @@ def decompress_checkpoint(checkpoint: Checkpoint, config: Mapping[str, Any] | No
         config = _read_config(list(checkpoint.files))
     qc = quantization_config(config)
     if qc is None:
+        # compressed-tensors' sparse parts with no config to say so: never handed out as dense weights
+        names = checkpoint.records
+        parts = [n for n in names if n.endswith(".bitmask") and n[:-8] + ".compressed" in names]
+        if parts:
+            raise UnsupportedCompressionError(
+                f"{parts[0][:-8]}.compressed: a compressed-tensors sparse module ({parts[0][:-8]}.compressed, "
+                f"{parts[0]}; {len(parts)} such), but no config.json with a compressed-tensors quantization_config "
+                "beside the checkpoint says its format; load_weights(..., decompress=False) gives the stored tensors")
         return checkpoint
     records = checkpoint.records
     check_config(qc, list(records))

@@ -298,3 +298,15 @@ def test_pad_bits_past_the_last_column_are_ignored(tmp_path):
         fh.write(blob)
     got = plan({"w": load_weights(folder)[f"{DOWN}.weight"].data()}).materialize(scheduler="sync")["w"]
     np.testing.assert_array_equal(_raw(got), _golden("ct_sparse_bitmask")[f"{DOWN}.weight"][1])
+
+
+def test_sparse_parts_without_a_config_are_refused(tmp_path):
+    """The sparse folder without config.json: its parts are not dense weights, so they are refused (the stored
+    tensors stay available with decompress=False)."""
+    folder = _copy(tmp_path, "ct_sparse24_bitmask")
+    os.remove(os.path.join(folder, "config.json"))
+    with pytest.raises(UnsupportedCompressionError, match=r"model.layers.0.mlp.(up|down)_proj.compressed: a "
+                                                          r"compressed-tensors sparse module .*no config.json"):
+        load_weights(folder)
+    raw = load_weights(folder, decompress=False)
+    assert f"{UP}.bitmask" in [n for n, _ in raw.items()]

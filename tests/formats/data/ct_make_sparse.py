@@ -28,50 +28,36 @@ import json
 import os
 import warnings
 
-import compressed_tensors
-import torch
-from compressed_tensors.compressors import BaseCompressor, ModelCompressor
-from compressed_tensors.config import SparsityCompressionConfig
-from compressed_tensors.quantization import (
-    QuantizationConfig,
-    QuantizationScheme,
-    apply_quantization_config,
-    preset_name_to_scheme,
-)
-from compressed_tensors.quantization.utils import calculate_qparams
-from safetensors.torch import save_file
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-assert compressed_tensors.__version__.startswith("0.14"), compressed_tensors.__version__
+# Everything else is imported when the script runs, not when pytest's --doctest-modules imports this file (the
+# project's environment has compressed-tensors 0.20, which cannot write these).
 
 
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.up_proj = torch.nn.Linear(72, 32, bias=False)    # [32, 72]: 9 mask bytes a row
-        self.down_proj = torch.nn.Linear(36, 20, bias=False)  # [20, 36]: a partial mask byte (4 pad bits) a row
+def _model(seed: int, unstructured: bool):
+    import torch
 
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up_proj = torch.nn.Linear(72, 32, bias=False)    # [32, 72]: 9 mask bytes a row
+            self.down_proj = torch.nn.Linear(36, 20, bias=False)  # [20, 36]: a partial mask byte (4 pad bits) a row
 
-class Layer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.mlp = Mlp()
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = Mlp()
 
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer()])
+            self.norm = torch.nn.LayerNorm(72)
 
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList([Layer()])
-        self.norm = torch.nn.LayerNorm(72)
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Model()
 
-
-class Tiny(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.model = Model()
-
-
-def _model(seed: int, unstructured: bool) -> Tiny:
     torch.manual_seed(seed)
     m = Tiny().to(torch.bfloat16)
     with torch.no_grad():
@@ -85,8 +71,11 @@ def _model(seed: int, unstructured: bool) -> Tiny:
     return m
 
 
-def _calibrate(model: torch.nn.Module) -> None:
+def _calibrate(model) -> None:
     """Scales from compressed-tensors' own calculate_qparams (what its observers compute from min and max)."""
+    import torch
+    from compressed_tensors.quantization.utils import calculate_qparams
+
     with torch.no_grad():
         for _, mod in model.named_modules():
             scheme = getattr(mod, "quantization_scheme", None)
@@ -99,9 +88,17 @@ def _calibrate(model: torch.nn.Module) -> None:
                 lo, hi = w.amin().reshape(1), w.amax().reshape(1)
             scale, _ = calculate_qparams(lo, hi, args)
             mod.weight_scale.data = scale.to(mod.weight_scale.dtype).reshape(mod.weight_scale.shape)
+            if hasattr(mod, "input_scale"):  # static activation scales start uninitialized: make the files repeatable
+                mod.input_scale.data.fill_(1.0)
 
 
 def write_case(name: str, sparsity: str, preset: str | None, unstructured: bool, seed: int) -> None:
+    import compressed_tensors
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.config import SparsityCompressionConfig
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from safetensors.torch import save_file
+
     folder = os.path.join(HERE, name)
     os.makedirs(folder, exist_ok=True)
     model = _model(seed, unstructured)
@@ -123,6 +120,13 @@ def write_case(name: str, sparsity: str, preset: str | None, unstructured: bool,
 
 def write_marlin24() -> None:
     """A marlin-24 checkpoint (int4, group 128, 2:4), written by 0.14's Marlin24Compressor."""
+    import compressed_tensors
+    import torch
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from safetensors.torch import save_file
+
     folder = os.path.join(HERE, "ct_marlin24")
     os.makedirs(folder, exist_ok=True)
     torch.manual_seed(5)
@@ -151,6 +155,9 @@ def write_marlin24() -> None:
 
 
 if __name__ == "__main__":
+    import compressed_tensors
+
+    assert compressed_tensors.__version__.startswith("0.14"), compressed_tensors.__version__
     write_case("ct_sparse_bitmask", "sparse-bitmask", None, True, 0)
     write_case("ct_sparse24_bitmask", "sparse-24-bitmask", None, False, 1)
     write_case("ct_sparse24_fp8", "sparse-24-bitmask", "FP8", False, 2)
