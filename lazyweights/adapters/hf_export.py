@@ -610,9 +610,10 @@ def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -
 
 
 def expected_keys_for(config, state: Mapping[str, Any]):
-    """The state-dict keys of the Hugging Face model a GGUF's metadata describes (`hf_config_from_gguf`, the model
-    built on the meta device), which pick gguf-py's candidate names; None when that cannot be known."""
-    from .names import expected_hf_keys
+    """The state-dict keys of the Hugging Face model a GGUF's metadata describes (its model_type from
+    `hf_config_from_gguf`, its keys from the record's name table: `names.expected_hf_keys`, no transformers),
+    which pick gguf-py's candidate names; None when that cannot be known."""
+    from .names import expected_hf_keys, layer_count
 
     md = getattr(config, "metadata", None)
     if not isinstance(md, Mapping):
@@ -621,7 +622,7 @@ def expected_keys_for(config, state: Mapping[str, Any]):
         cfg = hf_config_from_gguf(md, tensor_names=list(state))
     except LazyWeightsError:
         return None
-    return expected_hf_keys(cfg)
+    return expected_hf_keys(cfg, layer_count(state), gguf_names=list(state))
 
 
 class _AttrDict(dict):

@@ -4,9 +4,11 @@ GGUF -> Hugging Face as its inverse, chosen among the candidates by the names th
 gguf-py's `TensorNameMap` lists, for every GGUF tensor of an architecture, all the Hugging Face names any
 checkpoint family uses for it; the inverse of one GGUF name is therefore a list of candidates
 (`blk.0.attn_q` <- `model.layers.0.self_attn.q_proj`, `transformer.h.0.attn.q_proj`, ...). The right one is
-the candidate the Hugging Face model class declares (`expected_hf_keys`: the model built on PyTorch's meta
-device, no memory). Without transformers, the candidate with the most common prefix among the other tensors'
-names is taken.
+the candidate the Hugging Face model class declares, and the names it declares are a record
+(`adapters/hf_names.py`: GGUF name -> HF name by model_type, `record_hf_names`), so a conversion takes the same
+time and writes the same names whether or not transformers is installed, and never imports it. For a tensor
+the record does not list, the record's `hf_prefer` ranking picks. transformers judges the records in tests
+(`expected_hf_shapes`, tests/adapters/test_names_from_records.py).
 
 Example:
     >>> from lazyweights.adapters.names import hf_to_gguf_name, gguf_to_hf_candidates
@@ -179,10 +181,79 @@ def _llama_style_rank(name: str) -> int:
     return 0 if _LLAMA_STYLE.match(name) else 1 if name.startswith("model.") else 2
 
 
+_GGUF_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def _variant(model_type: Any, gguf_names: Iterable[str] | None) -> dict[str, str] | None:
+    """The record's GGUF -> HF name table for `model_type` (`adapters/hf_names.py`) that fits `gguf_names`: of a
+    family's layouts (Falcon's old and new decoder), the one naming the most of them, then the one listing the
+    fewest names absent from them."""
+    from .hf_names import HF_NAMES
+
+    variants = HF_NAMES.get(model_type) if isinstance(model_type, str) else None
+    if not variants:
+        return None
+    if gguf_names is None or len(variants) == 1:
+        return variants[0]
+    present = {_GGUF_BLOCK.sub("blk.{bid}.", n, count=1) for n in gguf_names}
+    return max(variants, key=lambda v: (len(present & v.keys()), -len(v.keys() - present)))
+
+
+def record_hf_names(model_type: Any, gguf_names: Iterable[str]) -> dict[str, str] | None:
+    """GGUF name -> Hugging Face name, for the `gguf_names` the record of `model_type` lists (its table in
+    `adapters/hf_names.py`: the names transformers' model declares, `{bid}` the block); None for a model
+    type with no table. Imports nothing.
+
+    Example:
+        >>> names = record_hf_names("llama", ["blk.1.attn_q.weight", "token_embd.weight", "blk.0.unknown.weight"])
+        >>> names["blk.1.attn_q.weight"], names["token_embd.weight"], len(names)
+        ('model.layers.1.self_attn.q_proj.weight', 'model.embed_tokens.weight', 2)
+    """
+    names = list(gguf_names)
+    table = _variant(model_type, names)
+    if table is None:
+        return None
+    out = {}
+    for name in names:
+        m = _GGUF_BLOCK.match(name)
+        hf = table.get(_GGUF_BLOCK.sub("blk.{bid}.", name, count=1))
+        if hf is not None:
+            out[name] = hf.replace("{bid}", m[1]) if m else hf
+    return out
+
+
+def record_hf_keys(model_type: Any, n_layers: int, gguf_names: Iterable[str] | None = None) -> frozenset[str] | None:
+    """The Hugging Face keys the record of `model_type` gives the GGUF tensors `gguf_names` (`record_hf_names`), or,
+    without them, every key its table lists for `n_layers` blocks; None for a model type with no table."""
+    if gguf_names is not None:
+        named = record_hf_names(model_type, list(gguf_names) + ["token_types.weight"])
+        return None if named is None else frozenset(named.values())
+    table = _variant(model_type, None)
+    if table is None:
+        return None
+    return frozenset(hf.replace("{bid}", str(b)) for hf in table.values()
+                     for b in (range(max(int(n_layers), 1)) if "{bid}" in hf else (0,)))
+
+
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def expected_hf_keys(hf_config: Mapping[str, Any], n_layers: int | None = None,
+                     gguf_names: Iterable[str] | None = None) -> frozenset[str] | None:
+    """The state-dict keys of the Hugging Face model `hf_config` (a config.json dict) describes that the GGUF
+    tensors `gguf_names` become, from its model_type's record (`record_hf_keys`; without `gguf_names`, every
+    key for `n_layers`, default the config's layer count). None where no record lists the model type.
+    Imports nothing (transformers' own answer: `expected_hf_shapes`)."""
+    if n_layers is None:
+        n_layers = next((int(hf_config[k]) for k in _LAYER_KEYS if isinstance(hf_config.get(k), int)), 1)
+    return record_hf_keys(hf_config.get("model_type"), n_layers, gguf_names)
+
+
 def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...]] | None:
     """name -> shape of every state-dict entry of the Hugging Face model `hf_config` (a config.json dict)
-    describes, from the model built on PyTorch's meta device (no memory). None where torch or transformers
-    is missing or the installed transformers does not know the model type."""
+    describes, from transformers' model built on PyTorch's meta device (no memory). None where torch or
+    transformers is missing or the installed transformers does not know the model type. The judge of the
+    record tables in tests: no conversion calls it (it imports transformers, seconds on a cold start)."""
     try:
         import torch
         import transformers
@@ -201,28 +272,12 @@ def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-def expected_hf_keys(hf_config: Mapping[str, Any]) -> frozenset[str] | None:
-    """The state-dict keys of the Hugging Face model `hf_config` describes (`expected_hf_shapes`)."""
-    shapes = expected_hf_shapes(hf_config)
-    return None if shapes is None else frozenset(shapes)
-
-
 @functools.lru_cache(maxsize=32)
 def default_hf_keys(model_type: str, hf_class: str, n_layers: int) -> frozenset[str] | None:
-    """The state-dict keys of `hf_class` with transformers' default config for `model_type` and `n_layers`
-    layers (meta device), for GGUF files whose metadata alone does not make a config; None without
-    transformers."""
-    try:
-        import transformers
-    except ImportError:
-        return None
-    try:
-        cfg = transformers.AutoConfig.for_model(model_type).to_dict()
-    except (ValueError, KeyError):
-        return None
-    cfg.update(num_hidden_layers=max(n_layers, 1), architectures=[hf_class])
-    cfg.pop("layer_types", None)
-    return expected_hf_keys(cfg)
+    """The state-dict keys of `model_type`'s Hugging Face model (`hf_class`) with `n_layers` layers, for GGUF
+    files whose metadata alone does not make a config: its record's (`record_hf_keys`); None for a model type
+    with no table. Imports nothing."""
+    return record_hf_keys(model_type, n_layers)
 
 
 def layer_count(names: Iterable[str]) -> int:

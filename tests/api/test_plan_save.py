@@ -145,7 +145,8 @@ def test_derived_plans_keep_the_metadata(hf_folder, tmp_path):
     result = _hf_result(hf_folder[0])
     p = lw.plan(result)
     layer0 = p.filter("blk.0.*")
-    assert layer0.metadata is p.metadata and sorted(layer0.outputs) == sorted(k for k in result if k.startswith("blk.0."))
+    assert layer0.metadata is p.metadata
+    assert sorted(layer0.outputs) == sorted(k for k in result if k.startswith("blk.0."))
 
     q = p.quantize("Q8_0")
     assert getattr(q.metadata["general.architecture"], "value", None) == "llama"
@@ -154,7 +155,8 @@ def test_derived_plans_keep_the_metadata(hf_folder, tmp_path):
     assert fields["general.file_type"][1] == int(gguf.LlamaFileType.MOSTLY_Q8_0)
     assert fields["tokenizer.ggml.tokens"][1] == list(result.gguf_metadata["tokenizer.ggml.tokens"].value)
     reader = gguf.GGUFReader(str(tmp_path / "q8.gguf"))
-    assert {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"} == {"Q8_0"}
+    matrices = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1 and t.name != "token_embd.weight"}
+    assert matrices == {"Q8_0"}
 
     name = "blk.0.ffn_up.weight"
     changed = _hf_result(hf_folder[0])
