@@ -368,6 +368,18 @@ def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer,
     assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
+def test_tower_tensor_gguf_py_cannot_name(tokenizer, tmp_path):  # noqa: F811
+    """A Qwen2.5-VL tower of 2 blocks: gguf-py's MMPROJ table (built for the block count, as llama.cpp's converter
+    builds it) has no name for the merger's mlp.2, so llama.cpp cannot convert it either: named, nothing written."""
+    from lazyweights.core.errors import UnmappedTensorError
+
+    hf = str(tmp_path / "hf")
+    make_vl("qwen2_5_vl", "float32", tokenizer, hf, depth=2, fullatt_block_indexes=[1])
+    with pytest.raises(UnmappedTensorError, match=r"visual\.merger\.mlp\.2\.(weight|bias).*2 vision blocks"):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
 def test_gemma3_pooling_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
     """Gemma 3's projector pools the patch grid to image_seq_length tokens in mtmd, to mm_tokens_per_image in
     transformers: a disagreement (or a count that is not a square dividing the grid) is named."""
