@@ -423,10 +423,13 @@ class ConvertedStateDict(dict):
     """An adapted state dict that carries what a complete output needs besides tensors: `gguf_metadata`
     (HF -> GGUF) or `extra_files()` (GGUF -> HF: name -> bytes, built only when saving). `lazyweights.plan`
     keeps both (`Plan.metadata`, `Plan.extra_files`), so `lazyweights.plan(result).save(path)` writes the
-    complete file or folder."""
+    complete file or folder. `file_type_from_tensors`: whether a save recomputes `general.file_type` from
+    the tensors saved (`file_type_of`, llama.cpp's rule for a model; False where the converter's rule is
+    another, as an mmproj's source float type)."""
 
     gguf_metadata: dict | None = None
     extra_files: Callable[[], dict[str, bytes]] | None = None
+    file_type_from_tensors: bool = True
 
 
 def pad_token_list(md: dict, vocab_size: int, multiple: int) -> None:

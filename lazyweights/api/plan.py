@@ -72,8 +72,8 @@ class Plan:
             (own_md if isinstance(own_md, Mapping) else None)
         # general.file_type is recomputed on save where the metadata is a converter's, built before its tensors
         # may have changed (quantized in place); not where the caller or `quantize` set it (a preset's own type)
-        self._retype: bool = metadata is None and (carried._retype if isinstance(carried, Plan)
-                                                   else self.metadata is not None)
+        self._retype: bool = metadata is None and (carried._retype if isinstance(carried, Plan) else (
+            self.metadata is not None and bool(getattr(carried, "file_type_from_tensors", True))))
         own_files = getattr(carried, "extra_files", None)
         self.extra_files = extra_files if extra_files is not None else \
             (own_files if isinstance(own_files, Mapping) or callable(own_files) else None)

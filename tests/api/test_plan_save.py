@@ -168,6 +168,29 @@ def test_derived_plans_keep_the_metadata(hf_folder, tmp_path):
     assert {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(tmp_path / "f16.gguf")).tensors}[name] == "F16"
 
 
+def test_file_type_rule_is_the_converters(tmp_path):
+    """A converter's `general.file_type` is recomputed from the tensors saved (llama.cpp's rule for a model), unless
+    its result says its rule is another (`file_type_from_tensors=False`: an mmproj keeps the source's float type);
+    metadata given to `save` is written as given."""
+    from gguf.constants import GGUFValueType as T
+
+    from lazyweights.adapters.hf_export import ConvertedStateDict
+    from lazyweights.formats.gguf_writer import GGUFValue
+
+    def result(rule):
+        sd = ConvertedStateDict(w=lw.WeightData.from_numpy(np.ones((4, 32), np.float32), "w"))
+        sd.gguf_metadata = {"general.architecture": GGUFValue("clip", T.STRING),
+                            "general.file_type": GGUFValue(1, T.UINT32)}
+        sd.file_type_from_tensors = rule
+        return sd
+
+    for rule, want in ((True, 0), (False, 1)):
+        lw.plan(result(rule)).save(tmp_path / f"{rule}.gguf")
+        assert _fields(tmp_path / f"{rule}.gguf")["general.file_type"][1] == want
+    lw.plan(result(True)).save(tmp_path / "given.gguf", metadata=result(True).gguf_metadata)
+    assert _fields(tmp_path / "given.gguf")["general.file_type"][1] == 1
+
+
 def test_cli_convert_with_filter_keeps_the_metadata(hf_folder, tmp_path):
     """`lazyweights convert ... --filter` saves the filtered plan with the converter's metadata (the CLI no longer
     patches the result onto the plan)."""
