@@ -3,10 +3,10 @@ import time
 
 import numpy as np
 import pytest
+from _page_cache import drop_from_cache, resident_fraction
 from safetensors.numpy import save_file
 
 import lazyweights as lw
-from _page_cache import drop_from_cache, resident_fraction
 
 RNG = np.random.default_rng(21)
 

@@ -591,7 +591,7 @@ def test_seed_items_example(transformer_ckpt, capsys):
     weights = load_weights([path])
 
     # Iterate through all weights in a specific layer
-    for name, weight in weights.transformer.layers[0].items():
+    for name, weight in weights.transformer.layers[0].items():  # noqa: B007 - the seed's example, verbatim
         print(f"Found weight: {name}")
 
     out = capsys.readouterr().out.strip().splitlines()

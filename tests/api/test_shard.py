@@ -108,7 +108,10 @@ def test_quantized_tensors_split_by_rows_and_never_inside_blocks(tmp_path):
     for name in ("blk.0.attn_q.weight", "blk.0.attn_output.weight"):
         w.add_tensor(name, gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0),
                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     sd = {k: v.data() for k, v in lw.load_weights([str(path)]).items()}
     full = sd["blk.0.attn_q.weight"].dequantize().to_numpy()
     for r in range(4):

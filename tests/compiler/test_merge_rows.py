@@ -15,12 +15,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import lazyweights as lw
-from lazyweights.run.materialize import materialize
-from lazyweights.run.reference import materialize_reference
+from lazyweights.compiler.steps import compile_steps
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import binary
 from lazyweights.graph.rewrites import merge_leading_axes
-from lazyweights.compiler.steps import compile_steps
+from lazyweights.run.materialize import materialize
+from lazyweights.run.reference import materialize_reference
 from lazyweights.tools.verify import hash_plan
 
 BF16 = ml_dtypes.bfloat16

@@ -589,6 +589,7 @@ def _check_safetensors(path: str, data: bytes, w, block_bytes) -> int:
 
 def _check_gguf(path: str, w, block_bytes) -> int:
     import gguf
+
     import lazyweights as lw
 
     try:

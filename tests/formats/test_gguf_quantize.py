@@ -8,8 +8,8 @@ llama-cpp-python is installed, llama.cpp itself is the judge: our one-pass Q4_K_
 tensor for tensor, `llama_model_quantize` of a bf16 GGUF of the same weights.
 """
 import ctypes
-import struct
 import os
+import struct
 import subprocess
 import sys
 
@@ -258,6 +258,7 @@ def test_one_pass_with_imatrix_equals_llama_quantize(tmp_path, preset):
     # llama-quantize --imatrix: same tensors (types and bytes) and the same quantize.imatrix.* keys.
     llama_cpp = pytest.importorskip("llama_cpp")
     from gguf.constants import GGUFValueType
+
     from lazyweights.formats.gguf_writer import GGUFValue
 
     tensors = _model()

@@ -109,7 +109,7 @@ PLAIN = {
 def model_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "model.gguf"
     tensors = {}
-    for i, (t, dt) in enumerate(PLAIN.items()):
+    for t, dt in PLAIN.items():
         tensors[f"plain.{t.name}"] = ((RNG.standard_normal((3, 5)) * 50).astype(dt), None)
     bf = RNG.standard_normal((4, 6)).astype(np.float32)
     tensors["plain.BF16"] = (gguf.quants.quantize(bf, Q.BF16), Q.BF16)
@@ -446,7 +446,7 @@ def test_huge_array_length_fails_fast(tmp_path):
     for sub in (GGUFValueType.UINT8, GGUFValueType.STRING, GGUFValueType.ARRAY):
         entry = s("arr") + struct.pack("<IIQ", GGUFValueType.ARRAY, sub, 2**61)
         p = raw_gguf(tmp_path / f"a{int(sub)}.gguf", [entry])
-        _no_big_alloc(lambda: expect_format_error(p, "'arr'", str(2**61)))
+        _no_big_alloc(lambda p=p: expect_format_error(p, "'arr'", str(2**61)))
     # one string element inside a plausible array claiming far too much
     entry = s("toks") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2) + s("ok") + struct.pack("<Q", 2**62)
     p = raw_gguf(tmp_path / "elem.gguf", [entry])

@@ -391,8 +391,8 @@ def test_imatrix_with_prune_and_overrides_equals_llama_quantize(tmp_path):
     assert keys[-6:] == ["general.name", "quantize.imatrix.file", "quantize.imatrix.dataset",
                          "quantize.imatrix.entries_count", "quantize.imatrix.chunks_count", "llama.block_count"]
     # blk.1 (formerly blk.2) was quantized with blk.2's importance: with blk.1's the bytes differ
-    from lazyweights.quant import quantize as quantize_rows
     from lazyweights.core.quantization import QuantizationEncoding as Q
+    from lazyweights.quant import quantize as quantize_rows
 
     rows = tensors["blk.2.ffn_up.weight"].astype(np.float32)
     got = np.asarray(ours["blk.1.ffn_up.weight"].data).tobytes()

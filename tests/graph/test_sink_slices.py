@@ -4,8 +4,8 @@ next to the source where that is exact, which is what makes a rank read only its
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lazyweights.core.quantization import QuantizationEncoding as Q
 from lazyweights.graph import ops

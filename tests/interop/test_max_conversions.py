@@ -161,6 +161,7 @@ def _legacy_export_address(value) -> int:
 def test_repeated_dlpack_exports_materialize_once_and_share_one_array(tmp_path, monkeypatch):
     # MAX's load_state_dict exports each value three times (shape check, alignment check, session load).
     import safetensors.numpy
+
     import lazyweights.run.materialize as mat
 
     seen = []

@@ -17,15 +17,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
-from pathlib import Path
+from conftest import free_port
+from test_remote import _adapted, _checkpoint, _fresh
 
 import lazyweights as lw
-
-from conftest import _wait_for, free_port
-from test_remote import _adapted, _checkpoint, _fresh
 
 HOSTS = 2
 

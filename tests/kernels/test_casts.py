@@ -25,7 +25,6 @@ import pytest
 from lazyweights.kernels import casts
 from lazyweights.kernels.casts import cast, cast_into, has_fast_path
 
-
 REPO = Path(__file__).resolve().parents[2]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
@@ -222,7 +221,10 @@ def test_strided_sources(pair, chunk_bytes, monkeypatch):
     for label, view in views(base):
         out = np.empty(view.shape, dst_dtype)
         cast_into(view, out)
-        assert_bits_equal(out, reference(view, dst_dtype), view)
+        try:
+            assert_bits_equal(out, reference(view, dst_dtype), view)
+        except AssertionError as e:  # say which view (strided, reversed, ...) differed
+            raise AssertionError(f"{label}: {e}") from None
 
 
 @needs_compiled

@@ -25,8 +25,13 @@ import pytest
 
 from lazyweights.core.dtype import DType
 from lazyweights.kernels.cuda_casts import DEVICE_CASTS, cast_kernel_parts
-from lazyweights.kernels.cuda_units import (CUPY_PREPENDED_HEADERS, TranslationUnit, elementwise_unit,
-                                            launchable_units, raw_unit)
+from lazyweights.kernels.cuda_units import (
+    CUPY_PREPENDED_HEADERS,
+    TranslationUnit,
+    elementwise_unit,
+    launchable_units,
+    raw_unit,
+)
 
 
 def _find_nvcc() -> str | None:

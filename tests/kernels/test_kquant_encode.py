@@ -20,9 +20,9 @@ from gguf import GGMLQuantizationType as GT
 from gguf.quants import dequantize as gguf_dequantize
 
 from lazyweights.core.errors import DTypeError, ImatrixShapeError, LazyWeightsError, UnknownPresetError
+from lazyweights.core.quantization import QuantizationEncoding as Q
 from lazyweights.quant import dequantize, implementation, quantize, quantize_into, supported_quantize
 from lazyweights.quant.presets import PRESETS, TypeChoice, model_tensor_types, tensor_type
-from lazyweights.core.quantization import QuantizationEncoding as Q
 
 FIXTURES = Path(__file__).parent / "quant_fixtures"
 

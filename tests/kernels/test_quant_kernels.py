@@ -16,19 +16,20 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from gguf.quants import quantize as gguf_quantize  # noqa: E402
 
-from lazyweights.quant import c_kernels, registry  # noqa: E402
 from lazyweights.core.errors import DTypeError, LazyWeightsError, ShapeError  # noqa: E402
-from lazyweights.quant import (  # noqa: E402
+from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
+from lazyweights.quant import (  # noqa: E402  # noqa: E402
+    c_kernels,
     dequantize,
     dequantize_into,
     implementation,
     quantize,
     quantize_into,
     register,
+    registry,
     supported_dequantize,
     supported_quantize,
 )
-from lazyweights.core.quantization import QuantizationEncoding as Q  # noqa: E402
 
 GT = gguf.GGMLQuantizationType
 COMPILED_DEQUANT = sorted(c_kernels.DEQUANTIZED, key=lambda e: e.name)

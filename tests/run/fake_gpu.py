@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from contextlib import nullcontext
 
 import numpy as np
 
@@ -20,7 +19,6 @@ from lazyweights.core.dtype import DType
 from lazyweights.core.errors import DTypeError, LazyWeightsError
 from lazyweights.kernels.cuda_casts import storage_dtype
 from lazyweights.run.gpu import check_device_destination
-
 
 
 class _FakeStream:
