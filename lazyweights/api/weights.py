@@ -244,7 +244,7 @@ class Weights:
         return name in self._shared.checkpoint.records
 
     def __iter__(self):
-        raise ArgumentTypeError(f"iterate over Weights.items() (the seed protocol), not the Weights object "
+        raise ArgumentTypeError(f"iterate over Weights.items() (as MAX's Weights protocol does), not the Weights object "
                                 f"{self._prefix or '(root)'!r}")
 
 

@@ -16,9 +16,9 @@
 
 Every PATH may be an http(s):// or s3:// URL. Each subcommand's `--help` shows its defaults and examples.
 
-ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding the seed's
+ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding a MAX-style
 `convert_safetensor_state_dict` / `convert_gguf_state_dict`, or a registered architecture name; it is called
-as `fn(dict(weights.items()), huggingface_config=..., weights_format=...)` (see `adapter_loader.py`).
+as `fn(dict(weights.items()), huggingface_config=..., weights_format=...)` (see `lazyweights/adapters/loader.py`).
 
 Exit status: 0 success (for `diff`: no differences; for `check`: no problems), 1 failure or differences,
 2 bad usage. Errors are one line on stderr (`lazyweights: error: ...`); `--debug` shows the traceback.
@@ -888,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_archs)
 
     p = sub.add_parser("demo", parents=[common], help="the main job on an embedded default checkpoint",
-                       description="Write a small Llama-shaped checkpoint, adapt it lazily (the seed adapter), "
+                       description="Write a small Llama-shaped checkpoint, adapt it lazily (a Llama-shaped bf16->f16 adapter), "
                                    "print the plan, save the result and verify every byte against numpy.")
     p.add_argument("--workdir", default=None,
                    help="where to write the checkpoint and the output (default: a temporary folder)")
