@@ -1,5 +1,6 @@
-"""Dotted weight names: splitting out layer numbers, did-you-mean suggestions that respect them, and folding
-many names into a few brace patterns (`layers.{0..21}.mlp.{up,gate}_proj.weight`).
+"""Dotted weight names: layer blocks (`parse_block`, `parse_layer`), splitting out layer numbers, did-you-mean
+suggestions that respect them, and folding many names into a few brace patterns
+(`layers.{0..21}.mlp.{up,gate}_proj.weight`).
 
 One implementation serves every "did you mean" lazyweights prints: a missing weight in `Weights.data()`,
 the bring-up report, `load_state_dict`'s error. A layer index is never "close" to another index
@@ -31,6 +32,42 @@ def split_numbers(name: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
     template = tuple(None if _NUM.match(p) else p for p in parts)
     nums = tuple(int(p) for p in parts if _NUM.match(p))
     return template, nums
+
+
+# --- layer blocks: llama.cpp's `blk.N.` and transformers' `layers.N.` ---------------------------------------
+# The one spelling of each layer prefix; every module that asks "which layer is this tensor in" uses these
+# (tests/core/test_names_blocks.py holds them against names gguf-py's TensorNameMap writes).
+# `GGUF_BLOCK.match` reads the prefix a GGUF tensor name starts with; `GGUF_BLOCK.search` is llama.cpp's
+# `std::regex_search(name, blk\.(\d+)\.)` (llama-quantize's `remap_layer`), which also finds `enc.blk.N.`.
+GGUF_BLOCK = re.compile(r"blk\.(\d+)\.")
+# transformers' decoder layers on a dot boundary: `model.layers.N.`, `backbone.layers.N.`, `layers.N.`
+HF_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def parse_block(name: str) -> tuple[int, str] | None:
+    """(layer, the rest of the name) for a GGUF tensor in a block (`blk.N.`), None for one outside any block.
+
+    Example:
+        >>> parse_block("blk.12.attn_q.weight"), parse_block("output_norm.weight"), parse_block("v.blk.0.ln1.weight")
+        ((12, 'attn_q.weight'), None, None)
+    """
+    m = GGUF_BLOCK.match(name)
+    return (int(m[1]), name[m.end():]) if m else None
+
+
+def parse_layer(name: str) -> tuple[str, int, str] | None:
+    """(what precedes `layers.`, layer, the rest) for a Hugging Face tensor in a decoder layer, None otherwise.
+
+    Example:
+        >>> parse_layer("model.layers.3.mlp.up_proj.weight"), parse_layer("layers.0.w")
+        (('model', 3, 'mlp.up_proj.weight'), ('', 0, 'w'))
+        >>> parse_layer("model.norm.weight"), parse_layer("model.sublayers.1.w")
+        (None, None)
+    """
+    m = HF_LAYER.search(name)
+    if m is None:
+        return None
+    return name[:m.start()], int(m[1]), name[m.end():]
 
 
 def _candidates(name: str, candidates: Sequence[str], by_nums: dict) -> list[tuple[float, str]]:
