@@ -65,4 +65,5 @@ def test_patterns_are_the_parsers_own():
     """The compiled patterns agree with the parsers (call sites that substitute use the patterns)."""
     assert GGUF_BLOCK.sub("blk.{bid}.", "blk.12.attn_q.weight", count=1) == "blk.{bid}.attn_q.weight"
     m = HF_LAYER.search("backbone.layers.4.mixer.A_log")
-    assert m is not None and m[1] == "4" and parse_layer("backbone.layers.4.mixer.A_log") == ("backbone", 4, "mixer.A_log")
+    assert m is not None and m[1] == "4"
+    assert parse_layer("backbone.layers.4.mixer.A_log") == ("backbone", 4, "mixer.A_log")
