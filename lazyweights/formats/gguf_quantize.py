@@ -28,12 +28,12 @@ Example:
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from typing import Iterable, Mapping, NamedTuple
 
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, ConfigError, ImatrixShapeError, KVOverrideError, UsageError
+from ..core.names import GGUF_BLOCK
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.node import Node
@@ -211,9 +211,6 @@ def prune_layer_list(prune_layers) -> list[int]:
     return sorted(out)
 
 
-_BLK = re.compile(r"blk\.(\d+)\.")
-
-
 def prune_names(names: Iterable[str], prune: list[int]) -> tuple[dict[str, str | None], int | None]:
     """llama.cpp's `remap_layer` over the tensors in its loader's order: tensors of a pruned block map to
     None, later blocks are renumbered down. Returns (old name -> new name or None, the new block count), the
@@ -231,7 +228,7 @@ def prune_names(names: Iterable[str], prune: list[int]) -> tuple[dict[str, str |
     next_id = 0
     out: dict[str, str | None] = {}
     for name in names:
-        m = _BLK.search(name)
+        m = GGUF_BLOCK.search(name)  # llama.cpp's regex_search: enc.blk.N. and dec.blk.N. too
         if m is None:
             out[name] = name
             continue

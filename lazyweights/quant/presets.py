@@ -33,6 +33,7 @@ import re
 from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from ..core.errors import ArgumentTypeError, UnknownPresetError, UnknownTypeError, UsageError
+from ..core.names import parse_block
 from ..core.quantization import QuantizationEncoding
 
 # preset -> the type llama_ftype_get_default_type gives it
@@ -143,7 +144,6 @@ def _manual_type(name: str, overrides: Sequence[TensorTypeOverride]) -> TensorTy
             return o
     return None
 
-_LAYER = re.compile(r"^blk\.(-?\d+)\.")
 
 
 class TypeChoice(NamedTuple):
@@ -303,8 +303,8 @@ def tensor_type(
             return TypeChoice(token_embedding_type, f"token_embd: --token-embedding-type {token_embedding_type}")
     if output_tensor_type is not None and cat == "output":
         return TypeChoice(output_tensor_type, f"output: --output-tensor-type {output_tensor_type}")
-    m = _LAYER.match(name)
-    layer = int(m.group(1)) if m else None
+    block = parse_block(name)
+    layer = block[0] if block else None
     falcon = arch == "falcon"
     new, reason = default, None
     manual = _manual_type(name, overrides)
@@ -425,8 +425,8 @@ def weight_order_key(name: str):
         >>> sorted(["blk.10.a", "output.weight", "blk.2.b", "blk.2.a"], key=weight_order_key)
         ['output.weight', 'blk.2.a', 'blk.2.b', 'blk.10.a']
     """
-    m = re.match(r"^blk\.(-?\d+)\.", name)
-    return (int(m.group(1)) if m else -1, name.encode())
+    block = parse_block(name)
+    return (block[0] if block else -1, name.encode())
 
 
 def model_tensor_types(
