@@ -114,7 +114,8 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
 
 
 def _source(mc: MmprojConfig, where: str) -> dict:
-    return {"vision": mc.vision, "top": mc.config, "text": mc.text, "pre": mc.pre}[where]
+    return {"vision": mc.vision, "top": mc.config, "text": mc.text, "text_config": mc.config.get("text_config") or {},
+            "pre": mc.pre}[where]
 
 
 def _value(mc: MmprojConfig, p: VParam) -> Any:
@@ -122,8 +123,8 @@ def _value(mc: MmprojConfig, p: VParam) -> Any:
     name = next((n for n in p.hf if n in src), None)
     if name is not None:
         return src[name]
-    if p.default is None:
-        where = {"vision": "vision_config", "top": "config.json", "text": "text_config",
+    if p.default is None and not p.optional and p.kind != "pos_grid":
+        where = {"vision": "vision_config", "top": "config.json", "text": "text_config", "text_config": "text_config",
                  "pre": "preprocessor_config.json"}[p.where]
         raise VisionConfigError(f"{mc.rec.model_type}: {where} has none of {', '.join(p.hf)} ({p.key})")
     return p.default
@@ -159,6 +160,21 @@ def _gemma3_scale(mc: MmprojConfig, seq: Any) -> int | None:
     return scale if scale != 4 else None
 
 
+def _deepstack_layers(mc: MmprojConfig, idx: Any) -> list[bool]:
+    """Qwen3-VL: one flag per vision block, true where a deepstack merger reads its output."""
+    if not isinstance(idx, list) or not all(isinstance(i, int) and 0 <= i < mc.block_count for i in idx):
+        raise VisionConfigError(f"{mc.rec.model_type} vision_config.deepstack_visual_indexes is {idx!r}; each must "
+                                f"be a vision block (0 to {mc.block_count - 1})")
+    layers = mc.text.get("num_hidden_layers")
+    if isinstance(layers, int) and len(idx) >= layers:
+        # llama.cpp's qwen3vl graph adds the deepstack features after each of the first len(idx) text layers, the
+        # last one after it has kept only the output rows: it aborts unless there are more text layers
+        raise VisionConfigError(f"{mc.rec.model_type} vision_config.deepstack_visual_indexes is {idx!r} "
+                                f"({len(idx)} deepstack layers) but text_config.num_hidden_layers is {layers}; "
+                                "llama.cpp computes deepstack layers only below the last text layer")
+    return [i in idx for i in range(mc.block_count)]
+
+
 def _values(mc: MmprojConfig) -> list[tuple[VParam, Any]]:
     out = []
     for p in mc.rec.hparams:
@@ -167,6 +183,10 @@ def _values(mc: MmprojConfig) -> list[tuple[VParam, Any]]:
             v = _n_wa_pattern(mc, v)
         elif p.kind == "gemma3_scale":
             v = _gemma3_scale(mc, v)
+        elif p.kind == "pos_grid" and v is None:  # llama.cpp's Qwen3-VL converter: the learned position grid
+            v = int(int(mc.vision.get("num_position_embeddings", 2304)) ** 0.5 * int(mc.vision.get("patch_size", 16)))
+        elif p.kind == "deepstack":
+            v = _deepstack_layers(mc, v)
         if v is not None:
             out.append((p, v))
     return out
@@ -179,6 +199,8 @@ def _gguf_value(kind: str, v: Any):
 
     if kind == "f32s":
         return GGUFValue([float(x) for x in v], T.ARRAY, T.FLOAT32)
+    if kind == "deepstack":
+        return GGUFValue([bool(x) for x in v], T.ARRAY, T.BOOL)
     if kind == "f32":
         return GGUFValue(float(v), T.FLOAT32)
     if kind == "bool":
@@ -217,15 +239,31 @@ def mmproj_metadata(mc: MmprojConfig, file_type: int, name: str | None = None) -
 _FILE_TYPE = {DType.float32: 0, DType.float16: 1, DType.bfloat16: 32}
 
 
-def _canonical_name(rec: VisionArch, name: str) -> str | None:
-    """`name` in the published layout with the record's renames applied, or None when it is not the tower's."""
+def _canonical_name(rec: VisionArch, name: str, deepstack: list | None = None) -> str | None:
+    """`name` in the published layout with the record's renames applied (a deepstack merger's list index made
+    its vision block, `deepstack_visual_indexes`), or None when it is not the tower's."""
     for pattern, repl in rec.layouts:
         name = re.sub(pattern, repl, name)
     if not name.startswith(rec.prefixes) or any(d in name for d in rec.dropped):
         return None
     for old, new in rec.renames:
         name = name.replace(old, new)
+    if rec.deepstack and name.startswith(rec.deepstack):
+        j, _, rest = name[len(rec.deepstack):].partition(".")
+        idx = deepstack or []
+        if not j.isdigit() or int(j) >= len(idx):
+            raise VisionConfigError(f"{name}: deepstack merger {j} but vision_config.deepstack_visual_indexes is "
+                                    f"{idx!r}")
+        name = f"{rec.deepstack}{idx[int(j)]}.{rest}"
     return name
+
+
+def _own_name(rec: VisionArch, hf: str) -> str | None:
+    """The GGUF name the record's `names` table gives `hf` (None: gguf-py's table names it)."""
+    for pattern, repl in rec.names:
+        if re.search(pattern, hf):
+            return re.sub(pattern, repl, hf)
+    return None
 
 
 def _stored_dtype(rec: VisionArch, hf: str, gguf_name: str, ndim: int, ftype: DType) -> DType:
@@ -285,14 +323,14 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, mc.block_count)
     mine = {}
     for name, value in state.items():
-        hf = _canonical_name(rec, name)
+        hf = _canonical_name(rec, name, mc.vision.get("deepstack_visual_indexes"))
         if hf is not None:
             mine[hf] = (name, as_weight_data(value, name))
     ftype = _file_dtype({k: v for k, (_, v) in mine.items()})
     out: dict[str, WeightData] = {}
     for hf, (src, wd) in mine.items():
         for key, fixed, part in _pieces(rec, hf, wd):
-            new = fixed or tmap.get_name(key, try_suffixes=(".weight", ".bias"))
+            new = fixed or _own_name(rec, key) or tmap.get_name(key, try_suffixes=(".weight", ".bias"))
             if new is None:
                 raise UnmappedTensorError(
                     f"{src}: no mmproj tensor for it in gguf-py's table ({rec.model_type}, {mc.block_count} vision "

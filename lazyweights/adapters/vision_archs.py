@@ -10,8 +10,9 @@ converter uses); a record says only
 - which tensors are the tower's (`prefixes`, the published layout; `layouts` rewrites other saved layouts, such
   as transformers 5's, to it), what llama.cpp drops (`dropped`) and renames first (`renames`);
 - the `clip.*` keys in llama.cpp's order: `VParam(key, config names, where, kind, default)`, `where` saying which
-  config holds them: the vision config, the outer config.json (`top`), the text config or the image processor's
-  (`pre`: preprocessor_config.json, then processor_config.json), a name-less row being a fixed value;
+  config holds them: the vision config, the outer config.json (`top`), the text config (`text`: config.json
+  under its text_config; `text_config`: that alone) or the image processor's (`pre`: preprocessor_config.json,
+  then processor_config.json), a name-less row being a fixed value;
 - the value transforms and storage types llama.cpp's converter applies (norms stored w + 1, fused qkv rows split,
   a temporal Conv3d patch embedding split into two Conv2d, tensors always float16 / float32);
 - the vision config values mtmd's graph hard-codes (`requires`): a config saying otherwise cannot be computed.
@@ -41,14 +42,16 @@ class VParam(NamedTuple):
     (`vision`, `top`: the outer config.json, `text`, `pre`: the image processor's config). `kind`: u32, f32,
     bool, str, f32s (a float32 array), or a derived value (`n_wa_pattern`: Qwen2.5-VL's window-attention period
     from fullatt_block_indexes; `gemma3_scale`: the projector's pooling from image_seq_length, written only where
-    it is not mtmd's default 4). `default` stands in where no name is found (None: required); with no names it is
-    a fixed value."""
+    it is not mtmd's default 4; `pos_grid`: the image size, else sqrt(num_position_embeddings) * patch_size;
+    `deepstack`: one bool per vision block, true at deepstack_visual_indexes). `default` stands in where no name is
+    found (None: required, unless `optional`: the row is then not written); with no names it is a fixed value."""
 
     key: str
     hf: tuple[str, ...]
     where: str = "vision"
     kind: str = "u32"
     default: Any = None
+    optional: bool = False
 
 
 class VisionArch(NamedTuple):
@@ -61,6 +64,9 @@ class VisionArch(NamedTuple):
     hparams: tuple[VParam, ...]               # clip.* keys after the common header, in llama.cpp's order
     layouts: tuple[tuple[str, str], ...] = ()  # (regex, replacement): another saved layout to the published one
     renames: tuple[tuple[str, str], ...] = ()  # (old, new) substrings replaced before gguf-py's table
+    names: tuple[tuple[str, str], ...] = ()   # (regex, GGUF name): tensors named here, not by gguf-py's table
+    deepstack: str = ""                       # HF prefix of per-layer mergers `{prefix}{j}.`: j becomes the vision
+                                              # block deepstack_visual_indexes[j] (Qwen3-VL)
     dropped: tuple[str, ...] = ()             # HF name fragments llama.cpp skips
     norm_shift: tuple[str, ...] = ()          # HF name fragments stored as w + 1 (in float32)
     qkv: str = ""                             # HF name fragment of fused [q; k; v] rows, split into three
@@ -131,6 +137,23 @@ _RECORDS: tuple[VisionArch, ...] = (
              VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6)),
             requires={"window_size": 112, "spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "silu"},
             **_QWEN_VL),
+    # Qwen3-VL: learned position embeddings (the image size from their grid), fused qkv kept, tanh-GELU MLP,
+    # deepstack mergers after some blocks (v.deepstack.{block}), the merge size written
+    _record("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen3vl_merger",
+            (VParam("clip.vision.image_size", ("image_size",), kind="pos_grid"),
+             *_qwen_base("hidden_size", "intermediate_size")[1:]),
+            (_fixed("clip.use_gelu", True, "bool"),
+             VParam("clip.vision.spatial_merge_size", ("spatial_merge_size",), optional=True),
+             VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "text_config", "f32", 1e-6),
+             VParam("clip.vision.is_deepstack_layers", ("deepstack_visual_indexes",), kind="deepstack", default=[])),
+            prefixes=("visual.",), layouts=((r"^model\.visual\.", "visual."),),
+            names=((r"^visual\.deepstack_merger_list\.(\d+)\.linear_fc(1|2)\.", r"v.deepstack.\1.fc\2."),
+                   (r"^visual\.deepstack_merger_list\.(\d+)\.norm\.", r"v.deepstack.\1.norm."),
+                   (r"^visual\.merger\.linear_fc1\.", "mm.0."), (r"^visual\.merger\.linear_fc2\.", "mm.2."),
+                   (r"^visual\.merger\.norm\.", "v.post_ln."),
+                   (r"^visual\.patch_embed\.proj\.bias$", "v.patch_embd.bias")),
+            deepstack="visual.deepstack_merger_list.", temporal_patch="visual.patch_embed.proj.weight",
+            requires={"temporal_patch_size": 2, "hidden_act": "gelu_pytorch_tanh"}),
     # Qwen2-VL: the same converter class; full attention everywhere, LayerNorm and a quick-GELU fc1/fc2 MLP
     _record("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2vl_merger", _qwen_base("embed_dim", "hidden_size"),
             (VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6),),

@@ -822,7 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads computing blocks (default: the CPUs this process may use)")
     p.add_argument("--mmproj", metavar="MMPROJ.gguf", default=None,
                    help="also write a multimodal checkpoint's vision tower and projector as llama.cpp's mmproj "
-                        "file (Gemma 3, Qwen2-VL, Qwen2.5-VL), from the same lazily opened source")
+                        "file (Gemma 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL), from the same lazily opened source")
     _quant_flags(p)
     p.set_defaults(func=cmd_convert)
 

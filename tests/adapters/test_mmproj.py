@@ -79,6 +79,15 @@ FAMILIES = {
                       spatial_merge_size=2, temporal_patch_size=2),
                  dict(_SPECIAL, image_token_id=3), dict(_QWEN_PRE, image_processor_type="Qwen2VLImageProcessor"),
                  (112, 224)),
+    # Qwen3-VL: 16-pixel patches, a learned 8x8 position grid (mtmd and transformers interpolate it to the image's
+    # 8x12), deepstack mergers after blocks 0 and 2 (mtmd's embeddings: the main merger's and theirs side by side)
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 dict(_TEXT, num_hidden_layers=3, rope_parameters=dict(_MROPE, mrope_interleaved=True)),
+                 dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64, patch_size=16,
+                      spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0, 2]),
+                 dict(_SPECIAL, image_token_id=3),
+                 dict(_QWEN_PRE, patch_size=16, image_processor_type="Qwen2VLImageProcessor"), (128, 192)),
 }
 DTYPES = ["float32", "bfloat16"]
 
@@ -205,7 +214,7 @@ def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {
         text = mtmd.mtmd_input_text(raw, len(raw), True, True)
         bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
         assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
-        n_embd = llm.n_embd()
+        n_embd = llama_cpp.llama_model_n_embd_inp(llm._model.model)  # Qwen3-VL: with the deepstack features
         parts: list = []
         embd = None
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
@@ -248,9 +257,10 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
             return model.get_image_features(pixel_values=pixels).pooler_output[0].float().numpy()
-        pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"])
+        pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
         out = model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]))
-        return out.pooler_output[0].float().numpy()
+        deepstack = [f[0] for f in getattr(out, "deepstack_features", None) or []]
+        return torch.cat([out.pooler_output[0], *deepstack], dim=-1).float().numpy()
 
 
 def qwen_patches(img: np.ndarray, mean, std, ps: int = 14, ms: int = 2, tps: int = 2):
@@ -298,7 +308,7 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
             out = model(input_ids=ids, pixel_values=pixels, token_type_ids=is_image)
         else:
-            pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"])
+            pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]),
                         mm_token_type_ids=is_image)
     return out.logits[0, -1].float().numpy()
@@ -359,6 +369,8 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("qwen2_5_vl", dict(fullatt_block_indexes=[1, 2]), r"fullatt_block_indexes is \[1, 2\]"),
     ("qwen2_5_vl", dict(hidden_act="gelu"), r"vision_config.hidden_act is 'gelu'"),
     ("qwen2_vl", dict(spatial_merge_size=1), r"vision_config.spatial_merge_size is 1"),
+    ("qwen3_vl", dict(deepstack_visual_indexes=[0, 1, 2]), r"\(3 deepstack layers\) but text_config.num_hidden_"
+                                                            r"layers is 3"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")

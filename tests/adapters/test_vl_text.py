@@ -22,8 +22,8 @@ from test_arch_breadth import (  # noqa: E402  (the shared tiny model settings a
     _LLAMA_LIKE,
     _SPECIAL,
     _VL,
-    _logits,
     _kl,
+    _logits,
     llama_cpp_logits,
 )
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
