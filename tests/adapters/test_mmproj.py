@@ -186,6 +186,35 @@ def test_command_line_writes_both_files(family, folders, tmp_path):
     assert _tensors(out) == _tensors(os.path.join(d, "text.gguf"))
 
 
+def test_transformers5_layout_gives_the_same_mmproj(folders, tmp_path):
+    """Gemma 3 as transformers 5 saves it (the tower without its `vision_model.` level, `vision_tower.embeddings.*`):
+    the record's layout rewrite gives the same mmproj as the published layout (llama.cpp's converter refuses it)."""
+    import shutil
+
+    d = folders["gemma3", "float32"]
+    hf = str(tmp_path / "hf")
+    shutil.copytree(os.path.join(d, "hf"), hf)
+    path = os.path.join(hf, "model.safetensors")
+    sd = safetensors_torch.load_file(path)
+    assert any(k.startswith("vision_tower.vision_model.") for k in sd)
+    sd = {k.replace("vision_tower.vision_model.", "vision_tower."): v for k, v in sd.items()}
+    safetensors_torch.save_file(sd, path, metadata={"format": "pt"})
+    export_mmproj(hf, tmp_path / "m.gguf")
+    assert _tensors(str(tmp_path / "m.gguf")) == _tensors(os.path.join(d, "mmproj.gguf"))
+
+
+def test_mmproj_flag_needs_a_gguf_text_output(folders, tmp_path, capsys):
+    """`--mmproj` beside a Hugging Face folder output or with --quant is a usage error before any work."""
+    from lazyweights.tools.cli import main
+
+    hf = os.path.join(folders["qwen2_5_vl", "float32"], "hf")
+    for extra in (["-o", str(tmp_path / "out")], ["-o", str(tmp_path / "t.gguf"), "--quant", "Q8_0"]):
+        assert main(["convert", "Qwen2_5_VLForConditionalGeneration", hf, *extra, "--mmproj",
+                     str(tmp_path / "m.gguf"), "--no-progress"]) != 0
+        assert "--mmproj" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
 # --- mtmd --------------------------------------------------------------------------------------------------------
 def _image(h: int, w: int) -> np.ndarray:
     return np.random.default_rng(7).integers(0, 256, (h, w, 3), dtype=np.uint8)
