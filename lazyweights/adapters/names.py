@@ -24,9 +24,9 @@ import re
 from typing import Any, Iterable, Mapping
 
 from ..core.errors import UnsupportedArchitectureError
+from ..core.names import block_template, parse_block
 
 _SUFFIXES = (".weight", ".bias")
-_BLK = re.compile(r"^blk\.(\d+)\.")
 
 
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
@@ -98,29 +98,30 @@ def _hf_to_gguf_name(name: str, arch: str) -> str | None:
 def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     """Every Hugging Face name gguf-py maps to this GGUF name, in gguf-py's order (a name with no
     `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`)."""
-    m = _BLK.match(name)
-    base = "blk.0." + name[m.end():] if m else name
+    block = parse_block(name)
+    base = "blk.0." + block[1] if block else name
+    bid = str(block[0]) if block else None
     if arch == "gemma4" and name.endswith(".scale"):  # the MoE scales (`_GEMMA4_SCALES`)
         stem = base[: -len(".scale")] + ".weight"
         return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in _GEMMA4_SCALES
-                     for c in _candidates(stem, m, arch) if c.endswith(module + ".weight") and _GEMMA4_MOE.match(c))
+                     for c in _candidates(stem, bid, arch) if c.endswith(module + ".weight") and _GEMMA4_MOE.match(c))
     if arch == "gemma4" and base.endswith("_exps.weight"):  # the stacked experts are bare parameters
         bare = tuple(b + ".weight" for b in _GEMMA4_BARE)
-        return tuple(c[: -len(".weight")] for c in _candidates(base, m, arch)
+        return tuple(c[: -len(".weight")] for c in _candidates(base, bid, arch)
                      if c.endswith(bare) and _GEMMA4_MOE.match(c))
-    return _candidates(base, m, arch)
+    return _candidates(base, bid, arch)
 
 
-def _candidates(base: str, m: Any, arch: str) -> tuple[str, ...]:
-    """gguf-py's Hugging Face names for `base` (the GGUF name in block 0), moved to block `m[1]`."""
+def _candidates(base: str, bid: str | None, arch: str) -> tuple[str, ...]:
+    """gguf-py's Hugging Face names for `base` (the GGUF name in block 0), moved to block `bid`."""
     if not base.endswith(_SUFFIXES):
         cands = _inverse(arch).get(base, ())
-        return tuple(_HF_BID.sub(m[1], c, count=1) for c in cands) if m else cands
+        return tuple(_HF_BID.sub(bid, c, count=1) for c in cands) if bid is not None else cands
     for suffix in _SUFFIXES:
         if base.endswith(suffix):
             cands = _inverse(arch).get(base[: -len(suffix)], ())
-            if m:
-                cands = tuple(_HF_BID.sub(m[1], c, count=1) for c in cands)
+            if bid is not None:
+                cands = tuple(_HF_BID.sub(bid, c, count=1) for c in cands)
             out = tuple(c if c.endswith(_EXPERT_BIAS) and suffix == ".bias" else c + suffix for c in cands)
             out = tuple(_hf_spelling(c) for c in out)
             # Mamba-2's bare dt_bias is the same GGUF tensor as Mamba's dt_proj.bias: the model's keys choose
@@ -181,9 +182,6 @@ def _llama_style_rank(name: str) -> int:
     return 0 if _LLAMA_STYLE.match(name) else 1 if name.startswith("model.") else 2
 
 
-_GGUF_BLOCK = re.compile(r"^blk\.(\d+)\.")
-
-
 def _variant(model_type: Any, gguf_names: Iterable[str] | None) -> dict[str, str] | None:
     """The record's GGUF -> HF name table for `model_type` (`adapters/hf_names.py`) that fits `gguf_names`: of a
     family's layouts (Falcon's old and new decoder), the one naming the most of them, then the one listing the
@@ -195,7 +193,7 @@ def _variant(model_type: Any, gguf_names: Iterable[str] | None) -> dict[str, str
         return None
     if gguf_names is None or len(variants) == 1:
         return variants[0]
-    present = {_GGUF_BLOCK.sub("blk.{bid}.", n, count=1) for n in gguf_names}
+    present = {block_template(n) for n in gguf_names}
     return max(variants, key=lambda v: (len(present & v.keys()), -len(v.keys() - present)))
 
 
@@ -215,10 +213,10 @@ def record_hf_names(model_type: Any, gguf_names: Iterable[str]) -> dict[str, str
         return None
     out = {}
     for name in names:
-        m = _GGUF_BLOCK.match(name)
-        hf = table.get(_GGUF_BLOCK.sub("blk.{bid}.", name, count=1))
+        block = parse_block(name)
+        hf = table.get(block_template(name))
         if hf is not None:
-            out[name] = hf.replace("{bid}", m[1]) if m else hf
+            out[name] = hf.replace("{bid}", str(block[0])) if block else hf
     return out
 
 
@@ -257,7 +255,7 @@ def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...
     try:
         import torch
         import transformers
-    except ImportError:
+    except ImportError:  # optional: without them there is no judge, and None says so (as documented)
         return None
     try:
         cfg = transformers.AutoConfig.for_model(**dict(hf_config))
@@ -267,7 +265,7 @@ def expected_hf_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, ...
                 model = transformers.AutoModelForCausalLM.from_config(cfg)
             else:
                 model = cls._from_config(cfg)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # this transformers cannot build the config: None
         return None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
@@ -284,7 +282,7 @@ def layer_count(names: Iterable[str]) -> int:
     """Blocks in a GGUF state dict (1 + the highest `blk.N`)."""
     n = 0
     for name in names:
-        m = _BLK.match(name)
-        if m:
-            n = max(n, int(m[1]) + 1)
+        block = parse_block(name)
+        if block:
+            n = max(n, block[0] + 1)
     return n

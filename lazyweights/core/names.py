@@ -55,6 +55,18 @@ def parse_block(name: str) -> tuple[int, str] | None:
     return (int(m[1]), name[m.end():]) if m else None
 
 
+def block_template(name: str) -> str:
+    """A GGUF tensor name with its block number as `{bid}` (gguf-py's and the record tables' spelling); a name
+    outside any block as it is.
+
+    Example:
+        >>> block_template("blk.3.attn_q.weight"), block_template("token_embd.weight")
+        ('blk.{bid}.attn_q.weight', 'token_embd.weight')
+    """
+    block = parse_block(name)
+    return name if block is None else "blk.{bid}." + block[1]
+
+
 def parse_layer(name: str) -> tuple[str, int, str] | None:
     """(what precedes `layers.`, layer, the rest) for a Hugging Face tensor in a decoder layer, None otherwise.
 

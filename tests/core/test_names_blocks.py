@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lazyweights.core.names import GGUF_BLOCK, HF_LAYER, parse_block, parse_layer
+from lazyweights.core.names import GGUF_BLOCK, HF_LAYER, block_template, parse_block, parse_layer
 
 gguf = pytest.importorskip("gguf")
 from gguf.tensor_mapping import TensorNameMap  # noqa: E402
@@ -23,6 +23,7 @@ def test_every_gguf_block_name_parses_to_its_block():
         for bid in BIDS:
             name = t.format(bid=bid) + ".weight"
             assert parse_block(name) == (bid, t[len("blk.{bid}."):] + ".weight"), name
+            assert block_template(name) == t + ".weight"
 
 
 def test_names_outside_a_top_level_block_do_not_parse():
@@ -33,6 +34,7 @@ def test_names_outside_a_top_level_block_do_not_parse():
     for t in nested:
         name = t.format(bid=3) + ".weight"
         assert parse_block(name) is None, name
+        assert block_template(name) == name
         if "blk.{bid}." in t:  # llama-quantize's regex_search still finds the block inside (remap_layer)
             m = GGUF_BLOCK.search(name)
             assert m is not None and int(m[1]) == 3, name
