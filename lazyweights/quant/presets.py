@@ -303,8 +303,8 @@ def tensor_type(
             return TypeChoice(token_embedding_type, f"token_embd: --token-embedding-type {token_embedding_type}")
     if output_tensor_type is not None and cat == "output":
         return TypeChoice(output_tensor_type, f"output: --output-tensor-type {output_tensor_type}")
-    block = parse_block(name)
-    layer = block[0] if block else None
+    in_block = parse_block(name)
+    layer = in_block[0] if in_block else None
     falcon = arch == "falcon"
     new, reason = default, None
     manual = _manual_type(name, overrides)
