@@ -1,8 +1,9 @@
 """One small declarative record per architecture: what lazyweights must know beyond gguf-py's name tables.
 
-Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says only
+Tensor names come from gguf-py (`lazyweights.adapters.names`); who a family is (its `model_type`, Hugging Face
+class, llama.cpp architecture `gguf`, `back_as`) is its row in `lazyweights.formats.arch_identity`, which the
+record copies when it is built (`_arch`); a record says only
 
-- which Hugging Face `model_type` / class it is and which llama.cpp architecture (`gguf`) it becomes;
 - the hyperparameters: `HParam(gguf key, config.json names (current first, then legacy aliases), kind)`;
 - the value transforms llama.cpp's converter applies (`lazyweights.adapters.transforms`): the q/k RoPE row
   permutation, norms stored as `w + norm_shift`, Conv1D weights stored transposed, fused qkv rows regrouped
@@ -12,10 +13,10 @@ Tensor names come from gguf-py (`lazyweights.adapters.names`); a record says onl
 - state-space layers (`ssm`: Mamba's A = -exp(A_log), squeezed conv1d, Mamba-2's per-head shapes) and hybrids
   (`hybrid`: which config.json key marks the attention layers; llama.cpp reads 0 kv heads as a Mamba layer).
 
-Adding an architecture is a record here and a line in the test's table. Every family is a record both ways,
-the first ten included: a fact only some families have is a field (Llama 3's `rope_freqs` tensor, Phi-3's
-`longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` / `swa_keys` layer types
-and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
+Adding an architecture is a row in `formats/arch_identity.py`, a record here and a line in the test's table. Every
+family is a record both ways, the first ten included: a fact only some families have is a field (Llama 3's
+`rope_freqs` tensor, Phi-3's `longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` /
+`swa_keys` layer types and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -34,6 +35,10 @@ import difflib
 from typing import Any, Mapping, NamedTuple
 
 from ..core.errors import UnsupportedArchitectureError
+from ..formats.arch_identity import GGUF_ARCHS as _IDENTITY_GGUF_ARCHS
+from ..formats.arch_identity import IDENTITIES, MODEL_TYPE_ALIASES, ArchIdentity
+from ..formats.arch_identity import identity_for_gguf as _identity_for_gguf
+from ..formats.arch_identity import identity_for_model_type as _identity_for_model_type
 
 
 class HParam(NamedTuple):
@@ -55,8 +60,9 @@ def _p(key: str, *hf: str, kind: str = "u32") -> HParam:
 
 
 class Arch(NamedTuple):
-    """One architecture's record: its Hugging Face model_type and class, the llama.cpp architecture it becomes,
-    its hyperparameter rows and the value transforms llama.cpp's converter applies (one comment per field)."""
+    """One architecture's record: its Hugging Face model_type and class, the llama.cpp architecture it becomes
+    (copied from its `formats.arch_identity` row by `_arch`), its hyperparameter rows and the value transforms
+    llama.cpp's converter applies (one comment per field)."""
 
     model_type: str
     gguf: str
@@ -79,7 +85,8 @@ class Arch(NamedTuple):
     experts: str = ""                   # HF per-expert prefix in a layer ("mlp.experts"), stacked for llama.cpp
     mrope: bool = False                 # M-RoPE: rope.dimension_sections from rope_parameters.mrope_section
     window_flag: str = ""               # config flag saying the sliding_window applies (Qwen: use_sliding_window)
-    back_as: str = ""                   # GGUF -> HF as this record's model (a VL model's text part alone)
+    back_as: str = ""                   # GGUF -> HF as this record's model (a VL model's text part alone): from
+                                        # the identity row, as model_type, gguf and hf_class are
     mla: bool = False                   # DeepSeek's multi-head latent attention: kv_b_proj split into k_b / v_b
     head_dims: bool = False             # key_length/value_length always, after rope.freq_base (LlamaModel)
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
@@ -144,6 +151,22 @@ class Arch(NamedTuple):
     v_reorder: bool = False             # Qwen3.5: value heads regrouped to llama.cpp's tiled order where there are
                                         # more value than key heads (`transforms.v_reorder`), both ways
 
+    @property
+    def identity(self) -> ArchIdentity:
+        """The record's row in `formats.arch_identity` (its GGUF name, model_types, classes).
+
+        >>> from lazyweights.adapters.archs import ARCHS
+        >>> ARCHS["nemotron_h_moe"].identity.config_model_type
+        'nemotron_h'
+        """
+        return IDENTITIES[self.model_type]
+
+
+def _arch(model_type: str, *fields: Any, **named: Any) -> Arch:
+    """A record whose identity (gguf, hf_class, back_as) is its `formats.arch_identity` row's."""
+    row = IDENTITIES[model_type]
+    return Arch(model_type, row.gguf, row.hf_class, *fields, **named)._replace(back_as=row.back_as)
+
 
 # --- shared hyperparameter rows (transformers 5 names first) ---------------------------------------------------
 CTX = _p("context_length", "max_position_embeddings", "n_positions", "n_ctx")
@@ -179,62 +202,62 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
 
 _RECORDS: tuple[Arch, ...] = (
     # llama, Mistral, Mixtral (a llama GGUF): the window whenever set, Llama 3 RoPE factors as a tensor
-    Arch("llama", "llama", "LlamaForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
+    _arch("llama", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
          rope_freqs=True, hf_extra={"mlp_bias": False}),
-    Arch("mistral", "llama", "MistralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+    _arch("mistral", _LLAMA_LIKE, rope_permute=True, head_dims=True,
          window_always=True, rope_freqs=True),
-    Arch("mixtral", "llama", "MixtralForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True,
+    _arch("mixtral", _LLAMA_LIKE, rope_permute=True, head_dims=True,
          window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
-    Arch("qwen2", "qwen2", "Qwen2ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window"),
-    Arch("qwen3", "qwen3", "Qwen3ForCausalLM", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
-    Arch("qwen2_moe", "qwen2moe", "Qwen2MoeForCausalLM",
+    _arch("qwen2", _LLAMA_LIKE, window_flag="use_sliding_window"),
+    _arch("qwen3", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
+    _arch("qwen2_moe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.",)),
-    Arch("qwen3_moe", "qwen3moe", "Qwen3MoeForCausalLM",
+    _arch("qwen3_moe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
     # Gemma 2/3: key_length always, no vocab_size key, llama.cpp's attention scale, alternating (Gemma 2) or every
     # 6th layer global (Gemma 3: else a per-layer pattern, and the sliding layers' own theta), softcapping
-    Arch("gemma2", "gemma2", "Gemma2ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+    _arch("gemma2", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
          window_always=True, no_vocab=True, qpas_27b=46, swa_period=2, late=_SOFTCAP,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
-    Arch("gemma3_text", "gemma3", "Gemma3ForCausalLM", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
+    _arch("gemma3_text", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
          window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
          hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
     # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
     # original context, attention factor)
-    Arch("phi3", "phi3", "Phi3ForCausalLM", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
+    _arch("phi3", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
          window_always=True, longrope=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."),
          hf_extra={"hidden_act": "silu"}),
     # record-driven families
-    Arch("gemma", "gemma", "GemmaForCausalLM", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
+    _arch("gemma", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,
          hf_extra={"hidden_act": "gelu_pytorch_tanh"}),
-    Arch("granite", "granite", "GraniteForCausalLM",
+    _arch("granite",
          (*_LLAMA_LIKE, _p("embedding_scale", "embedding_multiplier", kind="f32"),
           _p("residual_scale", "residual_multiplier", kind="f32"),
           _p("attention.scale", "attention_multiplier", kind="f32"),
           _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True),
-    Arch("granitemoe", "granitemoe", "GraniteMoeForCausalLM",
+    _arch("granitemoe",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
           _p("embedding_scale", "embedding_multiplier", kind="f32"),
           _p("residual_scale", "residual_multiplier", kind="f32"),
           _p("attention.scale", "attention_multiplier", kind="f32"),
           _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True,
          fused_gate_up_exps="block_sparse_moe.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
-    Arch("olmo", "olmo", "OlmoForCausalLM", (*BASE, KV), rope_permute=True,
+    _arch("olmo", (*BASE, KV), rope_permute=True,
          gguf_fixed={"attention.layer_norm_epsilon": 1e-5}),  # OLMo's LayerNorm has no eps in its config
-    Arch("olmo2", "olmo2", "Olmo2ForCausalLM", _LLAMA_LIKE),
-    Arch("starcoder2", "starcoder2", "Starcoder2ForCausalLM", (*BASE, KV, _ln("norm_epsilon")), tied=True,
+    _arch("olmo2", _LLAMA_LIKE),
+    _arch("starcoder2", (*BASE, KV, _ln("norm_epsilon")), tied=True,
          hf_extra={"hidden_act": "gelu_pytorch_tanh", "use_bias": True}),
-    Arch("stablelm", "stablelm", "StableLmForCausalLM", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
+    _arch("stablelm", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
          hf_extra={"hidden_act": "silu", "use_parallel_residual": False}),
-    Arch("phi", "phi2", "PhiForCausalLM", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
+    _arch("phi", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
          hf_extra={"hidden_act": "gelu_new"}),
-    Arch("gpt2", "gpt2", "GPT2LMHeadModel",
+    _arch("gpt2",
          (_p("context_length", "n_positions", "max_position_embeddings", "n_ctx"),
           _p("embedding_length", "n_embd", "hidden_size"), _p("block_count", "n_layer", "num_hidden_layers"),
           _p("feed_forward_length", "n_inner", "intermediate_size"),
@@ -242,50 +265,50 @@ _RECORDS: tuple[Arch, ...] = (
          transposed=("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"),
          ffn_mult=4, dropped=("attn.bias", "attn.masked_bias"), tied=True,
          hf_extra={"activation_function": "gelu_new"}),
-    Arch("gpt_neox", "gptneox", "GPTNeoXForCausalLM", (*BASE, _ln("layer_norm_eps"),
+    _arch("gpt_neox", (*BASE, _ln("layer_norm_eps"),
          _p("use_parallel_residual", "use_parallel_residual", kind="bool")), partial_rotary=True,
          qkv_groups="heads", dropped=("attention.bias", "attention.masked_bias"), hf_extra={"hidden_act": "gelu"}),
-    Arch("falcon", "falcon", "FalconForCausalLM", (CTX, EMB, BLK, _p("feed_forward_length", "ffn_hidden_size"),
+    _arch("falcon", (CTX, EMB, BLK, _p("feed_forward_length", "ffn_hidden_size"),
          HEAD, _p("attention.head_count_kv", "num_kv_heads", "n_head_kv"), _ln("layer_norm_epsilon")),
          qkv_groups="kv", ffn_mult=4, tied=True,
          hf_extra={"new_decoder_architecture": True, "parallel_attn": True, "bias": False, "alibi": False,
                    "activation": "gelu"}),
-    Arch("gpt_bigcode", "starcoder", "GPTBigCodeForCausalLM",
+    _arch("gpt_bigcode",
          (_p("context_length", "n_positions", "max_position_embeddings"),
           _p("embedding_length", "n_embd", "hidden_size"),
           _p("block_count", "n_layer", "num_hidden_layers"), _p("feed_forward_length", "n_inner", "intermediate_size"),
           _p("attention.head_count", "n_head", "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
          ffn_mult=4, tied=True, hf_extra={"activation_function": "gelu_pytorch_tanh"}),
-    Arch("bloom", "bloom", "BloomForCausalLM",
+    _arch("bloom",
          (_p("context_length", "seq_length", "max_position_embeddings"),
           _p("embedding_length", "hidden_size", "n_embed"),
           _p("block_count", "n_layer", "num_hidden_layers"), FFN, _p("attention.head_count", "n_head",
           "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
          qkv_groups="heads", ffn_mult=4, tied=True, gguf_fixed={"context_length": 2048}),
-    Arch("nemotron", "nemotron", "NemotronForCausalLM", (*BASE, KV, _ln("norm_eps")), norm_shift=1.0,
+    _arch("nemotron", (*BASE, KV, _ln("norm_eps")), norm_shift=1.0,
          partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
-    Arch("seed_oss", "seed_oss", "SeedOssForCausalLM", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
-    Arch("arcee", "arcee", "ArceeForCausalLM", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
-    Arch("olmoe", "olmoe", "OlmoeForCausalLM", (*_LLAMA_LIKE, *_MOE), ),
-    Arch("olmo3", "olmo2", "Olmo3ForCausalLM", _LLAMA_LIKE, sliding=True),
-    Arch("glm4", "glm4", "Glm4ForCausalLM", _LLAMA_LIKE, partial_rotary=True),
-    Arch("hunyuan_v1_dense", "hunyuan-dense", "HunYuanDenseV1ForCausalLM", _LLAMA_LIKE),
-    Arch("ernie4_5", "ernie4_5", "Ernie4_5ForCausalLM", _LLAMA_LIKE),
-    Arch("smollm3", "smollm3", "SmolLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True),
-    Arch("cohere2", "cohere2", "Cohere2ForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
+    _arch("seed_oss", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
+    _arch("arcee", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
+    _arch("olmoe", (*_LLAMA_LIKE, *_MOE), ),
+    _arch("olmo3", _LLAMA_LIKE, sliding=True),
+    _arch("glm4", _LLAMA_LIKE, partial_rotary=True),
+    _arch("hunyuan_v1_dense", _LLAMA_LIKE),
+    _arch("ernie4_5", _LLAMA_LIKE),
+    _arch("smollm3", _LLAMA_LIKE, rope_permute=True),
+    _arch("cohere2", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), partial_rotary=True, tied=True, sliding=True),
-    Arch("mpt", "mpt", "MptForCausalLM",
+    _arch("mpt",
          (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"), _p("block_count", "n_layers"),
           _p("attention.head_count", "n_heads"), _ln("layer_norm_epsilon")), ffn_mult=4,
          gguf_fixed={"attention.max_alibi_bias": 8.0}, tied=True),
-    Arch("cohere", "command-r", "CohereForCausalLM", (*BASE, KV, _ln("layer_norm_eps"),
+    _arch("cohere", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
-    Arch("exaone", "exaone", "ExaoneForCausalLM", _LLAMA_LIKE, partial_rotary=True),
-    Arch("dots1", "dots1", "Dots1ForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+    _arch("exaone", _LLAMA_LIKE, partial_rotary=True),
+    _arch("dots1", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
-    Arch("glm4_moe", "glm4moe", "Glm4MoeForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), partial_rotary=True,
+    _arch("glm4_moe", (*_LLAMA_LIKE, *_DS_MOE), partial_rotary=True,
          experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
-    Arch("ernie4_5_moe", "ernie4_5-moe", "Ernie4_5_MoeForCausalLM",
+    _arch("ernie4_5_moe",
          (*_LLAMA_LIKE, _p("expert_count", "moe_num_experts"), _p("expert_used_count", "moe_k"),
           _p("interleave_moe_layer_step", "moe_layer_interval"),
           _p("leading_dense_block_count", "moe_layer_start_index"),
@@ -293,40 +316,38 @@ _RECORDS: tuple[Arch, ...] = (
           _p("expert_shared_count", "moe_num_shared_experts"),
           _p("expert_shared_feed_forward_length", "moe_intermediate_size", "moe_num_shared_experts", kind="prod")),
          experts="mlp.experts", hf_prefer=(".moe_statics.", ".mlp.gate.")),
-    Arch("hunyuan_v1_moe", "hunyuan-moe", "HunYuanMoEV1ForCausalLM",
+    _arch("hunyuan_v1_moe",
          (*_LLAMA_LIKE, _p("expert_count", "num_experts", "num_local_experts"), _p("expert_used_count", "moe_topk"),
           _p("expert_feed_forward_length", "moe_intermediate_size", "intermediate_size"),
           _p("expert_shared_count", "num_shared_expert"),
           _p("expert_shared_feed_forward_length", "intermediate_size")),
          experts="mlp.experts", hf_prefer=(".gate.wg.", ".shared_mlp.", "_layernorm.")),
     # MLA: llama.cpp stores it as MQA over the latent (head_count_kv 1, key_length kv_lora_rank + rope dims)
-    Arch("deepseek_v2", "deepseek2", "DeepseekV2ForCausalLM", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
+    _arch("deepseek_v2", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
          experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 1}),  # softmax
-    Arch("deepseek_v3", "deepseek2", "DeepseekV3ForCausalLM", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
+    _arch("deepseek_v3", (*BASE, RMS, *_DS_MOE, *_MLA), mla=True,
          experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     # VL models' text part (the vision tower is llama.cpp's separate mmproj file); GGUF -> HF gives the text model
     # alone as Qwen2, whose plain RoPE is what M-RoPE computes on text (every section at the same position)
-    Arch("qwen2_vl_text", "qwen2vl", "Qwen2VLForConditionalGeneration", _LLAMA_LIKE, mrope=True, back_as="qwen2"),
-    Arch("qwen2_5_vl_text", "qwen2vl", "Qwen2_5_VLForConditionalGeneration", _LLAMA_LIKE, mrope=True,
-         back_as="qwen2"),
-    Arch("qwen3_vl_text", "qwen3vl", "Qwen3VLForConditionalGeneration",
-         (*_LLAMA_LIKE, _p("n_deepstack_layers", "num_deepstack_layers")), mrope=True, back_as="qwen3",
-         hf_prefer=_QK_NORM),
-    Arch("exaone4", "exaone4", "Exaone4ForCausalLM", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
+    _arch("qwen2_vl_text", _LLAMA_LIKE, mrope=True),
+    _arch("qwen2_5_vl_text", _LLAMA_LIKE, mrope=True),
+    _arch("qwen3_vl_text", (*_LLAMA_LIKE, _p("n_deepstack_layers", "num_deepstack_layers")), mrope=True,
+          hf_prefer=_QK_NORM),
+    _arch("exaone4", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (
     # encoders: llama.cpp embedding GGUFs, pooling type from the sentence-transformers folder (modules.json)
-    Arch("bert", "bert", "BertModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+    _arch("bert", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
 )
 _RECORDS += (  # decoders
     # InternLM3: llama.cpp's converter writes a llama GGUF (its rope dimension from head_dim); back as llama
-    Arch("internlm3", "llama", "InternLM3ForCausalLM", _LLAMA_LIKE, rope_permute=True, head_dims=True),
+    _arch("internlm3", _LLAMA_LIKE, rope_permute=True, head_dims=True),
     # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
-    Arch("glm", "chatglm", "GlmForCausalLM", _LLAMA_LIKE, partial_rotary=True),
+    _arch("glm", _LLAMA_LIKE, partial_rotary=True),
     # GraniteMoeShared: granitemoe plus a shared expert whose fused [gate; up] llama.cpp stores split
-    Arch("granitemoeshared", "granitemoe", "GraniteMoeSharedForCausalLM",
+    _arch("granitemoeshared",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
           _p("embedding_scale", "embedding_multiplier", kind="f32"),
           _p("residual_scale", "residual_multiplier", kind="f32"),
@@ -337,7 +358,7 @@ _RECORDS += (  # decoders
          hf_prefer=(".output_linear.", ".router.layer.")),
     # EXAONE MoE (K-EXAONE): DeepSeek-V3-style sigmoid router with a score bias, shared experts, qk norms,
     # sliding-window layers (the global ones without RoPE in both)
-    Arch("exaone_moe", "exaone-moe", "ExaoneMoeForCausalLM",
+    _arch("exaone_moe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_count", "num_shared_experts"),
           _p("expert_shared_feed_forward_length", "moe_intermediate_size", "num_shared_experts", kind="prod"),
@@ -348,18 +369,18 @@ _RECORDS += (  # decoders
          gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     # GLM-4.7-Flash: DeepSeek-V3's MLA and sigmoid-routed experts (a deepseek2 GGUF, back as deepseek_v3); its
     # config may say the dense lead layers only as mlp_layer_types
-    Arch("glm4_moe_lite", "deepseek2", "Glm4MoeLiteForCausalLM",
+    _arch("glm4_moe_lite",
          (*BASE, RMS, *(hp if hp.key != "leading_dense_block_count" else
                         _p(hp.key, "first_k_dense_replace", "mlp_layer_types", kind="lead") for hp in _DS_MOE), *_MLA),
          mla=True, experts="mlp.experts", hf_prefer=(".mlp.gate.",), gguf_fixed={"expert_gating_func": 2}),
     # Solar Open: llama.cpp's converter writes it as GLM-4.5 (glm4moe; back as glm4_moe), full rotary, every
     # layer MoE (its config has no first_k_dense_replace; GLM-4.5's defaults to 1)
-    Arch("solar_open", "glm4moe", "SolarOpenForCausalLM", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
+    _arch("solar_open", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2, "leading_dense_block_count": 0}),
     # AFMoE (Arcee Trinity): gated attention, qk norms, pre/post norms, sigmoid router with a bias, shared experts,
     # sliding-window layers (RoPE on those only: llama.cpp skips it every 4th layer, the real models' global ones);
     # llama.cpp always renormalizes the top-k weights and scales the embeddings by sqrt(hidden) (muP)
-    Arch("afmoe", "afmoe", "AfmoeForCausalLM",
+    _arch("afmoe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_count", "num_shared_experts"), _p("leading_dense_block_count", "num_dense_layers"),
           _p("expert_weights_scale", "route_scale", kind="f32")),
@@ -367,25 +388,25 @@ _RECORDS += (  # decoders
          gguf_fixed={"expert_weights_norm": True, "expert_gating_func": 2}, requires={"mup_enabled": True}),
     # MiniMax-M2: Mixtral-style experts (w1/w2/w3) under a sigmoid router with a score bias, whole-width qk norms,
     # partial rotary; llama.cpp's graph always renormalizes the top-k weights, as transformers does
-    Arch("minimax_m2", "minimax-m2", "MiniMaxM2ForCausalLM",
+    _arch("minimax_m2",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
           _p("expert_feed_forward_length", "intermediate_size")), partial_rotary=True,
          experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3"),
          hf_prefer=(".block_sparse_moe.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
     # Apertus: qk norms, an up/down MLP with the xIELU activation, whose four per-layer scalars llama.cpp keeps as
     # metadata arrays (the raw parameters; its kernel applies the softplus as transformers does)
-    Arch("apertus", "apertus", "ApertusForCausalLM", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
+    _arch("apertus", _LLAMA_LIKE, head_dims=True, hf_prefer=_QK_NORM,
          layer_scalars=(("mlp.act_fn.alpha_n", "xielu.alpha_n", 1), ("mlp.act_fn.alpha_p", "xielu.alpha_p", 1),
                         ("mlp.act_fn.beta", "xielu.beta", 0), ("mlp.act_fn.eps", "xielu.eps", 0))),
     # MiniCPM3: DeepSeek-style low-rank q and kv (kv_b kept whole), key = nope + rope dims; llama.cpp's graph
     # hard-codes the muP scales of the released 4B
-    Arch("minicpm3", "minicpm3", "MiniCPM3ForCausalLM",
+    _arch("minicpm3",
          (*_LLAMA_LIKE, *_MLA, _p("attention.key_length", "qk_nope_head_dim", "qk_rope_head_dim", kind="sum"),
           _p("attention.value_length", "v_head_dim"), _p("rope.dimension_count", "qk_rope_head_dim")), tied=True,
          requires={"scale_emb": 12, "scale_depth": 1.4, "dim_model_base": 256}),
     # DBRX: nested attn_config / ffn_config, fused [q; k; v], bias-free LayerNorms (eps 1e-5, fixed in both), flat
     # experts (gate w1, up v1, down w2 transposed per expert), qkv clamp (none: 0)
-    Arch("dbrx", "dbrx", "DbrxForCausalLM",
+    _arch("dbrx",
          (_p("context_length", "max_seq_len"), _p("embedding_length", "d_model"),
           _p("embedding_length", "ffn_config.hidden_size", "d_model"), _p("block_count", "n_layers"),
           _p("feed_forward_length", "ffn_config.ffn_hidden_size"), _p("attention.head_count", "n_heads"),
@@ -397,7 +418,7 @@ _RECORDS += (  # decoders
          gguf_fixed={"attention.layer_norm_epsilon": 1e-5, "attention.clamp_kqv": 0.0}),
     # Llama 4's text model: MoE every interleave_moe_layer_step-th layer (top-k sigmoid weights on the input, a
     # shared expert), [in, out] fused experts, RoPE-free every 4th layer with temperature tuning, L2 qk norms
-    Arch("llama4_text", "llama4", "Llama4ForCausalLM",
+    _arch("llama4_text",
          (CTX, EMB, BLK, _p("feed_forward_length", "intermediate_size_mlp"), HEAD, KV, RMS,
           _p("expert_count", "num_local_experts"), _MOE[1], _p("expert_feed_forward_length", "intermediate_size"),
           _p("interleave_moe_layer_step", "interleave_moe_layer_step")), head_dims=True,
@@ -406,20 +427,20 @@ _RECORDS += (  # decoders
 _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding GGUFs, pooling from modules.json
     # the remote-code config.json names (n_embd, n_positions 8192 ...) are the legacy aliases; its trained context
     # (max_trained_positions) is what llama.cpp's converter writes, as transformers 5's max_position_embeddings
-    Arch("nomic_bert", "nomic-bert", "NomicBertModel",
+    _arch("nomic_bert",
          (_p("context_length", "max_position_embeddings", "max_trained_positions", "n_positions"), EMB, BLK, FFN,
           HEAD, _ln("layer_norm_eps")),
          embedding=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"},
          hf_prefer=("encoder.layers.", "emb_ln")),
-    Arch("roberta", "bert", "RobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
+    _arch("roberta", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True,
          dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"), position_offset=True,
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
-    Arch("xlm-roberta", "bert", "XLMRobertaModel", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
+    _arch("xlm-roberta", (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")),
          embedding=True, dropped=("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"),
          position_offset=True, gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "gelu"}),
     # DistilBERT: BERT without token types (llama.cpp's bert adds none; back as BertModel with a zero row) and
     # LayerNorm eps fixed at 1e-12
-    Arch("distilbert", "bert", "DistilBertModel",
+    _arch("distilbert",
          (CTX, _p("embedding_length", "dim", "hidden_size"), _p("block_count", "n_layers", "num_hidden_layers"),
           _p("feed_forward_length", "hidden_dim", "intermediate_size"),
           _p("attention.head_count", "n_heads", "num_attention_heads")), embedding=True,
@@ -427,26 +448,26 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
          gguf_fixed={"attention.causal": False, "attention.layer_norm_epsilon": 1e-12}),
     # ModernBERT: symmetric sliding window (local_attention) on all layers but every n-th, a GLU FFN (Wi holds
     # [up; gate]) whose activation llama.cpp reads from hidden_activation, a RoPE base per layer type
-    Arch("modernbert", "modern-bert", "ModernBertModel",
+    _arch("modernbert",
          (CTX, EMB, BLK, FFN, HEAD, _ln("norm_eps"), _p("hidden_activation", "hidden_activation", "hidden_act",
                                                        kind="str")),
          embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
          gguf_fixed={"attention.causal": False}),
     # EuroBERT: a bidirectional Llama (GQA, RMSNorm, SwiGLU, RoPE without llama.cpp's q/k permutation)
-    Arch("eurobert", "eurobert", "EuroBertModel", _LLAMA_LIKE, embedding=True,
+    _arch("eurobert", _LLAMA_LIKE, embedding=True,
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
     # context shrinks by pad_token_id + 1 too). Its remote-code folders say model_type xlm-roberta with
     # lora_adaptations (hf_export reads them as this record) and hold parametrized weights; their LoRA task
     # adapters (llama.cpp: separate adapter GGUFs; not part of transformers' JinaEmbeddingsV3Model) are dropped
-    Arch("jina_embeddings_v3", "jina-bert-v3", "JinaEmbeddingsV3Model",
+    _arch("jina_embeddings_v3",
          (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True, position_offset=True,
          dropped=("pooler.dense.weight", "pooler.dense.bias", "0.lora_A", "0.lora_B"),
          gguf_fixed={"attention.causal": False},
          hf_extra={"hidden_act": "gelu"}, hf_prefer=("encoder.layers.", "emb_ln", ".mixer.", ".mlp.fc1.", ".mlp.fc2.")),
 )
 _RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), attention sinks, sliding layers
-    Arch("gpt_oss", "gpt-oss", "GptOssForCausalLM",
+    _arch("gpt_oss",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
           _p("expert_used_count", "num_experts_per_tok", "experts_per_token"),  # the latter: OpenAI's own name
           _p("expert_feed_forward_length", "intermediate_size")),
@@ -458,17 +479,17 @@ _SSM = (_p("embedding_length", "hidden_size", "d_model"), BLK, _p("ssm.conv_kern
 # llama.cpp reads no context length, feed-forward size or head count for Mamba, but its loader wants the keys
 _SSM_FIXED = {"context_length": 1 << 20, "feed_forward_length": 0, "attention.head_count": 0}
 _RECORDS += (  # state-space models (llama.cpp's conversion/mamba.py)
-    Arch("mamba", "mamba", "MambaForCausalLM",
+    _arch("mamba",
          (*_SSM, _p("ssm.inner_size", "intermediate_size", "d_inner"), _p("ssm.time_step_rank", "time_step_rank",
                                                                             "dt_rank")),
          ssm=1, pad_vocab=8, tied=True, gguf_fixed={**_SSM_FIXED, "ssm.dt_b_c_rms": False}),
     # Falcon Mamba: RMS norms (no weight) on dt, B and C; llama.cpp takes their eps from the layer norms'
-    Arch("falcon_mamba", "mamba", "FalconMambaForCausalLM",
+    _arch("falcon_mamba",
          (*_SSM, _p("ssm.inner_size", "intermediate_size", "d_inner"), _p("ssm.time_step_rank", "time_step_rank",
                                                                             "dt_rank")),
          ssm=1, pad_vocab=8, tied=True, gguf_fixed={**_SSM_FIXED, "ssm.dt_b_c_rms": True}),
     # Mamba-2: one dt / A / D per head (time_step_rank = heads), B and C in n_groups groups, a grouped gated norm
-    Arch("mamba2", "mamba2", "Mamba2ForCausalLM",
+    _arch("mamba2",
          (*_SSM, _p("ssm.inner_size", "expand", "hidden_size", kind="prod"), _p("ssm.time_step_rank", "num_heads"),
           _p("ssm.group_count", "n_groups")),
          ssm=2, pad_vocab=16, gguf_fixed=_SSM_FIXED),
@@ -484,19 +505,19 @@ _HYBRID_SSM = (_p("ssm.conv_kernel", "mamba_d_conv", "conv_kernel"),
                _p("ssm.time_step_rank", "mamba_n_heads", "num_heads"))
 _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/granite.py GraniteHybridModel)
     # Granite 4.0: RoPE only where position_embedding_type says so (rope.scaling.finetuned is llama.cpp's switch)
-    Arch("granitemoehybrid", "granitehybrid", "GraniteMoeHybridForCausalLM",
+    _arch("granitemoehybrid",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1], *_GRANITE_SCALES,
           _p("expert_shared_feed_forward_length", "shared_intermediate_size"), *_HYBRID_SSM),
          rope_permute=True, ssm=2, hybrid="layer_types", pad_vocab=8,
          fused_gate_up_exps="block_sparse_moe.input_linear",
          fused_gate_up_shexp="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
     # Bamba: the same converter; always RoPE, partial (rope_parameters.partial_rotary_factor), a dense MLP
-    Arch("bamba", "granitehybrid", "BambaForCausalLM", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
+    _arch("bamba", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
          partial_rotary=True, ssm=2, hybrid="attn_layer_indices", pad_vocab=8,
          gguf_fixed={"rope.scaling.finetuned": True}),
     # Nemotron-H: each layer one of Mamba-2, attention (no RoPE) or a relu2 MLP (layers_block_type); llama.cpp
     # marks Mamba layers by no kv heads and no MLP (conversion/nemotron.py); its eps is a LayerNorm key
-    Arch("nemotron_h", "nemotron_h", "NemotronHForCausalLM",
+    _arch("nemotron_h",
          (CTX, EMB, BLK, FFN, HEAD, KV, _ln("layer_norm_epsilon"), _p("ssm.conv_kernel", "conv_kernel"),
           _p("ssm.state_size", "ssm_state_size"), _p("ssm.group_count", "n_groups"),
           _p("ssm.inner_size", "mamba_num_heads", "mamba_head_dim", kind="prod"),
@@ -505,7 +526,7 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
          hf_prefer=("backbone.",)),  # without transformers: the saved names (its memory says model.*)
     # Falcon-H1: attention and Mamba-2 in parallel in every layer, then an MLP; muP multipliers folded into the
     # weights as llama.cpp's conversion/falcon_h1.py does (config.json back: every multiplier 1)
-    Arch("falcon_h1", "falcon-h1", "FalconH1ForCausalLM",
+    _arch("falcon_h1",
          (*_LLAMA_LIKE, _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_d_ssm"),
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_n_heads"),
           _p("ssm.group_count", "mamba_n_groups")),
@@ -516,7 +537,7 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
                                     "ssm_out_multiplier": 1.0}),
     # Nemotron-H with MoE layers ("moe" in layers_block_type): llama.cpp's nemotron_h_moe (sigmoid router with a
     # score bias, relu2 experts without a gate, a shared expert); hf_export reads such a config as this record
-    Arch("nemotron_h_moe", "nemotron_h_moe", "NemotronHForCausalLM",
+    _arch("nemotron_h_moe",
          (CTX, EMB, BLK, HEAD, KV, _ln("layer_norm_epsilon"), _p("ssm.conv_kernel", "conv_kernel"),
           _p("ssm.state_size", "ssm_state_size"), _p("ssm.group_count", "n_groups"),
           _p("ssm.inner_size", "mamba_num_heads", "mamba_head_dim", kind="prod"),
@@ -525,18 +546,17 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("expert_shared_feed_forward_length", "moe_shared_expert_intermediate_size"),
           _p("expert_shared_count", "n_shared_experts"), _p("expert_weights_norm", "norm_topk_prob", kind="bool"),
           _p("expert_weights_scale", "routed_scaling_factor", kind="f32"), _p("expert_group_count", "n_group")),
-         ssm=2, hybrid="layers_block_type", pad_vocab=8, experts="mixer.experts", hf_prefer=("backbone.",),
-         hf_extra={"model_type": "nemotron_h"}),
+         ssm=2, hybrid="layers_block_type", pad_vocab=8, experts="mixer.experts", hf_prefer=("backbone.",)),
     # Jamba: Mamba (1) layers with RMS norms on dt, B and C, attention without RoPE every attn_layer_period-th
     # layer, per-expert MoE every expert_layer_period-th layer (dense MLP elsewhere); llama.cpp's conversion/jamba.py
-    Arch("jamba", "jamba", "JambaForCausalLM",
+    _arch("jamba",
          (*_LLAMA_LIKE, _p("expert_count", "num_experts", "num_local_experts"), _MOE[1],
           _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_expand", "hidden_size", kind="prod"),
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_dt_rank")),
          ssm=1, hybrid="attn_layer_period", experts="feed_forward.experts", hf_prefer=(".feed_forward.",)),
 )
 _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama.cpp's conversion/lfm2.py)
-    Arch("lfm2", "lfm2", "Lfm2ForCausalLM",
+    _arch("lfm2",
          (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True,
          hf_prefer=("feed_forward.",), requires={"conv_bias": False}),  # llama.cpp's lfm2 graph has no conv biases
@@ -545,14 +565,14 @@ _RECORDS += (  # gemma4
     # Gemma 4 (dense, E2B-style per-layer embeddings, MoE): no norm shift, attention scale 1, full layers with
     # their own head dim / kv heads and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer
     # output scalar; the rest in `hparams._gemma4_hparams` / `_gemma4_config`
-    Arch("gemma4_text", "gemma4", "Gemma4ForCausalLM", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
+    _arch("gemma4_text", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
          swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
 )
 _RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): LFM2's conv / attention layers, dense
     # lead layers, then per-expert w1/w2/w3 stacked under a sigmoid router with a selection bias (expert_bias);
     # llama.cpp's graph always renormalizes the top-k weights and applies no routed scale
-    Arch("lfm2_moe", "lfm2moe", "Lfm2MoeForCausalLM",
+    _arch("lfm2_moe",
          (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
           _p("shortconv.l_cache", "conv_L_cache"), *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("leading_dense_block_count", "num_dense_layers")), tied=True, hybrid="layer_types", shortconv=True,
@@ -562,27 +582,27 @@ _RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): L
                    "routed_scaling_factor": 1.0}),
     # LFM2's embedding models (Lfm2Model, causal): llama.cpp's lfm2 with a pooling type from modules.json; config.json
     # says model_type lfm2 with architectures Lfm2Model (hf_export reads it as this record)
-    Arch("lfm2_embed", "lfm2", "Lfm2Model",
+    _arch("lfm2_embed",
          (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True, embedding=True,
-         hf_prefer=("feed_forward.",), requires={"conv_bias": False}, hf_extra={"model_type": "lfm2"}),
+         hf_prefer=("feed_forward.",), requires={"conv_bias": False}),
 )
 _GDN = (_p("ssm.conv_kernel", "linear_conv_kernel_dim"), _p("ssm.state_size", "linear_key_head_dim"),
         _p("ssm.group_count", "linear_num_key_heads"), _p("ssm.time_step_rank", "linear_num_value_heads"),
         _p("ssm.inner_size", "linear_value_head_dim", "linear_num_value_heads", kind="prod"))
 _RECORDS += (  # qwen hybrids: gated delta-net and gated full attention (llama.cpp's conversion/qwen.py)
     # Qwen3-Next: MoE with a gated shared expert on every layer, zero-centred norms (+1), q_proj holding the gate
-    Arch("qwen3_next", "qwen3next", "Qwen3NextForCausalLM",
+    _arch("qwen3_next",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"), *_GDN),
          norm_shift=1.0, partial_rotary=True, hybrid="layer_types", gdn=True, experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM)),
     # Qwen3.5: separate in_proj_qkv / z / a / b, value heads tiled for llama.cpp, interleaved M-RoPE (the
     # converter's default sections [11, 11, 10, 0] where the config has none); a dense MLP
-    Arch("qwen3_5_text", "qwen35", "Qwen3_5ForCausalLM", (*_LLAMA_LIKE, *_GDN), norm_shift=1.0, partial_rotary=True,
+    _arch("qwen3_5_text", (*_LLAMA_LIKE, *_GDN), norm_shift=1.0, partial_rotary=True,
          hybrid="layer_types", gdn=True, v_reorder=True, mrope=True, hf_prefer=_QK_NORM),
     # Qwen3.5 MoE: qwen35's layers with Qwen3-Next's MoE (a gated shared expert)
-    Arch("qwen3_5_moe_text", "qwen35moe", "Qwen3_5MoeForCausalLM",
+    _arch("qwen3_5_moe_text",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size"), *_GDN),
          norm_shift=1.0, partial_rotary=True, hybrid="layer_types", gdn=True, v_reorder=True, mrope=True,
@@ -590,46 +610,26 @@ _RECORDS += (  # qwen hybrids: gated delta-net and gated full attention (llama.c
 )
 ARCHS: dict[str, Arch] = {a.model_type: a for a in _RECORDS}
 # multimodal outer configs: the text model inside (Gemma3ForConditionalGeneration, the Qwen VL models)
-ALIASES = {"gemma3": "gemma3_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
-           "qwen3_vl": "qwen3_vl_text", "mistral3": "mistral"}
-ALIASES["gemma4"] = "gemma4_text"  # Gemma4ForConditionalGeneration's text part
-GGUF_ARCHS = sorted({a.gguf for a in _RECORDS})
+ALIASES = MODEL_TYPE_ALIASES
+GGUF_ARCHS = _IDENTITY_GGUF_ARCHS
+# one record per identity row: tests/adapters/test_arch_identity.py::test_one_record_per_identity_row
 
 
 def arch_for_model_type(model_type: Any) -> Arch:
     """The record for a Hugging Face `model_type`; UnsupportedArchitectureError naming the nearest ones."""
-    mt = ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
-    if isinstance(mt, str) and mt in ARCHS:
-        return ARCHS[mt]
+    row = _identity_for_model_type(model_type)
+    if row is not None:
+        return ARCHS[row.model_type]
     raise unknown_architecture("Hugging Face model_type", model_type, sorted(ARCHS))
 
 
 def arch_for_gguf(arch: Any, md: Mapping[str, Any] | None = None) -> Arch:
-    """The record a GGUF architecture converts back to (llama with experts: mixtral; olmo2 with a sliding
-    window: olmo3; a later record of the same architecture when the file holds a key of its own rows;
-    deepseek2 by its gating function: softmax deepseek_v2, sigmoid deepseek_v3)."""
-    if arch == "llama" and md is not None and int(md.get("llama.expert_count", 0) or 0) > 0:
-        return ARCHS["mixtral"]
-    matches = [a for a in _RECORDS if a.gguf == arch]
-    if len(matches) > 1 and md is not None:  # a later record whose own rows' keys the file holds (granitemoeshared)
-        base = {hp.key for hp in (*matches[0].hparams, *matches[0].tail)}
-        own = [a for a in matches[1:] if any(hp.key not in base and f"{arch}.{hp.key}" in md for hp in a.hparams)]
-        matches = own or matches
-    if len(matches) > 1 and md is not None and f"{arch}.expert_gating_func" in md:  # deepseek2: v2 or v3
-        gating = int(md[f"{arch}.expert_gating_func"])
-        matches = [a for a in matches if a.gguf_fixed.get("expert_gating_func") == gating] or matches
-    if len(matches) > 1 and md is not None and arch == "granitehybrid":  # Bamba: no experts, no Granite scales
-        bamba = not int(md.get(f"{arch}.expert_count", 0) or 0) and f"{arch}.embedding_scale" not in md
-        matches = [a for a in matches if (a.model_type == "bamba") == bamba] or matches
-    if len(matches) > 1 and md is not None and f"{arch}.ssm.dt_b_c_rms" in md:  # mamba: falcon_mamba's norms
-        rms = bool(md[f"{arch}.ssm.dt_b_c_rms"])
-        matches = [a for a in matches if a.gguf_fixed.get("ssm.dt_b_c_rms") == rms] or matches
-    if len(matches) > 1 and md is not None and arch == "lfm2":  # LFM2's embedding models: a pooling type
-        matches = [a for a in matches if a.embedding == (f"{arch}.pooling_type" in md)] or matches
-    if matches and md is not None and f"{arch}.attention.sliding_window" in md:
-        matches = [a for a in matches if a.sliding] or matches
-    if matches:
-        return matches[0]
+    """The record a GGUF file of architecture `arch` is, its metadata `md` choosing among the records one
+    architecture holds (`formats.arch_identity.identity_for_gguf`: llama with experts is mixtral, olmo2 with a
+    sliding window olmo3, deepseek2 by its gating function deepseek_v2 or deepseek_v3, ...)."""
+    row = _identity_for_gguf(arch, md)
+    if row is not None:
+        return ARCHS[row.model_type]
     raise unknown_architecture("GGUF architecture", arch, GGUF_ARCHS)
 
 

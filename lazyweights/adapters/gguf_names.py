@@ -45,6 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..api.weight_data import WeightData
+from ..core.config_access import config_first, config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
@@ -134,10 +135,10 @@ def _arch_of(config, arch: str | None) -> str:
         return arch
     if config is None:
         raise ConfigError("the GGUF <-> HF name mapping needs a config (or arch=...) to know the architecture")
-    gguf_arch = _get(config, "architecture")
+    gguf_arch = config_get(config, "architecture")
     if isinstance(gguf_arch, str):
         return gguf_arch
-    model_type = _get(config, "model_type")
+    model_type = config_get(config, "model_type")
     if isinstance(model_type, str) and model_type in ARCHS:
         return ARCHS[model_type].gguf
     raise ConfigError(
@@ -145,37 +146,20 @@ def _arch_of(config, arch: str | None) -> str:
     )
 
 
-def _get(config, name: str, default=None):
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        return config.get(name, default)
-    try:
-        return getattr(config, name)
-    except AttributeError:
-        return default
-
-
-def _text_config(config):
-    """Multimodal HF configs (Gemma3ForConditionalGeneration) keep the language model's facts in text_config."""
-    inner = _get(config, "text_config")
-    return inner if inner is not None and _get(config, "num_attention_heads") is None else config
-
-
 def _heads(config) -> tuple[int, int]:
-    config = _text_config(config)
-    n_head = _get(config, "num_attention_heads")
+    config = text_config(config)
+    n_head = config_get(config, "num_attention_heads")
     if n_head is None:
-        n_head = _get(config, "n_head")  # GPT-2-style configs (BLOOM, GPT-BigCode) as config.json spells them
+        n_head = config_get(config, "n_head")  # GPT-2-style configs (BLOOM, GPT-BigCode) as config.json spells them
     if not isinstance(n_head, int) or n_head <= 0:
         raise ConfigError(
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
         )
-    n_kv = _get(config, "num_key_value_heads", None)
-    if _get(config, "model_type") == "falcon" and n_kv is None:  # a Hugging Face Falcon config
-        n_kv = _get(config, "num_kv_heads", None)
-        if not _get(config, "new_decoder_architecture", False):
-            n_kv = 1 if _get(config, "multi_query", True) else n_head
+    n_kv = config_get(config, "num_key_value_heads", None)
+    if config_get(config, "model_type") == "falcon" and n_kv is None:  # a Hugging Face Falcon config
+        n_kv = config_get(config, "num_kv_heads", None)
+        if not config_get(config, "new_decoder_architecture", False):
+            n_kv = 1 if config_get(config, "multi_query", True) else n_head
     if n_kv is None:
         n_kv = n_head
     if hasattr(n_kv, "tolist"):
@@ -239,7 +223,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
     heads = _heads(config) if (permuted or rec.qkv_groups) else None
     if expected_keys is None:
-        mt = _get(_text_config(config), "model_type")
+        mt = config_get(text_config(config), "model_type")
         rec_mt = ARCHS[mt] if isinstance(mt, str) and mt in ARCHS and ARCHS[mt].gguf == arch else rec
         expected_keys = _names.default_hf_keys(rec_mt.model_type, rec_mt.hf_class, _names.layer_count(state))
     out: dict[str, WeightData] = {}
@@ -385,7 +369,7 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
     them; None keeps their dtype)."""
     arch = _arch_of(config, arch)
     rec = _check_arch(arch)
-    mt = _get(_text_config(config), "model_type")
+    mt = config_get(text_config(config), "model_type")
     if isinstance(mt, str) and mt in ARCHS and ARCHS[mt].gguf == arch:
         rec = ARCHS[mt]
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted
@@ -409,13 +393,13 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if rec.gdn and name.startswith("mtp."):
             continue  # multi-token-prediction layers: llama.cpp's converter drops them
         if rec.gdn and name.endswith("linear_attn.in_proj_qkvz.weight"):
-            out.update(_split_qkvz(name, _as_wd(value, name), _text_config(config)))
+            out.update(_split_qkvz(name, _as_wd(value, name), text_config(config)))
             continue
         if rec.mla and name.endswith("self_attn.kv_b_proj.weight"):
             out.update(_split_kv_b(name, _as_wd(value, name), config))
             continue
         if rec.fused_gate_up_shexp and name.endswith(rec.fused_gate_up_shexp + ".weight"):
-            dense = rec.hybrid and not _get(config, "num_local_experts")  # dense Granite 4.0 H: the plain MLP
+            dense = rec.hybrid and not config_get(config, "num_local_experts")  # dense Granite 4.0 H: the plain MLP
             parts = ("ffn_gate", "ffn_up") if dense else ("ffn_gate_shexp", "ffn_up_shexp")
             out.update(_split_pair(name, _as_wd(value, name), parts))
             continue
@@ -434,13 +418,13 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
         if g is not None and _part(g) in _ROW_VECTORS and wd.ndim == 2 and wd.shape[0] == 1:
             wd = wd.reshape((wd.shape[1],))
         if rec.fused_gate_up_shexp and rec.hybrid and g is not None and g.endswith("ffn_down_shexp.weight") and \
-                not _get(config, "num_local_experts"):
+                not config_get(config, "num_local_experts"):
             g = g.replace("ffn_down_shexp", "ffn_down")  # dense Granite 4.0 H: the shared MLP is the MLP
         g = _name_or_unknown(g, name, strict, unknown)
         if g is None:
             continue
         if rec.v_reorder:
-            wd = v_reorder(wd, name, _v_dims_hf(_text_config(config)))
+            wd = v_reorder(wd, name, _v_dims_hf(text_config(config)))
         if permuted and (n := _rope_heads(name, heads)):
             wd = rope_permute(wd, n, _rotary_dims(config, arch, wd.shape[0] // n) if rec.partial_rotary else None)
         if rec.transposed and name.endswith(rec.transposed):
@@ -449,13 +433,13 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = wd[position_offset(config, name, wd.shape[0]):]
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
-        if rec.mup and (mup := mup_scale(name, _text_config(config))) is not None and \
+        if rec.mup and (mup := mup_scale(name, text_config(config))) is not None and \
                 (isinstance(mup, np.ndarray) or mup != 1.0):
             wd = scaled(wd, mup)
         ssm = _ssm_part(g) if rec.ssm or rec.gdn else None
         if ssm:
-            cfg = _text_config(config)
-            wd = ssm_to_gguf(wd, ssm, rec.ssm or 1, int(_get(cfg, "n_groups") or _get(cfg, "mamba_n_groups") or 1))
+            cfg = text_config(config)
+            wd = ssm_to_gguf(wd, ssm, rec.ssm or 1, int(config_first(cfg, ("n_groups", "mamba_n_groups"), 1)))
         conv = rec.shortconv and g.endswith(".shortconv.conv.weight")
         if conv and wd.ndim == 3 and wd.shape[1] == 1:  # LFM2's depthwise conv: llama.cpp's ssm_conv takes [d, L]
             wd = wd.reshape((wd.shape[0], wd.shape[2]))
@@ -471,8 +455,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
 
 
 def _qkvz_dims(cfg) -> tuple[int, int, int]:
-    n_k, n_v = int(_get(cfg, "linear_num_key_heads")), int(_get(cfg, "linear_num_value_heads"))
-    return n_k, int(_get(cfg, "linear_key_head_dim")), n_v // n_k * int(_get(cfg, "linear_value_head_dim"))
+    n_k, n_v = int(config_get(cfg, "linear_num_key_heads")), int(config_get(cfg, "linear_num_value_heads"))
+    return n_k, int(config_get(cfg, "linear_key_head_dim")), n_v // n_k * int(config_get(cfg, "linear_value_head_dim"))
 
 
 def _split_qkvz(name: str, wd: WeightData, cfg) -> dict[str, WeightData]:
@@ -488,7 +472,7 @@ def _split_qkvz(name: str, wd: WeightData, cfg) -> dict[str, WeightData]:
 
 def _v_dims_hf(cfg) -> tuple[int, int, int, int]:
     """Key heads, value heads, key and value head sizes of a gated delta-net from config.json."""
-    return tuple(int(_get(cfg, k) or 0) for k in ("linear_num_key_heads", "linear_num_value_heads",  # type: ignore
+    return tuple(int(config_get(cfg, k) or 0) for k in ("linear_num_key_heads", "linear_num_value_heads",  # type: ignore
                                                   "linear_key_head_dim", "linear_value_head_dim"))
 
 
@@ -544,7 +528,7 @@ def _zero_token_types(embd, arch: str, expected_keys, dtype) -> dict[str, Weight
 def position_offset(config, name: str = "embeddings.position_embeddings.weight", rows: int | None = None) -> int:
     """RoBERTa's first used position row, `pad_token_id + 1` (llama.cpp's converter drops the rows before it);
     0 without a pad_token_id. ShapeError when `rows` leaves none."""
-    pad = _get(_text_config(config), "pad_token_id")
+    pad = config_get(text_config(config), "pad_token_id")
     off = 0 if pad is None else int(pad) + 1
     if rows is not None and off >= rows:
         raise ShapeError(f"{name!r}: {rows} position rows, but positions start at pad_token_id + 1 = {off}")
@@ -736,10 +720,8 @@ def _flat_expert_part(rec: Arch, name: str) -> tuple[str, str] | None:
 def _unflatten_experts(rec: Arch, name: str, wd: WeightData, part: str, config) -> WeightData:
     """A flat [n_expert * ff, hidden] expert tensor as llama.cpp's [n_expert, ff, hidden] (down: [n_expert,
     hidden, ff], each expert's block transposed), n_expert from the record's expert_count row."""
-    from .hparams import config_value
-
     rows = next((hp.hf for hp in rec.hparams if hp.key == "expert_count"), ())
-    n = config_value(dict(config) if isinstance(config, Mapping) else {}, rows)
+    n = config_first(config, rows)
     if not isinstance(n, int) or n <= 0 or wd.ndim != 2 or wd.shape[0] % n:
         raise ShapeError(f"{name!r}: flat experts {list(wd.shape)} do not split into {n!r} experts "
                          f"({' or '.join(rows)})")
@@ -784,8 +766,8 @@ def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str, a
 def _split_kv_b(name: str, wd: WeightData, config) -> dict[str, WeightData]:
     """DeepSeek's kv_b_proj `[n_head * (qk_nope + v), kv_lora_rank]` as llama.cpp's MLA pair: `attn_k_b`
     `[n_head, kv_lora_rank, qk_nope]` (each head's key part transposed) and `attn_v_b` `[n_head, v, kv_lora_rank]`."""
-    cfg = _text_config(config)
-    n_head, nope, v = (_get(cfg, k) for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim"))
+    cfg = text_config(config)
+    n_head, nope, v = (config_get(cfg, k) for k in ("num_attention_heads", "qk_nope_head_dim", "v_head_dim"))
     if not all(isinstance(x, int) and x > 0 for x in (n_head, nope, v)):
         raise ConfigError(f"splitting {name!r} needs num_attention_heads, qk_nope_head_dim and v_head_dim from the "
                           f"config, got {n_head!r}, {nope!r}, {v!r}")
@@ -887,14 +869,14 @@ def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:
 def _rotary_dims(config, arch: str, head_dim: int) -> int | None:
     """Rotary dimensions per head of a partial-rotary family: the GGUF's `rope.dimension_count`, else the
     config's partial_rotary_factor (rope_parameters first) times `head_dim`; None: the whole head."""
-    md = _get(config, "metadata")  # a GGUFConfig's raw key/values (any mapping-like reader)
+    md = config_get(config, "metadata")  # a GGUFConfig's raw key/values (any mapping-like reader)
     if md is not None and hasattr(md, "get") and md.get(f"{arch}.rope.dimension_count") is not None:
         return int(md.get(f"{arch}.rope.dimension_count"))
-    cfg = _text_config(config)
-    params = _get(cfg, "rope_parameters")
+    cfg = text_config(config)
+    params = config_get(cfg, "rope_parameters")
     factor = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
     if factor is None:
-        factor = _get(cfg, "partial_rotary_factor")
+        factor = config_get(cfg, "partial_rotary_factor")
     return None if factor is None else int(float(factor) * head_dim)
 
 
@@ -925,13 +907,13 @@ def gguf_metadata_from_config(config, arch: str | None = None, name: str | None 
     from ..formats.gguf_writer import GGUFValue
 
     arch = _arch_of(config, arch)
-    cfg = _text_config(config)
+    cfg = text_config(config)
     md: dict[str, Any] = {"general.architecture": GGUFValue(arch, T.STRING)}
-    if name or _get(cfg, "_name_or_path"):
-        md["general.name"] = GGUFValue(name or _get(cfg, "_name_or_path"), T.STRING)
+    if name or config_get(cfg, "_name_or_path"):
+        md["general.name"] = GGUFValue(name or config_get(cfg, "_name_or_path"), T.STRING)
 
     def put(key, attr, t, default=None):
-        v = _get(cfg, attr, default)
+        v = config_get(cfg, attr, default)
         if v is not None:
             md[f"{arch}.{key}"] = GGUFValue(v, t)
 
@@ -945,9 +927,9 @@ def gguf_metadata_from_config(config, arch: str | None = None, name: str | None 
     put("rope.freq_base", "rope_theta", T.FLOAT32)
     put("attention.sliding_window", "sliding_window", T.UINT32)
     put("vocab_size", "vocab_size", T.UINT32)
-    head_dim = _get(cfg, "head_dim")
-    if head_dim is None and _get(cfg, "hidden_size") and _get(cfg, "num_attention_heads"):
-        head_dim = _get(cfg, "hidden_size") // _get(cfg, "num_attention_heads")
+    head_dim = config_get(cfg, "head_dim")
+    if head_dim is None and config_get(cfg, "hidden_size") and config_get(cfg, "num_attention_heads"):
+        head_dim = config_get(cfg, "hidden_size") // config_get(cfg, "num_attention_heads")
     if head_dim is not None:
         md[f"{arch}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
         md[f"{arch}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)

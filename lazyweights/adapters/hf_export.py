@@ -62,6 +62,7 @@ import os
 from typing import Any, Callable, Iterable, Mapping
 
 from ..api.weight_data import WeightData
+from ..core.config_access import config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
     ConfigError,
@@ -71,14 +72,14 @@ from ..core.errors import (
     UnsupportedArchitectureError,
     UsageError,
 )
-from .archs import ALIASES as _ALIASES
+from ..formats.arch_identity import identity_for_model_type
+from ..formats.rope_scaling import rope_scaling_of
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
-from .hparams import check_shapes, gguf_hparams, hf_config
+from .hparams import REQUIRED_KEYS, check_shapes, gguf_hparams, hf_config
 
-# Hugging Face model_type -> (GGUF architecture, HF architecture class), from the records in archs
+# Hugging Face model_type -> (GGUF architecture, HF architecture class), from the identity rows (formats.arch_identity)
 SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
-_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
 
@@ -92,14 +93,14 @@ def _unsupported(what: str, value) -> UnsupportedArchitectureError:
 # --- GGUF -> Hugging Face config ----------------------------------------------------------------------------------
 def _canonical(model_type: Any) -> Any:
     """A config's `model_type` under the name its record has (an alias resolved); anything else unchanged."""
-    return _ALIASES.get(model_type, model_type) if isinstance(model_type, str) else model_type
+    row = identity_for_model_type(model_type)
+    return model_type if row is None else row.model_type
 
 
 def model_type_for(arch: str, md: Mapping[str, Any]) -> str:
     """The Hugging Face model_type a GGUF architecture converts back to (llama with experts: mixtral; a VL
     model's text part: its text model alone)."""
-    rec = arch_for_gguf(arch, md)
-    return rec.back_as or rec.model_type
+    return arch_for_gguf(arch, md).identity.read_back().model_type
 
 
 def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None,
@@ -117,7 +118,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if not isinstance(arch, str):
         raise GGUFConfigError("GGUF metadata has no general.architecture", ["general.architecture"])
     model_type = model_type_for(arch, md)
-    missing = [f"{arch}.{k}" for k in _REQUIRED if f"{arch}.{k}" not in md]
+    missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if f"{arch}.{k}" not in md]
     moe = int(md.get(f"{arch}.expert_count", 0) or 0) > 0
     if f"{arch}.feed_forward_length" not in md and not (moe and f"{arch}.expert_feed_forward_length" in md):
         missing.append(f"{arch}.feed_forward_length")
@@ -318,11 +319,6 @@ def generation_config_from_gguf(metadata: Mapping[str, Any]) -> dict:
 
 
 # --- Hugging Face config -> GGUF metadata -------------------------------------------------------------------------
-def _cfg_get(cfg: Mapping[str, Any], key: str, default=None):
-    v = cfg.get(key, default)
-    return default if v is None else v
-
-
 def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
     if doc.get("model_type") == "xlm-roberta" and doc.get("lora_adaptations"):
         # jina-embeddings-v3's remote-code config (llama.cpp's converter: jina-bert-v3 when LoRA tasks are listed)
@@ -332,8 +328,8 @@ def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
         return dict(doc, model_type="nemotron_h_moe")  # llama.cpp's converter: nemotron_h_moe for MoE layers
     if doc.get("model_type") == "lfm2" and (doc.get("architectures") or [""])[0] == "Lfm2Model":
         return dict(doc, model_type="lfm2_embed")  # llama.cpp's converter: LFM2's embedding models (LFM2ColBertModel)
-    inner = doc.get("text_config")
-    if isinstance(inner, Mapping) and doc.get("num_attention_heads") is None:
+    inner = text_config(doc)
+    if inner is not doc and isinstance(inner, Mapping):
         merged = dict(inner)
         merged.setdefault("model_type", _canonical(doc.get("model_type")))
         vision = doc.get("vision_config")
@@ -353,18 +349,6 @@ def _rope_theta(cfg: Mapping[str, Any], which: str = "full_attention") -> float 
             params = params[which]
         if params.get("rope_theta") is not None:
             return float(params["rope_theta"])
-    return None
-
-
-def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    rs = cfg.get("rope_scaling")
-    if isinstance(rs, Mapping):
-        return rs
-    params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping) and "full_attention" in params:
-        params = params["full_attention"]
-    if isinstance(params, Mapping) and params.get("rope_type", "default") not in ("default", None):
-        return params
     return None
 
 
@@ -491,11 +475,11 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
-    rs = _rope_scaling(cfg_text)
+    rs = rope_scaling_of(cfg_text)
     if ARCHS[mt].rope_freqs and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":
         # llama.cpp reads Llama 3.1's scaling only from this tensor, as its converter writes it
         heads = int(cfg_text["num_attention_heads"])
-        head_dim = int(_cfg_get(cfg_text, "head_dim", int(cfg_text["hidden_size"]) // heads))
+        head_dim = int(config_get(cfg_text, "head_dim", int(cfg_text["hidden_size"]) // heads))
         theta = _rope_theta(cfg_text) or 10000.0
         factors = llama3_rope_factors(theta, head_dim, float(rs.get("factor", 8.0)),
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
@@ -569,7 +553,7 @@ def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
     if rs is None:
         return {}
     heads = int(cfg["num_attention_heads"])
-    head_dim = int(_cfg_get(cfg, "head_dim", int(cfg["hidden_size"]) // heads))
+    head_dim = int(config_get(cfg, "head_dim", int(cfg["hidden_size"]) // heads))
     want = int(rotary_factor(cfg) * head_dim) // 2
     out = {}
     for which in ("long", "short"):

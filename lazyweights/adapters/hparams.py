@@ -25,7 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping
 
+from ..core.config_access import config_first
 from ..core.errors import GGUFConfigError
+from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
 from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
 
 # the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
@@ -36,34 +38,8 @@ _BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral":
               "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
               "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias",
               "gpt_oss": "attention_bias"}
-_REQUIRED = ("context_length", "embedding_length", "block_count", "attention.head_count")
-
-
-def _first(cfg: Mapping[str, Any], names: Iterable[str]):
-    """The first of `names` the config holds (`a.b`: entry b of the nested dict a, DBRX's attn_config)."""
-    for n in names:
-        v = _lookup(cfg, n)
-        if v is not None:
-            return v
-    return None
-
-
-def config_value(cfg: Mapping[str, Any], names: Iterable[str]):
-    """The first of `names` a config.json dict holds, None if none; `a.b` reads entry b of the nested dict a.
-
-    Example:
-        >>> config_value({"ffn_config": {"moe_num_experts": 16}}, ("num_experts", "ffn_config.moe_num_experts"))
-        16
-    """
-    return _first(cfg, names)
-
-
-def _lookup(cfg: Mapping[str, Any], name: str):
-    if "." in name:
-        outer, inner = name.split(".", 1)
-        sub = cfg.get(outer)
-        return sub.get(inner) if isinstance(sub, Mapping) else None
-    return cfg.get(name)
+# the `{arch}.*` keys every GGUF needs (HF -> GGUF refuses a config without them, GGUF -> HF a file)
+REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
 
 def _put(cfg: dict, name: str, value) -> None:
@@ -75,15 +51,6 @@ def _put(cfg: dict, name: str, value) -> None:
         cfg[name] = value
 
 
-def rope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
-    """transformers 5's `rope_parameters` (its `full_attention` entry where it has one per layer type), or {}."""
-    params = cfg.get("rope_parameters")
-    if isinstance(params, Mapping):
-        return params.get("full_attention", params) if isinstance(params.get("full_attention"), Mapping) \
-            else params
-    return {}
-
-
 def rotary_factor(cfg: Mapping[str, Any]) -> float:
     """The rotary fraction of each head: `rope_parameters.partial_rotary_factor` (where transformers 5 writes it,
     e.g. Phi-4-mini's 0.75), else the top-level `partial_rotary_factor` / `rotary_pct`, else 1.
@@ -91,9 +58,9 @@ def rotary_factor(cfg: Mapping[str, Any]) -> float:
     >>> rotary_factor({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}})
     0.75
     """
-    v = _first(rope_parameters(cfg), ("partial_rotary_factor",))
+    v = config_first(rope_parameters(cfg), ("partial_rotary_factor",))
     if v is None:
-        v = _first(cfg, ("partial_rotary_factor", "rotary_pct"))
+        v = config_first(cfg, ("partial_rotary_factor", "rotary_pct"))
     return 1.0 if v is None else float(v)
 
 
@@ -111,7 +78,7 @@ def _row_value(cfg: Mapping[str, Any], hp: HParam):
     the combination of all of them, for `lead` rows the count of leading dense layers."""
     if hp.kind in ("prod", "sum"):
         return _combined(cfg, hp.hf, hp.kind)
-    v = _first(cfg, hp.hf)
+    v = config_first(cfg, hp.hf)
     return _leading_dense(v) if hp.kind == "lead" else v
 
 
@@ -129,7 +96,7 @@ def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
     if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
         return 1 if cfg.get("multi_query", True) else heads
     names = next((hp.hf for hp in rec.hparams if hp.key == KV.key), KV.hf)  # the record's own (DBRX's nested)
-    v = _first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
+    v = config_first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
     return heads if v is None else int(v)
 
 
@@ -162,7 +129,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         cfg = {**cfg, "num_hidden_layers": len(kinds)}
     found: dict[str, Any] = {hp.key: _row_value(cfg, hp) for hp in rows}
     missing = [f"{k} ({' or '.join(hp.hf)})" for hp in rows for k in [hp.key]
-               if (k in _REQUIRED or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
+               if (k in REQUIRED_KEYS or hp in rec.tail) and found[k] is None and k not in rec.gguf_fixed]
     if missing:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
     if _pure_ssm(rec):
@@ -195,7 +162,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         if not rec.head_dims and not rec.odd_head_dim and f"{a}.attention.key_length" not in md:
             md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
             md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
-    theta = _first(cfg, ("rope_theta", "global_rope_theta"))
+    theta = config_first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
     if theta is None:
@@ -209,8 +176,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[f"{a}.rope.dimension_count"] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
         md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
-    orig = _first(cfg, ("original_max_position_embeddings",)) or \
-        _first(rope_parameters(cfg), ("original_max_position_embeddings",))
+    orig = config_first(cfg, ("original_max_position_embeddings",)) or \
+        config_first(rope_parameters(cfg), ("original_max_position_embeddings",))
     if rec.orig_ctx and orig:
         md[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(orig), T.UINT32)
     if rec.longrope and longrope_parameters(cfg) is not None:
@@ -222,7 +189,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     window = cfg.get("sliding_window")
     if window and (rec.window_always or (rec.window_flag and cfg.get(rec.window_flag))):
         md[f"{a}.attention.sliding_window"] = GGUFValue(int(window), T.UINT32)
-    md.update(_rope_scaling(a, cfg))
+    md.update(rope_scaling_to_gguf(a, cfg))
     if rec.mla:
         md.update(_mla_hparams(a, cfg))
     if rec.mrope:
@@ -245,7 +212,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md.update(_swa_keys(rec, cfg))
     if rec.gemma4:
         md.update(_gemma4_hparams(rec, cfg, head_dim, int(found["block_count"])))
-    md.update(_rows(rec, rec.late, {hp.key: _first(cfg, hp.hf) for hp in rec.late}))
+    md.update(_rows(rec, rec.late, {hp.key: config_first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
         md.update(_hybrid_hparams(rec, cfg, found))
@@ -339,7 +306,7 @@ def lfm2_feed_forward_length(cfg: Mapping[str, Any]) -> int:
         ...                           "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256})
         8192
     """
-    ff = _first(cfg, ("intermediate_size", "block_ff_dim"))
+    ff = config_first(cfg, ("intermediate_size", "block_ff_dim"))
     if ff is None:
         raise GGUFConfigError(f"config.json ({cfg.get('model_type')}) lacks feed_forward_length (intermediate_size "
                               f"or block_ff_dim)", ["feed_forward_length"])
@@ -413,7 +380,7 @@ def _ssm_hparams(rec: Arch, cfg: Mapping[str, Any], found: dict[str, Any]) -> di
     d_inner / head_dim (64), one group, eps 1e-5), then the fixed keys (no context length or heads)."""
     hidden = int(found["embedding_length"])
     inner = found.get("ssm.inner_size") or 2 * hidden
-    head_dim = int(_first(cfg, ("mamba_d_head", "head_dim")) or 64)
+    head_dim = int(config_first(cfg, ("mamba_d_head", "head_dim")) or 64)
     defaults = {"ssm.conv_kernel": 4, "ssm.state_size": 16 if rec.ssm == 1 else 128, "ssm.inner_size": inner,
                 "ssm.time_step_rank": -(hidden // -16) if rec.ssm == 1 else int(inner) // head_dim,
                 "attention.layer_norm_rms_epsilon": 1e-5}
@@ -468,8 +435,9 @@ def longrope_attn_factor(cfg: Mapping[str, Any]) -> float:
     rs = longrope_parameters(cfg) or {}
     if rs.get("attention_factor") is not None:
         return float(rs["attention_factor"])
-    orig = _first(rs, ("original_max_position_embeddings",)) or _first(cfg, ("original_max_position_embeddings",))
-    ctx = _first(cfg, ("max_position_embeddings", "n_positions"))
+    orig = config_first(rs, ("original_max_position_embeddings",)) or \
+        config_first(cfg, ("original_max_position_embeddings",))
+    ctx = config_first(cfg, ("max_position_embeddings", "n_positions"))
     if not orig or not ctx:
         raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE needs max_position_embeddings and "
                               f"original_max_position_embeddings, got {ctx} and {orig}",
@@ -561,7 +529,7 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
                                                         T.ARRAY, T.UINT32)
     if cfg.get("enable_moe_block"):  # experts beside the dense MLP in every layer
         moe = {"expert_count": cfg.get("num_experts"), "expert_used_count": cfg.get("top_k_experts"),
-               "expert_feed_forward_length": _first(cfg, ("moe_intermediate_size", "expert_intermediate_size"))}
+               "expert_feed_forward_length": config_first(cfg, ("moe_intermediate_size", "expert_intermediate_size"))}
         lacking = [k for k, v in moe.items() if v is None]
         if lacking:
             raise GGUFConfigError(f"config.json ({rec.model_type}): enable_moe_block without num_experts / "
@@ -623,7 +591,7 @@ def _swa_theta(cfg: Mapping[str, Any]):
     """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
     or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
     the config has none."""
-    v = _first(cfg, ("local_rope_theta", "rope_local_base_freq"))
+    v = config_first(cfg, ("local_rope_theta", "rope_local_base_freq"))
     params = cfg.get("rope_parameters")
     if v is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
         v = params["sliding_attention"].get("rope_theta")
@@ -650,36 +618,6 @@ def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
         if v is not None:
             md[f"{a}.{hp.key}"] = _value(hp, v)
     return md
-
-
-def _rope_scaling(a: str, cfg: Mapping[str, Any]) -> dict:
-    """Linear / YaRN RoPE scaling as llama.cpp's keys (`rope.scaling.type`, `factor`, `original_context_length`),
-    from `rope_parameters` (transformers 5) or `rope_scaling`; other types (Llama 3's) are the families' own."""
-    from gguf.constants import GGUFValueType as T
-
-    from ..formats.gguf_writer import GGUFValue
-
-    rs = cfg.get("rope_scaling")
-    rs = rs if isinstance(rs, Mapping) else rope_parameters(cfg)
-    kind = rs.get("rope_type") or rs.get("type")
-    if kind not in ("linear", "yarn") or rs.get("factor") is None:
-        return {}
-    out = {f"{a}.rope.scaling.type": GGUFValue(str(kind), T.STRING),
-           f"{a}.rope.scaling.factor": GGUFValue(float(rs["factor"]), T.FLOAT32)}
-    if rs.get("original_max_position_embeddings") is not None:
-        out[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(rs["original_max_position_embeddings"]),
-                                                                      T.UINT32)
-    if kind == "yarn":  # as llama.cpp's converter writes them, where the config sets them
-        for hf_name, key in _YARN_KEYS:
-            v = rs.get(hf_name, rs.get("attn_factor")) if hf_name == "attention_factor" else rs.get(hf_name)
-            if v is not None:
-                out[f"{a}.rope.scaling.{key}"] = GGUFValue(float(v), T.FLOAT32)
-    return out
-
-
-# YaRN's parameters: rope_parameters name -> llama.cpp's `rope.scaling.*` key
-_YARN_KEYS = (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
-              ("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"))
 
 
 _MLA_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank")
@@ -712,7 +650,7 @@ def _mla_config(get) -> dict:
 def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
     """Per layer, true = sliding-window attention: from layer_types, else every `sliding_window_pattern`-th
     layer (default 4, as llama.cpp's converter assumes for OLMo 3) attends globally."""
-    n = int(_first(cfg, ("num_hidden_layers", "n_layer")) or 0)
+    n = int(config_first(cfg, ("num_hidden_layers", "n_layer")) or 0)
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         return [t == "sliding_attention" for t in types]
@@ -733,7 +671,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = md.get(f"{a}.{key}", default)
         return v.tolist() if hasattr(v, "tolist") else v
 
-    cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.model_type, "vocab_size": int(vocab)}
+    cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.identity.config_model_type,
+                           "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
         v = get(hp.key)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
@@ -767,17 +706,11 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
     if rec.partial_rotary:
         rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
-    kind = get("rope.scaling.type")
-    if kind in ("linear", "yarn") and get("rope.scaling.factor") is not None:
-        rope.update(rope_type=str(kind), factor=float(get("rope.scaling.factor")))
-        if get("rope.scaling.original_context_length") is not None:
-            rope["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
-        if kind == "yarn":
-            for hf_name, key in _YARN_KEYS:
-                if get(f"rope.scaling.{key}") is not None:
-                    rope[hf_name] = float(get(f"rope.scaling.{key}"))
-            if rec.yarn_truncate is not None:
-                rope["truncate"] = rec.yarn_truncate
+    scaling = rope_scaling_from_gguf(md, a)
+    if scaling is not None and scaling["rope_type"] in ("linear", "yarn") and "factor" in scaling:
+        rope.update(scaling)
+        if scaling["rope_type"] == "yarn" and rec.yarn_truncate is not None:
+            rope["truncate"] = rec.yarn_truncate
     if rec.window_flag:
         window = get("attention.sliding_window")
         cfg[rec.window_flag] = bool(window)

@@ -18,7 +18,10 @@ them under the Hugging Face names, so one adapter serves both formats:
     max_position_embeddings {arch}.context_length
     vocab_size              {arch}.vocab_size, else len(tokenizer.ggml.tokens)
     sliding_window          {arch}.attention.sliding_window
-    model_type/architectures from the architecture (gemma3 -> gemma3_text / Gemma3ForCausalLM)
+    model_type/architectures from the architecture's row in `formats.arch_identity`, as the
+                            folder export writes them (gemma3 -> gemma3_text / Gemma3ForCausalLM,
+                            starcoder -> gpt_bigcode, llama with experts -> mixtral)
+    rope_scaling            {arch}.rope.scaling.* (`formats.rope_scaling.rope_scaling_from_gguf`)
     ====================== =====================================================
 
 An attribute the file does not provide raises AttributeError listing the ones it does.
@@ -36,20 +39,11 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
+from ..core.config_access import config_get
 from ..core.errors import FormatError
 from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
-
-# GGUF architecture -> (HF model_type, HF architectures)
-_HF_ARCH: dict[str, tuple[str, list[str]]] = {
-    "llama": ("llama", ["LlamaForCausalLM"]),
-    "mistral3": ("mistral", ["MistralForCausalLM"]),
-    "qwen2": ("qwen2", ["Qwen2ForCausalLM"]),
-    "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
-    "gemma": ("gemma", ["GemmaForCausalLM"]),
-    "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
-    "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"]),
-    "phi3": ("phi3", ["Phi3ForCausalLM"]),
-}
+from .arch_identity import config_identity
+from .rope_scaling import rope_scaling_from_gguf
 
 # HF attribute -> GGUF key suffix after "{arch}."
 _ARCH_KEYS: dict[str, str] = {
@@ -110,8 +104,9 @@ class _AttrConfig:
         return list(super().__dir__()) + list(self._values)
 
     def get(self, name: str, default=None):
-        """Like `getattr(cfg, name, default)` (transformers configs are read this way too)."""
-        return self._values.get(name, default)
+        """`lazyweights.core.config_access.config_get` on this config: `name` may be a dotted path into nested
+        configs (`text_config.num_attention_heads`); `default` where it is missing or None."""
+        return config_get(object.__getattribute__(self, "_values"), name, default)
 
     def to_dict(self) -> dict:
         return {k: (v.to_dict() if isinstance(v, _AttrConfig) else v) for k, v in self._values.items()}
@@ -138,9 +133,9 @@ class GGUFConfig(_AttrConfig):
         values: dict[str, Any] = {}
         if isinstance(arch, str):
             values["architecture"] = arch
-            model_type, architectures = _HF_ARCH.get(arch, (arch, []))
-            values["model_type"] = model_type
-            values["architectures"] = list(architectures)
+            row = config_identity(arch, metadata)  # the family hf_export.hf_config_from_gguf writes
+            values["model_type"] = arch if row is None else row.config_model_type
+            values["architectures"] = [] if row is None else [row.hf_class]
             for attr, suffix in _ARCH_KEYS.items():
                 key = f"{arch}.{suffix}"
                 if key in metadata:
@@ -151,7 +146,7 @@ class GGUFConfig(_AttrConfig):
                 values["num_key_value_heads"] = heads
             if "head_dim" not in values and isinstance(heads, int) and heads and "hidden_size" in values:
                 values["head_dim"] = values["hidden_size"] // heads
-            scaling = _rope_scaling(metadata, arch)
+            scaling = rope_scaling_from_gguf(metadata, arch)
             if scaling is not None:
                 values["rope_scaling"] = scaling
         if "vocab_size" not in values and "tokenizer.ggml.tokens" in metadata:
@@ -166,20 +161,6 @@ class GGUFConfig(_AttrConfig):
             values["tie_word_embeddings"] = "output.weight" not in names and "token_embd.weight" in names
         super().__init__(values)
         object.__setattr__(self, "metadata", metadata)
-
-
-def _rope_scaling(metadata: Mapping[str, Any], arch: str) -> dict | None:
-    kind = metadata.get(f"{arch}.rope.scaling.type")
-    factor = metadata.get(f"{arch}.rope.scaling.factor")
-    if kind in (None, "none") and factor is None:
-        return None
-    out: dict[str, Any] = {"rope_type": kind or "linear"}
-    if factor is not None:
-        out["factor"] = factor
-    orig = metadata.get(f"{arch}.rope.scaling.original_context_length")
-    if orig is not None:
-        out["original_max_position_embeddings"] = orig
-    return out
 
 
 class HFConfig(_AttrConfig):
