@@ -49,6 +49,7 @@ class WeightData:
     node: Node
     name: str
     quantization_encoding: QuantizationEncoding | None
+    _exported: np.ndarray | None
 
     def __init__(self, data, name: str, dtype: DType | None = None, shape=None,
                  quantization_encoding: QuantizationEncoding | None = None):
@@ -431,7 +432,8 @@ def _through_carrier_view(data) -> np.ndarray | None:
         ours = DType.parse(dt)
         carrier = type(dt)[f"uint{8 * ours.size_in_bytes}"]
         return np.from_dlpack(view(carrier)).view(ours.to_numpy())
-    except (DTypeError, KeyError, TypeError, BufferError, RuntimeError, ValueError):
+    except (DTypeError, KeyError, TypeError, BufferError, RuntimeError, ValueError) as e:
+        _log.debug("%s: no integer carrier view for DLPack (%s: %s)", type(data).__name__, type(e).__name__, e)
         return None
 
 

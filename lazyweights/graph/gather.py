@@ -224,7 +224,9 @@ def _plan(node: Node, base_of, cache) -> _Plan | None:
         while not _table_run_of(n, base_of, cache):
             moves.append((n, GATHER[n.op](n)))
             n = n.srcs[0]
-        return _Plan(unit, row_size(node) // unit, tuple(moves), *_table(view_of(n, base_of, cache), unit))
+        view = view_of(n, base_of, cache)
+        assert view is not None  # the loop stopped at a table run, and only a view has one (_table_run_of)
+        return _Plan(unit, row_size(node) // unit, tuple(moves), *_table(view, unit))
 
     return _memo(cache, ("gather plan", node), make)
 

@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 
 from ..core.dtype import DType
+from ..core.errors import ConfigError
 
 LLAMA_SMALL = dict(hidden_size=256, intermediate_size=688, num_attention_heads=8, num_key_value_heads=2,
                    vocab_size=1000)
@@ -87,8 +88,12 @@ def convert_safetensor_state_dict(state_dict, huggingface_config, **unused_kwarg
     """MAX's example adapter, lazily: every line builds graph nodes; nothing is read here."""
     cfg = huggingface_config
     get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
-    num_heads = get("num_attention_heads")
-    head_dim = get("hidden_size") // num_heads
+    num_heads, hidden_size = get("num_attention_heads"), get("hidden_size")
+    if num_heads is None or hidden_size is None:
+        missing = [k for k, v in (("num_attention_heads", num_heads), ("hidden_size", hidden_size)) if v is None]
+        raise ConfigError(f"huggingface_config lacks {', '.join(missing)}: the adapter needs them for the RoPE "
+                          f"row permutation of q_proj and k_proj")
+    head_dim = hidden_size // num_heads
     num_kv_heads = get("num_key_value_heads", num_heads)
     perm = rope_perm(head_dim)
     new_state_dict = {}

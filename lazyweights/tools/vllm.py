@@ -220,7 +220,9 @@ def _make_lazy_tensor_class():
                   torch.Tensor.is_meta.__get__, torch.Tensor.is_contiguous, torch.Tensor.stride,
                   torch.Tensor.nelement}
 
-    class LazyTensor(torch.Tensor):
+    Tensor: Any = torch.Tensor  # torch is imported here, at run time; mypy cannot take a base class from a variable
+
+    class LazyTensor(Tensor):
         """A checkpoint tensor, not yet read: shape and dtype only. `narrow`, `reshape`/`view`, `to(dtype)`,
         `t()` and basic indexing stay lazy; `dst.copy_(lazy)` is handed to the loader's sink; anything else
         materializes it."""
