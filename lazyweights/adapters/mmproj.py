@@ -12,6 +12,9 @@ text-model embeddings. This module is the mmproj engine over the records of `vis
 - `export_gguf_with_mmproj` writes the text model and the mmproj from one lazily opened folder (each source
   byte read once: the two files share no tensor), both validated before either is written.
 
+An audio tower (a record with `modality` audio: Qwen2-Audio's Whisper encoder) is written the same way from the
+config's audio_config, with `clip.has_audio_encoder` and `clip.audio.*` keys.
+
 Storage types follow llama.cpp's converter at the source's own float type (its `--outtype` f32, f16 or bf16 for a
 float32, float16 or bfloat16 checkpoint): 1-D tensors, norms, position embeddings and a record's `f32` tensors in
 float32, the patch embedding in float32 (float16 in a float16 file), a record's `f16` tensors in float16.
@@ -87,19 +90,20 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
     cfg = dict(config)
     mt = cfg.get("model_type")
     rec = vision_arch_for_model_type(mt)
-    vision = cfg.get("vision_config")
+    ckey = f"{rec.modality}_config"  # vision_config, or audio_config for an audio tower
+    vision = cfg.get(ckey)
     if not isinstance(vision, Mapping):
-        raise VisionConfigError(f"{mt}: config.json has no vision_config (a text-only checkpoint of the family?); "
-                                "there is no vision tower to write as an mmproj")
+        raise VisionConfigError(f"{mt}: config.json has no {ckey} (a text-only checkpoint of the family?); "
+                                f"there is no {rec.modality} tower to write as an mmproj")
     vision = dict(vision)
     text = {**cfg, **(cfg.get("text_config") or {})}
     for key, want in rec.requires.items():
         if key in vision and vision[key] != want:
-            raise VisionConfigError(f"{mt} vision_config.{key} is {vision[key]!r}; llama.cpp's mtmd computes "
-                                    f"{rec.hf_class}'s vision tower only with {key} = {want!r}")
+            raise VisionConfigError(f"{mt} {ckey}.{key} is {vision[key]!r}; llama.cpp's mtmd computes "
+                                    f"{rec.hf_class}'s {rec.modality} tower only with {key} = {want!r}")
     n_block = next((vision[k] for k in BLOCK_KEYS if k in vision), None)
     if not isinstance(n_block, int) or n_block <= 0:
-        raise VisionConfigError(f"{mt} vision_config names no block count (one of {', '.join(BLOCK_KEYS)})")
+        raise VisionConfigError(f"{mt} {ckey} names no block count (one of {', '.join(BLOCK_KEYS)})")
     pre: dict = {}
     if any(p.where == "pre" and p.hf and p.default is None for p in rec.hparams):
         found = _preprocessor_config(folder)
@@ -124,7 +128,8 @@ def _value(mc: MmprojConfig, p: VParam) -> Any:
     if name is not None:
         return src[name]
     if p.default is None and not p.optional and p.kind != "pos_grid":
-        where = {"vision": "vision_config", "top": "config.json", "text": "text_config", "text_config": "text_config",
+        where = {"vision": f"{mc.rec.modality}_config", "top": "config.json",  # the tower's config
+                 "text": "text_config", "text_config": "text_config",
                  "pre": "preprocessor_config.json"}[p.where]
         raise VisionConfigError(f"{mc.rec.model_type}: {where} has none of {', '.join(p.hf)} ({p.key})")
     return p.default
@@ -224,11 +229,12 @@ def mmproj_metadata(mc: MmprojConfig, file_type: int, name: str | None = None) -
     if nm:
         md["general.name"] = GGUFValue(str(nm), T.STRING)
     md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
-    md["clip.has_vision_encoder"] = GGUFValue(True, T.BOOL)
+    md[f"clip.has_{mc.rec.modality}_encoder"] = GGUFValue(True, T.BOOL)
     width = mc.text.get("hidden_size", mc.text.get("n_embd"))
     if not isinstance(width, int) or width <= 0:
-        raise VisionConfigError(f"{mc.rec.model_type}: text_config has no hidden_size (clip.vision.projection_dim)")
-    md["clip.vision.projection_dim"] = GGUFValue(width, T.UINT32)
+        raise VisionConfigError(f"{mc.rec.model_type}: text_config has no hidden_size "
+                                f"(clip.{mc.rec.modality}.projection_dim)")
+    md[f"clip.{mc.rec.modality}.projection_dim"] = GGUFValue(width, T.UINT32)
     for p, v in _values(mc):
         md[p.key] = _gguf_value(p.kind, v)
     md["general.quantization_version"] = GGUFValue(2, T.UINT32)
@@ -333,10 +339,12 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
             new = fixed or _own_name(rec, key) or tmap.get_name(key, try_suffixes=(".weight", ".bias"))
             if new is None:
                 raise UnmappedTensorError(
-                    f"{src}: no mmproj tensor for it in gguf-py's table ({rec.model_type}, {mc.block_count} vision "
-                    f"blocks); llama.cpp's converter cannot map it either")
+                    f"{src}: no mmproj tensor for it in gguf-py's table ({rec.model_type}, {mc.block_count} "
+                    f"{rec.modality} blocks); llama.cpp's converter cannot map it either")
             if any(f in hf for f in rec.norm_shift):
                 part = add_scalar(part.astype(DType.float32), 1.0)  # in float32, as llama.cpp's converter adds
+            if any(f in hf for f in rec.unsqueeze):
+                part = part.reshape(*part.shape, 1)  # [n] -> [n, 1]: llama.cpp's Whisper conv biases
             dtype = _stored_dtype(rec, hf, new, part.ndim, ftype)
             out[new] = _named(part if part.dtype == dtype else part.astype(dtype), new)
     return out, ftype
@@ -396,7 +404,7 @@ def convert_hf_to_mmproj(state_dict: Mapping[str, Any], huggingface_config=None,
     mc = check_mmproj_config(_config_of(huggingface_config, folder), folder)
     tensors, ftype = mmproj_tensors(mc, state_dict)
     if not tensors:
-        raise VisionConfigError(f"{mc.rec.model_type}: the checkpoint holds no vision tower tensor "
+        raise VisionConfigError(f"{mc.rec.model_type}: the checkpoint holds no {mc.rec.modality} tower tensor "
                                 f"(none under {', '.join(mc.rec.prefixes)})")
     out = ConvertedStateDict(tensors)
     out.gguf_metadata = mmproj_metadata(mc, _FILE_TYPE[ftype])

@@ -10,7 +10,7 @@ converter uses); a record says only
 - which tensors are the tower's (`prefixes`, the published layout; `layouts` rewrites other saved layouts, such
   as transformers 5's, to it), what llama.cpp drops (`dropped`) and renames first (`renames`);
 - the `clip.*` keys in llama.cpp's order: `VParam(key, config names, where, kind, default)`, `where` saying which
-  config holds them: the vision config, the outer config.json (`top`), the text config (`text`: config.json
+  config holds them: the tower's config, the outer config.json (`top`), the text config (`text`: config.json
   under its text_config; `text_config`: that alone) or the image processor's (`pre`: preprocessor_config.json,
   then processor_config.json), a name-less row being a fixed value;
 - the value transforms and storage types llama.cpp's converter applies (norms stored w + 1, fused qkv rows split,
@@ -74,6 +74,10 @@ class VisionArch(NamedTuple):
                                               # two Conv2d: v.patch_embd.weight and v.patch_embd.weight.1
     f16: tuple[str, ...] = ()                 # HF name fragments llama.cpp always stores float16
     f32: tuple[str, ...] = ()                 # HF or GGUF name fragments llama.cpp always stores float32
+    modality: str = "vision"                  # the tower: vision (vision_config, clip.has_vision_encoder,
+                                              # clip.vision.projection_dim) or audio (audio_config, clip.audio.*)
+    unsqueeze: tuple[str, ...] = ()           # HF name fragments given a trailing axis of 1 ([n] -> [n, 1]: the
+                                              # Whisper conv biases, as llama.cpp stores them)
     requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes
 
 
@@ -113,6 +117,12 @@ def _record(model_type: str, hf_class: str, projector: str, base: tuple[VParam, 
                       hparams=(*base, _fixed("clip.projector_type", projector, "str"), *own), **fields)
 
 
+# WhisperEncoderModel.set_gguf_parameters (llama.cpp): a Whisper encoder's header; its converter reads d_model,
+# encoder_ffn_dim and encoder_attention_heads where the audio config has no hidden_size / intermediate_size
+_WHISPER_BASE = (VParam("clip.audio.embedding_length", ("hidden_size", "d_model")),
+                 VParam("clip.audio.feed_forward_length", ("intermediate_size", "encoder_ffn_dim")),
+                 VParam("clip.audio.block_count", BLOCK_KEYS),
+                 VParam("clip.audio.attention.head_count", ("num_attention_heads", "encoder_attention_heads")))
 _QWEN_VL = dict(prefixes=("visual.",), layouts=((r"^model\.visual\.", "visual."),), qkv=".attn.qkv.",
                 temporal_patch="visual.patch_embed.proj.weight", f32=(".position_embd.",))
 _RECORDS: tuple[VisionArch, ...] = (
@@ -158,6 +168,18 @@ _RECORDS: tuple[VisionArch, ...] = (
     _record("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2vl_merger", _qwen_base("embed_dim", "hidden_size"),
             (VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6),),
             requires={"spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "quick_gelu"}, **_QWEN_VL),
+    # Qwen2-Audio: a Whisper encoder (two GELU conv1d, learned positions, 2x average pooling, LayerNorm) and one
+    # linear projector (its `multi_modal_projector.` llama.cpp prefixes `audio.`); the conv biases stored [n, 1],
+    # the conv weights float16; mtmd's graph takes 30-second windows of 3000 mel frames, 1500 positions, erf GELU
+    _record("qwen2_audio", "Qwen2AudioForConditionalGeneration", "qwen2a", _WHISPER_BASE,
+            (VParam("clip.audio.num_mel_bins", ("num_mel_bins",)),
+             VParam("clip.audio.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32", default=1e-5)),
+            modality="audio", prefixes=("audio_tower.", "audio.multi_modal_projector."),
+            layouts=((r"^model\.audio_tower\.", "audio_tower."),
+                     (r"^(model\.)?multi_modal_projector\.", "audio.multi_modal_projector.")),
+            unsqueeze=("audio_tower.conv1.bias", "audio_tower.conv2.bias"),
+            f16=("audio_tower.conv1.weight", "audio_tower.conv2.weight"),
+            requires={"max_source_positions": 1500, "activation_function": "gelu"}),
 )
 VISION_ARCHS: dict[str, VisionArch] = {v.model_type: v for v in _RECORDS}
 
