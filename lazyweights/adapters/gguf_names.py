@@ -54,6 +54,7 @@ from ..core.errors import (
     ShapeError,
     UnmappedTensorError,
 )
+from ..core.names import parse_block, parse_layer
 from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
@@ -319,13 +320,13 @@ def scalars_to_metadata(rec: Arch, state: Mapping[str, Any], arch: str) -> dict:
     for suffix, key, _ in rec.layer_scalars:
         found: dict[int, float] = {}
         for name, value in state.items():
-            m = re.match(rf"^model\.layers\.(\d+)\.{re.escape(suffix)}$", name)
-            if m:
+            layer = parse_layer(name)
+            if layer is not None and layer[0] == "model" and layer[2] == suffix:
                 arr = _as_wd(value, name).to_numpy().astype("float32").reshape(-1)
                 if arr.size != 1:
                     raise ShapeError(f"{name!r}: a per-layer scalar ({key}) must hold one value, got "
                                      f"shape {list(arr.shape)}")
-                found[int(m[1])] = float(arr[0])
+                found[layer[1]] = float(arr[0])
         if not found:
             continue
         gaps = [i for i in range(max(found) + 1) if i not in found]
@@ -493,9 +494,11 @@ def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
 
     out = dict(state)
     for name in list(state):
-        m = re.match(r"^blk\.(\d+)\.attn_gate\.weight$", name)
-        qkv_name = f"blk.{m[1]}.attn_qkv.weight" if m else ""
-        if m is None or qkv_name not in state:
+        block = parse_block(name)
+        if block is None or block[1] != "attn_gate.weight":
+            continue
+        qkv_name = f"blk.{block[0]}.attn_qkv.weight"
+        if qkv_name not in state:
             continue
         n_k = md.get(f"{arch}.ssm.group_count") if md is not None else None
         n_k = int(getattr(n_k, "value", n_k) or 0)
@@ -507,7 +510,7 @@ def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
             raise ShapeError(f"{qkv_name!r} {list(qkv.shape)} / {name!r} {list(z.shape)}: "
                              f"no split into {n_k} key heads")
         fwd = np.concatenate(qkvz_rows(n_k, key_rows // n_k, z.shape[0] // n_k))
-        hf = f"model.layers.{m[1]}.linear_attn.in_proj_qkvz.weight"
+        hf = f"model.layers.{block[0]}.linear_attn.in_proj_qkvz.weight"
         out[hf] = _renamed(concat([qkv, z], axis=0)[np.argsort(fwd)], hf)
     return out
 
@@ -671,16 +674,17 @@ def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:
     """Llama 4's [n_expert, in, out] experts as llama.cpp's [n_expert, out, in] stacks (gate_up split in halves)."""
     from ..api.weight_data import split
 
-    m = re.match(r"^model\.layers\.(\d+)\.", name)
-    if m is None or wd.ndim != 3 or (name.endswith("gate_up_proj") and wd.shape[2] % 2):
+    layer = parse_layer(name)
+    if layer is None or layer[0] != "model" or wd.ndim != 3 or (
+            name.endswith("gate_up_proj") and wd.shape[2] % 2):
         raise ShapeError(f"{name!r}: [in, out] experts must be [n_expert, in, out] (gate_up: an even out), got "
                          f"{list(wd.shape)}")
     wd = wd.transpose((0, 2, 1))
     if name.endswith("down_proj"):
-        g = f"blk.{m[1]}.ffn_down_exps.weight"
+        g = f"blk.{layer[1]}.ffn_down_exps.weight"
         return {g: _renamed(wd, g)}
     gate, up = split(wd, 2, axis=1)
-    g, u = f"blk.{m[1]}.ffn_gate_exps.weight", f"blk.{m[1]}.ffn_up_exps.weight"
+    g, u = f"blk.{layer[1]}.ffn_gate_exps.weight", f"blk.{layer[1]}.ffn_up_exps.weight"
     return {g: _renamed(gate, g), u: _renamed(up, u)}
 
 
@@ -694,12 +698,14 @@ def _experts_in_out_from_gguf(state: Mapping[str, Any], prefix: str) -> dict[str
 
     out = dict(state)
     for name in list(state):
-        m = re.match(r"^blk\.(\d+)\.ffn_gate_exps\.weight$", name)
-        up, down = (f"blk.{m[1]}.ffn_up_exps.weight", f"blk.{m[1]}.ffn_down_exps.weight") if m else ("", "")
-        if m is None or up not in state or down not in state:
+        block = parse_block(name)
+        if block is None or block[1] != "ffn_gate_exps.weight":
+            continue
+        up, down = f"blk.{block[0]}.ffn_up_exps.weight", f"blk.{block[0]}.ffn_down_exps.weight"
+        if up not in state or down not in state:
             continue
         gate_up = concat([plain(name), plain(up)], axis=1).transpose((0, 2, 1))
-        hf_gu, hf_d = (f"model.layers.{m[1]}.{prefix}.gate_up_proj", f"model.layers.{m[1]}.{prefix}.down_proj")
+        hf_gu, hf_d = f"model.layers.{block[0]}.{prefix}.gate_up_proj", f"model.layers.{block[0]}.{prefix}.down_proj"
         out[hf_gu] = _renamed(gate_up, hf_gu)
         out[hf_d] = _renamed(plain(down).transpose((0, 2, 1)), hf_d)
     return out
@@ -751,14 +757,16 @@ def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str, a
 
     out = dict(state)
     for name in list(state):
-        m = re.match(rf"^blk\.(\d+)\.{parts[0]}\.weight$", name)
-        second = f"blk.{m[1]}.{parts[1]}.weight" if m else ""
-        if m is None or second not in state:
+        block = parse_block(name)
+        if block is None or block[1] != f"{parts[0]}.weight":
+            continue
+        second = f"blk.{block[0]}.{parts[1]}.weight"
+        if second not in state:
             continue
         a, b = _as_wd(out.pop(name), name), _as_wd(out.pop(second), second)
         if a.quantization_encoding is not None or b.quantization_encoding is not None:
             a, b = a.dequantize(), b.dequantize()
-        hf = f"model.layers.{m[1]}.{hf_part}.weight"
+        hf = f"model.layers.{block[0]}.{hf_part}.weight"
         out[hf] = _renamed(concat([a, b], axis=axis), hf)
     return out
 
@@ -788,9 +796,11 @@ def _join_kv_b(state: Mapping[str, Any]) -> dict[str, Any]:
 
     out = dict(state)
     for name in list(state):
-        m = re.match(r"^blk\.(\d+)\.attn_k_b\.weight$", name)
-        v_name = f"blk.{m[1]}.attn_v_b.weight" if m else ""
-        if m is None or v_name not in state:
+        block = parse_block(name)
+        if block is None or block[1] != "attn_k_b.weight":
+            continue
+        v_name = f"blk.{block[0]}.attn_v_b.weight"
+        if v_name not in state:
             continue
         k_b, v_b = _as_wd(out.pop(name), name), _as_wd(out.pop(v_name), v_name)
         if k_b.quantization_encoding is not None:
@@ -802,7 +812,7 @@ def _join_kv_b(state: Mapping[str, Any]) -> dict[str, Any]:
                              f"[n_head, kv_lora_rank, qk_nope] / [n_head, v, kv_lora_rank]")
         n_head, r = k_b.shape[0], k_b.shape[1]
         joined = concat([k_b.transpose((0, 2, 1)), v_b], axis=1)
-        hf = f"model.layers.{m[1]}.self_attn.kv_b_proj.weight"
+        hf = f"model.layers.{block[0]}.self_attn.kv_b_proj.weight"
         out[hf] = _renamed(joined.reshape((n_head * joined.shape[1], r)), hf)
     return out
 
