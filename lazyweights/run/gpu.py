@@ -74,7 +74,7 @@ from ..compiler.gpu import (
     compile_gpu_steps,
     split_chain,
 )
-from ..compiler.steps import outputs_of
+from ..compiler.steps import DEFAULT_BUDGET, outputs_of
 from ..core.device import DeviceRef
 from ..core.dtype import DType
 from ..core.errors import (
@@ -86,11 +86,11 @@ from ..core.errors import (
     ShapeError,
     UsageError,
 )
-from ..core.units import available_cpus
+from ..core.units import available_cpus, parse_size
 from ..kernels.cuda_casts import storage_dtype
 from .blocks import write_rows
 from .driver import name_error
-from .fetch import fetch_step_sources
+from .fetch import fetch_step_sources, remote_reads
 from .progress import Progress
 
 __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",
@@ -338,11 +338,13 @@ class _Running(GpuStep):
 
 
 class _Slot:
-    def __init__(self, backend, index: int):
+    def __init__(self, backend, index: int, on_done=None):
         self.backend = backend
         self.index = index
         self.stream = backend.stream()
         self.event = None
+        self.task = None  # the block whose copy and kernel `event` follows
+        self.on_done = on_done  # called with that block once its event is done (remote bytes released)
         self.pinned: np.ndarray | None = None
         self.dev = None
 
@@ -350,6 +352,9 @@ class _Slot:
         if self.event is not None:
             self.event.synchronize()
             self.event = None
+        task, self.task = self.task, None
+        if task is not None and self.on_done is not None:
+            self.on_done(task)
 
     def ensure(self, pinned_bytes: int, dev_bytes: int) -> None:
         if self.pinned is None and pinned_bytes:
@@ -418,16 +423,26 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             for name in g.step.outputs:  # a destination is returned as the caller gave it, now filled
                 result[name] = out[name] if name in out else g.primary
 
-        tasks = [(g.step, rows, g, i) for g in gsteps for i, rows in enumerate(g.blocks)]
+        # (step, rows, GpuStep, the step's fetch cache, block index): `run/driver.BlockTask`'s first fields, so
+        # `run/fetch.RemoteReads` accounts these blocks as it does the CPU executor's.
+        caches: dict = {}
+        tasks = [(g.step, rows, g, caches.setdefault(id(g.step), {}), i)
+                 for g in gsteps for i, rows in enumerate(g.blocks)]
         bar = Progress(sum(len(t[1]) * t[2].out_row_bytes for t in tasks), "materialize gpu") if progress else None
-        slots = [_Slot(backend, i) for i in range(streams)]
+        # Remote sources: fetched ahead in step order within the budget, and a record's bytes released once
+        # the last block reading it is on the device: `_Slot.wait` calls `reads.task_done` only after the
+        # block's event (its copy and kernel) is done, `_run_solo` after its stream sync
+        # (tests/io/test_remote_gpu.py holds the bound).
+        reads = remote_reads(tasks, parse_size(budget) or DEFAULT_BUDGET)
+        done = reads.task_done if reads is not None else None
+        slots = [_Slot(backend, i, done) for i in range(streams)]
         pool = ThreadPoolExecutor(max_workers=host_threads or default_host_threads(),
                                   thread_name_prefix="lazyweights-gpu-read")
         pending: deque = deque()
         try:
             turn = 0
             for task in tasks:
-                g, index = task[2], task[3]
+                g, index = task[2], task[4]
                 if index in g.solo:
                     while pending:
                         _launch(backend, pending.popleft(), bar)
@@ -435,6 +450,8 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                         slot.wait()
                         slot.free()  # make room: a solo block may use the whole budget
                     _run_solo(backend, task, slots[0], bar)
+                    if done is not None:
+                        done(task)
                     continue
                 slot = slots[turn]
                 turn = (turn + 1) % streams
@@ -446,6 +463,8 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             while pending:
                 _launch(backend, pending.popleft(), bar)
             backend.synchronize([s.stream for s in slots])
+            for slot in slots:
+                slot.wait()  # every event is done now: release the last blocks' remote bytes
         except BaseException as e:
             for _, _, fut in pending:
                 fut.cancel()
@@ -458,6 +477,8 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             raise
         finally:
             pool.shutdown(wait=True)
+            if reads is not None:
+                reads.stop()  # every exit: no prefetch thread outlives the run (nor fetches into a map after it)
             for slot in slots:
                 slot.free()
         if bar:
@@ -478,7 +499,7 @@ def _fill(task, pinned: np.ndarray | None) -> None:
             raise ExecutionError(f"{g.name!r}: a block with host rows has no pinned staging buffer", tensor=g.name)
         for r in step.sources:
             r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check before touching pages
-        fetch_step_sources(step, None)  # a remote mirror holds only what was fetched: the step's ranges first
+        fetch_step_sources(step, task[3])  # a remote mirror holds only what was fetched: the step's ranges first
         host = g.host
         nbytes = len(rows) * g.host_row_bytes
         buf = pinned[:nbytes].view(host.dtype.to_numpy())
@@ -498,6 +519,7 @@ def _launch(backend, entry, bar) -> None:
     try:
         _enqueue(backend, task, slot.pinned, slot.dev, slot.stream)
         slot.event = backend.record(slot.stream)
+        slot.task = task
     except BaseException as e:
         _tag(e, task)
         raise

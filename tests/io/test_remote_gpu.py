@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_remote import CFG, _checkpoint, _fresh
 
 import lazyweights as lw
 from lazyweights import DType
-from lazyweights.run.gpu import materialize_gpu
-from test_remote import CFG, _checkpoint, _fresh
 from lazyweights.adapters import w1
+from lazyweights.io.remote import RemoteFile
+from lazyweights.run import fetch
+from lazyweights.run.gpu import materialize_gpu
 
 
 def _fake_gpu():
@@ -108,7 +111,10 @@ def test_gpu_dequantizes_a_remote_gguf(nginx):
     packed = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_tensor("w", packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     _fresh()
     nginx.clear_log()
     remote = lw.load_weights([nginx.url("gpu-q.gguf")])
@@ -119,3 +125,122 @@ def test_gpu_dequantizes_a_remote_gguf(nginx):
     np.testing.assert_array_equal(np.asarray(got["f32"]), reference)
     np.testing.assert_array_equal(np.asarray(got["f16"]).view(np.float16), reference[8:40].astype(np.float16))
     assert nginx.bytes_sent() <= path.stat().st_size
+
+
+# --- bounded memory: the GPU executor streams a remote checkpoint through the budget ------------------------
+@pytest.fixture(scope="module")
+def big(nginx, write_safetensors):
+    """Tensors far larger than what opening a shard fetches (64 KiB): 5.5 MB in all, the embedding 2 MB."""
+    folder = nginx.root / "gpu-big"
+    _checkpoint(folder, write_safetensors, layers=2, hidden=512, vocab=2000)
+    return folder
+
+
+def _remote_files():
+    return list(RemoteFile._cache.values())
+
+
+def _held_beyond_headers(folder: Path) -> dict:
+    """{object: bytes held} for each remote shard holding more than its header (8 + header length: what
+    opening keeps); empty when every tensor's bytes were released."""
+    out = {}
+    for f in _remote_files():
+        name = f.path.rsplit("/", 1)[-1]
+        if name.endswith(".safetensors"):
+            with open(folder / name, "rb") as local:
+                header = 8 + int.from_bytes(local.read(8), "little")
+            if f.held_bytes() > header:
+                out[name] = (f.held_bytes(), header)
+    return out
+
+
+def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, monkeypatch):
+    """A GPU materialize from a URL with a 1 MB budget never holds more than the budget plus one step (the
+    2 MB embedding) of fetched bytes, holds none of the tensors' bytes once done, and equals the CPU executor
+    on the local files bit for bit. And no block's bytes are released before its copy to the device ran:
+    when `task_done` is called for a block (it releases a record after the last block reading it), the
+    block's rows are already in the output (the fake device defers copies until an event is waited on, so a
+    release right after the host fill would find the rows unwritten)."""
+    want = lw.plan(_adapted([str(big)])).materialize()
+    _fresh()
+    plan = lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")]))
+    peak = [0]
+    real_ensure = RemoteFile.ensure_ranges
+
+    def watched(self, ranges):
+        real_ensure(self, ranges)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    checked = []
+    real_done = fetch.RemoteReads.task_done
+
+    def done_after_copy(self, task):
+        step, rows, g = task[0], task[1], task[2]
+        name = step.outputs[0]
+        ref = np.ascontiguousarray(want[name])
+        got = np.asarray(g.primary)
+        if ref.shape:
+            ref, got = ref[rows.start:rows.stop], got[rows.start:rows.stop]
+        assert got.tobytes() == ref.tobytes(), f"{name} rows {rows} released before their copy ran"
+        checked.append(name)
+        real_done(self, task)
+
+    monkeypatch.setattr(fetch.RemoteReads, "task_done", done_after_copy)
+    budget = 1 << 20
+    backend = NumpyDevice(seed=5)
+    got = materialize_gpu(plan, "gpu:0", backend=backend, budget=budget, streams=3)
+    largest = 2000 * 512 * 2  # the embedding, the biggest single step
+    assert 0 < peak[0] <= budget + largest + 4 * (64 << 10), peak[0]
+    checkpoint = sum(os.path.getsize(p) for p in big.glob("*.safetensors"))
+    assert peak[0] < 0.75 * checkpoint  # without the releases it would be the whole checkpoint
+    assert len(_remote_files()) == 4 and not _held_beyond_headers(big), _held_beyond_headers(big)
+    assert set(checked) >= {n for n in want if np.asarray(want[n]).nbytes > 64 << 10}
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        assert _bits(got[name], got.dtypes[name]) == np.ascontiguousarray(ref).tobytes(), name
+    assert backend.held == 0
+
+
+def test_gpu_load_from_a_url_equals_the_gpu_load_of_the_local_file(nginx, big):
+    """The same GPU pipeline (a small budget, solo blocks included) on the URL and on the local files: the
+    same bytes, output by output."""
+    _fresh()
+    budget = 256 << 10  # the embedding's 2 MB rows-blocks fit a slot only in part: some blocks run alone
+    local = materialize_gpu(lw.plan(_adapted([str(big)])), "gpu:0", backend=NumpyDevice(), budget=budget)
+    remote = materialize_gpu(lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")])), "gpu:0",
+                             backend=NumpyDevice(seed=2), budget=budget)
+    assert set(local) == set(remote)
+    for name in local:
+        assert np.asarray(remote[name]).tobytes() == np.asarray(local[name]).tobytes(), name
+    assert not _held_beyond_headers(big), _held_beyond_headers(big)
+
+
+class _FailingDevice(NumpyDevice):
+    """The fake device whose third kernel launch fails, as a device error would."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.launched = 0
+
+    def run(self, program, src_u8, dst, stream):
+        self.launched += 1
+        if self.launched == 3:
+            raise RuntimeError("the fake device failed this kernel")
+        super().run(program, src_u8, dst, stream)
+
+
+def _prefetchers():
+    return [t for t in threading.enumerate() if t.name.startswith("lazyweights-prefetch-") and t.is_alive()]
+
+
+def test_a_failing_block_stops_the_prefetch_threads(nginx, big):
+    """A block that fails mid-run: the error names the tensor, and no prefetch thread is left running (with a
+    small window they would otherwise wait forever for bytes that are never released)."""
+    _fresh()
+    assert not _prefetchers()
+    plan = lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")]))
+    with pytest.raises(lw.ExecutionError, match=r"computing tensor '.+' \(rows \d+\.\.\d+\) failed: RuntimeError: "
+                                                r"the fake device failed this kernel"):
+        materialize_gpu(plan, "gpu:0", backend=_FailingDevice(), budget=512 << 10, streams=2)
+    assert not _prefetchers(), _prefetchers()
