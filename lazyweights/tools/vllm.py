@@ -66,6 +66,7 @@ from ..core.errors import (
     UsageError,
     did_you_mean,
 )
+from ..core.names import parse_layer
 from ..core.units import parse_size
 
 _log = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ OPTIONS = ("adapter", "lora", "storage_options", "cache", "budget", "prefetch")
 CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja",
                 "preprocessor_config.json")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # Deferred copies are computed, whole layers at a time, once this many bytes of them are pending (or
 # `budget`'s bytes when one is given): one fused plan for a small model instead of a plan and a barrier per
 # layer (benchmarks/RESULTS.md, "vLLM loader"). Deferred copies hold no memory: a plan writes straight
@@ -423,8 +423,8 @@ def layer_order(names) -> list[list[str]]:
     rest: list[str] = []
     layers: dict[int, list[str]] = {}
     for n in names:
-        m = _LAYER.search(n)
-        (layers.setdefault(int(m.group(1)), []) if m else rest).append(n)
+        layer = parse_layer(n)
+        (layers.setdefault(layer[1], []) if layer else rest).append(n)
     return ([rest] if rest else []) + [layers[i] for i in sorted(layers)]
 
 
