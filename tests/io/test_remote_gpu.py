@@ -19,6 +19,8 @@ from test_remote import CFG, _checkpoint, _fresh
 import lazyweights as lw
 from lazyweights import DType
 from lazyweights.adapters import w1
+from lazyweights.compiler.gpu import compile_gpu_steps
+from lazyweights.compiler.steps import outputs_of
 from lazyweights.io.remote import RemoteFile
 from lazyweights.run import fetch
 from lazyweights.run.gpu import materialize_gpu
@@ -154,25 +156,12 @@ def _held_beyond_headers(folder: Path) -> dict:
     return out
 
 
-def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, monkeypatch):
-    """A GPU materialize from a URL with a 1 MB budget never holds more than the budget plus one step (the
-    2 MB embedding) of fetched bytes, holds none of the tensors' bytes once done, and equals the CPU executor
-    on the local files bit for bit. And no block's bytes are released before its copy to the device ran:
-    when `task_done` is called for a block (it releases a record after the last block reading it), the
-    block's rows are already in the output (the fake device defers copies until an event is waited on, so a
-    release right after the host fill would find the rows unwritten)."""
-    want = lw.plan(_adapted([str(big)])).materialize()
-    _fresh()
-    plan = lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")]))
-    peak = [0]
-    real_ensure = RemoteFile.ensure_ranges
-
-    def watched(self, ranges):
-        real_ensure(self, ranges)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
-    checked = []
+def _release_only_after_the_copy(monkeypatch, want: dict) -> list:
+    """Make every `RemoteReads.task_done(block)` (the call that may release the block's remote bytes) first
+    check that the block's rows already hold their final bytes `want[name]` on the device; returns the list
+    of tensors checked. The fake device runs a copy only when an event or sync asks for it, so a release
+    right after the host fill finds the rows unwritten."""
+    checked: list = []
     real_done = fetch.RemoteReads.task_done
 
     def done_after_copy(self, task):
@@ -187,6 +176,25 @@ def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, mo
         real_done(self, task)
 
     monkeypatch.setattr(fetch.RemoteReads, "task_done", done_after_copy)
+    return checked
+
+
+def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, monkeypatch):
+    """A GPU materialize from a URL with a 1 MB budget never holds more than the budget plus one step (the
+    2 MB embedding) of fetched bytes, holds none of the tensors' bytes once done, and equals the CPU executor
+    on the local files bit for bit; no block's remote bytes are released before its copy to the device ran."""
+    want = lw.plan(_adapted([str(big)])).materialize()
+    _fresh()
+    plan = lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")]))
+    peak = [0]
+    real_ensure = RemoteFile.ensure_ranges
+
+    def watched(self, ranges):
+        real_ensure(self, ranges)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    checked = _release_only_after_the_copy(monkeypatch, want)
     budget = 1 << 20
     backend = NumpyDevice(seed=5)
     got = materialize_gpu(plan, "gpu:0", backend=backend, budget=budget, streams=3)
@@ -202,17 +210,23 @@ def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, mo
     assert backend.held == 0
 
 
-def test_gpu_load_from_a_url_equals_the_gpu_load_of_the_local_file(nginx, big):
-    """The same GPU pipeline (a small budget, solo blocks included) on the URL and on the local files: the
-    same bytes, output by output."""
+def test_gpu_load_from_a_url_equals_the_gpu_load_of_the_local_file(nginx, big, monkeypatch):
+    """The same GPU pipeline on the URL and on the local files, with a budget so small that the RoPE-permuted
+    q/k blocks (a head's rows, 128 KiB) exceed a slot and run alone (`_run_solo`): the same bytes, output by
+    output, each block's bytes released only after its copy ran, none held afterwards."""
     _fresh()
-    budget = 256 << 10  # the embedding's 2 MB rows-blocks fit a slot only in part: some blocks run alone
+    budget = 256 << 10
     local = materialize_gpu(lw.plan(_adapted([str(big)])), "gpu:0", backend=NumpyDevice(), budget=budget)
+    solo = [g.name for g in compile_gpu_steps(outputs_of(lw.plan(_adapted([str(big)]))), budget=budget).steps
+            if g.solo]
+    assert len(solo) == 4, solo  # q and k of both layers
+    checked = _release_only_after_the_copy(monkeypatch, local)
     remote = materialize_gpu(lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")])), "gpu:0",
                              backend=NumpyDevice(seed=2), budget=budget)
     assert set(local) == set(remote)
     for name in local:
         assert np.asarray(remote[name]).tobytes() == np.asarray(local[name]).tobytes(), name
+    assert set(solo) <= set(checked)
     assert not _held_beyond_headers(big), _held_beyond_headers(big)
 
 
