@@ -219,24 +219,34 @@ def check_gguf_architecture(metadata: Mapping | None, path) -> None:
         ...     print(str(e).split(";")[0])
         x.gguf: the GGUF metadata has no general.architecture (its 1 keys: general.name)
     """
-    value = (metadata or {}).get("general.architecture")
+    from gguf.constants import Keys
+
+    key = Keys.General.ARCHITECTURE
+    value = (metadata or {}).get(key)
     value = getattr(value, "value", value)
     if isinstance(value, str) and value:
         return
     keys = sorted(metadata or {})
     shown = ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
     raise GGUFConfigError(
-        f"{os.fspath(path)}: the GGUF metadata has no general.architecture (its {len(keys)} keys: {shown or 'none'}"
-        f"{'' if value is None else f'; general.architecture={value!r}'}); llama.cpp cannot load such a file. "
+        f"{os.fspath(path)}: the GGUF metadata has no {key} (its {len(keys)} keys: {shown or 'none'}"
+        f"{'' if value is None else f'; {key}={value!r}'}); llama.cpp cannot load such a file. "
         "Save a converter's result (lazyweights.plan(convert_hf_to_gguf(...)).save) or pass metadata=, or "
-        "require_architecture=False for a bare tensor container", ["general.architecture"])
+        "require_architecture=False for a bare tensor container", [key])
 
 
-# llama.cpp's LlamaFileType (gguf-py constants.LlamaFileType) for the type most 2-D tensors have
-_FILE_TYPE_BY_ENCODING = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K": 12,
-                          "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
-_FILE_TYPE_BY_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 32}
-_MXFP4_MOE = 38  # LlamaFileType.MOSTLY_MXFP4_MOE: gpt-oss's experts kept as MXFP4, the rest float
+def _file_types() -> tuple[dict[str, int], dict[str, int]]:
+    """gguf-py's LlamaFileType (llama.cpp's `llama_ftype`) for the type most 2-D tensors have: by quantization
+    encoding (a K-quant as its preset's _M, as llama.cpp's converter and llama-quantize write them) and by dtype.
+    gguf is imported here, not with the module: saving safetensors never imports it."""
+    from gguf.constants import LlamaFileType as F
+
+    by_encoding = {"Q4_0": F.MOSTLY_Q4_0, "Q4_1": F.MOSTLY_Q4_1, "Q8_0": F.MOSTLY_Q8_0, "Q5_0": F.MOSTLY_Q5_0,
+                   "Q5_1": F.MOSTLY_Q5_1, "Q2_K": F.MOSTLY_Q2_K, "Q3_K": F.MOSTLY_Q3_K_M, "Q4_K": F.MOSTLY_Q4_K_M,
+                   "Q5_K": F.MOSTLY_Q5_K_M, "Q6_K": F.MOSTLY_Q6_K, "IQ4_NL": F.MOSTLY_IQ4_NL,
+                   "IQ4_XS": F.MOSTLY_IQ4_XS, "MXFP4": F.MOSTLY_MXFP4_MOE}
+    by_dtype = {"float32": F.ALL_F32, "float16": F.MOSTLY_F16, "bfloat16": F.MOSTLY_BF16}
+    return {k: int(v) for k, v in by_encoding.items()}, {k: int(v) for k, v in by_dtype.items()}
 
 
 def gguf_file_type(tensors: Mapping[str, Any]) -> tuple[int, bool]:
@@ -257,15 +267,16 @@ def gguf_file_type(tensors: Mapping[str, Any]) -> tuple[int, bool]:
             continue
         key = enc.name if enc is not None else wd.dtype.name
         weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
+    by_encoding, by_dtype = _file_types()
     if not weight:
-        return 0, quantized
+        return by_dtype["float32"], quantized
     top = max(weight, key=weight.__getitem__)
-    if "MXFP4" in weight and top in _FILE_TYPE_BY_DTYPE:
-        return _MXFP4_MOE, quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE whatever else
-    if top in _FILE_TYPE_BY_ENCODING:
-        return _FILE_TYPE_BY_ENCODING[top], quantized
-    if top in _FILE_TYPE_BY_DTYPE:
-        return _FILE_TYPE_BY_DTYPE[top], quantized
+    if "MXFP4" in weight and top in by_dtype:
+        return by_encoding["MXFP4"], quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE
+    if top in by_encoding:
+        return by_encoding[top], quantized
+    if top in by_dtype:
+        return by_dtype[top], quantized
     raise DTypeError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
 
 
@@ -273,17 +284,18 @@ def with_file_type(metadata: Mapping, tensors: Mapping[str, Any]) -> dict:
     """`metadata` with `general.file_type` (and `general.quantization_version`) saying what `tensors` are
     (`gguf_file_type`), as llama.cpp's converter writes them: a converter's metadata, saved after its tensors
     changed, still tells the truth."""
+    from gguf.constants import GGML_QUANT_VERSION, Keys
     from gguf.constants import GGUFValueType as T
 
     from .gguf_writer import GGUFValue
 
     ftype, quantized = gguf_file_type(tensors)
     out = dict(metadata)
-    out["general.file_type"] = GGUFValue(int(ftype), T.UINT32)
+    out[Keys.General.FILE_TYPE] = GGUFValue(int(ftype), T.UINT32)
     if quantized:
-        out["general.quantization_version"] = GGUFValue(2, T.UINT32)
+        out[Keys.General.QUANTIZATION_VERSION] = GGUFValue(GGML_QUANT_VERSION, T.UINT32)
     else:
-        out.pop("general.quantization_version", None)
+        out.pop(Keys.General.QUANTIZATION_VERSION, None)
     return out
 
 
