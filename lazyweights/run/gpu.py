@@ -33,7 +33,10 @@ Blocks are cut to at most `block_bytes` (default 16 MB) of source bytes and to w
 that must be computed whole and does not fit a slot runs alone with temporary buffers after the pipeline
 drains (BudgetError, before any work, if even the whole budget is too small). The output arrays are the
 result, not working memory; they are allocated up front, so a device out-of-memory fails before any read.
-Host temporaries that a gather needs (block-sized) are not counted, as in the CPU executor.
+Host temporaries that a gather needs (block-sized) are not counted, as in the CPU executor. Remote sources
+stream through the budget as on the CPU (`run/fetch.RemoteReads`, the budget as the fetch window): a block
+counts as read, and its records may be released, only after its slot's event (or a solo block's stream sync)
+says its copy and kernel are done (tests/io/test_remote_gpu.py).
 
 dtypes. CuPy has no bfloat16 or fp8 dtype: results in those dtypes are CuPy arrays of uint16 (bf16) or uint8
 (fp8/fp4/e8m0) holding the exact encodings (`storage_dtype`). The returned dict (`DeviceArrays`) records each
