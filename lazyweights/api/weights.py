@@ -244,8 +244,8 @@ class Weights:
         return name in self._shared.checkpoint.records
 
     def __iter__(self):
-        raise ArgumentTypeError(f"iterate over Weights.items() (as MAX's Weights protocol does), not the Weights object "
-                                f"{self._prefix or '(root)'!r}")
+        raise ArgumentTypeError(f"iterate over Weights.items() (as MAX's Weights protocol does), not the Weights "
+                                f"object {self._prefix or '(root)'!r}")
 
 
 def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None,

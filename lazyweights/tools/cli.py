@@ -32,10 +32,10 @@ import math
 import os
 import re
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..core import units
-from ..core.errors import DependencyError, LazyWeightsError, UsageError
+from ..core.errors import DependencyError, LazyWeightsError, ShapeError, UsageError
 from ..core.units import format_bytes
 
 PROG = "lazyweights"
@@ -101,7 +101,7 @@ def _elements(rec) -> int:
     if enc is not None and rec.shape:
         try:
             return n // rec.shape[-1] * enc.elements_per_row_bytes(rec.shape[-1])
-        except Exception:
+        except ShapeError:  # rows that are not whole blocks: a listing shows the stored count; the reader names it
             return n
     return n
 
@@ -468,6 +468,8 @@ def cmd_convert(args) -> int:
     if args.quant is not None:
         _check_quant(args.quant, options, args.imatrix)
     mmproj = getattr(args, "mmproj", None)
+    if mmproj is not None and fmt == "folder" and all(str(x).endswith(".gguf") for x in args.paths):
+        return _mmproj_to_hf(args, mmproj)
     if mmproj is not None:
         _check_mmproj_output(mmproj, fmt, args)
     p, weights = _adapted_plan(args)
@@ -501,6 +503,24 @@ def _check_mmproj_output(mmproj: str, fmt: str, args) -> None:
                          "(-o X.gguf), without --quant or --dry-run")
 
 
+def _mmproj_to_hf(args, mmproj: str) -> int:
+    """--mmproj with a text GGUF in and a folder out: both as one `...ForConditionalGeneration` Hugging Face folder
+    (`adapters.mmproj_hf`; the pair checked before anything is written)."""
+    from ..adapters.mmproj_hf import export_hf_folder_with_mmproj
+
+    if len(args.paths) != 1 or args.quant is not None or args.dry_run:
+        raise UsageError(f"--mmproj {mmproj}: one text GGUF and its mmproj convert back into one Hugging Face "
+                         f"folder (got {len(args.paths)} inputs), without --quant or --dry-run")
+    _make_parent(args.output)
+    files = _with_warnings(lambda: export_hf_folder_with_mmproj(
+        args.paths[0], mmproj, args.output, tokenizer=not args.no_tokenizer, budget=args.budget,
+        scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers))
+    _out(f"wrote {len(files)} file{'s' if len(files) != 1 else ''}:")
+    for f in files:
+        _out(f"  {f}")
+    return 0
+
+
 def _mmproj_of(args, weights):
     """--mmproj: the vision tower and projector of the same lazily opened checkpoint (`adapters.mmproj`)."""
     from ..adapters.mmproj import convert_hf_to_mmproj
@@ -518,9 +538,10 @@ def _instantiate_module(obj, hf_config):
     import inspect
 
     if isinstance(obj, type) or inspect.isfunction(obj) or inspect.ismethod(obj):
+        params: Mapping[str, inspect.Parameter]
         try:
             params = inspect.signature(obj).parameters
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # no signature to read (some builtins, C classes): call it bare, below
             params = {}
         if "huggingface_config" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return obj(huggingface_config=hf_config)
@@ -822,7 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads computing blocks (default: the CPUs this process may use)")
     p.add_argument("--mmproj", metavar="MMPROJ.gguf", default=None,
                    help="also write a multimodal checkpoint's vision tower and projector as llama.cpp's mmproj "
-                        "file (Gemma 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL), from the same lazily opened source")
+                        "file (Gemma 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL), from the same lazily opened source; "
+                        "with a text GGUF in and -o FOLDER, read this mmproj and write one "
+                        "...ForConditionalGeneration folder (Gemma 3, Qwen2.5-VL)")
     _quant_flags(p)
     p.set_defaults(func=cmd_convert)
 
@@ -888,8 +911,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_archs)
 
     p = sub.add_parser("demo", parents=[common], help="the main job on an embedded default checkpoint",
-                       description="Write a small Llama-shaped checkpoint, adapt it lazily (a Llama-shaped bf16->f16 adapter), "
-                                   "print the plan, save the result and verify every byte against numpy.")
+                       description="Write a small Llama-shaped checkpoint, adapt it lazily "
+                                   "(a Llama-shaped bf16->f16 adapter), print the plan, save the result and verify "
+                                   "every byte against numpy.")
     p.add_argument("--workdir", default=None,
                    help="where to write the checkpoint and the output (default: a temporary folder)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers in the demo checkpoint")
@@ -1104,7 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         except (OSError, ValueError):
-            pass
+            pass  # no /dev/null to point stdout at: the exit-time flush may complain, the exit status stands
         return 1
     except Exception as e:  # noqa: BLE001 - the command line never shows a traceback unless --debug
         if debug:
