@@ -17,8 +17,10 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     │   └── ScaleShapeError    a compressed-tensors scale / zero point / packed tensor that does not fit its weight
     ├── DTypeError             (also ValueError / TypeError) an unsupported or mismatched dtype
     ├── ConfigError            (also ValueError) a model config (config.json, GGUF metadata) missing or lacking a key
-    │   └── GGUFConfigError    GGUF metadata lacking keys a Hugging Face config needs
+    │   ├── GGUFConfigError    GGUF metadata lacking keys a Hugging Face config needs
+    │   └── MmprojMismatchError an mmproj GGUF made for another text model (its projection width)
     ├── UnsupportedArchitectureError (also ValueError) an architecture a conversion does not know
+    │   └── UnknownProjectorError an mmproj GGUF whose clip.projector_type no vision record converts back
     ├── UnknownArchitectureError (also KeyError) an architecture name not in the registry
     ├── AdapterError           (also ValueError) an adapter cannot be loaded, found or used
     │   └── NoAdapterError     a registered architecture with no adapter for this checkpoint format
@@ -61,6 +63,8 @@ __all__ = [
     "VisionConfigError",
     "MissingPreprocessorConfigError",
     "UnsupportedArchitectureError",
+    "MmprojMismatchError",
+    "UnknownProjectorError",
     "UnknownArchitectureError",
     "AdapterError",
     "NoAdapterError",
@@ -175,6 +179,16 @@ class MissingPreprocessorConfigError(VisionConfigError, FileNotFoundError):
 
 class UnsupportedArchitectureError(LazyWeightsError, ValueError):
     """An architecture (model_type, GGUF general.architecture) a conversion has no mapping for."""
+
+
+class MmprojMismatchError(ConfigError):
+    """An mmproj GGUF beside a text model it was not made for: its `clip.vision.projection_dim` is not the text
+    model's embedding width (names both values)."""
+
+
+class UnknownProjectorError(UnsupportedArchitectureError):
+    """An mmproj GGUF whose `clip.projector_type` no vision record converts back to a Hugging Face folder (names
+    the projector and those that do)."""
 
 
 class UnknownArchitectureError(LazyWeightsError, KeyError):
