@@ -113,22 +113,26 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     `rope_factors` ({"long": values, "short": values} of `rope_factors_{long,short}.weight`) Phi-3's LongRoPE.
     GGUFConfigError lists every missing required key. Example: see the module docstring.
     """
+    from gguf.constants import Keys
+
     md = metadata
-    arch = md.get("general.architecture")
+    arch = md.get(Keys.General.ARCHITECTURE)
     if not isinstance(arch, str):
-        raise GGUFConfigError("GGUF metadata has no general.architecture", ["general.architecture"])
+        raise GGUFConfigError(f"GGUF metadata has no {Keys.General.ARCHITECTURE}", [Keys.General.ARCHITECTURE])
     model_type = model_type_for(arch, md)
     missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if f"{arch}.{k}" not in md]
-    moe = int(md.get(f"{arch}.expert_count", 0) or 0) > 0
-    if f"{arch}.feed_forward_length" not in md and not (moe and f"{arch}.expert_feed_forward_length" in md):
-        missing.append(f"{arch}.feed_forward_length")
-    vocab = md.get(f"{arch}.vocab_size")
-    if vocab is None and "tokenizer.ggml.tokens" in md:
-        vocab = len(md["tokenizer.ggml.tokens"])
+    moe = int(md.get(Keys.LLM.EXPERT_COUNT.format(arch=arch), 0) or 0) > 0
+    ff = Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch)
+    expert_ff = Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch)
+    if ff not in md and not (moe and expert_ff in md):
+        missing.append(ff)
+    vocab = md.get(Keys.LLM.VOCAB_SIZE.format(arch=arch))
+    if vocab is None and Keys.Tokenizer.LIST in md:
+        vocab = len(md[Keys.Tokenizer.LIST])
     if vocab is None:
         vocab = vocab_size
     if vocab is None:
-        missing.append(f"{arch}.vocab_size (or tokenizer.ggml.tokens)")
+        missing.append(f"{Keys.LLM.VOCAB_SIZE.format(arch=arch)} (or {Keys.Tokenizer.LIST})")
     if missing:
         raise GGUFConfigError(f"GGUF metadata ({arch}) lacks what a Hugging Face config needs: "
                               f"{', '.join(missing)}", missing)
@@ -147,12 +151,12 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if rec.gemma4 and rope_freqs is not None:
         full = out["rope_parameters"]["full_attention"]
         full["partial_rotary_factor"] = gemma4_partial_rotary(rope_freqs, out["per_layer_config"])
-    for attr, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                      ("pad_token_id", "padding_token_id")):
-        if f"tokenizer.ggml.{key}" in md:
-            out[attr] = int(md[f"tokenizer.ggml.{key}"])
-    if "general.name" in md:
-        out["_name_or_path"] = str(md["general.name"])
+    for attr, key in (("bos_token_id", Keys.Tokenizer.BOS_ID), ("eos_token_id", Keys.Tokenizer.EOS_ID),
+                      ("pad_token_id", Keys.Tokenizer.PAD_ID)):
+        if key in md:
+            out[attr] = int(md[key])
+    if Keys.General.NAME in md:
+        out["_name_or_path"] = str(md[Keys.General.NAME])
     return out
 
 
@@ -160,17 +164,18 @@ def _longrope_from_gguf(md: Mapping[str, Any], arch: str, factors: Mapping[str, 
     """`rope_parameters` for Phi-3's LongRoPE from the two factor tensors and the GGUF's original context
     (GGUFConfigError when one tensor or the original context is missing)."""
     import numpy as np
+    from gguf.constants import Keys
 
-    orig = md.get(f"{arch}.rope.scaling.original_context_length")
+    orig = md.get(Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch))
     missing = [f"rope_factors_{w}.weight" for w in ("long", "short") if factors.get(w) is None]
     if orig is None:
-        missing.append(f"{arch}.rope.scaling.original_context_length")
+        missing.append(Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch))
     if missing:
         raise GGUFConfigError(f"GGUF ({arch}) has LongRoPE factors but lacks {', '.join(missing)}", missing)
     out: dict[str, Any] = {"rope_type": "longrope", "original_max_position_embeddings": int(orig or 0)}  # checked above
     for w in ("long", "short"):
         out[f"{w}_factor"] = [float(x) for x in np.asarray(factors[w], dtype=np.float32).reshape(-1)]
-    attn = md.get(f"{arch}.rope.scaling.attn_factor")
+    attn = md.get(Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch))
     if attn is not None:
         out["attention_factor"] = float(attn)
     return out
@@ -306,12 +311,14 @@ def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:
 
 def generation_config_from_gguf(metadata: Mapping[str, Any]) -> dict:
     """`generation_config.json`: the special ids llama.cpp stops and pads with (eos plus eot/eom when distinct)."""
+    from gguf.constants import Keys
+
     out: dict[str, Any] = {"_from_model_config": True}
-    for attr, key in (("bos_token_id", "bos_token_id"), ("pad_token_id", "padding_token_id")):
-        if f"tokenizer.ggml.{key}" in metadata:
-            out[attr] = int(metadata[f"tokenizer.ggml.{key}"])
-    eos = [int(metadata[f"tokenizer.ggml.{k}"]) for k in ("eos_token_id", "eot_token_id", "eom_token_id")
-           if f"tokenizer.ggml.{k}" in metadata]
+    for attr, key in (("bos_token_id", Keys.Tokenizer.BOS_ID), ("pad_token_id", Keys.Tokenizer.PAD_ID)):
+        if key in metadata:
+            out[attr] = int(metadata[key])
+    eos = [int(metadata[k]) for k in (Keys.Tokenizer.EOS_ID, Keys.Tokenizer.EOT_ID, Keys.Tokenizer.EOM_ID)
+           if k in metadata]
     eos = list(dict.fromkeys(eos))
     if eos:
         out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
@@ -365,6 +372,7 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
         ...                        "llama.attention.head_count_kv")]
         ['llama', 16, 4]
     """
+    from gguf.constants import GGML_QUANT_VERSION, Keys
     from gguf.constants import GGUFValueType as T
 
     from ..formats.gguf_writer import GGUFValue
@@ -374,15 +382,15 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
     if mt not in SUPPORTED:
         raise _unsupported("Hugging Face model_type", mt)
     arch = SUPPORTED[mt][0]
-    md: dict[str, GGUFValue] = {"general.architecture": GGUFValue(arch, T.STRING),
-                                "general.type": GGUFValue("model", T.STRING)}
+    md: dict[str, GGUFValue] = {Keys.General.ARCHITECTURE: GGUFValue(arch, T.STRING),
+                                Keys.General.TYPE: GGUFValue("model", T.STRING)}
     nm = name or cfg.get("_name_or_path") or config.get("_name_or_path")
     if nm:
-        md["general.name"] = GGUFValue(str(nm), T.STRING)
+        md[Keys.General.NAME] = GGUFValue(str(nm), T.STRING)
     if quantized:
-        md["general.quantization_version"] = GGUFValue(2, T.UINT32)
+        md[Keys.General.QUANTIZATION_VERSION] = GGUFValue(GGML_QUANT_VERSION, T.UINT32)
     if file_type is not None:
-        md["general.file_type"] = GGUFValue(int(file_type), T.UINT32)
+        md[Keys.General.FILE_TYPE] = GGUFValue(int(file_type), T.UINT32)
     md.update(gguf_hparams(ARCHS[mt], cfg))
     return md
 
@@ -429,9 +437,11 @@ def pad_token_list(md: dict, vocab_size: int, multiple: int) -> None:
         >>> md["tokenizer.ggml.tokens"].value, md["tokenizer.ggml.token_type"].value
         (['a', 'b', 'c', '[PAD3]'], [1, 1, 1, 5])
     """
+    from gguf.constants import Keys, TokenType
+
     from ..formats.gguf_writer import GGUFValue
 
-    tokens = md.get("tokenizer.ggml.tokens")
+    tokens = md.get(Keys.Tokenizer.LIST)
     if tokens is None or multiple <= 0:
         return
     n = len(tokens.value)
@@ -439,8 +449,8 @@ def pad_token_list(md: dict, vocab_size: int, multiple: int) -> None:
     if target == n:
         return
     extra = range(n, target)
-    md["tokenizer.ggml.tokens"] = GGUFValue(list(tokens.value) + [f"[PAD{i}]" for i in extra], *tokens[1:])
-    for key, fill in (("tokenizer.ggml.token_type", 5), ("tokenizer.ggml.scores", 0.0)):  # 5: UNUSED
+    md[Keys.Tokenizer.LIST] = GGUFValue(list(tokens.value) + [f"[PAD{i}]" for i in extra], *tokens[1:])
+    for key, fill in ((Keys.Tokenizer.TOKEN_TYPE, int(TokenType.UNUSED)), (Keys.Tokenizer.SCORES, 0.0)):
         v = md.get(key)
         if v is not None:
             md[key] = GGUFValue(list(v.value) + [fill] * len(extra), *v[1:])
@@ -565,19 +575,21 @@ def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
     return out
 
 
-# sentence-transformers' pooling modes -> gguf-py's PoolingType values (llama.cpp's LLAMA_POOLING_TYPE_*)
-_POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2, "pooling_mode_lasttoken": 3}
-_POOLING_NAMES = {"mean": 1, "cls": 2, "lasttoken": 3}
+# sentence-transformers' pooling modes (the Pooling module's flags, or its one `pooling_mode` name) -> the names of
+# gguf-py's PoolingType members (llama.cpp's LLAMA_POOLING_TYPE_*)
+_POOLING = {"pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS", "pooling_mode_lasttoken": "LAST"}
+_POOLING_NAMES = {"mean": "MEAN", "cls": "CLS", "lasttoken": "LAST"}
 
 
 def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -> dict:
     """An encoder's extra GGUF keys: `{arch}.pooling_type` from the sentence-transformers folder's Pooling
     module (modules.json -> its config.json), as llama.cpp's converter reads it, and the token type count."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys, PoolingType
 
     from ..formats.gguf_writer import GGUFValue
 
-    md: dict[str, Any] = {"tokenizer.ggml.token_type_count": GGUFValue(int(cfg.get("type_vocab_size", 1)), T.UINT32)}
+    md: dict[str, Any] = {Keys.Tokenizer.TOKEN_TYPE_COUNT: GGUFValue(int(cfg.get("type_vocab_size", 1)), T.UINT32)}
     modules = os.path.join(folder, "modules.json") if folder else None
     if modules is None or not os.path.isfile(modules):
         return md
@@ -592,7 +604,7 @@ def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -
             if kind is None:
                 raise ConfigError(f"{folder}: pooling config {pooling} names no mode llama.cpp has "
                                   f"(mean, cls, lasttoken)")
-            md[f"{arch}.pooling_type"] = GGUFValue(kind, T.UINT32)
+            md[Keys.LLM.POOLING_TYPE.format(arch=arch)] = GGUFValue(int(PoolingType[kind]), T.UINT32)
     return md
 
 
