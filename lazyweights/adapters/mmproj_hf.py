@@ -62,6 +62,8 @@ class HFFolder(NamedTuple):
     projection: str = ""                      # vision config name of clip.vision.projection_dim
     tokens: Mapping[str, str] = {}            # config.json id keys <- the tokenizer's special token text
     mrope: bool = False                       # text rope_parameters.mrope_section <- {arch}.rope.dimension_sections
+    ratios: Mapping[str, tuple[str, int, str]] = {}  # vision config name <- (GGUF tensor, axis, clip key): the
+                                                     # tensor's size on that axis over the key's value (no key says)
 
 
 HF_FOLDERS: dict[str, HFFolder] = {
@@ -85,6 +87,15 @@ HF_FOLDERS: dict[str, HFFolder] = {
         tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
         mrope=True),
+    "qwen2_vl": HFFolder(
+        "", "qwen2_vl_text", "qwen2_vl_vision",
+        (r"^visual\.(patch_embed\.proj|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.fc[12])|merger\.(ln_q|mlp\.[02]))\.",),
+        {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": "vision.patch_size",
+         "merge_size": "vision.spatial_merge_size", "temporal_patch_size": "vision.temporal_patch_size"},
+        vision={"in_channels": 3},
+        tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
+        mrope=True, ratios={"mlp_ratio": ("v.blk.0.ffn_up.weight", 0, "clip.vision.embedding_length")}),
 }
 
 
@@ -203,9 +214,17 @@ def vision_tensors(rec: VisionArch, folder: HFFolder, state: Mapping[str, Any], 
     return {k: WeightData.wrap((v if v.dtype == dtype else v.astype(dtype)).node, k, None) for k, v in out.items()}
 
 
-def _vision_config(rec: VisionArch, folder: HFFolder, md: Mapping[str, Any]) -> tuple[dict, dict, dict]:
-    """(vision_config, outer config additions, preprocessor_config.json) from the clip.* keys."""
+def _vision_config(rec: VisionArch, folder: HFFolder, md: Mapping[str, Any],
+                   state: Mapping[str, Any]) -> tuple[dict, dict, dict]:
+    """(vision_config, outer config additions, preprocessor_config.json) from the clip.* keys (and, for
+    `HFFolder.ratios`, the tensors' shapes)."""
     vision: dict[str, Any] = {"model_type": folder.vision_model_type, **rec.requires, **folder.vision}
+    for name, (tensor, axis, key) in folder.ratios.items():
+        if tensor not in state:
+            raise UnmappedTensorError(f"{tensor}: the mmproj lacks it; vision_config.{name} is its shape[{axis}] "
+                                      f"over {key}")
+        size = as_weight_data(state[tensor], tensor).shape[axis]
+        vision[name] = size // int(_plain(md[key])) if size % int(_plain(md[key])) == 0 else size / int(_plain(md[key]))
     outer: dict[str, Any] = {}
     pre: dict[str, Any] = {}
     for p in rec.hparams:
@@ -262,7 +281,7 @@ def convert_mmproj_to_hf(text_state: Mapping[str, Any], text_config, mm_state: M
     inner = with_hf_files(text, text_config, text_state, tokenizer=tokenizer)
     out = ConvertedStateDict({**{folder.text_prefix + k: WeightData.wrap(v.node, folder.text_prefix + k, None)
                                  for k, v in text.items()}, **vision})
-    vcfg, outer, pre = _vision_config(rec, folder, mm_md)
+    vcfg, outer, pre = _vision_config(rec, folder, mm_md, mm_state)
     tokens = [str(t) for t in _plain(text_md.get("tokenizer.ggml.tokens", []))]
     ids = {key: tokens.index(tok) for key, tok in folder.tokens.items() if tok in tokens}
     sections = _plain(text_md.get(f"{arch}.rope.dimension_sections"))

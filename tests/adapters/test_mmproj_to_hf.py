@@ -42,7 +42,7 @@ from lazyweights.adapters.mmproj_hf import (  # noqa: E402
 from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
 from lazyweights.core.errors import MmprojMismatchError, UnknownProjectorError  # noqa: E402
 
-ROUND_TRIP = ["gemma3", "qwen2_5_vl"]
+ROUND_TRIP = ["gemma3", "qwen2_5_vl", "qwen2_vl"]
 DTYPES = ["float32", "bfloat16"]
 # (family, dtype) -> {HF name regex: max abs difference} where the forward conversion rounds
 LOSSY = {("gemma3", "float32"): {r"norm\.weight$": 2 ** -23, r"mm_input_projection_weight$": 2e-4}}
@@ -174,6 +174,22 @@ def test_llama_cpp_converters_mmproj_round_trips(family, dtype, round_trips, tmp
     assert_same_tensors(family, dtype, _state(hf), _state(str(tmp_path / "back")))
 
 
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+def test_command_line_writes_the_same_folder(family, round_trips, tmp_path):
+    """`lazyweights convert ADAPTER text.gguf --mmproj mmproj.gguf -o DIR/` writes the folder the API writes."""
+    from lazyweights.tools.cli import main
+
+    hf, back = round_trips[family, "bfloat16"]
+    d = os.path.dirname(back)
+    out = str(tmp_path / "out")
+    assert main(["convert", "lazyweights.adapters:convert_gguf_state_dict", os.path.join(d, "text.gguf"), "-o", out,
+                 "--mmproj", os.path.join(d, "mmproj.gguf"), "--no-progress"]) == 0
+    assert sorted(os.listdir(out)) == sorted(os.listdir(back))
+    for name in os.listdir(back):
+        with open(os.path.join(back, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+            assert a.read() == b.read(), name
+
+
 # --- bad input ---------------------------------------------------------------------------------------------------
 def _pair(round_trips, family="qwen2_5_vl"):
     d = os.path.dirname(round_trips[family, "float32"][1])
@@ -183,7 +199,8 @@ def _pair(round_trips, family="qwen2_5_vl"):
 def test_unknown_projector_is_named(round_trips):
     t, m = _pair(round_trips)
     cfg = types.SimpleNamespace(metadata={**m.config.metadata, "clip.projector_type": "pixtral"})
-    with pytest.raises(UnknownProjectorError, match=r"clip.projector_type 'pixtral' .*gemma3, qwen2.5vl_merger"):
+    with pytest.raises(UnknownProjectorError, match=r"clip.projector_type 'pixtral' .*gemma3, qwen2.5vl_merger, "
+                                                   r"qwen2vl_merger"):
         convert_mmproj_to_hf(dict(t.items()), t.config, dict(m.items()), cfg)
 
 
