@@ -434,3 +434,217 @@ def test_gemma3_pooling_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
     with pytest.raises(VisionConfigError, match=r"image_seq_length is 256 but config.json mm_tokens_per_image is 16"):
         export_mmproj(hf, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
+
+
+# --- audio: Qwen2-Audio's Whisper encoder --------------------------------------------------------------------------
+# family -> (config class, model class, text config, audio config, outer config). Three encoder layers: gguf-py's
+# MMPROJ table names `audio_tower.conv{bid}` only below the block count, so conv2 needs at least 3 (llama.cpp's
+# converter fails on a 2-layer tower too); 1500 positions and 128 mel bins as Qwen2-Audio-7B (mtmd's graph takes
+# 3000-frame, 30-second windows).
+from lazyweights.core.errors import UnmappedTensorError  # noqa: E402
+
+AUDIO_FAMILIES = {
+    "qwen2_audio": ("Qwen2AudioConfig", "Qwen2AudioForConditionalGeneration", dict(_TEXT, model_type="qwen2"),
+                    dict(d_model=32, encoder_layers=3, encoder_attention_heads=2, encoder_ffn_dim=48,
+                         num_mel_bins=128, max_source_positions=1500),
+                    dict(audio_token_index=3)),
+}
+
+
+def make_audio(family: str, dtype: str, tok, folder: str, **audio_overrides):
+    """A seeded tiny audio-language model of `family` saved in `dtype` with its tokenizer (the published layout:
+    `audio_tower.`, `multi_modal_projector.`, `language_model.`)."""
+    cfg_cls, model_cls, text, audio, outer = AUDIO_FAMILIES[family]
+    cfg = getattr(transformers, cfg_cls)(text_config=dict(text, vocab_size=len(tok)),
+                                         audio_config=dict(audio, **audio_overrides), **outer)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # as make_vl: non-trivial norms, biases and learned positions
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.1 if p.ndim > 1 else 0.05) + (1.0 if p.ndim == 1 else 0.0) * 0.1)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def _text_half_gguf(model, tok, folder: str, out: str) -> None:
+    """The language model alone as a Qwen2ForCausalLM folder, converted by lazyweights (mtmd loads the mmproj
+    beside a text model; lazyweights does not yet convert Qwen2AudioForConditionalGeneration's text half under
+    its own class name)."""
+    from lazyweights.adapters import export_gguf
+
+    lm = transformers.Qwen2ForCausalLM(model.config.text_config)
+    sd = {f"model.{k}": v for k, v in model.model.language_model.state_dict().items()}
+    lm.load_state_dict({**sd, "lm_head.weight": model.lm_head.weight})
+    lm.float().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    export_gguf(folder, out)
+
+
+@pytest.fixture(scope="module")
+def audio_folders(tokenizer, tmp_path_factory):  # noqa: F811
+    """(family, dtype) -> a folder with the model (hf/), our mmproj.gguf and the text model's text.gguf."""
+    out = {}
+    for family in AUDIO_FAMILIES:
+        for dtype in DTYPES:
+            d = str(tmp_path_factory.mktemp(f"{family}-{dtype}"))
+            model = make_audio(family, dtype, tokenizer, os.path.join(d, "hf"))
+            export_mmproj(os.path.join(d, "hf"), os.path.join(d, "mmproj.gguf"))
+            _text_half_gguf(model, tokenizer, os.path.join(d, "text-hf"), os.path.join(d, "text.gguf"))
+            out[family, dtype] = d
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", list(AUDIO_FAMILIES))
+def test_audio_mmproj_identical_to_llama_cpp_converter(family, dtype, audio_folders):
+    """(a) for an audio tower: the tensors (the conv biases [n, 1], the conv weights float16, `audio.`-prefixed
+    projector) and the clip.audio.* metadata of llama.cpp's converter."""
+    d = audio_folders[family, dtype]
+    ref = llama_cpp_mmproj(os.path.join(d, "hf"), os.path.join(d, "ref-mmproj.gguf"),
+                           {"float32": "f32", "bfloat16": "bf16"}[dtype])
+    mine, theirs = _tensors(os.path.join(d, "mmproj.gguf")), _tensors(ref)
+    assert sorted(mine) == sorted(theirs)
+    for name in theirs:
+        assert mine[name][:2] == theirs[name][:2], (name, mine[name][:2], theirs[name][:2])
+        assert mine[name][2] == theirs[name][2], f"{name}: bytes differ"
+    fields = _fields(os.path.join(d, "mmproj.gguf"))
+    assert fields == _fields(ref)
+    assert fields["clip.has_audio_encoder"][1] is True and "clip.has_vision_encoder" not in fields
+
+
+def _pcm(seconds: float = 2.0, hz: float = 440.0) -> np.ndarray:
+    """A seeded 16 kHz waveform: a tone and noise."""
+    t = np.arange(int(16000 * seconds)) / 16000
+    noise = np.random.default_rng(3).standard_normal(t.size)
+    return (0.3 * np.sin(2 * np.pi * hz * t) + 0.05 * noise).astype(np.float32)
+
+
+def mtmd_audio_run(text_gguf: str, mmproj: str, pcm: np.ndarray, prompt: str = "hear {} this"):
+    """llama.cpp's mtmd on 16 kHz `pcm` (`mtmd_bitmap_init_from_audio`: mtmd computes the log-mel itself, in
+    30-second windows): (the audio's embeddings [n_tokens, n_embd], the prompt as token ids with None for the
+    audio's, the text model's next-token logits after the prompt)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
+    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=1024, n_batch=1024, verbose=False, n_threads=2)
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu = False
+    params.n_threads = 2
+    params.warmup = False
+    params.print_timings = False
+    ctx = mtmd.mtmd_init_from_file(mmproj.encode(), llm._model.model, params)
+    assert ctx, "mtmd could not load the mmproj"
+    try:
+        assert mtmd.mtmd_support_audio(ctx) and mtmd.mtmd_get_audio_sample_rate(ctx) == 16000
+        buf = (ctypes.c_float * pcm.size).from_buffer_copy(np.ascontiguousarray(pcm, np.float32).tobytes())
+        bitmap = mtmd.mtmd_bitmap_init_from_audio(pcm.size, buf)
+        chunks = mtmd.mtmd_input_chunks_init()
+        raw = prompt.format(mtmd.mtmd_default_marker().decode()).encode()
+        text = mtmd.mtmd_input_text(raw, len(raw), True, True)
+        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
+        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
+        n_embd = llama_cpp.llama_model_n_embd_inp(llm._model.model)
+        parts: list = []
+        embd = []
+        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO:
+                n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
+                assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
+                ptr = mtmd.mtmd_get_output_embd(ctx)
+                embd.append(np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy())
+                parts += [None] * n
+            else:
+                k = ctypes.c_size_t(0)
+                toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(k))
+                parts += [int(toks[j]) for j in range(k.value)]
+        assert len(embd) == 1, f"mtmd made {len(embd)} audio chunks (one 30-second window expected)"
+        new_n_past = llama_cpp.llama_pos(0)
+        assert mtmd.mtmd_helper_eval_chunks(ctx, llm._ctx.ctx, chunks, 0, 0, 1024, True,
+                                            ctypes.byref(new_n_past)) == 0
+        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+        mtmd.mtmd_input_chunks_free(chunks)
+        mtmd.mtmd_bitmap_free(bitmap)
+        return embd[0], parts, logits
+    finally:
+        mtmd.mtmd_free(ctx)
+        llm.close()
+
+
+def whisper_features(model, pcm: np.ndarray):
+    """transformers' WhisperFeatureExtractor (the Qwen2-Audio processor's) on the same 16 kHz samples: log-mel
+    with num_mel_bins bins, 400-sample Hann windows every 160, padded to one 30-second window of 3000 frames, the
+    recipe mtmd's whisper preprocessor computes in C++."""
+    fe = transformers.WhisperFeatureExtractor(feature_size=model.config.audio_config.num_mel_bins)
+    return fe(pcm, sampling_rate=16000, return_tensors="pt").input_features
+
+
+def transformers_audio_embeddings(family: str, hf: str, pcm: np.ndarray) -> np.ndarray:
+    """transformers' audio tower + projector (float32) over the whole 30-second window mtmd encodes (no padding
+    mask: mtmd attends over the window's silence too)."""
+    model = getattr(transformers, AUDIO_FAMILIES[family][1]).from_pretrained(hf, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model.model.audio_tower(whisper_features(model, pcm)).last_hidden_state
+        return model.model.multi_modal_projector(hidden)[0].float().numpy()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", list(AUDIO_FAMILIES))
+def test_mtmd_audio_embeddings_equal_transformers(family, dtype, audio_folders):
+    """(b) for audio: mtmd's embeddings of a 2-second waveform (its own log-mel) equal transformers' tower +
+    projector on WhisperFeatureExtractor's log-mel of the same samples, token for token over the window."""
+    d = audio_folders[family, dtype]
+    pcm = _pcm()
+    got, parts, _ = mtmd_audio_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), pcm)
+    ref = transformers_audio_embeddings(family, os.path.join(d, "hf"), pcm)
+    assert got.shape == ref.shape == (750, 64), (got.shape, ref.shape)
+    cos, rel = compare(ref, got)
+    print(f"\n{family} {dtype}: {ref.shape[0]} audio tokens, min cosine {cos:.7f}, max rel error {rel:.3g}")
+    assert cos > 0.9999, f"{family} {dtype}: mtmd's audio embeddings differ from transformers' (cosine {cos})"
+
+
+def transformers_next_token_audio(family: str, hf: str, pcm: np.ndarray, parts: list) -> np.ndarray:
+    """transformers' whole model on the prompt mtmd tokenized, the audio's tokens where mtmd put them, over the
+    whole window as mtmd feeds it (feature_attention_mask all ones: 750 tokens)."""
+    cls, outer = AUDIO_FAMILIES[family][1], AUDIO_FAMILIES[family][4]
+    model = getattr(transformers, cls).from_pretrained(hf, dtype=torch.float32).eval()
+    ids = torch.tensor([[outer["audio_token_index"] if t is None else t for t in parts]])
+    feats = whisper_features(model, pcm)
+    with torch.no_grad():
+        out = model(input_ids=ids, input_features=feats,
+                    feature_attention_mask=torch.ones(feats.shape[0], feats.shape[-1], dtype=torch.long))
+    return out.logits[0, -1].float().numpy()
+
+
+@pytest.mark.parametrize("family", list(AUDIO_FAMILIES))
+def test_text_model_given_the_audio_agrees(family, audio_folders):
+    """(c) for audio: the text model given the audio (mtmd's chunks decoded by llama.cpp) predicts the next token
+    as transformers' whole model does on the same tokens and samples (20 seconds: most of the window heard):
+    KL < 1e-3, and silence instead moves transformers' own distribution at least 10x further."""
+    d = audio_folders[family, "float32"]
+    pcm = _pcm(20.0)
+    _, parts, mine = mtmd_audio_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), pcm)
+    ref = transformers_next_token_audio(family, os.path.join(d, "hf"), pcm, parts)
+    kl = _kl(ref, mine)
+    moved = _kl(ref, transformers_next_token_audio(family, os.path.join(d, "hf"), np.zeros_like(pcm), parts))
+    print(f"\n{family}: {len(parts)} tokens ({parts.count(None)} audio), next-token KL {kl:.3g} "
+          f"(silence instead: {moved:.3g})")
+    assert kl < 1e-3, f"{family}: llama.cpp's next-token distribution given the audio differs (KL {kl:.3g})"
+    assert moved > 10 * max(kl, 1e-7), (family, moved, kl)
+
+
+@pytest.mark.parametrize("override,error,message", [
+    (dict(max_source_positions=750), VisionConfigError,
+     r"qwen2_audio audio_config.max_source_positions is 750; .*audio tower only with max_source_positions = 1500"),
+    (dict(activation_function="relu"), VisionConfigError, r"audio_config.activation_function is 'relu'"),
+    (dict(encoder_layers=2), UnmappedTensorError, r"audio_tower\.conv2\.(weight|bias).*2 audio blocks"),
+])
+def test_audio_config_mtmd_cannot_compute(override, error, message, tokenizer, tmp_path):  # noqa: F811
+    """An audio config mtmd's whisper graph cannot compute (other than 1500 positions: its 30-second window; not
+    erf GELU), or a tower gguf-py's table cannot name (two layers: no name for conv2): named, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_audio("qwen2_audio", "float32", tokenizer, hf, **override)
+    with pytest.raises(error, match=message):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
