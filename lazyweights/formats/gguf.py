@@ -48,7 +48,7 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..core.dtype import DType
 from ..core.errors import DTypeError, FormatError, UsageError
@@ -106,7 +106,8 @@ GGML_ENCODINGS: dict[GGMLQuantizationType, QuantizationEncoding] = {
 }
 ENCODING_GGML: dict[QuantizationEncoding, GGMLQuantizationType] = {v: k for k, v in GGML_ENCODINGS.items()}
 
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+SPLIT_KEYS = (Keys.Split.LLM_KV_SPLIT_NO, Keys.Split.LLM_KV_SPLIT_COUNT, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
+_ALIGNMENT, _SPLIT_NO, _SPLIT_COUNT, _SPLIT_TENSORS = Keys.General.ALIGNMENT, *SPLIT_KEYS
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 
@@ -429,14 +430,12 @@ def read_gguf(path: str) -> tuple[list[TensorRecord], GGUFMetadata]:
         meta.types[key] = vtype
 
     alignment = DEFAULT_ALIGNMENT
-    if "general.alignment" in meta:
-        alignment = meta["general.alignment"]
-        if meta.types["general.alignment"] is not GGUFValueType.UINT32:
-            raise FormatError(
-                f"{where}: general.alignment must be a UINT32, not {meta.types['general.alignment'].name}"
-            )
+    if _ALIGNMENT in meta:
+        alignment = meta[_ALIGNMENT]
+        if meta.types[_ALIGNMENT] is not GGUFValueType.UINT32:
+            raise FormatError(f"{where}: {_ALIGNMENT} must be a UINT32, not {meta.types[_ALIGNMENT].name}")
         if alignment == 0 or alignment & (alignment - 1):
-            raise FormatError(f"{where}: general.alignment {alignment} is not a power of two")
+            raise FormatError(f"{where}: {_ALIGNMENT} {alignment} is not a power of two")
 
     # --- tensor infos
     infos: list[_Info] = []
@@ -548,7 +547,7 @@ def read_gguf_checkpoint(files: list[str]):
     for p in [absolute_location(x) for x in files]:
         if p not in parsed:
             parsed[p] = read_gguf(p)
-        count = parsed[p][1].get("split.count")
+        count = parsed[p][1].get(_SPLIT_COUNT)
         if not isinstance(count, int) or count <= 1:
             continue
         siblings = _split_siblings(p)
@@ -563,21 +562,21 @@ def read_gguf_checkpoint(files: list[str]):
     parts = [(p, recs, meta) for p, (recs, meta) in parsed.items()]
 
     # Validate split keys: every part of one split agrees on the count and numbers are 0..count-1.
-    split_parts = [(p, m) for p, _, m in parts if "split.count" in m]
+    split_parts = [(p, m) for p, _, m in parts if _SPLIT_COUNT in m]
     if split_parts:
-        counts = {int(m["split.count"]) for _, m in split_parts}
+        counts = {int(m[_SPLIT_COUNT]) for _, m in split_parts}
         if len(counts) != 1 or len(split_parts) != len(parts):
             raise FormatError(
                 "GGUF files from different splits (or split and unsplit files) were given together: "
-                + ", ".join(f"{p} (split.count={m.get('split.count')})" for p, _, m in parts)
+                + ", ".join(f"{p} ({_SPLIT_COUNT}={m.get(_SPLIT_COUNT)})" for p, _, m in parts)
             )
         count = counts.pop()
         by_no: dict[int, tuple] = {}
         for part in parts:
             p, _, m = part
-            no = m.get("split.no")
+            no = m.get(_SPLIT_NO)
             if not isinstance(no, int) or not 0 <= no < count:
-                raise FormatError(f"{p}: split.no={no!r} is not a part number below split.count={count}")
+                raise FormatError(f"{p}: {_SPLIT_NO}={no!r} is not a part number below {_SPLIT_COUNT}={count}")
             if no in by_no:
                 raise FormatError(f"{p}: split part {no + 1} of {count} given twice (also {by_no[no][0]})")
             by_no[no] = part
@@ -591,10 +590,10 @@ def read_gguf_checkpoint(files: list[str]):
             raise FormatError(f"{first}: split GGUF has {count} parts but part(s) {missing} are missing: {names}")
         parts = [by_no[i] for i in range(count)]
         total = sum(len(r) for _, r, _ in parts)
-        declared = parts[0][2].get("split.tensors.count")
+        declared = parts[0][2].get(_SPLIT_TENSORS)
         if isinstance(declared, int) and declared != total:
             raise FormatError(
-                f"{parts[0][0]}: split.tensors.count says {declared} tensors but the {count} parts hold {total}"
+                f"{parts[0][0]}: {_SPLIT_TENSORS} says {declared} tensors but the {count} parts hold {total}"
             )
 
     records: dict[str, TensorRecord] = {}

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, MissingWeightError, ShapeError, UsageError, WriteError
@@ -342,7 +342,7 @@ class GGUFLayout:
     @classmethod
     def _plan(cls, tensors_meta, metadata: dict, types: Mapping, alignment: int | None) -> "GGUFLayout":
         if alignment is None:
-            md_align = metadata.get("general.alignment")
+            md_align = metadata.get(Keys.General.ALIGNMENT)
             if isinstance(md_align, GGUFValue):
                 md_align = md_align.value
             alignment = int(md_align) if md_align is not None else DEFAULT_ALIGNMENT
@@ -350,8 +350,8 @@ class GGUFLayout:
             raise UsageError(f"GGUF alignment must be a power of two below 2**32, got {alignment!r}")
         for k in SPLIT_KEYS:
             metadata.pop(k, None)
-        if alignment != DEFAULT_ALIGNMENT or "general.alignment" in metadata:
-            metadata["general.alignment"] = GGUFValue(alignment, GGUFValueType.UINT32)
+        if alignment != DEFAULT_ALIGNMENT or Keys.General.ALIGNMENT in metadata:
+            metadata[Keys.General.ALIGNMENT] = GGUFValue(alignment, GGUFValueType.UINT32)
 
         kv_parts = []
         for key, value in metadata.items():
