@@ -289,6 +289,28 @@ class RemoteReads:
             file.ensure_ranges(rs)
         self._account(step, ranges)
 
+    def admit(self, step, drain) -> None:
+        """Before the first block of `step` is read, on an executor whose blocks count as done only later
+        (the GPU's, after their copy's event): reserve `step`'s bytes in the window unless a prefetcher has
+        already taken it, calling `drain()` once first if they do not fit. `drain` must finish the blocks in
+        flight (their `task_done` releases what they read). After it, what is held is the prefetchers'
+        reservations (within the window), so the run holds at most the window plus this step. A worker's
+        `fetch` never waits, so without this the blocks in flight would each add a step beyond the window."""
+        with self._cond:
+            if self._stop.is_set() or self._left.get(id(step), 0) == 0 or id(step) in self._held \
+                    or id(step) in self._started:
+                return
+        need = sum(e - s for rs in self._step_ranges(step).values() for s, e in rs)
+        with self._cond:
+            full = bool(self._held) and sum(self._held.values()) + need > self.window
+        if full:
+            drain()
+        with self._cond:
+            if id(step) in self._held or id(step) in self._started:
+                return  # a prefetcher took it meanwhile
+            self._started.add(id(step))  # the prefetchers leave it: the block fetches for itself
+            self._held[id(step)] = need
+
     def _account(self, step, ranges: dict) -> None:
         with self._cond:
             if id(step) not in self._held and self._left.get(id(step), 0) > 0:

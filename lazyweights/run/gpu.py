@@ -434,18 +434,28 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
         bar = Progress(sum(len(t[1]) * t[2].out_row_bytes for t in tasks), "materialize gpu") if progress else None
         # Remote sources: fetched ahead in step order within the budget, and a record's bytes released once
         # the last block reading it is on the device: `_Slot.wait` calls `reads.task_done` only after the
-        # block's event (its copy and kernel) is done, `_run_solo` after its stream sync
-        # (tests/io/test_remote_gpu.py holds the bound).
+        # block's event (its copy and kernel) is done, `_run_solo` after its stream sync.
+        # A block's step not yet prefetched is admitted into the window first (`RemoteReads.admit`), which
+        # drains the blocks in flight when it is full (tests/io/test_remote_gpu.py holds the bound).
         reads = remote_reads(tasks, parse_size(budget) or DEFAULT_BUDGET)
         done = reads.task_done if reads is not None else None
         slots = [_Slot(backend, i, done) for i in range(streams)]
         pool = ThreadPoolExecutor(max_workers=host_threads or default_host_threads(),
                                   thread_name_prefix="lazyweights-gpu-read")
         pending: deque = deque()
+
+        def drain() -> None:  # finish every block in flight: their remote bytes are released
+            while pending:
+                _launch(backend, pending.popleft(), bar)
+            for slot in slots:
+                slot.wait()
+
         try:
             turn = 0
             for task in tasks:
                 g, index = task[2], task[4]
+                if reads is not None:
+                    reads.admit(task[0], drain)  # the window bounds what the blocks in flight fetch, too
                 if index in g.solo:
                     while pending:
                         _launch(backend, pending.popleft(), bar)

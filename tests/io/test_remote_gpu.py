@@ -12,6 +12,7 @@ import os
 import threading
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from test_remote import CFG, _checkpoint, _fresh
@@ -258,3 +259,46 @@ def test_a_failing_block_stops_the_prefetch_threads(nginx, big):
                                                 r"the fake device failed this kernel"):
         materialize_gpu(plan, "gpu:0", backend=_FailingDevice(), budget=512 << 10, streams=2)
     assert not _prefetchers(), _prefetchers()
+
+
+@pytest.fixture(scope="module")
+def burst(nginx, write_safetensors):
+    """A 2 MB bf16 tensor (more than a 1 MB window) first, then eight of 128 KiB, the size of one block on 4
+    streams with a 1 MB budget."""
+    rng = np.random.default_rng(5)
+
+    def bf(rows):
+        return (rng.standard_normal((rows, 512)) + 0.5).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+    path = nginx.root / "gpu-burst.safetensors"
+    write_safetensors(path, {"a_big": bf(2048), **{f"b{i}": bf(128) for i in range(8)}})
+    return path
+
+
+def test_the_blocks_in_flight_fetch_within_the_window_too(nginx, burst, monkeypatch):
+    """The blocks in flight must not each fetch a tensor beyond the window. The 2 MB tensor (larger than
+    the 1 MB window) is released only once its last blocks' copies ran, and the next tensors' first blocks
+    are filled (and fetched) while those copies are in flight: without `RemoteReads.admit` they would fetch
+    on top of it. Admission drains the blocks in flight first when the window is full, so the big tensor
+    and a small one are never held together. The prefetch threads are off here, so the blocks' own fetches
+    are all there is and the bound is exact."""
+    _fresh()
+    remote = lw.load_weights([nginx.url("gpu-burst.safetensors")])
+    peak = [0]
+    real_ensure = RemoteFile.ensure_ranges
+
+    def watched(self, ranges):
+        real_ensure(self, ranges)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    monkeypatch.setattr(fetch.RemoteReads, "start_prefetch", lambda self, threads=0: None)
+    big = 2048 * 512 * 2
+    header = 8 + int.from_bytes(burst.read_bytes()[:8], "little")
+    plan = lw.plan({name: w.data().astype(DType.float16) for name, w in remote.items()})
+    got = materialize_gpu(plan, "gpu:0", backend=NumpyDevice(seed=9), budget=1 << 20, streams=4)
+    assert 0 < peak[0] <= header + big, (peak[0], header + big)
+    assert [f.held_bytes() for f in _remote_files()] == [header]
+    for name, w in lw.load_weights([str(burst)]).items():
+        want = w.data().to_numpy().astype(np.float16)
+        assert np.asarray(got[name]).tobytes() == want.tobytes(), name

@@ -306,6 +306,62 @@ def test_remote_reads_prefetch_waits_for_the_window():
         fetch.remote_ranges, fetch._is_remote = orig_ranges, orig_remote
 
 
+def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full():
+    """`admit` (the GPU executor's call before a block's step is read): a step no prefetcher reserved is
+    reserved in the window; when it does not fit, `drain` is called once first (it finishes the blocks in
+    flight, whose `task_done` releases their bytes), so at most the window plus one step is ever held. Fake
+    files, no prefetch threads: the bookkeeping alone."""
+
+    class File:
+        def __init__(self):
+            self.have, self.peak = RangeSet(), 0
+
+        def ensure_ranges(self, ranges):
+            self.have.add_many(ranges)
+            self.peak = max(self.peak, self.have.total())
+
+        def release(self, ranges):
+            for s, e in ranges:
+                self.have.remove(s, e)
+
+    f = File()
+
+    class Rec:
+        def __init__(self, i):
+            self.file, self.offset, self.nbytes, self.name = f, i * 100, 100, f"t{i}"
+
+    class Step:
+        def __init__(self, i):
+            self.sources, self.node = [Rec(i)], i
+
+    tasks = [(Step(i), range(1), None, {}) for i in range(8)]
+    orig_ranges, orig_remote = fetch.remote_ranges, fetch._is_remote
+    fetch.remote_ranges = lambda node: {f: [(node * 100, node * 100 + 100)]}
+    fetch._is_remote = lambda r: True
+    try:
+        reads = fetch.RemoteReads(tasks, window=250)
+        reads.attach(tasks)
+        in_flight, drains = [], []
+
+        def drain():
+            drains.append(len(in_flight))
+            while in_flight:
+                reads.task_done(in_flight.pop(0))
+
+        for t in tasks:  # the GPU loop: admit, read (fetch), and the block completes later
+            reads.admit(t[0], drain)
+            fetch.fetch_step_sources(t[0], t[3])
+            in_flight.append(t)
+            assert f.have.total() <= 250 + 100
+        reads.admit(tasks[-1][0], drain)  # already admitted: nothing happens
+        drain()
+        reads.stop()
+        assert drains[:-1] == [2, 2, 2], drains  # two steps fit the window; the third drains them
+        assert f.peak <= 250 and f.have.total() == 0  # here the window is never passed: 100-byte steps
+    finally:
+        fetch.remote_ranges, fetch._is_remote = orig_ranges, orig_remote
+
+
 def test_options_reach_the_files_and_no_etag_means_no_shared_cache():
     assert remote.current_options() == ({}, None)
     with remote.remote_options({"timeout": 3}, "~/x"):
