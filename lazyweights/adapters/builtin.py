@@ -22,6 +22,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "LlamaForCausalLM": ("llama",),
     "MistralForCausalLM": ("mistral", "llama"),
     "MixtralForCausalLM": ("mixtral",),
+    # InternVL (transformers' class): the text model is its text_config's family (Qwen2 or Qwen3), generic adapter
+    "InternVLForConditionalGeneration": ("internvl",),
     "Qwen2ForCausalLM": ("qwen2",),
     "Qwen3ForCausalLM": ("qwen3",),
     "Qwen2MoeForCausalLM": ("qwen2_moe",),
@@ -29,6 +31,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "Gemma2ForCausalLM": ("gemma2",),
     "Gemma3ForCausalLM": ("gemma3_text",),
     "Gemma3ForConditionalGeneration": ("gemma3_text", "gemma3"),
+    # LLaVA: the text model is its text_config's family (llava-1.5: llama), converted by the generic adapter
+    "LlavaForConditionalGeneration": ("llava",),
     "Phi3ForCausalLM": ("phi3",),
 }
 # every other family's class from its record (adapters/archs.py); a multimodal class (a VL model whose record

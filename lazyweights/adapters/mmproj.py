@@ -48,6 +48,7 @@ from ..core.errors import (
     UnmappedTensorError,
     VisionConfigError,
 )
+from ..core.names import parse_block
 from .vision_archs import BLOCK_KEYS, VisionArch, VParam, vision_arch_for_model_type
 
 __all__ = ["MmprojConfig", "check_mmproj_config", "convert_hf_to_mmproj", "save_mmproj", "export_mmproj",
@@ -101,6 +102,10 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
         if key in vision and vision[key] != want:
             raise VisionConfigError(f"{mt} {ckey}.{key} is {vision[key]!r}; llama.cpp's mtmd computes "
                                     f"{rec.hf_class}'s {rec.modality} tower only with {key} = {want!r}")
+    for key, want in rec.requires_top.items():
+        if key in cfg and cfg[key] != want:
+            raise VisionConfigError(f"{mt} config.json {key} is {cfg[key]!r}; llama.cpp's mtmd computes "
+                                    f"{rec.hf_class}'s projector only with {key} = {want!r}")
     n_block = next((vision[k] for k in BLOCK_KEYS if k in vision), None)
     if not isinstance(n_block, int) or n_block <= 0:
         raise VisionConfigError(f"{mt} {ckey} names no block count (one of {', '.join(BLOCK_KEYS)})")
@@ -180,6 +185,32 @@ def _deepstack_layers(mc: MmprojConfig, idx: Any) -> list[bool]:
     return [i in idx for i in range(mc.block_count)]
 
 
+def _feature_layers(mc: MmprojConfig, v: Any) -> list[int]:
+    """LLaVA: vision_feature_layer (hidden-state indices, 0 the embeddings, negative counted from the end, an int
+    or a list) made non-negative, as llama.cpp's legacy converter writes them; mtmd runs the blocks below the
+    deepest and concatenates the rest in ascending order, as transformers concatenates them in the config's."""
+    layers = [v] if isinstance(v, int) and not isinstance(v, bool) else v
+    n = mc.block_count
+    if not isinstance(layers, list) or not layers or \
+            not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise VisionConfigError(f"{mc.rec.model_type} config.json vision_feature_layer is {v!r}; an int or a list "
+                                "of ints is needed")
+    out = [i if i >= 0 else n + i + 1 for i in layers]
+    if not all(0 <= i <= n for i in out) or max(out) < 1 or out != sorted(set(out)):
+        raise VisionConfigError(f"{mc.rec.model_type} config.json vision_feature_layer is {v!r} ({out} of the "
+                                f"{n} vision blocks' hidden states); llama.cpp's mtmd reads ascending hidden states "
+                                f"0 to {n}, the deepest at least 1")
+    return out
+
+
+def _kept_blocks(mc: MmprojConfig) -> int | None:
+    """The block count mtmd runs where the record reads the tower at a feature layer (`feature_depth`), else None."""
+    for p in mc.rec.hparams:
+        if p.kind == "feature_depth":
+            return max(_feature_layers(mc, _value(mc, p)))
+    return None
+
+
 def _values(mc: MmprojConfig) -> list[tuple[VParam, Any]]:
     out = []
     for p in mc.rec.hparams:
@@ -192,6 +223,10 @@ def _values(mc: MmprojConfig) -> list[tuple[VParam, Any]]:
             v = int(int(mc.vision.get("num_position_embeddings", 2304)) ** 0.5 * int(mc.vision.get("patch_size", 16)))
         elif p.kind == "deepstack":
             v = _deepstack_layers(mc, v)
+        elif p.kind == "feature_layers":
+            v = _feature_layers(mc, v)
+        elif p.kind == "feature_depth":
+            v = max(_feature_layers(mc, v))
         if v is not None:
             out.append((p, v))
     return out
@@ -206,6 +241,8 @@ def _gguf_value(kind: str, v: Any):
         return GGUFValue([float(x) for x in v], T.ARRAY, T.FLOAT32)
     if kind == "deepstack":
         return GGUFValue([bool(x) for x in v], T.ARRAY, T.BOOL)
+    if kind == "feature_layers":
+        return GGUFValue([int(x) for x in v], T.ARRAY, T.INT32)
     if kind == "f32":
         return GGUFValue(float(v), T.FLOAT32)
     if kind == "bool":
@@ -333,6 +370,7 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
         if hf is not None:
             mine[hf] = (name, as_weight_data(value, name))
     ftype = _file_dtype({k: v for k, (_, v) in mine.items()})
+    kept = _kept_blocks(mc)
     out: dict[str, WeightData] = {}
     for hf, (src, wd) in mine.items():
         for key, fixed, part in _pieces(rec, hf, wd):
@@ -341,6 +379,9 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
                 raise UnmappedTensorError(
                     f"{src}: no mmproj tensor for it in gguf-py's table ({rec.model_type}, {mc.block_count} "
                     f"{rec.modality} blocks); llama.cpp's converter cannot map it either")
+            block = parse_block(new.removeprefix("v."))
+            if kept is not None and block is not None and block[0] >= kept:
+                continue  # past the deepest feature layer: mtmd never runs it
             if any(f in hf for f in rec.norm_shift):
                 part = add_scalar(part.astype(DType.float32), 1.0)  # in float32, as llama.cpp's converter adds
             if any(f in hf for f in rec.unsqueeze):

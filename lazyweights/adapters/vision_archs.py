@@ -43,8 +43,10 @@ class VParam(NamedTuple):
     bool, str, f32s (a float32 array), or a derived value (`n_wa_pattern`: Qwen2.5-VL's window-attention period
     from fullatt_block_indexes; `gemma3_scale`: the projector's pooling from image_seq_length, written only where
     it is not mtmd's default 4; `pos_grid`: the image size, else sqrt(num_position_embeddings) * patch_size;
-    `deepstack`: one bool per vision block, true at deepstack_visual_indexes). `default` stands in where no name is
-    found (None: required, unless `optional`: the row is then not written); with no names it is a fixed value."""
+    `deepstack`: one bool per vision block, true at deepstack_visual_indexes; `feature_layers`: LLaVA's
+    vision_feature_layer(s) made non-negative, an int32 array; `feature_depth`: the block count mtmd runs, the
+    deepest feature layer, the blocks past it left out). `default` stands in where no name is found (None:
+    required, unless `optional`: the row is then not written); with no names it is a fixed value."""
 
     key: str
     hf: tuple[str, ...]
@@ -79,6 +81,7 @@ class VisionArch(NamedTuple):
     unsqueeze: tuple[str, ...] = ()           # HF name fragments given a trailing axis of 1 ([n] -> [n, 1]: the
                                               # Whisper conv biases, as llama.cpp stores them)
     requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes
+    requires_top: Mapping[str, Any] = {}      # outer config.json values mtmd's graph hard-codes (LLaVA's projector)
 
 
 # llama.cpp's MmprojModel.n_block_keys: where a vision config says its block count
@@ -168,6 +171,23 @@ _RECORDS: tuple[VisionArch, ...] = (
     _record("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen2vl_merger", _qwen_base("embed_dim", "hidden_size"),
             (VParam("clip.vision.attention.layer_norm_epsilon", ("rms_norm_eps",), "top", "f32", 1e-6),),
             requires={"spatial_merge_size": 2, "temporal_patch_size": 2, "hidden_act": "quick_gelu"}, **_QWEN_VL),
+    # LLaVA (1.5, transformers' LlavaForConditionalGeneration): a CLIP tower (class embedding, pre-LN, quick-GELU)
+    # read at vision_feature_layer (mtmd runs the blocks up to it: the later ones and the post-LN are left out, as
+    # llama.cpp's legacy convert_image_encoder_to_gguf.py leaves them), the patch tokens (not CLS) through a
+    # linear-GELU-linear projector mtmd names mm.0 / mm.2 (gguf-py's table says mm.1 / mm.2); llama.cpp's
+    # convert_hf_to_gguf.py refuses this tower ("Unsupported model type: clip_vision_model")
+    _record("llava", "LlavaForConditionalGeneration", "mlp",
+            tuple(VParam("clip.vision.block_count", ("vision_feature_layer",), "top", "feature_depth", -2)
+                  if p.key == "clip.vision.block_count" else p for p in _SIGLIP_BASE),
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32", default=1e-5),
+             VParam("clip.vision.feature_layer", ("vision_feature_layer",), "top", "feature_layers", -2)),
+            prefixes=("multi_modal_projector.", "vision_tower."),
+            layouts=((r"^model\.", ""), (r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.")),
+            names=((r"^multi_modal_projector\.linear_1\.", "mm.0."), (r"^multi_modal_projector\.linear_2\.", "mm.2.")),
+            dropped=("vision_model.post_layernorm.",),
+            requires={"hidden_act": "quick_gelu"},
+            requires_top={"projector_hidden_act": "gelu", "vision_feature_select_strategy": "default",
+                          "multimodal_projector_bias": True}),
     # Qwen2-Audio: a Whisper encoder (two GELU conv1d, learned positions, 2x average pooling, LayerNorm) and one
     # linear projector (its `multi_modal_projector.` llama.cpp prefixes `audio.`); the conv biases stored [n, 1],
     # the conv weights float16; mtmd's graph takes 30-second windows of 3000 mel frames, 1500 positions, erf GELU

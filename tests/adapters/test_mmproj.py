@@ -88,14 +88,28 @@ FAMILIES = {
                       deepstack_visual_indexes=[0, 2]),
                  dict(_SPECIAL, image_token_id=3),
                  dict(_QWEN_PRE, patch_size=16, image_processor_type="Qwen2VLImageProcessor"), (128, 192)),
+    # LLaVA 1.5: a CLIP tower (class embedding, pre-LN, quick-GELU) of 3 blocks read at hidden state -2 (mtmd runs
+    # 2 of them), 16 patch tokens of a 56x56 image (its image_size: neither side resizes) through the GELU MLP
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(_TEXT),
+              dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                   num_attention_heads=2, image_size=56, patch_size=14, projection_dim=32, hidden_act="quick_gelu",
+                   layer_norm_eps=1e-5),
+              dict(image_token_index=3, projector_hidden_act="gelu", vision_feature_layer=-2,
+                   vision_feature_select_strategy="default", image_seq_length=16),
+              {"image_processor_type": "CLIPImageProcessor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
+               "image_std": [0.26862954, 0.26130258, 0.27577711], "crop_size": {"height": 56, "width": 56},
+               "size": {"shortest_edge": 56}}, (56, 56)),
 }
+# families whose checkpoint llama.cpp's convert_hf_to_gguf.py --mmproj refuses (the judges are mtmd and transformers)
+CONVERTER_REFUSES = {"llava": "Unsupported model type: clip_vision_model"}
 DTYPES = ["float32", "bfloat16"]
 
 
 def _published(folder: str, family: str) -> None:
     """Rewrite transformers 5's saved names to the published layout (Gemma 3's tower under
-    `vision_tower.vision_model.`, as google/gemma-3-*-it ship it; transformers loads both)."""
-    if family != "gemma3":
+    `vision_tower.vision_model.`, as google/gemma-3-*-it and llava-hf/llava-1.5-*-hf ship it; transformers loads
+    both)."""
+    if family not in ("gemma3", "llava"):
         return
     path = os.path.join(folder, "model.safetensors")
     sd = safetensors_torch.load_file(path)
@@ -161,6 +175,13 @@ def llama_cpp_mmproj(hf: str, out: str, outtype: str) -> str:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     d = folders[family, dtype]
+    if family in CONVERTER_REFUSES:  # llama.cpp's converter cannot write it: say so, and that it still cannot
+        if not os.path.isfile(CONVERTER):
+            pytest.skip(f"llama.cpp's converter is not at {CONVERTER}")
+        r = subprocess.run([sys.executable, CONVERTER, os.path.join(d, "hf"), "--mmproj", "--outfile",
+                            os.path.join(d, "ref-mmproj.gguf")], capture_output=True, text=True, timeout=600)
+        assert r.returncode != 0 and CONVERTER_REFUSES[family] in r.stderr, r.stderr[-2000:]
+        return
     ref = llama_cpp_mmproj(os.path.join(d, "hf"), os.path.join(d, "ref-mmproj.gguf"),
                            {"float32": "f32", "bfloat16": "bf16"}[dtype])
     mine, theirs = _tensors(os.path.join(d, "mmproj.gguf")), _tensors(ref)
@@ -282,6 +303,12 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
     model = getattr(transformers, FAMILIES[family][1]).from_pretrained(hf, dtype=torch.float32).eval()
     pre = FAMILIES[family][5]
     with torch.no_grad():
+        if family == "llava":  # the config's feature layer and CLS-dropping strategy, as LlavaModel.forward passes
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
+                                           vision_feature_layer=model.config.vision_feature_layer,
+                                           vision_feature_select_strategy=model.config.vision_feature_select_strategy)
+            return out.pooler_output[0].float().numpy()
         if family == "gemma3":
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
@@ -311,7 +338,9 @@ def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_mtmd_embeddings_equal_transformers(family, dtype, folders):
+def test_mtmd_embeddings_equal_transformers(family, dtype, folders, request):
+    if family in MTMD_DEFECTS:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=MTMD_DEFECTS[family]))
     d = folders[family, dtype]
     img = _image(*FAMILIES[family][6])
     got = mtmd_embeddings(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
@@ -332,7 +361,10 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
     ids = torch.tensor([[image_id if t is None else t for t in parts]])
     is_image = torch.tensor([[int(t is None) for t in parts]])
     with torch.no_grad():
-        if family == "gemma3":
+        if family == "llava":
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
+        elif family == "gemma3":
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
             out = model(input_ids=ids, pixel_values=pixels, token_type_ids=is_image)
@@ -368,6 +400,66 @@ def test_text_model_given_the_image_agrees(family, folders):
     assert moved > 10 * max(kl, 1e-7), (family, moved, kl)
 
 
+# --- mtmd defects no file can undo -------------------------------------------------------------------------------
+# The family's straight embedding comparison with transformers above is a strict xfail (it passes, and so fails,
+# once llama.cpp is fixed; the tiny text model's next token is too little moved by the image to show the defect);
+# its own test below checks our file against transformers' modules wired as mtmd's graph wires them.
+MTMD_DEFECTS = {"llava": "llama.cpp #25814: mtmd's llava graph (0.3.36) concatenates the class embedding after the "
+                         "patches, so patch i gets position embedding i (not i + 1) and the projector gets rows 1..n "
+                         "(patch 0 dropped, CLS in); the fix is proposed in ggml-org/llama.cpp#25844"}
+
+
+def llava_cls_last(model, pixels):
+    """transformers' LLaVA tower + projector, its own modules, wired as mtmd 0.3.36's llava graph wires them: the
+    class embedding after the patches, position embeddings 0..n in that order, the blocks up to the deepest feature
+    layer (no post-LN), rows 1..n projected."""
+    vt = model.model.vision_tower
+    emb, n = vt.embeddings, len(vt.encoder.layers)
+    layer = model.config.vision_feature_layer
+    depth = layer if layer >= 0 else n + layer + 1
+    p = emb.patch_embedding(pixels).flatten(2).transpose(1, 2)
+    h = vt.pre_layrnorm(torch.cat([p, emb.class_embedding[None, None]], 1) + emb.position_embedding.weight[None])
+    for blk in vt.encoder.layers[:depth]:
+        h = blk(h, None)
+        h = h[0] if isinstance(h, tuple) else h
+    return model.model.multi_modal_projector(h[:, 1:])[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_llava_mtmd_computes_its_graph_on_our_mmproj(dtype, folders):
+    """LLaVA under llama.cpp #25814: mtmd's embeddings from our mmproj equal transformers' modules wired as mtmd's
+    graph is (cosine > 0.9999), and (float32) the text model given them predicts the next token as transformers'
+    LLaVA does given the same features (KL < 1e-3, another image moving it 10x further): our file holds the right
+    tensors and keys, mtmd's graph is what differs from transformers (the xfails above)."""
+    d = folders["llava", dtype]
+    hf, img, pre = os.path.join(d, "hf"), _image(*FAMILIES["llava"][6]), FAMILIES["llava"][5]
+    got, parts, logits = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(hf, dtype=torch.float32).eval()
+
+    def pixels(im):
+        x = (im.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+        return torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
+
+    def next_token(im):
+        with torch.no_grad():
+            ids = torch.tensor([[0 if t is None else t for t in parts]])
+            embeds = model.get_input_embeddings()(ids)
+            embeds[0, [i for i, t in enumerate(parts) if t is None]] = llava_cls_last(model, pixels(im))
+            return model(inputs_embeds=embeds).logits[0, -1].float().numpy()
+
+    with torch.no_grad():
+        ref = llava_cls_last(model, pixels(img)).float().numpy()
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    cos, rel = compare(ref, got)
+    print(f"\nllava {dtype}: {ref.shape[0]} image tokens, min cosine {cos:.7f}, max rel error {rel:.3g} "
+          "(against mtmd's CLS-last graph)")
+    assert cos > 0.9999, f"llava {dtype}: mtmd's embeddings differ from its graph on transformers' modules ({cos})"
+    if dtype == "float32":
+        kl, moved = _kl(next_token(img), logits), _kl(next_token(img), next_token(255 - img))
+        print(f"llava: next-token KL {kl:.3g} (another image: {moved:.3g})")
+        assert kl < 1e-3 and moved > 10 * max(kl, 1e-7), (kl, moved)
+
+
 # --- bad input ---------------------------------------------------------------------------------------------------
 def test_no_tower_is_named_and_nothing_written(tokenizer, tmp_path):  # noqa: F811
     """A text-only checkpoint (Qwen2ForCausalLM) has no tower: `--mmproj` is a VisionConfigError naming the
@@ -400,6 +492,7 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("qwen2_vl", dict(spatial_merge_size=1), r"vision_config.spatial_merge_size is 1"),
     ("qwen3_vl", dict(deepstack_visual_indexes=[0, 1, 2]), r"\(3 deepstack layers\) but text_config.num_hidden_"
                                                             r"layers is 3"),
+    ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")
@@ -407,6 +500,44 @@ def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer,
     with pytest.raises(VisionConfigError, match=message):
         export_mmproj(hf, tmp_path / "m.gguf")
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("vision_feature_select_strategy", "full", r"llava config.json vision_feature_select_strategy is 'full'; .* "
+                                               r"only with vision_feature_select_strategy = 'default'"),
+    ("projector_hidden_act", "silu", r"config.json projector_hidden_act is 'silu'"),
+    ("vision_feature_layer", 4, r"vision_feature_layer is 4 \(\[4\] of the 3 vision blocks' hidden states\)"),
+    ("vision_feature_layer", [-1, -2], r"vision_feature_layer is \[-1, -2\] \(\[3, 2\] .*ascending"),
+    ("vision_feature_layer", "last", r"vision_feature_layer is 'last'; an int or a list of ints"),
+])
+def test_llava_config_mtmd_cannot_compute(key, value, message, tokenizer, tmp_path):  # noqa: F811
+    """LLaVA's outer config.json: mtmd drops only the CLS row (strategy 'default'), applies GELU between the
+    projector's linears, and reads hidden states 0..n in ascending order; anything else is named, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_vl("llava", "float32", tokenizer, hf)
+    with open(os.path.join(hf, "config.json")) as fh:
+        cfg = json.load(fh)
+    with open(os.path.join(hf, "config.json"), "w") as fh:
+        json.dump(dict(cfg, **{key: value}), fh)
+    with pytest.raises(VisionConfigError, match=message):
+        export_gguf_with_mmproj(hf, tmp_path / "t.gguf", tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+def test_llava_feature_layer_keeps_the_blocks_mtmd_runs(folders):
+    """vision_feature_layer -2 of 3 blocks: the mmproj holds blocks 0-1 (mtmd runs 2), no post-LN, the projector as
+    mm.0 / mm.2, clip.vision.feature_layer [2] and block_count 2; each kept tensor's bytes are the checkpoint's."""
+    d = folders["llava", "float32"]
+    t = _tensors(os.path.join(d, "mmproj.gguf"))
+    f = _fields(os.path.join(d, "mmproj.gguf"))
+    assert sorted({n.split(".")[2] for n in t if n.startswith("v.blk.")}) == ["0", "1"]
+    assert not [n for n in t if "post_ln" in n] and {"mm.0.weight", "mm.2.bias", "v.class_embd"} <= set(t)
+    assert f["clip.vision.feature_layer"][1] == [2] and f["clip.vision.block_count"][1] == 2
+    assert f["clip.projector_type"][1] == "mlp" and "clip.use_gelu" not in f
+    src = safetensors_torch.load_file(os.path.join(d, "hf", "model.safetensors"))
+    w = src["vision_tower.vision_model.encoder.layers.1.mlp.fc1.weight"].numpy()
+    assert t["v.blk.1.ffn_up.weight"][1] == list(w.shape[::-1]) and t["v.blk.1.ffn_up.weight"][2] == w.tobytes()
+    assert t["mm.0.weight"][2] == src["multi_modal_projector.linear_1.weight"].numpy().tobytes()
 
 
 def test_tower_tensor_gguf_py_cannot_name(tokenizer, tmp_path):  # noqa: F811

@@ -100,3 +100,40 @@ def test_vl_class_still_refuses_another_family(tokenizer, tmp_path, capsys):  # 
                  str(tmp_path / "x.gguf"), "--no-progress"]) != 0
     assert "'qwen2_vl'" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def _make_llava(tok, folder):
+    """A tiny LLaVA 1.5 (CLIP tower, Llama text) saved as transformers saves it."""
+    text = dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, vocab_size=len(tok))
+    vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=2, image_size=28, patch_size=14, projection_dim=32)
+    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=3)
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # non-trivial norms
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return model
+
+
+def test_llava_class_converts_its_text_model(tokenizer, tmp_path):  # noqa: F811
+    """`lazyweights convert LlavaForConditionalGeneration DIR -o model.gguf` (the class LLaVA's config.json names,
+    model_type 'llava', its Llama text model under `language_model.`): the generic adapter's GGUF, no vision
+    tensor, llama.cpp's next-token distribution equal to transformers' LLaVA model's on text."""
+    model = _make_llava(tokenizer, str(tmp_path / "hf"))
+    mine, generic = str(tmp_path / "cli.gguf"), str(tmp_path / "generic.gguf")
+    assert main(["convert", "LlavaForConditionalGeneration", str(tmp_path / "hf"), "-o", mine, "--no-progress"]) == 0
+    export_gguf(str(tmp_path / "hf"), generic)
+    a, b = _tensors(mine), _tensors(generic)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k][0] == b[k][0] and np.array_equal(a[k][1], b[k][1]), k
+    assert _fields(mine) == _fields(generic)
+    assert _fields(mine)["general.architecture"] == "llama"
+    assert not [n for n in a if n.startswith(("v.", "mm.")) or "vision" in n]
+    ids = tokenizer(PROMPT)["input_ids"]
+    kl = _kl(_logits(model, ids), llama_cpp_logits(mine, ids))
+    assert kl.max() < 1e-3, f"LlavaForConditionalGeneration: llama.cpp's next-token distribution differs ({kl.max()})"
