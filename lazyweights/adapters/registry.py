@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -47,6 +48,8 @@ from ..core.errors import (
 )
 from ..formats.checkpoint import WeightsFormat
 from ..formats.open import weights_format
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["SupportedArchitecture", "UnknownArchitectureError", "NoAdapterError", "register", "unregister", "get",
            "architectures", "adapt", "architecture_from_config"]
@@ -183,7 +186,8 @@ def architecture_from_config(paths) -> str | None:
         if cfg.is_file():
             try:
                 archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures")
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
+                _log.debug("%s: no architecture read from it (%s: %s)", cfg, type(e).__name__, e)
                 return None
             if isinstance(archs, list) and archs and isinstance(archs[0], str):
                 return archs[0]

@@ -806,7 +806,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             return None
         try:
             return tokens.index(tok)
-        except ValueError:
+        except ValueError:  # the token is not in the vocabulary: no id, so the GGUF key is left out
             return None
 
     ids: dict[str, int | None] = {name: tcfg_id(name) for name in _NAMED}

@@ -52,6 +52,7 @@ Example (runs only where MAX is installed; see tests/interop/test_max.py):
 from __future__ import annotations
 
 import functools
+import logging
 import mmap
 import os
 from typing import Any, Callable, Mapping
@@ -73,6 +74,8 @@ __all__ = [
     "to_max_dtype", "from_max_dtype", "to_max_encoding", "from_max_encoding", "to_max_device",
     "from_max_device", "to_max_buffer", "to_max_weight_data", "max_nan_payloads", "MaxAdapter",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 # --- importing MAX ------------------------------------------------------------------------------------
@@ -365,7 +368,9 @@ def _paths_from_pipeline(pipeline_config) -> list[str] | None:
         return None
     try:
         paths = [os.fspath(p) for p in resolve()]
-    except Exception:  # noqa: BLE001 - a config that cannot resolve offline: use another route
+    except Exception as e:  # noqa: BLE001 - whatever MAX or the hub raises offline: use another route
+        _log.debug("the pipeline config's weight paths do not resolve (%s: %s); trying another route",
+                   type(e).__name__, e)
         return None
     return paths or None
 

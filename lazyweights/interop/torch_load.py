@@ -31,6 +31,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
@@ -39,6 +40,8 @@ from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, TorchLoadError
 from ..core.torch_dtypes import dtype_to_torch, import_torch, torch_dtype_table, torch_dtype_to_dtype
 from .check import fold_rows, torch_slots, validate
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["load_into_torch", "TorchLoadError", "IncompatibleKeys", "torch_dtype_to_dtype", "dtype_to_torch",
            "torch_slots"]
@@ -67,7 +70,8 @@ def numpy_view(t) -> np.ndarray | None:
             ints = {1: torch.uint8, 2: torch.int16}[d.size_in_bytes]
             return t.view(ints).numpy().view(d.to_numpy())
         return t.numpy()
-    except (RuntimeError, TypeError, KeyError):
+    except (RuntimeError, TypeError, KeyError) as e:  # None: the caller copies instead
+        _log.debug("no numpy view of a %s %s tensor (%s: %s)", t.dtype, tuple(t.shape), type(e).__name__, e)
         return None
 
 

@@ -68,7 +68,7 @@ def _create_temporary(path: str) -> tuple[int, str]:
         tmp = staging_name(path)
         try:
             return os.open(tmp, flags, 0o644), tmp
-        except FileExistsError:
+        except FileExistsError:  # the random name is taken: draw another, as tempfile.mkstemp does
             continue
         except OSError as e:
             raise WriteError(f"{path}: cannot create the output: {e.strerror}", path=path) from e

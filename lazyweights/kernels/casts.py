@@ -448,7 +448,7 @@ def _as_rows(src: np.ndarray) -> np.ndarray | None:
     lie too far apart to be read in place (see _MAX_GAP)."""
     try:
         rows = _reshape_without_copy(src, (-1, src.shape[-1]))
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError):  # not viewable as rows without a copy: None, as documented
         return None
     row_stride, row_bytes = rows.strides[0], rows.shape[1] * rows.itemsize
     if rows.shape[0] > 1 and (row_stride % rows.itemsize or abs(row_stride) - row_bytes > _MAX_GAP):
