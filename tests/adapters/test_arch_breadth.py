@@ -28,7 +28,11 @@ pytest.importorskip("tokenizers")
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
-from lazyweights.core.errors import ShapeError, UnsupportedArchitectureError  # noqa: E402
+from lazyweights.core.errors import (  # noqa: E402
+    ShapeError,
+    TokenizerConversionError,
+    UnsupportedArchitectureError,
+)
 
 _SPECIAL = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
 _LLAMA_LIKE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -203,26 +207,22 @@ def test_tensor_not_fitting_config_names_tensor_and_shapes(tokenizer, tmp_path):
     out = tmp_path / "x.gguf"
     with pytest.raises(ShapeError, match=r"'gpt_neox\.layers\.0\.mlp\.dense_\w+\.weight' \(GGUF 'blk\.0\.ffn_\w+"
                                          r"\.weight'\): the checkpoint holds shape \[[0-9, ]*96[0-9, ]*\] "
-                                         r"\(as llama.cpp stores it\), config.json \(gpt_neox\) makes it \[[0-9, ]*128"):
+                                         r"\(as llama.cpp stores it\), config.json \(gpt_neox\) makes it "
+                                         r"\[[0-9, ]*128"):
         export_gguf(str(hf), str(out))
     assert os.listdir(tmp_path) == ["hf"]
 
 
-def test_minilm_embedding_equals_transformers(minilm_zip, tmp_path):
+def test_minilm_embedding_equals_transformers(minilm_dir, tmp_path):  # minilm_dir: tests/conftest.py
     """The real all-MiniLM-L6-v2 (BERT) -> a llama.cpp embedding GGUF with its mean pooling: llama.cpp's pooled
     embedding of varied texts equals transformers' mean-pooled last hidden state (cosine > 0.999)."""
-    import zipfile
-
     llama_cpp = pytest.importorskip("llama_cpp")
-    folder = tmp_path / "minilm"
-    zipfile.ZipFile(minilm_zip).extractall(folder)
+    folder = minilm_dir  # read-only: the GGUF goes to tmp_path
     path = str(tmp_path / "minilm.gguf")
     try:
         export_gguf(str(folder), path)
-    except Exception as e:  # the WordPiece -> GGUF tokenizer comes with formats/hf_tokenizer's bert support
-        if type(e).__name__ in ("TokenizerNotExpressibleError", "TokenizerConversionError"):
-            pytest.skip(f"this checkout's tokenizer conversion has no WordPiece: {e}")
-        raise
+    except TokenizerConversionError as e:  # the WordPiece -> GGUF tokenizer: formats/hf_tokenizer's bert support
+        pytest.skip(f"this checkout's tokenizer conversion has no WordPiece: {e}")
     r = gguf.GGUFReader(path)
     assert int(r.fields["bert.pooling_type"].parts[-1][0]) == int(gguf.PoolingType.MEAN)
     assert bool(r.fields["bert.attention.causal"].parts[-1][0]) is False

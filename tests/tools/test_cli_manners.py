@@ -3,16 +3,13 @@ architecture names both ways, errors lead with the fix in command-line words, ev
 output folders are made, a refused connection fails at once, and every check that can run before the work
 does (shown by counting calls to `load_weights` / `Plan.save`, and by the absence of any output).
 
-Commands run in-process through `cli.main` (the same code the console script runs), except where a fresh
-process matters."""
+Commands run in-process through `cli.main` (the same code the console script runs)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,8 +20,6 @@ from lazyweights.api import weights as weights_module
 from lazyweights.api.plan import Plan
 from lazyweights.tools import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAKE_CKPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "make_ckpt.py")
 W1 = "lazyweights.adapters.w1:convert_safetensor_state_dict"
 
 
@@ -73,19 +68,12 @@ def ckpt(tmp_path_factory, tiny_llama):  # tiny_llama: tests/conftest.py
     return d
 
 
-def _make_ckpt(out, *extra):
-    """The README's recipe: /work/shared/bench/make_ckpt.py, tiny."""
-    if not os.path.isfile(MAKE_CKPT):
-        pytest.skip(f"{MAKE_CKPT} is not here")
-    subprocess.run([sys.executable, MAKE_CKPT, str(out), "--layers", "1", "--hidden", "64", "--inter", "128",
-                    "--heads", "4", "--kv-heads", "2", "--vocab", "100", *extra], check=True, capture_output=True)
-    return out
-
-
 @pytest.fixture(scope="module")
-def llama_hf(tmp_path_factory):
-    """A make_ckpt.py checkpoint as the README makes it (no max_position_embeddings, no tokenizer)."""
-    return _make_ckpt(tmp_path_factory.mktemp("mk") / "llama")
+def llama_hf(tmp_path_factory, llama_checkpoint):  # llama_checkpoint: tests/conftest.py
+    """A tiny checkpoint as the README's make_ckpt.py recipe makes it (the same files: config.json without
+    max_position_embeddings, no tokenizer)."""
+    return llama_checkpoint(tmp_path_factory.mktemp("mk") / "llama", layers=1, hidden=64, inter=128, heads=4,
+                            kv_heads=2, vocab=100)
 
 
 @pytest.fixture(scope="module")
