@@ -31,6 +31,8 @@ import os
 import warnings
 from typing import Iterable, Mapping, NamedTuple
 
+from gguf.constants import GGML_QUANT_VERSION, Keys, LlamaFileType  # gguf_writer imports gguf already
+
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, ConfigError, ImatrixShapeError, KVOverrideError, UsageError
 from ..core.names import GGUF_BLOCK
@@ -49,10 +51,9 @@ from ..quant.presets import (
 from .gguf_writer import GGUFValue
 from .imatrix import read_imatrix
 
-# llama.h's llama_ftype for each preset (what llama-quantize writes as general.file_type)
-FILE_TYPE = {"Q4_0": 2, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
-             "Q5_K_M": 17, "Q6_K": 18}
-GGML_QNT_VERSION = 2  # general.quantization_version
+# llama.h's llama_ftype for each preset (what llama-quantize writes as general.file_type): gguf-py's LlamaFileType
+FILE_TYPE = {p: int(LlamaFileType[f"MOSTLY_{p}"])
+             for p in ("Q4_0", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")}
 
 _SOURCE_TYPE = {DType.float32: "F32", DType.float16: "F16", DType.bfloat16: "BF16"}
 _FLOAT_TYPE = {"F32": DType.float32, "F16": DType.float16, "BF16": DType.bfloat16}
@@ -281,17 +282,18 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
     # llama.cpp's loader reads the hyperparameters with the overrides applied
     hparams = dict(metadata)
     hparams.update({o.key: o.value for o in kvs})
-    arch = _meta_value(hparams, "general.architecture")
+    arch = _meta_value(hparams, Keys.General.ARCHITECTURE)
     if not arch:
-        raise ConfigError("quantizing to a preset needs the GGUF metadata's general.architecture")
+        raise ConfigError(f"quantizing to a preset needs the GGUF metadata's {Keys.General.ARCHITECTURE}")
     arch = str(arch)
-    n_layer = _meta_int(hparams, f"{arch}.block_count")
+    block_count_key = Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    n_layer = _meta_int(hparams, block_count_key)
     if n_layer is None:
-        raise ConfigError(f"quantizing to a preset needs {arch}.block_count in the GGUF metadata "
+        raise ConfigError(f"quantizing to a preset needs {block_count_key} in the GGUF metadata "
                                "(llama.cpp's type rules count layers)")
-    n_expert = _meta_int(hparams, f"{arch}.expert_count", 0) or 0
-    heads = _meta_int(hparams, f"{arch}.attention.head_count", 1) or 1
-    heads_kv = _meta_int(hparams, f"{arch}.attention.head_count_kv", heads) or heads
+    n_expert = _meta_int(hparams, Keys.LLM.EXPERT_COUNT.format(arch=arch), 0) or 0
+    heads = _meta_int(hparams, Keys.Attention.HEAD_COUNT.format(arch=arch), 1) or 1
+    heads_kv = _meta_int(hparams, Keys.Attention.HEAD_COUNT_KV.format(arch=arch), heads) or heads
     im = read_imatrix(imatrix) if isinstance(imatrix, (str, bytes)) or hasattr(imatrix, "__fspath__") else imatrix
     renamed, block_count = prune_names(outputs, prune)
     original = {new_name: old for old, new_name in renamed.items() if new_name is not None}
@@ -329,18 +331,18 @@ def quantize_outputs(outputs: Mapping[str, Node], metadata: Mapping, preset: str
     from gguf.constants import GGUFValueType as T
 
     for o in kvs:
-        if o.key in ("general.quantization_version", "general.file_type", "general.alignment"):
+        if o.key in (Keys.General.QUANTIZATION_VERSION, Keys.General.FILE_TYPE, Keys.General.ALIGNMENT):
             raise KVOverrideError(f"--override-kv {o.key}: lazyweights writes {o.key} itself; it cannot be "
                                   "overridden")
-    _set_last(metadata, "general.quantization_version", GGUFValue(GGML_QNT_VERSION, T.UINT32))
-    _set_last(metadata, "general.file_type", GGUFValue(FILE_TYPE[str(preset).upper()], T.UINT32))
+    _set_last(metadata, Keys.General.QUANTIZATION_VERSION, GGUFValue(GGML_QUANT_VERSION, T.UINT32))
+    _set_last(metadata, Keys.General.FILE_TYPE, GGUFValue(FILE_TYPE[str(preset).upper()], T.UINT32))
     for o in kvs:
         _set_last(metadata, o.key, o.gguf_value())
     if im is not None:
         for key, value in imatrix_metadata(im, imatrix).items():
             _set_last(metadata, key, value)
     if block_count is not None:
-        _set_last(metadata, f"{arch}.block_count", GGUFValue(block_count, T.UINT32))
+        _set_last(metadata, block_count_key, GGUFValue(block_count, T.UINT32))
     return QuantizedOutputs(new, encodings, types, metadata)
 
 
@@ -423,6 +425,7 @@ def imatrix_metadata(im, given=None) -> dict:
     from gguf.constants import GGUFValueType
 
     name = given if isinstance(given, str) or hasattr(given, "__fspath__") else getattr(im, "path", "")
+    # llama-quantize's own keys (LLM_KV_QUANTIZE_IMATRIX_* in tools/quantize): gguf-py has no constants for them
     meta = {"quantize.imatrix.file": GGUFValue(_c_string(os.fsdecode(name) if name else ""), GGUFValueType.STRING)}
     datasets = list(getattr(im, "datasets", None) or [])
     if datasets:
