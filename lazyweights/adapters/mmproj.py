@@ -342,6 +342,12 @@ def _pieces(rec: VisionArch, hf: str, wd: WeightData) -> list[tuple[str, str | N
             raise ShapeError(f"{hf}: a Conv3d patch embedding [out, in, 2, p, p] is expected (llama.cpp splits its "
                              f"two frames), got {tuple(wd.shape)}")
         return [(hf, "v.patch_embd.weight", wd[:, :, 0]), (hf, "v.patch_embd.weight.1", wd[:, :, 1])]
+    if rec.patch_hwc and hf == rec.patch_hwc:
+        p = int(round((wd.shape[-1] // 3) ** 0.5)) if wd.ndim == 2 else 0
+        if not p or 3 * p * p != wd.shape[1]:
+            raise ShapeError(f"{hf}: a linear patch embedding [out, p * p * 3] is expected (llama.cpp makes it a "
+                             f"conv [out, 3, p, p]), got {tuple(wd.shape)}")
+        return [(hf, None, wd.reshape(wd.shape[0], p, p, 3).permute((0, 3, 1, 2)))]
     return [(hf, None, wd)]
 
 

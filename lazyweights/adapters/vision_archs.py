@@ -80,6 +80,8 @@ class VisionArch(NamedTuple):
                                               # clip.vision.projection_dim) or audio (audio_config, clip.audio.*)
     unsqueeze: tuple[str, ...] = ()           # HF name fragments given a trailing axis of 1 ([n] -> [n, 1]: the
                                               # Whisper conv biases, as llama.cpp stores them)
+    patch_hwc: str = ""                       # HF name of a linear patch embedding [out, p * p * 3] over (row,
+                                              # column, channel) patches, stored as llama.cpp's conv [out, 3, p, p]
     requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes
     requires_top: Mapping[str, Any] = {}      # outer config.json values mtmd's graph hard-codes (LLaVA's projector)
 
@@ -200,6 +202,20 @@ _RECORDS: tuple[VisionArch, ...] = (
             unsqueeze=("audio_tower.conv1.bias", "audio_tower.conv2.bias"),
             f16=("audio_tower.conv1.weight", "audio_tower.conv2.weight"),
             requires={"max_source_positions": 1500, "activation_function": "gelu"}),
+    # Gemma 4 (its vision tower: SigLIP-like blocks with q/k/v norms and sandwich norms, 2-D learned positions,
+    # 3x3 average pooling, one projection; the E2B/E4B audio conformer is not written): llama.cpp writes the
+    # projector type under clip.vision., a fixed image size (mtmd resizes dynamically), the patch embedding as a
+    # conv, the position table float32; mtmd hard-codes the 3x3 pooling (its converter writes no scale factor)
+    VisionArch("gemma4", "Gemma4ForConditionalGeneration", "gemma4v",
+               prefixes=("vision_model.model.", "model.vision_tower.patch_embedder.", "model.embed_vision."),
+               hparams=(_fixed("clip.vision.image_size", 224, "u32"), *_SIGLIP_BASE[1:],
+                        _fixed("clip.vision.projector_type", "gemma4v", "str"),
+                        VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32",
+                               default=1e-6)),
+               layouts=((r"^model\.vision_tower\.encoder\.", "vision_model.model."),),
+               renames=((".linear.weight", ".weight"), ("position_embedding_table", "position_embedding_table.weight")),
+               patch_hwc="model.vision_tower.patch_embedder.input_proj.weight", f32=("position_embedding_table",),
+               requires={"pooling_kernel_size": 3, "hidden_activation": "gelu_pytorch_tanh"}),
 )
 VISION_ARCHS: dict[str, VisionArch] = {v.model_type: v for v in _RECORDS}
 
