@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from ..api.weight_data import WeightData, as_weight_data
 from ..core.dtype import DType
@@ -64,6 +64,10 @@ class HFFolder(NamedTuple):
     mrope: bool = False                       # text rope_parameters.mrope_section <- {arch}.rope.dimension_sections
     ratios: Mapping[str, tuple[str, int, str]] = {}  # vision config name <- (GGUF tensor, axis, clip key): the
                                                      # tensor's size on that axis over the key's value (no key says)
+    sizes: Mapping[str, tuple[str, int]] = {}  # vision config name <- (GGUF tensor, axis): its size there
+    rope: Mapping[str, Any] = {}              # text rope_parameters the GGUF architecture implies
+    layout: tuple[tuple[str, str], ...] = ()  # (regex, replacement), the first that matches: the saved layout's
+                                              # names for the text_prefix'ed text and the record's tower names
 
 
 HF_FOLDERS: dict[str, HFFolder] = {
@@ -96,6 +100,18 @@ HF_FOLDERS: dict[str, HFFolder] = {
         tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
         mrope=True, ratios={"mlp_ratio": ("v.blk.0.ffn_up.weight", 0, "clip.vision.embedding_length")}),
+    # Qwen3-VL: mergers named by the record's `names` table (inverted), deepstack mergers back to their list index,
+    # the learned position grid's size from its tensor; llama.cpp's qwen3vl text model always interleaves M-RoPE
+    "qwen3_vl": HFFolder(
+        "", "qwen3_vl_text", "qwen3_vl_vision",
+        (r"^visual\.(pos_embed|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.linear_fc[12]))\.",),
+        {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": "vision.patch_size",
+         "merge_size": "vision.spatial_merge_size", "temporal_patch_size": "vision.temporal_patch_size"},
+        vision={"in_channels": 3}, projection="out_hidden_size",
+        tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
+        mrope=True, rope={"mrope_interleaved": True}, sizes={"num_position_embeddings": ("v.position_embd.weight", 0)},
+        layout=((r"^model\.", "model.language_model."), (r"^visual\.", "model.visual."))),
 }
 
 
@@ -146,8 +162,46 @@ def _candidates(tmap) -> dict[str, list[str]]:
     return inv
 
 
-def _hf_name(rec: VisionArch, folder: HFFolder, inv: Mapping[str, list[str]], name: str) -> str:
+def _inverted(pattern: str, repl: str) -> tuple[str, str]:
+    """A record `names` row (HF regex -> GGUF replacement) turned around: (GGUF regex, HF replacement), each of
+    the row's groups carried over in order.
+
+    >>> print(*_inverted(r"^visual\\.merger\\.linear_fc(1|2)\\.", r"mm.\\1."))
+    ^mm\\.(1|2)\\. visual.merger.linear_fc\\1.
+    """
+    groups = re.findall(r"\((.*?)\)", pattern)
+    pieces = re.split(r"\\(\d)", repl)
+    rev = "^" + "".join(re.escape(p) if i % 2 == 0 else f"({groups[int(p) - 1]})" for i, p in enumerate(pieces))
+    body = pattern.removeprefix("^")
+    end = body.endswith("$")
+    numbers = iter(range(1, len(groups) + 1))
+    back = re.sub(r"\((.*?)\)", lambda m: f"\\{next(numbers)}", body.removesuffix("$")).replace("\\.", ".")
+    return rev + ("$" if end else ""), back
+
+
+def _own_hf_name(rec: VisionArch, name: str, deepstack: list[int]) -> str | None:
+    """The HF name the record's `names` table gives a GGUF tensor (a deepstack merger's vision block made its list
+    index again), or None."""
+    for pattern, repl in rec.names:
+        rev, back = _inverted(pattern, repl)
+        if re.search(rev, name):
+            hf = re.sub(rev, back, name)
+            if rec.deepstack and hf.startswith(rec.deepstack):
+                block, _, rest = hf[len(rec.deepstack):].partition(".")
+                if int(block) not in deepstack:
+                    raise UnmappedTensorError(f"{name}: a deepstack merger after vision block {block}, but "
+                                              f"clip.vision.is_deepstack_layers marks blocks {deepstack}")
+                hf = f"{rec.deepstack}{deepstack.index(int(block))}.{rest}"
+            return hf
+    return None
+
+
+def _hf_name(rec: VisionArch, folder: HFFolder, inv: Mapping[str, list[str]], name: str,
+             deepstack: list[int]) -> str:
     """The family's HF name for a GGUF tower tensor (a qkv piece named as its fused tensor)."""
+    own = _own_hf_name(rec, name, deepstack)
+    if own is not None:
+        return own
     base, dot, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
         base, suffix = name, ""
@@ -176,8 +230,9 @@ def _hf_name(rec: VisionArch, folder: HFFolder, inv: Mapping[str, list[str]], na
 
 
 def vision_tensors(rec: VisionArch, folder: HFFolder, state: Mapping[str, Any], n_block: int,
-                   dtype: DType) -> dict[str, WeightData]:
-    """The tower's HF tensors (lazy, in `dtype`) from the mmproj's: each record transform undone."""
+                   dtype: DType, deepstack: Sequence[int] = ()) -> dict[str, WeightData]:
+    """The tower's HF tensors (lazy, in `dtype`) from the mmproj's: each record transform undone (`deepstack`: the
+    vision blocks with a deepstack merger)."""
     import gguf
 
     from .transforms import add_scalar
@@ -190,7 +245,7 @@ def vision_tensors(rec: VisionArch, folder: HFFolder, state: Mapping[str, Any], 
         if rec.temporal_patch and name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):
             parts.setdefault(rec.temporal_patch, {})[name] = wd
             continue
-        hf = _hf_name(rec, folder, inv, name)
+        hf = _hf_name(rec, folder, inv, name, list(deepstack))
         if any(f in hf for f in rec.norm_shift):
             wd = add_scalar(wd.astype(DType.float32), -1.0)  # stored w + 1 in float32
         if rec.qkv and rec.qkv in hf:
@@ -225,6 +280,10 @@ def _vision_config(rec: VisionArch, folder: HFFolder, md: Mapping[str, Any],
                                       f"over {key}")
         size = as_weight_data(state[tensor], tensor).shape[axis]
         vision[name] = size // int(_plain(md[key])) if size % int(_plain(md[key])) == 0 else size / int(_plain(md[key]))
+    for name, (tensor, axis) in folder.sizes.items():
+        if tensor not in state:
+            raise UnmappedTensorError(f"{tensor}: the mmproj lacks it; vision_config.{name} is its shape[{axis}]")
+        vision[name] = as_weight_data(state[tensor], tensor).shape[axis]
     outer: dict[str, Any] = {}
     pre: dict[str, Any] = {}
     for p in rec.hparams:
@@ -234,6 +293,10 @@ def _vision_config(rec: VisionArch, folder: HFFolder, md: Mapping[str, Any],
         name = folder.config_names.get(p.key, p.hf[0] if p.hf else "")
         if not name:
             continue
+        if p.kind == "pos_grid":  # the image size is the position grid's (HFFolder.sizes)
+            continue
+        if p.kind == "deepstack":
+            v = [i for i, flag in enumerate(v) if flag]
         if p.kind == "n_wa_pattern":  # full attention every n-th block
             vision[name] = [i for i in range(int(md["clip.vision.block_count"])) if (i + 1) % int(v) == 0]
         elif p.kind == "gemma3_scale":
@@ -274,13 +337,18 @@ def convert_mmproj_to_hf(text_state: Mapping[str, Any], text_config, mm_state: M
     rec, folder, arch = _check(mm_md, text_md)
     want = DType.parse(dtype) if dtype is not None else _DTYPES.get(int(_plain(mm_md.get("general.file_type", 0))),
                                                                      DType.float32)
-    vision = vision_tensors(rec, folder, mm_state, int(_plain(mm_md["clip.vision.block_count"])), want)
+    flags = _plain(mm_md.get("clip.vision.is_deepstack_layers", []))
+    vision = vision_tensors(rec, folder, mm_state, int(_plain(mm_md["clip.vision.block_count"])), want,
+                            [i for i, flag in enumerate(flags) if flag])
     text = gguf_to_hf(text_state, text_config, dequantize_to=want,
                       expected_keys=expected_keys_for(text_config, text_state))
     text = {k: (v if v.dtype == want else v.astype(want)) for k, v in text.items()}
     inner = with_hf_files(text, text_config, text_state, tokenizer=tokenizer)
-    out = ConvertedStateDict({**{folder.text_prefix + k: WeightData.wrap(v.node, folder.text_prefix + k, None)
-                                 for k, v in text.items()}, **vision})
+    def saved(name: str) -> str:
+        return next((re.sub(p, r, name) for p, r in folder.layout if re.search(p, name)), name)
+
+    both = {**{folder.text_prefix + k: v for k, v in text.items()}, **vision}
+    out = ConvertedStateDict({saved(k): WeightData.wrap(v.node, saved(k), None) for k, v in both.items()})
     vcfg, outer, pre = _vision_config(rec, folder, mm_md, mm_state)
     tokens = [str(t) for t in _plain(text_md.get("tokenizer.ggml.tokens", []))]
     ids = {key: tokens.index(tok) for key, tok in folder.tokens.items() if tok in tokens}
@@ -294,6 +362,7 @@ def convert_mmproj_to_hf(text_state: Mapping[str, Any], text_config, mm_state: M
         tcfg["model_type"] = folder.text_model_type
         if folder.mrope and sections:
             tcfg.setdefault("rope_parameters", {})["mrope_section"] = [int(s) for s in sections if int(s)][:3]
+        tcfg.setdefault("rope_parameters", {}).update(folder.rope)
         cfg = {"architectures": [rec.hf_class], "model_type": rec.model_type,
                **{k: tcfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in tcfg},
                "tie_word_embeddings": bool(tcfg.get("tie_word_embeddings", False)), **outer, **ids,

@@ -845,7 +845,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a multimodal checkpoint's vision tower and projector as llama.cpp's mmproj "
                         "file (Gemma 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL), from the same lazily opened source; "
                         "with a text GGUF in and -o FOLDER, read this mmproj and write one "
-                        "...ForConditionalGeneration folder (Gemma 3, Qwen2-VL, Qwen2.5-VL)")
+                        "...ForConditionalGeneration folder (Gemma 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL)")
     _quant_flags(p)
     p.set_defaults(func=cmd_convert)
 

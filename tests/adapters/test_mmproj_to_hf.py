@@ -42,7 +42,7 @@ from lazyweights.adapters.mmproj_hf import (  # noqa: E402
 from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
 from lazyweights.core.errors import MmprojMismatchError, UnknownProjectorError  # noqa: E402
 
-ROUND_TRIP = ["gemma3", "qwen2_5_vl", "qwen2_vl"]
+ROUND_TRIP = ["gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
 DTYPES = ["float32", "bfloat16"]
 # (family, dtype) -> {HF name regex: max abs difference} where the forward conversion rounds
 LOSSY = {("gemma3", "float32"): {r"norm\.weight$": 2 ** -23, r"mm_input_projection_weight$": 2e-4}}
