@@ -181,7 +181,11 @@ class Plan:
         `general.file_type` recomputed from the tensors, `formats.save.with_file_type`)."""
         if metadata is not None:
             return metadata
-        if self.metadata is not None and self._retype and "general.file_type" in self.metadata:
+        if self.metadata is None or not self._retype:
+            return self.metadata
+        from gguf.constants import Keys  # a GGUF save: gguf is imported by its writer anyway
+
+        if Keys.General.FILE_TYPE in self.metadata:
             from ..formats.save import with_file_type
 
             return with_file_type(self.metadata, self.tensors)
