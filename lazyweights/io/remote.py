@@ -8,6 +8,11 @@ copy), and the kernels read the map; nothing is written to disk first. Once the 
 step's bytes they `release` them (`run/fetch.RemoteReads`), which hands the pages back, so a checkpoint far
 larger than RAM streams through a bounded window.
 
+The map is shared by every run in the process that reads the object, so a reader takes a *lease* on the
+ranges it will read (`acquire`) before it looks at what is held, and gives it back with `release`: pages are
+handed back only where no lease (and no pin) covers them. A run that finds bytes another run fetched
+therefore never reads them after that run released them (issue 35; tests/io/test_remote_memory.py).
+
 `ensure_ranges` is how bytes arrive: what is neither held nor in flight in another thread is claimed, grouped
 into requests by a cost model (`io/ranges.plan_requests`: ranges closer than latency x bandwidth are fetched
 as one; small ones share multi-range requests where the server takes them), and fetched by a bounded pool.
@@ -61,7 +66,7 @@ import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
-from .ranges import RangeSet, plan_requests
+from .ranges import RangeSet, merge, plan_requests
 from .transport import S3Backend, Transient, backend
 
 _log = logging.getLogger(__name__)
@@ -221,6 +226,8 @@ class RemoteFile:
         self._have = RangeSet()
         self._releasing = RangeSet()  # released, but the cache writer still has to write them
         self._pinned = RangeSet()  # handed out by `view`: a caller's array aliases them, never released
+        # (start, end) -> how many leases readers hold on it (`acquire`): no release drops a leased byte
+        self._leases: dict[tuple[int, int], int] = {}
         self._inflight: list[tuple[int, int, threading.Event]] = []
         self._prefix_end = 0  # bytes [0, _prefix_end) are known to be present
         self._multi_range = not s3  # S3 has no multi-range GET; an HTTP server may turn out not to either
@@ -409,11 +416,12 @@ class RemoteFile:
         if len(out) != end - start:
             raise UsageError(f"receive: bytes [{start}, {end}) of {self.path} ({end - start} bytes) into a "
                              f"{len(out)}-byte buffer")
-        with self._lock:
-            held = self._have.held_many([(start, end)])
-            missing = self._have.missing_many([(start, end)])
-        for s, e in held:
-            out[s - start:e - start] = self._mem[s:e]
+        with self._leased([(start, end)]):  # another run's release must not drop what we copy from the map
+            with self._lock:
+                held = self._have.held_many([(start, end)])
+                missing = self._have.missing_many([(start, end)])
+            for s, e in held:
+                out[s - start:e - start] = self._mem[s:e]
         if not missing:
             return
         requests = plan_requests(missing, gap=0, multi_range=False, part_size=self.part_size)
@@ -448,10 +456,62 @@ class RemoteFile:
             self.bytes_fetched += sum(e - s for s, e in ranges)
             self.requests += 1
 
+    def acquire(self, ranges: list[tuple[int, int]]) -> None:
+        """Take a lease on each of `ranges` before reading them (before `ensure_ranges` looks at what is held):
+        until it is given back (`release`), no release by any run drops those bytes. Leases count: two runs
+        that lease the same range both give it back before its pages go.
+
+        >>> f = RemoteFile.__new__(RemoteFile); f._lock, f._leases = threading.Lock(), {}
+        >>> f.acquire([(0, 10), (0, 10), (20, 30)]); sorted(f._leases.items())
+        [((0, 10), 2), ((20, 30), 1)]
+        """
+        with self._lock:
+            for r in ranges:
+                if r[1] > r[0]:
+                    self._leases[r] = self._leases.get(r, 0) + 1
+
+    def _unlease(self, ranges: list[tuple[int, int]]) -> None:
+        """Give back one lease on each of `ranges` (one not leased gives back nothing); under `_lock`."""
+        for r in ranges:
+            n = self._leases.get(r)
+            if n is None:
+                continue
+            if n > 1:
+                self._leases[r] = n - 1
+            else:
+                del self._leases[r]
+
+    def _lease_union(self) -> RangeSet:
+        """The bytes some lease covers, merged (under `_lock`)."""
+        union = RangeSet()
+        union.add_many(list(self._leases))
+        return union
+
+    @contextlib.contextmanager
+    def _leased(self, ranges: list[tuple[int, int]]) -> Iterator[None]:
+        """A lease for the length of the block (a `read`, a `view`, a `receive`), given back without dropping
+        anything: what the block fetched stays held, unleased, as a hint for the next reader."""
+        self.acquire(ranges)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._unlease(ranges)
+
+    def leased_bytes(self) -> int:
+        """Bytes of the object some reader holds a lease on (0 once every run has ended, failed ones too)."""
+        with self._lock:
+            return self._lease_union().total()
+
     def release(self, ranges: list[tuple[int, int]]) -> None:
-        """The executors are done with these bytes: hand their pages back (they are fetched again if needed).
-        With a shared cache, after the cache writer has written them."""
-        if self._map is None or not ranges:
+        """Give back the leases taken on `ranges` with `acquire` (a range never leased gives back nothing), and
+        hand back the pages of the bytes in them that no other lease and no pin covers (they are fetched again
+        if needed). With a shared cache, after the cache writer has written them."""
+        if not ranges:
+            return
+        with self._lock:
+            self._unlease(ranges)
+        if self._map is None:
             return
         if self._host is None:
             self._drop(ranges)
@@ -473,11 +533,16 @@ class RemoteFile:
         self._host.after_writes(drop)
 
     def _drop(self, ranges: list[tuple[int, int]]) -> None:
+        """Hand back the pages of what is held in `ranges` and neither leased nor pinned. Only held bytes: a
+        piece another thread is fetching into is not held yet, and its pages must not be zeroed under it."""
         if self._map is None:
             return
         with self._lock:
+            ranges = self._have.held_many(merge(ranges))
             if self._pinned.ranges:
-                ranges = self._pinned.missing_many(sorted(ranges))
+                ranges = self._pinned.missing_many(ranges)
+            if self._leases and ranges:
+                ranges = self._lease_union().missing_many(ranges)
             for s, e in ranges:
                 self._have.remove(s, e)
                 lo, hi = -(-s // PAGE) * PAGE, e // PAGE * PAGE  # whole pages only: the edges may be shared
@@ -520,15 +585,22 @@ class RemoteFile:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise FormatError(f"{self.path}: wants bytes [{offset}, {offset + length}) but the object has {self.size} "
                               "bytes")
-        self.ensure(offset, length)
-        return bytes(self._buffer[offset:offset + length])
+        with self._leased([(offset, offset + length)]):  # no other run's release drops them before the copy
+            self.ensure(offset, length)
+            return bytes(self._buffer[offset:offset + length])
 
     def view(self, offset: int, length: int) -> np.ndarray:
         """A read-only uint8 view of [offset, offset+length), fetched first if missing. The bytes stay in memory
         for as long as the file does: the caller's array aliases them (`release` skips them)."""
-        self.ensure(offset, length)
-        self.pin([(offset, offset + length)])
+        self.ensure_pinned([(offset, offset + length)])
         return self._view[offset:offset + length]
+
+    def ensure_pinned(self, ranges: list[tuple[int, int]]) -> None:
+        """`ensure_ranges`, then `pin`, under a lease: another run's release cannot drop the bytes between the
+        fetch and the pin (sorted `ranges`; what `view` and the executors' zero-copy results use)."""
+        with self._leased(ranges):
+            self.ensure_ranges(ranges)
+            self.pin(ranges)
 
     def pin(self, ranges: list[tuple[int, int]]) -> None:
         """Never release these bytes: an array handed to a caller (a view, a zero-copy result) aliases them."""

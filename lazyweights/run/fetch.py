@@ -160,8 +160,7 @@ def fetch_views(steps) -> ViewFetch | None:
 
     def one(file, ranges) -> None:
         try:
-            file.ensure_ranges(sorted(ranges))
-            file.pin(sorted(ranges))
+            file.ensure_pinned(sorted(ranges))  # pinned under a lease: no other run's release gets between
         except BaseException as e:  # raised below, after every file's fetch has ended
             errors.append(e)
 
@@ -239,6 +238,13 @@ class RemoteReads:
     done and the next step's would pass `window` (unless nothing is held: a step larger than the window
     still runs). A block that gets to a step first fetches for itself; the prefetcher's failures are left
     for that block's own fetch to report.
+
+    The file's map is shared with every other run in the process (issue 35), so "held" is not "ours": before
+    its first fetch of a record the run takes a lease on it (`RemoteFile.acquire`), and "release" gives the
+    lease back (`RemoteFile.release`), which hands back only pages no other run leases. A run that finds a
+    record another run fetched reads it under its own lease, so the other run's release leaves it alone.
+    `stop` (every exit, failures included) gives back the leases the run still holds, so a failed run
+    leaves nothing held that it fetched (tests/io/test_remote_memory.py).
     """
 
     def __init__(self, tasks, window: int):
@@ -263,6 +269,7 @@ class RemoteReads:
         self._ranges: dict[int, dict] = {}
         self._held: dict[int, int] = {}  # step -> remote bytes fetched for it and not yet released
         self._started: set[int] = set()  # steps a worker has begun fetching: the prefetcher leaves them
+        self._leased: set[tuple] = set()  # records this run holds a lease on (`RemoteFile.acquire`)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -284,10 +291,19 @@ class RemoteReads:
         """Make `step`'s remote bytes present (a worker's call; it never waits for the window)."""
         with self._cond:
             self._started.add(id(step))
+            self._lease(step)
         ranges = self._step_ranges(step)
         for file, rs in ranges.items():
             file.ensure_ranges(rs)
         self._account(step, ranges)
+
+    def _lease(self, step) -> None:
+        """Lease the records `step` reads that this run does not lease yet, before any is fetched or looked
+        at: from here on no other run's release drops them. Under `_cond` (so `_unuse` and `stop` see it)."""
+        for rec in self._records.get(id(step), ()):
+            if rec not in self._leased and self._uses.get(rec, 0) > 0 and not self._stop.is_set():
+                self._leased.add(rec)
+                rec[0].acquire([(rec[1], rec[2])])
 
     def admit(self, step, drain) -> None:
         """Before the first block of `step` is read, on an executor whose blocks count as done only later
@@ -337,8 +353,13 @@ class RemoteReads:
             free = []
             for rec in self._records.get(id(step), ()):
                 self._uses[rec] -= 1
-                if self._uses[rec] == 0:
+                if self._uses[rec] == 0 and rec in self._leased:  # never leased: never fetched into the map
+                    self._leased.discard(rec)                    # by this run (a step received into its output)
                     free.append(rec)
+        self._give_back(free)
+
+    def _give_back(self, free) -> None:
+        """Give back this run's leases on the records `free` (`RemoteFile.release`, one call per file)."""
         by_file: dict = {}
         for file, s, e in free:
             by_file.setdefault(file, []).append((s, e))
@@ -380,6 +401,7 @@ class RemoteReads:
                     self._held[id(step)] = need  # reserved before the fetch: the other prefetchers see it
                     for rec in self._records[id(step)]:  # held while we fetch: a finished step's release
                         self._uses[rec] += 1             # must not drop what we are bringing in
+                    self._lease(step)
             except Exception as e:  # the block that needs these ranges computes them again and raises
                 _log.debug("prefetch of %s stopped: %s", step.outputs, e)
                 return
@@ -395,12 +417,18 @@ class RemoteReads:
 
     def stop(self) -> None:
         """Stop the prefetchers (the run ended or failed) and wait for the fetch each has in hand: nothing
-        may still be received into a result after the run returns (or raises) to its caller."""
+        may still be received into a result after the run returns (or raises) to its caller. Then give back
+        every lease the run still holds (after a failure: the records of steps fetched but not finished), so
+        the bytes it fetched that no other run leases are released."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
         for t in self._threads:
             t.join()
+        with self._cond:
+            left = sorted(self._leased, key=lambda r: (id(r[0]), r[1]))
+            self._leased.clear()
+        self._give_back(left)
 
 
 def remote_reads(tasks, window: int) -> RemoteReads | None:

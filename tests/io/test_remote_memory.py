@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import types
 
@@ -99,6 +100,88 @@ def test_an_array_handed_out_is_never_released(nginx, big):
     lw.plan(_w1([nginx.url("big/model.safetensors.index.json")])).materialize()
     assert q.tobytes() == before.tobytes()
     assert np.count_nonzero(q.view(np.uint16)) > 0.9 * q.size
+
+
+# --- runs that share a file ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shared(nginx, write_safetensors):
+    """One 256 KiB float16 tensor (more than opening fetches) and its URL."""
+    folder = nginx.root / "shared"
+    folder.mkdir(exist_ok=True)
+    t = ((np.arange(1 << 17) % 997) + 1).astype(np.float16)  # no zero anywhere: released pages read as zeros
+    write_safetensors(folder / "m.safetensors", {"t": t})
+    return nginx.url("shared/m.safetensors"), t
+
+
+@pytest.mark.parametrize("reader", ["materialize", "data", "record"])
+def test_a_run_never_reads_bytes_another_run_released(shared, monkeypatch, reader):
+    """Issue 35, one interleaving forced with events: run A fetches the tensor; run B (another thread, the same
+    URL, so the same process-wide map) finds it held and fetches nothing; A finishes and releases what it read;
+    only then does B read. B must get the tensor's bytes, not the zeros of pages A handed back. B is a run
+    (`materialize`), a single-tensor read (`data().to_numpy()`: a zero-copy view, fetched and pinned by
+    `fetch_views`) or a record's `array()` (`RemoteFile.view`). The old code (release without leases) fails
+    all three."""
+    url, t = shared
+    _fresh()
+    monkeypatch.setattr(fetch.RemoteReads, "start_prefetch", lambda self, threads=4: None)  # fetches by the runs
+    a_fetched, b_found, a_finished = threading.Event(), threading.Event(), threading.Event()
+    fetched_by_b: list[int] = []
+    real_ensure, real_done = RemoteFile.ensure_ranges, fetch.RemoteReads.task_done
+
+    def ensure_ranges(self, ranges):
+        who = threading.current_thread().name
+        before = self.bytes_fetched
+        real_ensure(self, ranges)
+        if who == "run-a":
+            a_fetched.set()
+        elif who != "MainThread":  # run B, or a thread it started (`fetch_views`)
+            fetched_by_b.append(self.bytes_fetched - before)
+            b_found.set()
+            assert a_finished.wait(20)  # A releases now, before B reads
+
+    def task_done(self, task):
+        if threading.current_thread().name == "run-a":
+            assert b_found.wait(20)
+        real_done(self, task)
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", ensure_ranges)
+    monkeypatch.setattr(fetch.RemoteReads, "task_done", task_done)
+    wa, wb = lw.load_weights([url]), lw.load_weights([url])
+    assert _files() == [RemoteFile.open(url)]  # one map for both
+    got, errors = {}, []
+
+    def run_a():
+        try:
+            got["a"] = lw.plan({"t": wa.t.data().astype(lw.DType.float32)}).materialize(scheduler="sync")["t"]
+        except BaseException as e:  # reported below
+            errors.append(e)
+        finally:
+            a_finished.set()
+
+    def run_b():
+        try:
+            if reader == "data":
+                got["b"] = wb.t.data().to_numpy().astype(np.float32)
+            elif reader == "record":
+                got["b"] = wb.t.data().node.arg.array().astype(np.float32)
+            else:
+                got["b"] = lw.plan({"t": wb.t.data().astype(lw.DType.float32)}).materialize(scheduler="sync")["t"]
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    a = threading.Thread(target=run_a, name="run-a")
+    a.start()
+    assert a_fetched.wait(20)
+    b = threading.Thread(target=run_b, name="run-b")
+    b.start()
+    a.join(30)
+    b.join(30)
+    assert not errors, errors
+    assert fetched_by_b and fetched_by_b[0] == 0  # B found every byte held: the interleaving happened
+    want = t.astype(np.float32)
+    assert np.asarray(got["a"]).tobytes() == want.tobytes()
+    assert np.count_nonzero(np.asarray(got["b"])) == want.size, "run B read bytes run A released"
+    assert np.asarray(got["b"]).tobytes() == want.tobytes()
 
 
 # --- ranges by cost -------------------------------------------------------------------------------------
@@ -270,6 +353,9 @@ def test_remote_reads_prefetch_waits_for_the_window():
             self.have.add_many(ranges)
             self.peak = max(self.peak, self.held)
 
+        def acquire(self, ranges):  # leases: counted by the real RemoteFile; here only their order matters
+            pass
+
         def release(self, ranges):
             for s, e in ranges:
                 self.have.remove(s, e)
@@ -319,6 +405,9 @@ def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full(
         def ensure_ranges(self, ranges):
             self.have.add_many(ranges)
             self.peak = max(self.peak, self.have.total())
+
+        def acquire(self, ranges):
+            pass
 
         def release(self, ranges):
             for s, e in ranges:
