@@ -99,6 +99,18 @@ FAMILIES = {
               {"image_processor_type": "CLIPImageProcessor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
                "image_std": [0.26862954, 0.26130258, 0.27577711], "crop_size": {"height": 56, "width": 56},
                "size": {"shortest_edge": 56}}, (56, 56)),
+    # Gemma 4 (its vision tower): 8-pixel patches pooled 3x3 (mtmd's fixed pooling), a 64-per-axis position table;
+    # 192x216 is aligned to 24 pixels and above mtmd's 70-token minimum (72 tokens), so neither side resizes. The
+    # text model as test_arch_gemma4's dense one (no per-layer embeddings), its sliding window past the prompt
+    "gemma4": ("Gemma4Config", "Gemma4ForConditionalGeneration",
+               dict(_TEXT, global_head_dim=32, layer_types=["sliding_attention", "full_attention"], sliding_window=128,
+                    hidden_size_per_layer_input=0, num_kv_shared_layers=0),
+               dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, patch_size=8, position_embedding_size=64,
+                    pooling_kernel_size=3),
+               dict(image_token_id=3, boi_token_id=4, eoi_token_id=5, audio_config=None),
+               {"image_processor_type": "Gemma4ImageProcessor", "image_mean": [0.0] * 3, "image_std": [1.0] * 3,
+                "patch_size": 8, "pooling_kernel_size": 3, "do_normalize": False}, (192, 216)),
 }
 # families whose checkpoint llama.cpp's convert_hf_to_gguf.py --mmproj refuses (the judges are mtmd and transformers)
 CONVERTER_REFUSES = {"llava": "Unsupported model type: clip_vision_model"}
@@ -313,6 +325,10 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
             return model.get_image_features(pixel_values=pixels).pooler_output[0].float().numpy()
+        if family == "gemma4":
+            pixels, pos = gemma4_patches(img, pre["patch_size"])
+            out = model.get_image_features(pixel_values=pixels[None], image_position_ids=pos[None])
+            return out.pooler_output[0].float().numpy()
         pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
         out = model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]))
         deepstack = [f[0] for f in getattr(out, "deepstack_features", None) or []]
@@ -328,6 +344,17 @@ def qwen_patches(img: np.ndarray, mean, std, ps: int = 14, ms: int = 2, tps: int
     gh, gw = h // ps, w // ps
     x = x.reshape(1, tps, c, gh // ms, ms, ps, gw // ms, ms, ps).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
     return np.ascontiguousarray(x.reshape(gh * gw, c * tps * ps * ps)), [1, gh, gw]
+
+
+def gemma4_patches(img: np.ndarray, ps: int):
+    """Gemma4ImageProcessor without resizing: pixels rescaled to [0, 1] (no normalization: the model maps them
+    to [-1, 1], as mtmd's graph does), cut into row-major patches [n, ps * ps * 3] (row, column, channel inside a
+    patch) with their (x, y) positions."""
+    h, w, _ = img.shape
+    x = torch.from_numpy(img.astype(np.float32) / 255.0)
+    patches = x.reshape(h // ps, ps, w // ps, ps, 3).permute(0, 2, 1, 3, 4).reshape((h // ps) * (w // ps), -1)
+    ys, xs = torch.meshgrid(torch.arange(h // ps), torch.arange(w // ps), indexing="ij")
+    return patches.contiguous(), torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> tuple[float, float]:
@@ -368,6 +395,10 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             pixels = torch.from_numpy(x.transpose(2, 0, 1)[None].copy())
             out = model(input_ids=ids, pixel_values=pixels, token_type_ids=is_image)
+        elif family == "gemma4":
+            pixels, pos = gemma4_patches(img, pre["patch_size"])
+            out = model(input_ids=ids, pixel_values=pixels[None], image_position_ids=pos[None],
+                        mm_token_type_ids=is_image)
         else:
             pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]),
