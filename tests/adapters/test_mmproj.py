@@ -523,6 +523,7 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("qwen2_vl", dict(spatial_merge_size=1), r"vision_config.spatial_merge_size is 1"),
     ("qwen3_vl", dict(deepstack_visual_indexes=[0, 1, 2]), r"\(3 deepstack layers\) but text_config.num_hidden_"
                                                             r"layers is 3"),
+    ("gemma4", dict(pooling_kernel_size=2), r"gemma4 vision_config.pooling_kernel_size is 2; .* = 3"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
