@@ -106,8 +106,15 @@ IGNORE_MERGES_PRE = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "fa
                                "lfm2", "jina-v5-nano", "minicpm5", "youtu", "tekken", "glm4", "glm5",
                                "granite-embed-multi-97m"})
 _GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3", "gemma3n"})
-_NAMED = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
-          "pad_token": "padding_token_id"}
+_NAMED = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _named_keys() -> dict[str, str]:
+    """Each of `_NAMED` (tokenizer_config's special tokens) -> the GGUF key of its id (gguf.Keys.Tokenizer)."""
+    from gguf.constants import Keys
+
+    k = Keys.Tokenizer
+    return {"bos_token": k.BOS_ID, "eos_token": k.EOS_ID, "unk_token": k.UNK_ID, "pad_token": k.PAD_ID}
 
 
 def _require_tokenizers():
@@ -160,23 +167,24 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
     Example: see the module docstring.
     """
     _require_tokenizers()
+    from gguf.constants import Keys
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    arch = arch or metadata.get("general.architecture") or ""
-    model = metadata.get("tokenizer.ggml.model")
-    if "tokenizer.ggml.tokens" not in metadata or model is None:
-        missing = [k for k in ("tokenizer.ggml.model", "tokenizer.ggml.tokens") if k not in metadata]
+    arch = arch or metadata.get(Keys.General.ARCHITECTURE) or ""
+    model = metadata.get(Keys.Tokenizer.MODEL)
+    if Keys.Tokenizer.LIST not in metadata or model is None:
+        missing = [k for k in (Keys.Tokenizer.MODEL, Keys.Tokenizer.LIST) if k not in metadata]
         raise TokenizerConversionError(f"the GGUF metadata has no tokenizer: missing {', '.join(missing)} "
                                        "(pass tokenizer=False / --no-tokenizer to write the folder without one)")
-    tokens = [str(t) for t in _as_list(metadata["tokenizer.ggml.tokens"])]
+    tokens = [str(t) for t in _as_list(metadata[Keys.Tokenizer.LIST])]
     spelled_as_stored = tokens  # added tokens are matched in the text as the file spells them
-    types = _as_list(metadata.get("tokenizer.ggml.token_type") or [])
-    merges_md = metadata.get("tokenizer.ggml.merges")
+    types = _as_list(metadata.get(Keys.Tokenizer.TOKEN_TYPE) or [])
+    merges_md = metadata.get(Keys.Tokenizer.MERGES)
     merges = None if merges_md is None else [tuple(m.split(" ", 1)) for m in _as_list(merges_md)]
-    names = {name: (tokens[int(metadata[f"tokenizer.ggml.{key}"])]
-                    if f"tokenizer.ggml.{key}" in metadata and 0 <= int(metadata[f"tokenizer.ggml.{key}"]) < len(tokens)
-                    else None) for name, key in _NAMED.items()}
+    names = {name: (tokens[int(metadata[key])]
+                    if key in metadata and 0 <= int(metadata[key]) < len(tokens)
+                    else None) for name, key in _named_keys().items()}
     cfg: dict[str, Any] = {}
     byte_level = model == "gpt2"
     if model == "llama":
@@ -197,7 +205,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
         else:
             vocab = {t: i for i, t in enumerate(tokens)}
             if merges is None:
-                scores = _as_list(metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+                scores = _as_list(metadata.get(Keys.Tokenizer.SCORES) or [0.0] * len(tokens))
                 merges = generate_merges(vocab, dict(zip(tokens, (float(s) for s in scores))))
             tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
             if arch == "phi3":
@@ -212,7 +220,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
             extra_named = {}
             cfg["padding_side"] = "left"
         # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
-        cfg["add_bos_token"] = bool(metadata.get("tokenizer.ggml.add_bos_token", True))
+        cfg["add_bos_token"] = bool(metadata.get(Keys.Tokenizer.ADD_BOS, True))
     elif byte_level:
         spelling = bytes_to_unicode()
         alphabet = set(spelling.values())
@@ -221,7 +229,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
         if merges is None:
             raise TokenizerConversionError("tokenizer.ggml.model is 'gpt2' but the GGUF metadata has no "
                                            "tokenizer.ggml.merges")
-        pre_name = metadata.get("tokenizer.ggml.pre")
+        pre_name = metadata.get(Keys.Tokenizer.PRE)
         tok = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
                             end_of_word_suffix="", fuse_unk=False, ignore_merges=pre_name in IGNORE_MERGES_PRE))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -233,27 +241,27 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
                 *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         extra_named = {}
-        if "tokenizer.ggml.add_bos_token" in metadata:
-            cfg["add_bos_token"] = bool(metadata["tokenizer.ggml.add_bos_token"])
+        if Keys.Tokenizer.ADD_BOS in metadata:
+            cfg["add_bos_token"] = bool(metadata[Keys.Tokenizer.ADD_BOS])
     elif model == "t5":
         tok = _unigram_from_gguf(metadata, tokens, types)
         extra_named = {}
         # llama.cpp's defaults for a t5 vocabulary: no BOS, EOS appended
-        cfg["add_bos_token"] = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
-        cfg["add_eos_token"] = bool(metadata.get("tokenizer.ggml.add_eos_token", True))
+        cfg["add_bos_token"] = bool(metadata.get(Keys.Tokenizer.ADD_BOS, False))
+        cfg["add_eos_token"] = bool(metadata.get(Keys.Tokenizer.ADD_EOS, True))
     elif model == "bert":
         tok = _wordpiece_from_gguf(metadata, tokens, types)
         tokens = spelled_as_stored = [_unphantom(t, int(ty)) for t, ty in zip(tokens, types)]
-        names = {name: (tokens[int(metadata[f"tokenizer.ggml.{key}"])]
-                        if f"tokenizer.ggml.{key}" in metadata else None) for name, key in _NAMED.items()}
+        names = {name: (tokens[int(metadata[key])]
+                        if key in metadata else None) for name, key in _named_keys().items()}
         extra_named = {}
     else:
         raise TokenizerConversionError(
             f"tokenizer.ggml.model = {model!r} is not supported (supported: 'llama' (SentencePiece-style, also "
             "Gemma and Phi-3), 'gpt2' (byte-level BPE), 't5' (Unigram), 'bert' (WordPiece)); pass "
             "tokenizer=False / --no-tokenizer to skip it")
-    if "tokenizer.ggml.add_eos_token" in metadata:
-        cfg["add_eos_token"] = bool(metadata["tokenizer.ggml.add_eos_token"])
+    if Keys.Tokenizer.ADD_EOS in metadata:
+        cfg["add_eos_token"] = bool(metadata[Keys.Tokenizer.ADD_EOS])
 
     # Control tokens stay whole and are special; user-defined ones stay whole and are not. In a byte-level
     # vocabulary a "control" token outside the byte alphabet is a llama.cpp mislabel, skipped as transformers does.
@@ -293,7 +301,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], arch: str | None = None):
 
     cfg["add_bos_token"] = bool(cfg.get("add_bos_token", False))
     cfg["add_eos_token"] = bool(cfg.get("add_eos_token", False))
-    template = metadata.get("tokenizer.chat_template")
+    template = metadata.get(Keys.Tokenizer.CHAT_TEMPLATE)
     if isinstance(template, str):
         cfg["chat_template"] = template
     cfg["clean_up_tokenization_spaces"] = False
@@ -330,24 +338,25 @@ def _pre_regexes(name: str | None) -> list[str]:
 
 def _unigram_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: list):
     """llama.cpp's `t5` vocabulary (SentencePiece Unigram) as a tokenizers Unigram pipeline."""
+    from gguf.constants import Keys
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import Unigram
 
-    scores = _as_list(metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
-    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    scores = _as_list(metadata.get(Keys.Tokenizer.SCORES) or [0.0] * len(tokens))
+    unk = metadata.get(Keys.Tokenizer.UNK_ID)
     if unk is None:
         unk = next((i for i, ty in enumerate(types) if int(ty) == UNKNOWN), None)
     tok = Tokenizer(Unigram([(t, float(s)) for t, s in zip(tokens, scores)], unk_id=None if unk is None else int(unk),
                             byte_fallback=False))
     norms: list[Any] = []
-    charsmap = metadata.get("tokenizer.ggml.precompiled_charsmap")
+    charsmap = metadata.get(Keys.Tokenizer.PRECOMPILED_CHARSMAP)
     if charsmap is not None and len(_as_list(charsmap)):
         norms.append(normalizers.Precompiled(bytes(int(b) & 0xFF for b in _as_list(charsmap))))
-    collapse = bool(metadata.get("tokenizer.ggml.remove_extra_whitespaces", False))
+    collapse = bool(metadata.get(Keys.Tokenizer.REMOVE_EXTRA_WS, False))
     if collapse:
         norms.append(normalizers.Replace(Regex(" {2,}"), " "))
     tok.normalizer = normalizers.Sequence(norms) if norms else None
-    scheme = "always" if bool(metadata.get("tokenizer.ggml.add_space_prefix", True)) else "never"
+    scheme = "always" if bool(metadata.get(Keys.Tokenizer.ADD_PREFIX, True)) else "never"
     meta = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=True)
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), meta]) if collapse else meta
     tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=True)
@@ -363,11 +372,12 @@ def _unphantom(token: str, kind: int) -> str:
 
 def _wordpiece_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: list):
     """llama.cpp's `bert` vocabulary (phantom-space WordPiece) as a tokenizers BERT pipeline."""
+    from gguf.constants import Keys
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import WordPiece
 
     spelled = [_unphantom(t, int(ty)) for t, ty in zip(tokens, types)]
-    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk = metadata.get(Keys.Tokenizer.UNK_ID)
     unk_token = spelled[int(unk)] if unk is not None else "[UNK]"
     tok = Tokenizer(WordPiece({t: i for i, t in enumerate(spelled)}, unk_token=unk_token,
                               continuing_subword_prefix="##", max_input_chars_per_word=100))
@@ -380,12 +390,15 @@ def _wordpiece_from_gguf(metadata: Mapping[str, Any], tokens: list[str], types: 
     return tok
 
 
+# llama.cpp's bert vocabulary keys `tokenizer.ggml.normalizer.lowercase` / `.strip_accents` and the legacy
+# `tokenizer.ggml.cls_token_id` have no gguf.Keys constant (gguf-py does not write them): they stay strings here.
 def _bert_post_processor(tok, metadata: Mapping[str, Any], tokens: list[str], cfg: dict) -> None:
     """`[CLS] $A [SEP]` (llama.cpp's bert tokenizer adds BOS and SEP) and BERT's tokenizer_config names."""
+    from gguf.constants import Keys
     from tokenizers import processors
 
-    cls_id = int(metadata.get("tokenizer.ggml.bos_token_id", metadata.get("tokenizer.ggml.cls_token_id", 101)))
-    sep_id = int(metadata.get("tokenizer.ggml.seperator_token_id", 102))
+    cls_id = int(metadata.get(Keys.Tokenizer.BOS_ID, metadata.get("tokenizer.ggml.cls_token_id", 101)))
+    sep_id = int(metadata.get(Keys.Tokenizer.SEP_ID, 102))
     cls, sep = tokens[cls_id], tokens[sep_id]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
@@ -393,7 +406,7 @@ def _bert_post_processor(tok, metadata: Mapping[str, Any], tokens: list[str], cf
     cfg.pop("bos_token", None)
     cfg.pop("eos_token", None)
     cfg["cls_token"], cfg["sep_token"] = cls, sep
-    mask = metadata.get("tokenizer.ggml.mask_token_id")
+    mask = metadata.get(Keys.Tokenizer.MASK_ID)
     if mask is not None:
         cfg["mask_token"] = tokens[int(mask)]
     cfg["do_lower_case"] = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
@@ -760,6 +773,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
         ('gpt2', 'gpt-2', ['a b'])
     """
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys
 
     from .gguf_writer import GGUFValue
 
@@ -835,12 +849,12 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             raise _not_expressible(path, "normalizer", f"{norms} before a byte-level BPE model (llama.cpp's BPE "
                                    "tokenizer normalizes nothing)")
         merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-        md["tokenizer.ggml.model"] = GGUFValue("gpt2", T.STRING)
-        md["tokenizer.ggml.pre"] = GGUFValue(_pick_pre_tokenizer(path, model, pre, vocab, merges,
+        md[Keys.Tokenizer.MODEL] = GGUFValue("gpt2", T.STRING)
+        md[Keys.Tokenizer.PRE] = GGUFValue(_pick_pre_tokenizer(path, model, pre, vocab, merges,
                                                                         {a['content'] for a in added}), T.STRING)
-        md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
-        md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
-        md["tokenizer.ggml.merges"] = GGUFValue(merges, T.ARRAY, T.STRING)
+        md[Keys.Tokenizer.LIST] = GGUFValue(tokens, T.ARRAY, T.STRING)
+        md[Keys.Tokenizer.TOKEN_TYPE] = GGUFValue(types, T.ARRAY, T.INT32)
+        md[Keys.Tokenizer.MERGES] = GGUFValue(merges, T.ARRAY, T.STRING)
     elif kind == "Unigram":
         if model.get("byte_fallback"):
             raise _not_expressible(path, "model.byte_fallback", "a Unigram model with byte_fallback=true "
@@ -865,24 +879,24 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
             else:
                 raise _not_expressible(path, "pre_tokenizer", f"{json.dumps(c)[:120]} next to a Unigram model "
                                        "(llama.cpp's t5 tokenizer escapes spaces as '\u2581' and nothing else)")
-        md["tokenizer.ggml.model"] = GGUFValue("t5", T.STRING)
-        md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
-        md["tokenizer.ggml.scores"] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
-        md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
-        md["tokenizer.ggml.add_space_prefix"] = GGUFValue(bool(prefix), T.BOOL)
-        md["tokenizer.ggml.remove_extra_whitespaces"] = GGUFValue(bool(collapse or split_ws), T.BOOL)
+        md[Keys.Tokenizer.MODEL] = GGUFValue("t5", T.STRING)
+        md[Keys.Tokenizer.LIST] = GGUFValue(tokens, T.ARRAY, T.STRING)
+        md[Keys.Tokenizer.SCORES] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
+        md[Keys.Tokenizer.TOKEN_TYPE] = GGUFValue(types, T.ARRAY, T.INT32)
+        md[Keys.Tokenizer.ADD_PREFIX] = GGUFValue(bool(prefix), T.BOOL)
+        md[Keys.Tokenizer.REMOVE_EXTRA_WS] = GGUFValue(bool(collapse or split_ws), T.BOOL)
         if charsmap:
-            md["tokenizer.ggml.precompiled_charsmap"] = GGUFValue(list(charsmap), T.ARRAY, T.UINT8)
+            md[Keys.Tokenizer.PRECOMPILED_CHARSMAP] = GGUFValue(list(charsmap), T.ARRAY, T.UINT8)
     else:  # WordPiece
         _wordpiece(md, path, model, tokens, types, doc, ids, template, T, GGUFValue)
         add_bos, add_eos = True, False
-        md["tokenizer.ggml.add_sep_token"] = GGUFValue(True, T.BOOL)
-    for name, key in _NAMED.items():
+        md[Keys.Tokenizer.ADD_SEP] = GGUFValue(True, T.BOOL)
+    for name, key in _named_keys().items():
         tid = ids[name]
         if tid is not None:
-            md[f"tokenizer.ggml.{key}"] = GGUFValue(int(tid), T.UINT32)
-    md["tokenizer.ggml.add_bos_token"] = GGUFValue(bool(add_bos and ids["bos_token"] is not None), T.BOOL)
-    md["tokenizer.ggml.add_eos_token"] = GGUFValue(bool(add_eos and ids["eos_token"] is not None), T.BOOL)
+            md[key] = GGUFValue(int(tid), T.UINT32)
+    md[Keys.Tokenizer.ADD_BOS] = GGUFValue(bool(add_bos and ids["bos_token"] is not None), T.BOOL)
+    md[Keys.Tokenizer.ADD_EOS] = GGUFValue(bool(add_eos and ids["eos_token"] is not None), T.BOOL)
     chat = tcfg.get("chat_template")
     if chat is None:
         jinja = os.path.join(folder, "chat_template.jinja")
@@ -892,7 +906,7 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
     if isinstance(chat, list):  # named templates: llama.cpp reads the default one
         chat = next((t.get("template") for t in chat if t.get("name") == "default"), None)
     if isinstance(chat, str):
-        md["tokenizer.chat_template"] = GGUFValue(chat, T.STRING)
+        md[Keys.Tokenizer.CHAT_TEMPLATE] = GGUFValue(chat, T.STRING)
     return md
 
 
@@ -931,8 +945,10 @@ def _check_sentencepiece_parts(path: str, normalizer: Any, pre: Any) -> None:
 
 def _sentencepiece_bpe(md: dict, tokens: list, types: list, doc: dict, arch: str, unk: int | None, T, GGUFValue):
     """A BPE model with byte fallback (SentencePiece converted: Llama 2, Mistral, Gemma, Phi-3) as `llama`."""
-    md["tokenizer.ggml.model"] = GGUFValue("llama", T.STRING)
-    md["tokenizer.ggml.pre"] = GGUFValue("default", T.STRING)
+    from gguf.constants import Keys
+
+    md[Keys.Tokenizer.MODEL] = GGUFValue("llama", T.STRING)
+    md[Keys.Tokenizer.PRE] = GGUFValue("default", T.STRING)
     gemma = arch in _GEMMA_ARCHS
     first_normal = None
     scores = []
@@ -954,18 +970,20 @@ def _sentencepiece_bpe(md: dict, tokens: list, types: list, doc: dict, arch: str
             scores.append(float(-(i - first_normal)))
         else:
             scores.append(0.0 if types[i] == BYTE else -1000.0)
-    md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
-    md["tokenizer.ggml.scores"] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
-    md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
+    md[Keys.Tokenizer.LIST] = GGUFValue(tokens, T.ARRAY, T.STRING)
+    md[Keys.Tokenizer.SCORES] = GGUFValue(scores, T.ARRAY, T.FLOAT32)
+    md[Keys.Tokenizer.TOKEN_TYPE] = GGUFValue(types, T.ARRAY, T.INT32)
     prefix = _metaspace_prefix(doc)
     if prefix is not None:
-        md["tokenizer.ggml.add_space_prefix"] = GGUFValue(prefix, T.BOOL)
+        md[Keys.Tokenizer.ADD_PREFIX] = GGUFValue(prefix, T.BOOL)
 
 
 def _wordpiece(md: dict, path: str, model: dict, tokens: list, types: list, doc: dict, ids: dict,
                template, T, GGUFValue) -> None:
     """A WordPiece model (BERT) as llama.cpp's `bert` vocabulary: word-initial pieces spelled with a leading
     phantom space '\u2581', continuation pieces without their prefix ('##'), bracketed tokens as they are."""
+    from gguf.constants import Keys
+
     norm = [n for n in _flatten(doc.get("normalizer"))]
     lowercase = strip = False
     for n in norm:
@@ -1000,16 +1018,16 @@ def _wordpiece(md: dict, path: str, model: dict, tokens: list, types: list, doc:
         ids["unk_token"] = seen[unk]
     ids["bos_token"], sep = template[0][0], template[1][0]
     ids["eos_token"] = None
-    md["tokenizer.ggml.model"] = GGUFValue("bert", T.STRING)
-    md["tokenizer.ggml.pre"] = GGUFValue("default", T.STRING)
-    md["tokenizer.ggml.tokens"] = GGUFValue(tokens, T.ARRAY, T.STRING)
-    md["tokenizer.ggml.token_type"] = GGUFValue(types, T.ARRAY, T.INT32)
-    md["tokenizer.ggml.seperator_token_id"] = GGUFValue(int(sep), T.UINT32)  # llama.cpp's spelling
+    md[Keys.Tokenizer.MODEL] = GGUFValue("bert", T.STRING)
+    md[Keys.Tokenizer.PRE] = GGUFValue("default", T.STRING)
+    md[Keys.Tokenizer.LIST] = GGUFValue(tokens, T.ARRAY, T.STRING)
+    md[Keys.Tokenizer.TOKEN_TYPE] = GGUFValue(types, T.ARRAY, T.INT32)
+    md[Keys.Tokenizer.SEP_ID] = GGUFValue(int(sep), T.UINT32)  # llama.cpp's spelling
     md["tokenizer.ggml.normalizer.lowercase"] = GGUFValue(lowercase, T.BOOL)
     md["tokenizer.ggml.normalizer.strip_accents"] = GGUFValue(strip, T.BOOL)
     mask = next((i for i, t in enumerate(tokens) if t == "[MASK]" and types[i] == CONTROL), None)
     if mask is not None:
-        md["tokenizer.ggml.mask_token_id"] = GGUFValue(mask, T.UINT32)
+        md[Keys.Tokenizer.MASK_ID] = GGUFValue(mask, T.UINT32)
 
 
 def _metaspace_prefix(doc: dict) -> bool | None:
