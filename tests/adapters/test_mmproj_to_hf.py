@@ -9,7 +9,8 @@ family's image tokens) is saved in the published layout in float32 and bfloat16,
 (b) its tensors equal the original's: bit-exact, except what the forward conversion rounds (float32 Gemma 3: the
     norms llama.cpp stores w + 1, within an ulp of 1; `mm_input_projection_weight`, stored float16);
 (c) given an image, its logits (float32) equal the original model's at every position;
-(d) llama.cpp's own converter's mmproj (the llama-cpp-python 0.3.36 sdist) converts back to the same tensors.
+(d) llama.cpp's own converter's text GGUF and mmproj (the llama-cpp-python 0.3.36 sdist) convert back to the
+    same tensors.
 
 Bad input is a named error before anything is written: an unknown projector, an mmproj made for another text
 model's width.
@@ -158,20 +159,43 @@ def test_logits_given_an_image_equal_the_original(family, round_trips):
     assert exact < 1e-5 and diff < 1e-2 and moved > 100 * diff, (exact, diff, moved)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("family", ROUND_TRIP)
-def test_llama_cpp_converters_mmproj_round_trips(family, dtype, round_trips, tmp_path):
-    """llama.cpp's own `convert_hf_to_gguf.py --mmproj` file, beside our text GGUF, gives the same folder."""
+# llama.cpp's converter, told that the shared tiny tokenizer (llama-bpe's pre-tokenizer, a vocabulary of its own) is
+# llama-bpe: its pre-tokenizer check hashes a fixed text's tokens and knows only published vocabularies
+_LLAMA_CPP = """import os, runpy, sys
+conv = sys.argv[1]
+sys.path[:0] = [os.path.dirname(conv), os.path.join(os.path.dirname(conv), "gguf-py")]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "llama-bpe"
+sys.argv = sys.argv[1:]
+runpy.run_path(conv, run_name="__main__")
+"""
+
+
+def llama_cpp_convert(hf: str, out: str, outtype: str, *flags: str) -> str:
     if not os.path.isfile(CONVERTER):
         pytest.skip(f"llama.cpp's converter is not at {CONVERTER} (see docs/multimodal.md)")
-    hf, back = round_trips[family, dtype]
-    ref = str(tmp_path / "ref-mmproj.gguf")
-    r = subprocess.run([sys.executable, CONVERTER, hf, "--mmproj", "--outtype", {"float32": "f32"}.get(dtype, "bf16"),
-                        "--outfile", ref], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _LLAMA_CPP, CONVERTER, hf, *flags, "--outtype", outtype,
+                        "--outfile", out], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    text = os.path.join(os.path.dirname(back), "text.gguf")
-    export_hf_folder_with_mmproj(text, ref, tmp_path / "back", progress=False)
-    assert_same_tensors(family, dtype, _state(hf), _state(str(tmp_path / "back")))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ROUND_TRIP)
+def test_llama_cpp_converters_files_round_trip(family, dtype, round_trips, tmp_path):
+    """llama.cpp's own `convert_hf_to_gguf.py` text GGUF and `--mmproj` file give the same tensors back, and
+    its mmproj beside our text GGUF gives the same folder as ours."""
+    hf, back = round_trips[family, dtype]
+    outtype = {"float32": "f32"}.get(dtype, "bf16")
+    mm = llama_cpp_convert(hf, str(tmp_path / "ref-mmproj.gguf"), outtype, "--mmproj")
+    text = llama_cpp_convert(hf, str(tmp_path / "ref-text.gguf"), outtype)
+    export_hf_folder_with_mmproj(text, mm, tmp_path / "theirs", progress=False)
+    assert_same_tensors(family, dtype, _state(hf), _state(str(tmp_path / "theirs")))
+    ours = os.path.join(os.path.dirname(back), "text.gguf")
+    export_hf_folder_with_mmproj(ours, mm, tmp_path / "mixed", progress=False)
+    with open(os.path.join(back, "model.safetensors"), "rb") as a, \
+            open(tmp_path / "mixed" / "model.safetensors", "rb") as b:
+        assert a.read() == b.read()
 
 
 @pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
