@@ -68,13 +68,6 @@ _ARCH_KEYS: dict[str, str] = {
     "moe_intermediate_size": "expert_feed_forward_length",
 }
 
-_TOKEN_KEYS: dict[str, str] = {
-    "bos_token_id": "tokenizer.ggml.bos_token_id",
-    "eos_token_id": "tokenizer.ggml.eos_token_id",
-    "pad_token_id": "tokenizer.ggml.padding_token_id",
-    "unk_token_id": "tokenizer.ggml.unknown_token_id",
-}
-
 
 class _AttrConfig:
     """Attribute access over a dict of values; missing attributes list what exists."""
@@ -129,7 +122,9 @@ class GGUFConfig(_AttrConfig):
     _kind = "GGUFConfig"
 
     def __init__(self, metadata: Mapping[str, Any], tensor_names: Iterable[str] | None = None):
-        arch = metadata.get("general.architecture")
+        from gguf.constants import Keys
+
+        arch = metadata.get(Keys.General.ARCHITECTURE)
         values: dict[str, Any] = {}
         if isinstance(arch, str):
             values["architecture"] = arch
@@ -149,13 +144,15 @@ class GGUFConfig(_AttrConfig):
             scaling = rope_scaling_from_gguf(metadata, arch)
             if scaling is not None:
                 values["rope_scaling"] = scaling
-        if "vocab_size" not in values and "tokenizer.ggml.tokens" in metadata:
-            values["vocab_size"] = len(metadata["tokenizer.ggml.tokens"])
-        for attr, key in _TOKEN_KEYS.items():
+        if "vocab_size" not in values and Keys.Tokenizer.LIST in metadata:
+            values["vocab_size"] = len(metadata[Keys.Tokenizer.LIST])
+        tok = Keys.Tokenizer
+        for attr, key in (("bos_token_id", tok.BOS_ID), ("eos_token_id", tok.EOS_ID), ("pad_token_id", tok.PAD_ID),
+                          ("unk_token_id", tok.UNK_ID)):
             if key in metadata:
                 values[attr] = metadata[key]
-        if "general.name" in metadata:
-            values["name"] = metadata["general.name"]
+        if Keys.General.NAME in metadata:
+            values["name"] = metadata[Keys.General.NAME]
         if tensor_names is not None:
             names = set(tensor_names)
             values["tie_word_embeddings"] = "output.weight" not in names and "token_embd.weight" in names
