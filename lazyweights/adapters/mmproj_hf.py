@@ -17,8 +17,9 @@ a float32 or bfloat16 checkpoint except what llama.cpp's converter rounds: Gemma
 for float32), and on the text side what the text direction rounds (Gemma's norms, likewise stored w + 1).
 
 Bad input is a named error before any tensor is read: an mmproj whose projector no record knows
-(`UnknownProjectorError`), an mmproj whose `clip.vision.projection_dim` is not the text model's width
-(`MmprojMismatchError`), a tower tensor the family's spelling cannot name (`UnmappedTensorError`).
+(`UnknownProjectorError`), an mmproj beside a text model of another architecture or whose
+`clip.vision.projection_dim` is not the text model's width (`MmprojMismatchError`), a tower tensor the family's
+spelling cannot name (`UnmappedTensorError`).
 
 Example:
     >>> from lazyweights.adapters.mmproj_hf import hf_folder_for_projector
@@ -66,6 +67,7 @@ class HFFolder(NamedTuple):
                                                      # tensor's size on that axis over the key's value (no key says)
     sizes: Mapping[str, tuple[str, int]] = {}  # vision config name <- (GGUF tensor, axis): its size there
     rope: Mapping[str, Any] = {}              # text rope_parameters the GGUF architecture implies
+    text_archs: tuple[str, ...] = ()          # the text GGUF's general.architecture(s) the class holds
     layout: tuple[tuple[str, str], ...] = ()  # (regex, replacement), the first that matches: the saved layout's
                                               # names for the text_prefix'ed text and the record's tower names
 
@@ -80,7 +82,7 @@ HF_FOLDERS: dict[str, HFFolder] = {
         params=("multi_modal_projector.mm_input_projection_weight",),
         config_names={"clip.vision.block_count": "num_hidden_layers"}, vision={"vision_use_head": False},
         tokens={"image_token_index": "<image_soft_token>", "boi_token_index": "<start_of_image>",
-                "eoi_token_index": "<end_of_image>"}),
+                "eoi_token_index": "<end_of_image>"}, text_archs=("gemma3",)),
     "qwen2_5_vl": HFFolder(
         "", "qwen2_5_vl_text", "qwen2_5_vl_vision",
         (r"^visual\.(patch_embed\.proj|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.(gate|up|down)_proj)|"
@@ -90,7 +92,7 @@ HF_FOLDERS: dict[str, HFFolder] = {
         vision={"in_channels": 3}, projection="out_hidden_size",
         tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
-        mrope=True),
+        mrope=True, text_archs=("qwen2vl",)),
     "qwen2_vl": HFFolder(
         "", "qwen2_vl_text", "qwen2_vl_vision",
         (r"^visual\.(patch_embed\.proj|blocks\.\d+\.(norm[12]|attn\.(qkv|proj)|mlp\.fc[12])|merger\.(ln_q|mlp\.[02]))\.",),
@@ -99,7 +101,8 @@ HF_FOLDERS: dict[str, HFFolder] = {
         vision={"in_channels": 3},
         tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
-        mrope=True, ratios={"mlp_ratio": ("v.blk.0.ffn_up.weight", 0, "clip.vision.embedding_length")}),
+        mrope=True, ratios={"mlp_ratio": ("v.blk.0.ffn_up.weight", 0, "clip.vision.embedding_length")},
+        text_archs=("qwen2vl",)),
     # Qwen3-VL: mergers named by the record's `names` table (inverted), deepstack mergers back to their list index,
     # the learned position grid's size from its tensor; llama.cpp's qwen3vl text model always interleaves M-RoPE
     "qwen3_vl": HFFolder(
@@ -111,7 +114,7 @@ HF_FOLDERS: dict[str, HFFolder] = {
         tokens={"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"},
         mrope=True, rope={"mrope_interleaved": True}, sizes={"num_position_embeddings": ("v.position_embd.weight", 0)},
-        layout=((r"^model\.", "model.language_model."), (r"^visual\.", "model.visual."))),
+        layout=((r"^model\.", "model.language_model."), (r"^visual\.", "model.visual.")), text_archs=("qwen3vl",)),
 }
 
 
@@ -147,6 +150,10 @@ def _check(mm_md: Mapping[str, Any], text_md: Mapping[str, Any]) -> tuple[Vision
                                     "'clip' (is the text model passed as the mmproj?)")
     rec, folder = hf_folder_for_projector(mm_md.get("clip.projector_type"))
     arch = text_md.get("general.architecture")
+    if folder.text_archs and arch not in folder.text_archs:
+        raise MmprojMismatchError(f"mmproj clip.projector_type {rec.projector!r} ({rec.hf_class}) needs a text model "
+                                  f"of architecture {' or '.join(folder.text_archs)}; the text GGUF's "
+                                  f"general.architecture is {arch!r}")
     width = text_md.get(f"{arch}.embedding_length")
     proj = mm_md.get("clip.vision.projection_dim")
     if width is None or proj is None or int(width) != int(proj):

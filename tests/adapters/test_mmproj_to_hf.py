@@ -228,6 +228,14 @@ def test_unknown_projector_is_named(round_trips):
         convert_mmproj_to_hf(dict(t.items()), t.config, dict(m.items()), cfg)
 
 
+def test_text_model_of_another_family_is_named(round_trips):
+    t, _ = _pair(round_trips, "qwen2_5_vl")
+    _, m = _pair(round_trips, "gemma3")
+    with pytest.raises(MmprojMismatchError, match=r"'gemma3' \(Gemma3ForConditionalGeneration\) needs a text model of "
+                                                  r"architecture gemma3; .* is 'qwen2vl'"):
+        convert_mmproj_to_hf(dict(t.items()), t.config, dict(m.items()), m.config)
+
+
 def test_text_model_of_another_width_is_named(round_trips, tmp_path):
     from lazyweights.tools.cli import main
 
