@@ -99,9 +99,10 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
     vision = dict(vision)
     text = {**cfg, **(cfg.get("text_config") or {})}
     for key, want in rec.requires.items():
-        if key in vision and vision[key] != want:
+        if key in vision and vision[key] not in (want if isinstance(want, tuple) else (want,)):  # a tuple: any
             raise VisionConfigError(f"{mt} {ckey}.{key} is {vision[key]!r}; llama.cpp's mtmd computes "
-                                    f"{rec.hf_class}'s {rec.modality} tower only with {key} = {want!r}")
+                                    f"{rec.hf_class}'s {rec.modality} tower only with {key} = "
+                                    f"{' or '.join(map(repr, want)) if isinstance(want, tuple) else repr(want)}")
     for key, want in rec.requires_top.items():
         if key in cfg and cfg[key] != want:
             raise VisionConfigError(f"{mt} config.json {key} is {cfg[key]!r}; llama.cpp's mtmd computes "
@@ -131,13 +132,32 @@ def _value(mc: MmprojConfig, p: VParam) -> Any:
     src = _source(mc, p.where)
     name = next((n for n in p.hf if n in src), None)
     if name is not None:
-        return src[name]
+        return _kind_value(mc, p, src[name])
     if p.default is None and not p.optional and p.kind != "pos_grid":
         where = {"vision": f"{mc.rec.modality}_config", "top": "config.json",  # the tower's config
                  "text": "text_config", "text_config": "text_config",
                  "pre": "preprocessor_config.json"}[p.where]
         raise VisionConfigError(f"{mc.rec.model_type}: {where} has none of {', '.join(p.hf)} ({p.key})")
     return p.default
+
+
+def _kind_value(mc: MmprojConfig, p: VParam, v: Any) -> Any:
+    """The value transforms of kinds that need only the value: `first` (a [height, width] pair's first, as
+    llama.cpp's InternViT converter reads image and patch size), `inverse` (int(1 / v): InternVL's
+    downsample_ratio as the projector's pixel-shuffle factor), `is:X` (True where the value is X, else the row is
+    not written: InternVL's hidden_act as clip.use_gelu / clip.use_silu), `positive` (written only above 0)."""
+    if p.kind == "first" and isinstance(v, (list, tuple)) and v:
+        return v[0]
+    if p.kind == "inverse":
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1 or (1.0 / v) % 1:
+            raise VisionConfigError(f"{mc.rec.model_type}: {p.hf[0]} is {v!r}; mtmd needs 1 / {p.hf[0]} a whole "
+                                    f"number ({p.key})")
+        return int(1.0 / v)
+    if p.kind.startswith("is:"):
+        return True if v == p.kind[3:] else None
+    if p.kind == "positive":
+        return v if isinstance(v, int) and v > 0 else None
+    return v
 
 
 def _n_wa_pattern(mc: MmprojConfig, idx: Any) -> int:
@@ -245,7 +265,7 @@ def _gguf_value(kind: str, v: Any):
         return GGUFValue([int(x) for x in v], T.ARRAY, T.INT32)
     if kind == "f32":
         return GGUFValue(float(v), T.FLOAT32)
-    if kind == "bool":
+    if kind == "bool" or kind.startswith("is:"):
         return GGUFValue(bool(v), T.BOOL)
     if kind == "str":
         return GGUFValue(str(v), T.STRING)
@@ -390,11 +410,27 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
                 continue  # past the deepest feature layer: mtmd never runs it
             if any(f in hf for f in rec.norm_shift):
                 part = add_scalar(part.astype(DType.float32), 1.0)  # in float32, as llama.cpp's converter adds
+            if new == rec.cls_last:
+                part = _cls_row_last(new, part)
             if any(f in hf for f in rec.unsqueeze):
                 part = part.reshape(*part.shape, 1)  # [n] -> [n, 1]: llama.cpp's Whisper conv biases
             dtype = _stored_dtype(rec, hf, new, part.ndim, ftype)
             out[new] = _named(part if part.dtype == dtype else part.astype(dtype), new)
     return out, ftype
+
+
+def _cls_row_last(name: str, wd: WeightData) -> WeightData:
+    """A learned position embedding [1, 1 + patches, width] (or [1 + patches, width]) with its first (CLS) row moved
+    last, for a graph that appends the CLS token after the patches (`VisionArch.cls_last`)."""
+    from ..api.weight_data import concat
+
+    axis = wd.ndim - 2
+    if axis < 0 or wd.shape[axis] < 2:
+        raise ShapeError(f"{name}: a position embedding [1, 1 + patches, width] is expected (its CLS row first), "
+                         f"got {tuple(wd.shape)}")
+    if axis == 0:
+        return concat([wd[1:], wd[:1]], axis=0)
+    return concat([wd[:, 1:], wd[:, :1]], axis=1)
 
 
 def _named(wd: WeightData, name: str) -> WeightData:

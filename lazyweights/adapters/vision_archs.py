@@ -82,7 +82,10 @@ class VisionArch(NamedTuple):
                                               # Whisper conv biases, as llama.cpp stores them)
     patch_hwc: str = ""                       # HF name of a linear patch embedding [out, p * p * 3] over (row,
                                               # column, channel) patches, stored as llama.cpp's conv [out, 3, p, p]
-    requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes
+    requires: Mapping[str, Any] = {}          # vision config values mtmd's graph hard-codes (a tuple: any of them)
+    cls_last: str = ""                        # GGUF name of a learned position embedding [1, 1 + patches, width]
+                                              # whose first (CLS) row mtmd adds after the patches: stored with that
+                                              # row moved last (InternVL)
     requires_top: Mapping[str, Any] = {}      # outer config.json values mtmd's graph hard-codes (LLaVA's projector)
 
 
@@ -143,6 +146,35 @@ _RECORDS: tuple[VisionArch, ...] = (
             renames=(("_weight", ".weight"),), dropped=("vision_model.head.",), norm_shift=("soft_emb_norm.weight",),
             f16=("input_projection",), f32=(".embeddings.",),
             requires={"hidden_act": "gelu_pytorch_tanh"}),
+    # InternVL (transformers' InternVLForConditionalGeneration, the `-hf` checkpoints): an InternViT tower (class
+    # embedding, layer scale, LayerNorm) pixel-shuffled by 1 / downsample_ratio into a LayerNorm-linear-GELU-linear
+    # projector (mm.model.mlp.{0,1,3}). Saved as `vision_tower.` / `multi_modal_projector.`; gguf-py's table names the
+    # `model.`-prefixed layout (Intern-S1's); the projector is named here (gguf-py's `mlp1.{bid}` row needs more
+    # than 3 vision blocks for mm.3); llama.cpp's converter appends `.weight` to the layer scales and position
+    # embeddings (its InternVisionModel)
+    _record("internvl", "InternVLForConditionalGeneration", "internvl",
+            (VParam("clip.vision.image_size", ("image_size",), kind="first"),
+             VParam("clip.vision.patch_size", ("patch_size",), kind="first"), *_SIGLIP_BASE[2:]),
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32"),
+             VParam("clip.use_silu", ("hidden_act",), kind="is:silu", optional=True),
+             VParam("clip.use_gelu", ("hidden_act",), kind="is:gelu", optional=True),
+             VParam("clip.vision.projector.scale_factor", ("downsample_ratio",), "top", "inverse"),
+             VParam("clip.vision.preproc_min_tiles", ("min_dynamic_patch",), "top", "positive", optional=True),
+             VParam("clip.vision.preproc_max_tiles", ("max_dynamic_patch",), "top", "positive", optional=True)),
+            prefixes=("model.vision_tower.", "model.multi_modal_projector."),
+            layouts=((r"^(vision_tower|multi_modal_projector)\.", r"model.\1."),),
+            renames=((".lambda_1", ".lambda_1.weight"), (".lambda_2", ".lambda_2.weight"),
+                     ("embeddings.position_embeddings", "embeddings.position_embeddings.weight")),
+            names=((r"^model\.multi_modal_projector\.layer_norm\.", "mm.model.mlp.0."),
+                   (r"^model\.multi_modal_projector\.linear_1\.", "mm.model.mlp.1."),
+                   (r"^model\.multi_modal_projector\.linear_2\.", "mm.model.mlp.3.")),
+            f32=(".position_embd.",),
+            # mtmd's internvl graph puts the CLS token after the patches and adds the position rows in stored order;
+            # llama.cpp's converter stores them as saved (CLS first), so there every patch gets its left neighbour's
+            # position: the CLS row is stored last instead (tests/adapters/test_mmproj.py, test_mmproj_identical_...)
+            cls_last="v.position_embd.weight",
+            # mtmd: LayerNorm (RMSNorm only for the 6B tower, picked by its shape), a GELU or SiLU MLP
+            requires={"hidden_act": ("gelu", "silu"), "norm_type": "layer_norm"}),
     # Qwen2.5-VL: window attention every n_wa_pattern-th block full (mtmd's window is 112 pixels), SwiGLU MLP,
     # 2x2 spatial merge (mtmd's default; the converter writes no merge size), two-frame temporal patches
     _record("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2.5vl_merger",

@@ -88,6 +88,15 @@ FAMILIES = {
                       deepstack_visual_indexes=[0, 2]),
                  dict(_SPECIAL, image_token_id=3),
                  dict(_QWEN_PRE, patch_size=16, image_processor_type="Qwen2VLImageProcessor"), (128, 192)),
+    # InternVL (transformers' class, Qwen2 text): an InternViT of 4 blocks (llama.cpp's converter names the
+    # projector through gguf-py's mlp1.{bid} row, so mm.3 needs more than 3 blocks there), a 64x64 image (its
+    # image_size: mtmd neither slices nor resizes it) of 8x8 patches pixel-shuffled 2x2 into 16 tokens
+    "internvl": ("InternVLConfig", "InternVLForConditionalGeneration", dict(_TEXT),
+                 dict(hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+                      image_size=[64, 64], patch_size=[8, 8], attention_bias=True),
+                 dict(image_token_id=3, downsample_ratio=0.5),
+                 {"image_processor_type": "GotOcr2ImageProcessorFast", "image_mean": [0.485, 0.456, 0.406],
+                  "image_std": [0.229, 0.224, 0.225], "size": {"height": 64, "width": 64}}, (64, 64)),
     # LLaVA 1.5: a CLIP tower (class embedding, pre-LN, quick-GELU) of 3 blocks read at hidden state -2 (mtmd runs
     # 2 of them), 16 patch tokens of a 56x56 image (its image_size: neither side resizes) through the GELU MLP
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(_TEXT),
@@ -173,6 +182,35 @@ def _fields(path):
             if not k.startswith("GGUF.") and k not in ("general.name", "general.size_label")}
 
 
+def _intern_s1_layout(hf: str) -> str:
+    """InternVL as llama.cpp's converter reads it: its InternVisionModel class (picked by the vision config's
+    `architectures`, as Intern-S1's config names it) keeps only `model.vision_tower.` / `model.multi_modal_projector.`
+    tensors, so on transformers' saved layout (`vision_tower.`) it writes an mmproj with no tensor at all; a copy
+    with the `model.` prefix (Intern-S1's layout) is what it converts."""
+    out = hf.rstrip("/") + "-intern-s1"
+    if not os.path.isdir(out):
+        import shutil
+
+        shutil.copytree(hf, out)
+        path = os.path.join(out, "model.safetensors")
+        sd = safetensors_torch.load_file(path)
+        sd = {re.sub(r"^(vision_tower|multi_modal_projector)\.", r"model.\1.", k): v for k, v in sd.items()}
+        safetensors_torch.save_file(sd, path, metadata={"format": "pt"})
+        with open(os.path.join(out, "config.json")) as fh:
+            cfg = json.load(fh)
+        cfg["vision_config"]["architectures"] = ["InternVisionModel"]
+        with open(os.path.join(out, "config.json"), "w") as fh:
+            json.dump(cfg, fh)
+    return out
+
+
+# families whose folder llama.cpp's converter reads only rewritten (see each function)
+CONVERTER_INPUT = {"internvl": _intern_s1_layout}
+# where llama.cpp's converter is wrong: InternVL's position embedding, whose CLS row mtmd's graph adds last (ours
+# stores it last, so mtmd's embeddings equal transformers'; with the converter's every patch gets its neighbour's)
+CLS_ROW_LAST = {"internvl": "v.position_embd.weight"}
+
+
 def llama_cpp_mmproj(hf: str, out: str, outtype: str) -> str:
     if not os.path.isfile(CONVERTER):
         pytest.skip(f"llama.cpp's converter is not at {CONVERTER}: `pip download --no-deps --no-binary :all: "
@@ -194,17 +232,24 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
                             os.path.join(d, "ref-mmproj.gguf")], capture_output=True, text=True, timeout=600)
         assert r.returncode != 0 and CONVERTER_REFUSES[family] in r.stderr, r.stderr[-2000:]
         return
-    ref = llama_cpp_mmproj(os.path.join(d, "hf"), os.path.join(d, "ref-mmproj.gguf"),
-                           {"float32": "f32", "bfloat16": "bf16"}[dtype])
+    hf = os.path.join(d, "hf")
+    ref = llama_cpp_mmproj(CONVERTER_INPUT.get(family, str)(hf) if os.path.isfile(CONVERTER) else hf,
+                           os.path.join(d, "ref-mmproj.gguf"), {"float32": "f32", "bfloat16": "bf16"}[dtype])
     mine, theirs = _tensors(os.path.join(d, "mmproj.gguf")), _tensors(ref)
     assert sorted(mine) == sorted(theirs)
+    if family in CLS_ROW_LAST:  # the same rows, the CLS one (first in theirs) moved last
+        name = CLS_ROW_LAST[family]
+        rows = int(theirs[name][1][1])
+        a, b = (np.frombuffer(t[name][2], np.uint8).reshape(rows, -1) for t in (mine, theirs))
+        assert not np.array_equal(a, b) and np.array_equal(a, np.roll(b, -1, axis=0)), name
+        mine[name] = theirs[name]
     for name in theirs:
         assert mine[name][:2] == theirs[name][:2], (name, mine[name][:2], theirs[name][:2])
         assert mine[name][2] == theirs[name][2], f"{name}: bytes differ"
     assert _fields(os.path.join(d, "mmproj.gguf")) == _fields(ref)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl"])
 def test_command_line_writes_both_files(family, folders, tmp_path):
     """`lazyweights convert CLASS DIR -o text.gguf --mmproj mmproj.gguf` writes the same two files as
     `export_gguf_with_mmproj` (the text model under its own class name, issue 39 part 1)."""
@@ -329,6 +374,12 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
             pixels, pos = gemma4_patches(img, pre["patch_size"])
             out = model.get_image_features(pixel_values=pixels[None], image_position_ids=pos[None])
             return out.pooler_output[0].float().numpy()
+        if family == "internvl":  # the whole image as one tile (InternVLModel.forward's feature layer and strategy)
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
+                                           vision_feature_layer=model.config.vision_feature_layer,
+                                           vision_feature_select_strategy=model.config.vision_feature_select_strategy)
+            return out.pooler_output[0].float().numpy()
         pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
         out = model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]))
         deepstack = [f[0] for f in getattr(out, "deepstack_features", None) or []]
@@ -399,6 +450,9 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
             pixels, pos = gemma4_patches(img, pre["patch_size"])
             out = model(input_ids=ids, pixel_values=pixels[None], image_position_ids=pos[None],
                         mm_token_type_ids=is_image)
+        elif family == "internvl":
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
         else:
             pixels, grid = qwen_patches(img, pre["image_mean"], pre["image_std"], ps=pre["patch_size"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]),
@@ -524,6 +578,8 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("qwen3_vl", dict(deepstack_visual_indexes=[0, 1, 2]), r"\(3 deepstack layers\) but text_config.num_hidden_"
                                                             r"layers is 3"),
     ("gemma4", dict(pooling_kernel_size=2), r"gemma4 vision_config.pooling_kernel_size is 2; .* = 3"),
+    ("internvl", dict(norm_type="rms_norm"), r"vision_config.norm_type is 'rms_norm'; .* norm_type = 'layer_norm'"),
+    ("internvl", dict(hidden_act="relu"), r"vision_config.hidden_act is 'relu'; .* = 'gelu' or 'silu'"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
@@ -597,6 +653,22 @@ def test_gemma3_pooling_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
     with pytest.raises(VisionConfigError, match=r"image_seq_length is 256 but config.json mm_tokens_per_image is 16"):
         export_mmproj(hf, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_internvl_downsample_ratio_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
+    """InternVL's projector pixel-shuffles by 1 / downsample_ratio (clip.vision.projector.scale_factor): a ratio
+    whose inverse is not a whole number is named, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_vl("internvl", "float32", tokenizer, hf)
+    path = os.path.join(hf, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(cfg, downsample_ratio=0.3), fh)
+    with pytest.raises(VisionConfigError, match=r"internvl: downsample_ratio is 0.3; mtmd needs 1 / downsample_ratio "
+                                                r"a whole number \(clip.vision.projector.scale_factor\)"):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
 # --- audio: Qwen2-Audio's Whisper encoder --------------------------------------------------------------------------
