@@ -479,17 +479,22 @@ def _v_dims_hf(cfg) -> tuple[int, int, int, int]:
 
 def _v_dims_gguf(md, arch: str) -> tuple[int, int, int, int]:
     """`_v_dims_hf` from a GGUF's metadata (llama.cpp's ssm.* keys)."""
+    from gguf.constants import Keys
+
     def get(key: str) -> int:
-        v = md.get(f"{arch}.{key}") if md is not None else None
+        v = md.get(key.format(arch=arch)) if md is not None else None
         return int(getattr(v, "value", v) or 0)
 
-    n_v = get("ssm.time_step_rank")
-    return get("ssm.group_count"), n_v, get("ssm.state_size"), get("ssm.inner_size") // n_v if n_v else 0
+    ssm = Keys.SSM
+    n_v = get(ssm.TIME_STEP_RANK)
+    return get(ssm.GROUP_COUNT), n_v, get(ssm.STATE_SIZE), get(ssm.INNER_SIZE) // n_v if n_v else 0
 
 
 def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
     """llama.cpp's attn_qkv and attn_gate of a gated delta-net layer joined back into Qwen3-Next's in_proj_qkvz
     ([q, k, v, z] per key head); the key head count from `{arch}.ssm.group_count`."""
+    from gguf.constants import Keys
+
     from ..api.weight_data import concat
 
     out = dict(state)
@@ -500,7 +505,7 @@ def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
         qkv_name = f"blk.{block[0]}.attn_qkv.weight"
         if qkv_name not in state:
             continue
-        n_k = md.get(f"{arch}.ssm.group_count") if md is not None else None
+        n_k = md.get(Keys.SSM.GROUP_COUNT.format(arch=arch)) if md is not None else None
         n_k = int(getattr(n_k, "value", n_k) or 0)
         qkv, z = _as_wd(out.pop(qkv_name), qkv_name), _as_wd(out.pop(name), name)
         if qkv.quantization_encoding is not None:
@@ -880,8 +885,12 @@ def _rotary_dims(config, arch: str, head_dim: int) -> int | None:
     """Rotary dimensions per head of a partial-rotary family: the GGUF's `rope.dimension_count`, else the
     config's partial_rotary_factor (rope_parameters first) times `head_dim`; None: the whole head."""
     md = config_get(config, "metadata")  # a GGUFConfig's raw key/values (any mapping-like reader)
-    if md is not None and hasattr(md, "get") and md.get(f"{arch}.rope.dimension_count") is not None:
-        return int(md.get(f"{arch}.rope.dimension_count"))
+    if md is not None and hasattr(md, "get"):
+        from gguf.constants import Keys
+
+        rotary = md.get(Keys.Rope.DIMENSION_COUNT.format(arch=arch))
+        if rotary is not None:
+            return int(rotary)
     cfg = text_config(config)
     params = config_get(cfg, "rope_parameters")
     factor = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
@@ -913,36 +922,38 @@ def gguf_metadata_from_config(config, arch: str | None = None, name: str | None 
     """GGUF key/values for a Hugging Face config (the hyperparameters llama.cpp reads), typed as llama.cpp
     expects. Tokenizer keys are not included: copy them from an existing GGUF if you have one."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys
 
     from ..formats.gguf_writer import GGUFValue
 
     arch = _arch_of(config, arch)
     cfg = text_config(config)
-    md: dict[str, Any] = {"general.architecture": GGUFValue(arch, T.STRING)}
+    md: dict[str, Any] = {Keys.General.ARCHITECTURE: GGUFValue(arch, T.STRING)}
     if name or config_get(cfg, "_name_or_path"):
-        md["general.name"] = GGUFValue(name or config_get(cfg, "_name_or_path"), T.STRING)
+        md[Keys.General.NAME] = GGUFValue(name or config_get(cfg, "_name_or_path"), T.STRING)
 
-    def put(key, attr, t, default=None):
+    def put(key: str, attr, t, default=None):
         v = config_get(cfg, attr, default)
         if v is not None:
-            md[f"{arch}.{key}"] = GGUFValue(v, t)
+            md[key.format(arch=arch)] = GGUFValue(v, t)
 
-    put("context_length", "max_position_embeddings", T.UINT32)
-    put("embedding_length", "hidden_size", T.UINT32)
-    put("block_count", "num_hidden_layers", T.UINT32)
-    put("feed_forward_length", "intermediate_size", T.UINT32)
-    put("attention.head_count", "num_attention_heads", T.UINT32)
-    put("attention.head_count_kv", "num_key_value_heads", T.UINT32)
-    put("attention.layer_norm_rms_epsilon", "rms_norm_eps", T.FLOAT32)
-    put("rope.freq_base", "rope_theta", T.FLOAT32)
-    put("attention.sliding_window", "sliding_window", T.UINT32)
-    put("vocab_size", "vocab_size", T.UINT32)
+    llm, attn = Keys.LLM, Keys.Attention
+    put(llm.CONTEXT_LENGTH, "max_position_embeddings", T.UINT32)
+    put(llm.EMBEDDING_LENGTH, "hidden_size", T.UINT32)
+    put(llm.BLOCK_COUNT, "num_hidden_layers", T.UINT32)
+    put(llm.FEED_FORWARD_LENGTH, "intermediate_size", T.UINT32)
+    put(attn.HEAD_COUNT, "num_attention_heads", T.UINT32)
+    put(attn.HEAD_COUNT_KV, "num_key_value_heads", T.UINT32)
+    put(attn.LAYERNORM_RMS_EPS, "rms_norm_eps", T.FLOAT32)
+    put(Keys.Rope.FREQ_BASE, "rope_theta", T.FLOAT32)
+    put(attn.SLIDING_WINDOW, "sliding_window", T.UINT32)
+    put(llm.VOCAB_SIZE, "vocab_size", T.UINT32)
     head_dim = config_get(cfg, "head_dim")
     if head_dim is None and config_get(cfg, "hidden_size") and config_get(cfg, "num_attention_heads"):
         head_dim = config_get(cfg, "hidden_size") // config_get(cfg, "num_attention_heads")
     if head_dim is not None:
-        md[f"{arch}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
-        md[f"{arch}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
+        md[attn.KEY_LENGTH.format(arch=arch)] = GGUFValue(head_dim, T.UINT32)
+        md[attn.VALUE_LENGTH.format(arch=arch)] = GGUFValue(head_dim, T.UINT32)
         if arch in ROPE_PERMUTED_ARCHS:
-            md[f"{arch}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
+            md[Keys.Rope.DIMENSION_COUNT.format(arch=arch)] = GGUFValue(head_dim, T.UINT32)
     return md
