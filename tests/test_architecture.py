@@ -143,7 +143,8 @@ def test_no_private_names_across_modules():
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id in aliases and _private(node.attr)):
-                bad.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} takes {aliases[node.value.id]}.{node.attr}")
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} "
+                           f"takes {aliases[node.value.id]}.{node.attr}")
     assert not bad, "private names taken across modules:\n" + "\n".join(sorted(set(bad)))
 
 

@@ -3,8 +3,9 @@
 For each family a tiny random transformers model (hidden 64, 2-3 layers, float32) is saved with a tokenizer of
 the kind the family really ships, trained here with the tokenizers library (WordPiece for the BERT-likes,
 byte-level BPE for RoBERTa and ModernBERT, Llama 3's byte-level BPE for EuroBERT, Unigram for Jina v3, and for
-XLM-RoBERTa a SentencePiece Unigram with its nmt_nfkc charsmap made a fast tokenizer by transformers), and a sentence-transformers `modules.json` + `1_Pooling/config.json` (mean pooling; CLS for one
-family, to show the pooling type follows the folder). Then:
+XLM-RoBERTa a SentencePiece Unigram with its nmt_nfkc charsmap made a fast tokenizer by transformers), and a
+sentence-transformers `modules.json` + `1_Pooling/config.json` (mean pooling; CLS for one family, to show the
+pooling type follows the folder). Then:
 
 (a) HF -> GGUF (`export_gguf`): the GGUF's architecture, pooling type and causal flag are checked;
 (b) llama.cpp tokenizes varied texts to transformers' ids;

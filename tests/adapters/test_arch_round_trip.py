@@ -151,7 +151,8 @@ def _expected_metadata(name, cfg):
     }
     if name not in ("qwen2moe", "qwen3moe"):
         want[f"{a}.feed_forward_length"] = (u, 96)
-    if head_dim != cfg.hidden_size // cfg.num_attention_heads or a in ("llama", "qwen3", "qwen3moe", "gemma2", "gemma3"):
+    if (head_dim != cfg.hidden_size // cfg.num_attention_heads
+            or a in ("llama", "qwen3", "qwen3moe", "gemma2", "gemma3")):
         want[f"{a}.attention.key_length"] = (u, head_dim)
         want[f"{a}.attention.value_length"] = (u, head_dim)
     if a == "llama":

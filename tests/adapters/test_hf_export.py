@@ -354,7 +354,8 @@ def test_llama3_rope_params_recovered_from_factors():
 
     real = llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)  # Llama 3.1 8B
     assert llama3_rope_params(real, 500000.0, 128) == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+                                                       "high_freq_factor": 4.0,
+                                                       "original_max_position_embeddings": 8192}
     odd = llama3_rope_factors(500000.0, 64, 32.0, 1.0, 4.0, 8192)  # Llama 3.2 1B: factor 32, head_dim 64
     p = llama3_rope_params(odd, 500000.0, 64)
     np.testing.assert_allclose(llama3_rope_factors(500000.0, 64, p["factor"], p["low_freq_factor"],
@@ -392,7 +393,8 @@ def test_llama_family_records_keep_the_hand_written_key_order():
 
     cfg = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
                max_position_embeddings=128, head_dim=32, rope_theta=1e6, sliding_window=4096, rms_norm_eps=1e-5,
-               vocab_size=100, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+               vocab_size=100,
+               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
     want = [("context_length", 128), ("embedding_length", 64), ("block_count", 2), ("feed_forward_length", 96),
             ("attention.head_count", 4), ("attention.head_count_kv", 4), ("attention.layer_norm_rms_epsilon", 1e-05),
             ("rope.freq_base", 1000000.0), ("attention.key_length", 32), ("attention.value_length", 32),

@@ -8,9 +8,17 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from lazyweights import DType, WeightData, WeightsFormat
+from lazyweights.adapters.registry import (
+    NoAdapterError,
+    SupportedArchitecture,
+    UnknownArchitectureError,
+    adapt,
+    architectures,
+    get,
+    register,
+    unregister,
+)
 from lazyweights.core.errors import FormatError, LazyWeightsError
-from lazyweights.adapters.registry import (NoAdapterError, SupportedArchitecture, UnknownArchitectureError, adapt,
-                                  architectures, get, register, unregister)
 
 
 @pytest.fixture(autouse=True)

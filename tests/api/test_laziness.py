@@ -6,8 +6,8 @@ The checkpoint has the shared benchmark's layout and default TinyLlama-1.1B shap
 written once per session into pytest's temp dir and removed afterwards. The W1 adapter is the benchmark's
 `workload.py`, restated below (`Workload`) and written with WeightData ops.
 
-Page residency is measured with `mincore(2)` (through ctypes, `_page_cache.py`) on a fresh map of the file after the file
-was dropped from the page cache with `posix_fadvise(POSIX_FADV_DONTNEED)`; that part runs in a
+Page residency is measured with `mincore(2)` (through ctypes, `_page_cache.py`) on a fresh map of the file after the
+file was dropped from the page cache with `posix_fadvise(POSIX_FADV_DONTNEED)`; that part runs in a
 subprocess, so nothing this test process touched earlier stays mapped.
 """
 from __future__ import annotations
@@ -198,7 +198,8 @@ RESIDENCY_SCRIPT = textwrap.dedent(r"""
     header.pop("__metadata__", None)
     regions = {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in header.items()}
     size = os.path.getsize(shard)
-    target = min((k for k in regions if k.endswith("mlp.down_proj.weight")), key=lambda k: abs(regions[k][0] - size / 2))
+    target = min((k for k in regions if k.endswith("mlp.down_proj.weight")),
+                 key=lambda k: abs(regions[k][0] - size / 2))
     weights = lw.load_weights(ckpt)              # headers read; their pages may stay cached
     drop_from_cache(shard)
     before = resident_pages(shard)

@@ -85,7 +85,8 @@ def test_custom_rules_come_first_and_strict_names_the_unmatched(checkpoint):
 
 def test_bad_splits_are_named_errors(checkpoint):
     sd, _ = checkpoint
-    with pytest.raises(lw.ShapeError, match=r"'model.layers.0.self_attn.k_proj.weight': axis 0 has size 8, not divisible by world_size 3"):
+    with pytest.raises(lw.ShapeError, match=r"'model.layers.0.self_attn.k_proj.weight': axis 0 has size 8, "
+                                            r"not divisible by world_size 3"):
         lw.shard({"model.layers.0.self_attn.k_proj.weight": sd["model.layers.0.self_attn.k_proj.weight"]}, 0, 3)
     with pytest.raises(lw.UsageError, match=r"rank must be in 0..3 for world_size 4, got 4"):
         lw.shard(sd, 4, 4)

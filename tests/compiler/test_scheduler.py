@@ -85,7 +85,8 @@ def adapters(weights, cfg):
     out["flat"] = w["model.layers.0.mlp.down_proj.weight"].data().reshape(-1).astype(lw.DType.float32)
     out["reshape_odd"] = w["f32.matrix"].data().reshape(17, 33)
     out["empty_cast"] = w["empty"].data().astype(lw.DType.float16)
-    out["const"] = lw.WeightData.from_numpy(RNG.standard_normal((7, 3)).astype(np.float32), "c").astype(lw.DType.bfloat16)
+    const = RNG.standard_normal((7, 3)).astype(np.float32)
+    out["const"] = lw.WeightData.from_numpy(const, "c").astype(lw.DType.bfloat16)
     out["tied_a"] = out["tied_b"] = w["model.embed_tokens.weight"].data().astype(lw.DType.float16)
     return out
 
@@ -248,7 +249,8 @@ def test_budget_too_small_fails_before_any_work(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("text,value", [("512MB", 512_000_000), ("1GB", 10**9), ("4GiB", 4 << 30), ("256k", 256_000), (1234, 1234)])
+@pytest.mark.parametrize("text,value", [("512MB", 512_000_000), ("1GB", 10**9), ("4GiB", 4 << 30), ("256k", 256_000),
+                                        (1234, 1234)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
 

@@ -9,7 +9,7 @@ transformers, PEFT or compressed-tensors; none is downloaded, except the real Ge
 | --- | --- |
 | `model.safetensors` (+ `config.json`) | Hugging Face Llama names, float16, 2 layers, hidden 64, 4 heads |
 | `llama-small/` | `lazyweights.tools.demo.write_llama_checkpoint`: bf16, 2 shards + index, FP8 KV scales |
-| `llama-hf/` | a tiny random transformers `LlamaForCausalLM` (bf16, hidden 256) with a trained byte-level BPE tokenizer |
+| `llama-hf/` | a tiny random transformers `LlamaForCausalLM` (bf16, hidden 256), trained byte-level BPE tokenizer |
 | `my-lora/`, `another/` | PEFT LoRA adapters (q_proj/v_proj, then v_proj/o_proj) for `llama-hf/` |
 | `model.gguf` | `llama-hf/` as a GGUF (`export_gguf`) |
 | `llama-w4a16/` | a tiny Llama compressed by compressed-tensors' `ModelCompressor` with the W4A16 preset |

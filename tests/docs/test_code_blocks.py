@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 RUN = {"python", "bash"}
 SHOWN = {"console", "text", ""}
-_FENCE = re.compile(r"^(?P<skip><!-- docs-test: skip(?P<reason>[^\n]*?)-->\n)?```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^```$",
-                    re.M | re.S)
+_FENCE = re.compile(r"^(?P<skip><!-- docs-test: skip(?P<reason>[^\n]*?)-->\n)?"
+                    r"```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^```$", re.M | re.S)
 
 
 def blocks(page: Path) -> list[tuple[str, str, str | None, int]]:
@@ -66,7 +66,8 @@ def test_block_counts():
     assert skipped <= 5, reasons
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if any(lang in RUN and reason is None for lang, _, reason, _ in blocks(p))],
+@pytest.mark.parametrize("page", [p for p in PAGES
+                                  if any(lang in RUN and reason is None for lang, _, reason, _ in blocks(p))],
                          ids=_page_id)
 def test_page_examples_run(page, docs_checkpoints, tmp_path, monkeypatch, capsys):
     todo = [(lang, code, line) for lang, code, reason, line in blocks(page) if lang in RUN and reason is None]

@@ -151,7 +151,8 @@ def gguf_seed() -> bytes:
             ("t.i16", -30000, V.INT16, None), ("t.u32", 4_000_000_000, V.UINT32, None),
             ("t.i32", -2_000_000_000, V.INT32, None), ("t.u64", 2**63 + 5, V.UINT64, None),
             ("t.i64", -(2**62), V.INT64, None), ("t.f32", 0.5, V.FLOAT32, None), ("t.f64", 1e-300, V.FLOAT64, None),
-            ("t.bool", True, V.BOOL, None), ("t.code", "__import__('os').system('touch /tmp/lw-pwned')", V.STRING, None),
+            ("t.bool", True, V.BOOL, None),
+            ("t.code", "__import__('os').system('touch /tmp/lw-pwned')", V.STRING, None),
             ("t.strs", ["a", "", "☃", "<0x0A>"], V.ARRAY, V.STRING), ("t.ints", [1, -2, 3], V.ARRAY, V.INT32),
             ("t.floats", [0.25, -1.5], V.ARRAY, V.FLOAT32), ("t.bools", [True, False], V.ARRAY, V.BOOL),
             ("t.nested", [[1, 2], [3]], V.ARRAY, V.ARRAY),
@@ -159,8 +160,8 @@ def gguf_seed() -> bytes:
             w.add_key_value(key, value, vt, sub_type=sub)
         w.add_tensor("blk.0.attn_q.weight", rng.standard_normal((4, 8)).astype(np.float32))
         w.add_tensor("blk.0.attn_k.weight", rng.standard_normal((2, 8)).astype(np.float16))
-        w.add_tensor("blk.0.attn_v.weight", gguf.quants.quantize(rng.standard_normal((2, 4)).astype(np.float32), Q.BF16),
-                     raw_dtype=Q.BF16)
+        w.add_tensor("blk.0.attn_v.weight",
+                     gguf.quants.quantize(rng.standard_normal((2, 4)).astype(np.float32), Q.BF16), raw_dtype=Q.BF16)
         w.add_tensor("blk.0.i8", np.array([1, -2, 3], np.int8))
         w.add_tensor("token_embd.weight", rng.standard_normal((3, 2, 4)).astype(np.float32))
         w.add_tensor("blk.0.q8_0", gguf.quants.quantize(rng.standard_normal((2, 32)).astype(np.float32), Q.Q8_0),
@@ -405,10 +406,14 @@ def mutate_safetensors(ch, seed: bytes) -> tuple[str, bytes]:
         raw = json.dumps(header, separators=(",", ":")).encode()
         key = json.dumps(other).encode() + b":"
         dup = json.dumps(name).encode() + b":"
-        raw = raw.replace(key, dup, 1) if other != name else raw.replace(b"{" + dup, b"{" + dup + json.dumps(entry).encode() + b"," + dup, 1)
+        if other != name:
+            raw = raw.replace(key, dup, 1)
+        else:
+            raw = raw.replace(b"{" + dup, b"{" + dup + json.dumps(entry).encode() + b"," + dup, 1)
         return kind, _st_pack(None, data, raw=raw)
     elif kind == "rename":
-        new = ch.choice(["", "__metadata__", "a" * 5000, "\u2603", "x\x00y", "../../etc/passwd", "model.layers.0.q.weight"])
+        new = ch.choice(["", "__metadata__", "a" * 5000, "\u2603", "x\x00y", "../../etc/passwd",
+                         "model.layers.0.q.weight"])
         header[new] = header.pop(name)
     return kind, _st_pack(header, data)
 
@@ -901,8 +906,8 @@ def test_regression_dtype_code_of_the_wrong_type(tmp_path, code):
 @pytest.mark.parametrize("meta", [[], "", 0, False])
 def test_regression_falsy_metadata_is_not_an_object(tmp_path, meta):
     """`__metadata__: []` was accepted as empty metadata (`or {}`); the safetensors package refuses it."""
-    _expect_format_error(_st_file(tmp_path, {"__metadata__": meta, "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}},
-                                  b"\0"), "__metadata__")
+    a = {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}
+    _expect_format_error(_st_file(tmp_path, {"__metadata__": meta, "a": a}, b"\0"), "__metadata__")
     ok = _st_file(tmp_path, {"__metadata__": None, "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\7")
     import lazyweights as lw
 

@@ -176,8 +176,8 @@ def test_one_pass_equals_llamacpp_two_steps(tmp_path, preset, child_env):
                                    max_position_embeddings=128)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
-    cli = [sys.executable, "-m", "lazyweights", "convert", "lazyweights.adapters:convert_hf_to_gguf", str(tmp_path / "hf"), "--no-tokenizer",
-           "--no-progress", "-o"]
+    cli = [sys.executable, "-m", "lazyweights", "convert", "lazyweights.adapters:convert_hf_to_gguf",
+           str(tmp_path / "hf"), "--no-tokenizer", "--no-progress", "-o"]
     subprocess.run(cli + [str(tmp_path / "bf16.gguf")], check=True, env=child_env, capture_output=True)
     _llama_quantize(tmp_path / "bf16.gguf", tmp_path / "ref.gguf", preset)
     subprocess.run(cli + [str(tmp_path / "ours.gguf"), "--quant", preset], check=True, env=child_env,
@@ -200,7 +200,8 @@ def test_command_line_quant_flags(tmp_path, capsys):
                                    num_key_value_heads=1, vocab_size=96, max_position_embeddings=64)
     torch.manual_seed(1)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "hf")
-    base = ["convert", "lazyweights.adapters:convert_hf_to_gguf", str(tmp_path / "hf"), "--no-tokenizer", "--no-progress"]
+    base = ["convert", "lazyweights.adapters:convert_hf_to_gguf", str(tmp_path / "hf"), "--no-tokenizer",
+            "--no-progress"]
     assert main(base + ["-o", str(tmp_path / "q.gguf"), "--quant", "q8_0"]) == 0
     _, got = _read(tmp_path / "q.gguf")
     assert got["blk.0.attn_q.weight"].tensor_type.name == "Q8_0"

@@ -448,7 +448,8 @@ def test_huge_array_length_fails_fast(tmp_path):
         p = raw_gguf(tmp_path / f"a{int(sub)}.gguf", [entry])
         _no_big_alloc(lambda p=p: expect_format_error(p, "'arr'", str(2**61)))
     # one string element inside a plausible array claiming far too much
-    entry = s("toks") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2) + s("ok") + struct.pack("<Q", 2**62)
+    entry = (s("toks") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, 2) + s("ok")
+             + struct.pack("<Q", 2**62))
     p = raw_gguf(tmp_path / "elem.gguf", [entry])
     _no_big_alloc(lambda: expect_format_error(p, "element 1", "'toks'"))
 

@@ -14,10 +14,12 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
-from gguf import GGUFReader, GGUFValueType as T  # noqa: E402
+from gguf import GGUFReader  # noqa: E402
+from gguf import GGUFValueType as T  # noqa: E402
 
 import lazyweights as lw  # noqa: E402
 from lazyweights import DType, DTypeError, QuantizationEncoding, ShapeError, WeightData, WriteError  # noqa: E402
+from lazyweights.api.gguf import save_gguf, write_gguf  # noqa: E402
 from lazyweights.formats.gguf import read_gguf  # noqa: E402
 from lazyweights.formats.gguf_writer import (  # noqa: E402
     GGUFLayout,
@@ -25,7 +27,6 @@ from lazyweights.formats.gguf_writer import (  # noqa: E402
     GGUFValue,
     TensorMeta,
 )
-from lazyweights.api.gguf import save_gguf, write_gguf  # noqa: E402
 
 RNG = np.random.default_rng(1)
 
@@ -118,7 +119,8 @@ def test_save_gguf_readable_by_gguf_py_and_lazyweights(tmp_path):
     assert w.metadata["nested"] == [[1, 2], [3, 4]]
     for name, wd in sd.items():
         back = w[name].data()
-        assert back.dtype is wd.dtype and back.shape == wd.shape and back.quantization_encoding == wd.quantization_encoding
+        assert back.dtype is wd.dtype and back.shape == wd.shape
+        assert back.quantization_encoding == wd.quantization_encoding
         np.testing.assert_array_equal(back.to_numpy(), wd.to_numpy())
 
 
@@ -138,7 +140,10 @@ def test_copy_of_gguf_py_file_is_byte_identical(tmp_path):
     gw.add_tensor("a", RNG.standard_normal((5, 3)).astype(np.float32))
     gw.add_tensor("q", q, raw_dtype=Q.Q8_0)
     gw.add_tensor("h", RNG.standard_normal(9).astype(np.float16))
-    gw.write_header_to_file(); gw.write_kv_data_to_file(); gw.write_tensors_to_file(); gw.close()
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
     w = lw.load_weights([str(src)])
     out = tmp_path / "copy.gguf"
     save_gguf(out, {n: x.data() for n, x in w.items()}, w.metadata)
@@ -290,7 +295,10 @@ def test_metadata_types_from_a_gguf_file_are_kept(tmp_path):
     gw.add_uint16("k.u16", 9)
     gw.add_array("k.i64s", [1, 2])     # gguf-py: INT32 elements
     gw.add_tensor("a", np.zeros(4, np.float32))
-    gw.write_header_to_file(); gw.write_kv_data_to_file(); gw.write_tensors_to_file(); gw.close()
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
     w = lw.load_weights([str(src)])
     md = w.metadata.copy()
     md["k.u16"] = 10                    # changed value, same type
@@ -355,7 +363,10 @@ def _gguf_py_file(path):
     gw.add_tensor("big", RNG.standard_normal((256, 96)).astype(np.float32))
     gw.add_tensor("q", q, raw_dtype=Q.Q8_0)
     gw.add_tensor("v", RNG.standard_normal(33).astype(np.float16))
-    gw.write_header_to_file(); gw.write_kv_data_to_file(); gw.write_tensors_to_file(); gw.close()
+    gw.write_header_to_file()
+    gw.write_kv_data_to_file()
+    gw.write_tensors_to_file()
+    gw.close()
     return str(path)
 
 

@@ -16,7 +16,8 @@ from lazyweights.core.errors import FormatError, ImatrixFormatError, ImatrixShap
 from lazyweights.formats.imatrix import read_imatrix
 
 
-def write_dat(path, entries: dict[str, tuple[int, np.ndarray]], chunk_count: int | None = 7, dataset: str | None = "wiki.train.raw"):
+def write_dat(path, entries: dict[str, tuple[int, np.ndarray]], chunk_count: int | None = 7,
+              dataset: str | None = "wiki.train.raw"):
     """save_imatrix_legacy: entries name -> (ncall, stored values), in sorted name order, then the trailer."""
     body = struct.pack("<i", len(entries))
     for name in sorted(entries):
@@ -32,7 +33,8 @@ def write_dat(path, entries: dict[str, tuple[int, np.ndarray]], chunk_count: int
     return body
 
 
-def write_gguf(path, entries: dict[str, tuple[np.ndarray, np.ndarray]], metadata: bool = True, only_sums: str | None = None):
+def write_gguf(path, entries: dict[str, tuple[np.ndarray, np.ndarray]], metadata: bool = True,
+               only_sums: str | None = None):
     """save_imatrix: NAME.in_sum2 (numpy shape (n_expert, n_per_row)) and NAME.counts ((n_expert, 1)), F32."""
     w = gguf.GGUFWriter(str(path), arch="imatrix")  # gguf-py insists on an arch key; llama.cpp ignores it
     w.add_type("imatrix")
@@ -78,7 +80,8 @@ def test_dat_trailer_is_optional(tmp_path):
 
 
 def test_dat_truncated_anywhere_is_a_named_error(tmp_path):
-    full = write_dat(tmp_path / "full.dat", {"blk.0.attn_k.weight": (4, np.ones(64)), "blk.1.attn_k.weight": (4, np.ones(64))},
+    full = write_dat(tmp_path / "full.dat",
+                     {"blk.0.attn_k.weight": (4, np.ones(64)), "blk.1.attn_k.weight": (4, np.ones(64))},
                      chunk_count=None)
     for cut in range(len(full)):
         p = tmp_path / "cut.dat"
@@ -97,7 +100,8 @@ def test_dat_truncated_values_name_the_entry_and_offset(tmp_path):
     p = tmp_path / "cut.dat"
     p.write_bytes(full[:-10])
     name_end = 4 + 4 + len("blk.0.attn_k.weight") + 8
-    with pytest.raises(ImatrixFormatError, match=rf"'blk\.0\.attn_k\.weight'.*64 float32 values.*256 bytes at offset {name_end}"):
+    with pytest.raises(ImatrixFormatError,
+                       match=rf"'blk\.0\.attn_k\.weight'.*64 float32 values.*256 bytes at offset {name_end}"):
         read_imatrix(p)
 
 

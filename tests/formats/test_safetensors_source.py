@@ -226,7 +226,8 @@ def test_index_with_subdirectory_shard(tmp_path, llama):
     d = tmp_path / "ck"
     (d / "sub").mkdir(parents=True)
     save_file(llama, str(d / "sub" / "all.safetensors"))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {k: "sub/all.safetensors" for k in llama}}))
+    index = {"weight_map": {k: "sub/all.safetensors" for k in llama}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
     check_equal_to_safetensors(load_weights(d), [d / "sub" / "all.safetensors"])
 
 
@@ -421,7 +422,8 @@ def test_index_entry_outside_checkpoint_directory(tmp_path, evil):
     assert "outside" in msg and "'w'" in msg and "index.json" in msg
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"weight_map": [1, 2]}', b'{"weight_map": {"a": 3}}', b"\xff\xfe"])
+@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"weight_map": [1, 2]}', b'{"weight_map": {"a": 3}}',
+                                     b"\xff\xfe"])
 def test_bad_index_file(tmp_path, content):
     d = tmp_path / "ck"
     d.mkdir()

@@ -73,7 +73,8 @@ def specials_f32() -> np.ndarray:
             2.0 ** -6, 2.0 ** -9, 2.0 ** -10, 2.0 ** -16, 2.0 ** -17, 2.0 ** -24, 2.0 ** -25, 2.0 ** -126,
             2.0 ** -133, 2.0 ** -149, 1 + 2.0 ** -8, 1 + 2.0 ** -7 + 2.0 ** -9, 6.0, 7.0, 3.25, 0.75]
     x = np.array(vals, dtype=np.float32)
-    payload_nans = np.array([0x7FC00001, 0xFFC12345, 0x7F800001, 0x7FBFFFFF, 0x7FE00000], dtype=np.uint32).view(np.float32)
+    payload_nans = np.array([0x7FC00001, 0xFFC12345, 0x7F800001, 0x7FBFFFFF, 0x7FE00000],
+                            dtype=np.uint32).view(np.float32)
     random_bits = rng.integers(0, 2 ** 32, size=4096, dtype=np.uint64).astype(np.uint32).view(np.float32)
     scaled = (rng.standard_normal(4096) * np.exp2(rng.integers(-30, 30, 4096))).astype(np.float32)
     return np.concatenate([x, payload_nans, random_bits, scaled])
@@ -235,7 +236,8 @@ def test_view_of_1d_results_inside_chains(dt):
     w = from_numpy(x, "x")
     cases = [
         (w.astype(DType.bfloat16).view(DType.float32), x.astype(BF16).view(np.float32)),
-        (w.astype(DType.bfloat16).view(DType.uint8).view(DType.float32), x.astype(BF16).view(np.uint8).view(np.float32)),
+        (w.astype(DType.bfloat16).view(DType.uint8).view(DType.float32),
+         x.astype(BF16).view(np.uint8).view(np.float32)),
         (concat([w, w[::-1]]).view(DType.int64), np.concatenate([x, x[::-1]]).view(np.int64)),
         (concat([w[::-1], w]).view(DType.uint8), np.concatenate([x[::-1], x]).view(np.uint8)),
         (w[[1, 0, 3, 2, 5, 4]].view(DType.uint8)[::-1], x[[1, 0, 3, 2, 5, 4]].view(np.uint8)[::-1]),
@@ -292,7 +294,8 @@ INDEX_KEYS = [
     (slice(None), slice(1, 4, 2)), (Ellipsis, 0), (Ellipsis, slice(None, None, -1)), (0, Ellipsis),
     (None,), (None, 1, None), (slice(None), None, slice(None)), (Ellipsis, None),
     [0, 2, 1], [-1, 0], np.array([2, 2, 0]), [], (slice(None), [3, 0, 1]), (Ellipsis, [1, 1, 0, 4]),
-    np.array([True, False, True]), (slice(None), np.array([True, False, True, True])), (Ellipsis, np.array([True, False, True, False, True])),
+    np.array([True, False, True]), (slice(None), np.array([True, False, True, True])),
+    (Ellipsis, np.array([True, False, True, False, True])),
     (1, [0, 3]), ([2, 0], 1), (slice(None), [0, 2], 1), (0, slice(None), [1, 2]), (0, None, [1, 2]),
     ([0, 1], None, 1), (slice(None, None, -1), [0, 2]), (slice(None, None, -1), slice(None, None, -2), [1, 0]),
     (np.int64(1), slice(None, None, -1)), np.array(2), (slice(1, None), np.array(-1), slice(None, 2)),
@@ -363,7 +366,8 @@ def test_concat_stack_split(dt):
 
     s1, s2 = rand((2, 3), dt, 4), rand((2, 3), dt, 5)
     for axis in (0, 1, 2, -1, -3):
-        assert_same(stack([from_numpy(s1, "s"), from_numpy(s2, "t")], axis=axis).to_numpy(), np.stack([s1, s2], axis=axis))
+        assert_same(stack([from_numpy(s1, "s"), from_numpy(s2, "t")], axis=axis).to_numpy(),
+                    np.stack([s1, s2], axis=axis))
 
     fused = rand((10, 4), dt, 6)
     wf = from_numpy(fused, "qkv")
@@ -614,7 +618,8 @@ def test_zero_d_results_materialize_as_zero_d(dt):
     """A scalar (e.g. a k_scale, or x[i, j]) materializes with shape (), as safetensors and numpy give it."""
     x = rand((3, 4), dt, 13)
     w = from_numpy(x, "x")
-    for got, expected in ((w[1, 2], x[1, 2]), (w[-1][0], x[-1][0]), (w.reshape(12)[5].astype(DType.float32), x.reshape(12)[5].astype(np.float32)),
+    for got, expected in ((w[1, 2], x[1, 2]), (w[-1][0], x[-1][0]),
+                          (w.reshape(12)[5].astype(DType.float32), x.reshape(12)[5].astype(np.float32)),
                           (from_numpy(np.asarray(x[0, 0]), "s"), np.asarray(x[0, 0]))):
         assert got.shape == ()
         assert_same(got.to_numpy(), np.asarray(expected))
@@ -645,7 +650,8 @@ for dt in ("float32", "float16", "int32", "bfloat16", "float8_e4m3fn", "float8_e
     cap = w.__dlpack__(); del cap; gc.collect()          # an unconsumed capsule must free cleanly
     try:
         got = np.from_dlpack(w)
-        assert got.dtype == np.dtype(dt) and np.array_equal(got.astype(np.float32), x.astype(lw.DType(dt).to_numpy()).astype(np.float32))
+        assert got.dtype == np.dtype(dt)
+        assert np.array_equal(got.astype(np.float32), x.astype(lw.DType(dt).to_numpy()).astype(np.float32))
         print(dt, "numpy ok")
     except (BufferError, RuntimeError, TypeError) as e:  # numpy cannot import bf16/fp8: an error, not a crash
         print(dt, "numpy refused")

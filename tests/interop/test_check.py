@@ -237,8 +237,8 @@ def test_example_runs_and_fails_on_a_broken_adapter(tmp_path):
     ok = subprocess.run([sys.executable, script, "--dir", str(tmp_path)], capture_output=True, text=True, env=env,
                         timeout=120)
     assert ok.returncode == 0, ok.stderr
-    assert "# 3. the adapted state dict (the plan's keys), and the plan itself\nembed_tokens.weight\nlayers.0.attention.k_proj.weight\n" \
-        in ok.stdout
+    assert ("# 3. the adapted state dict (the plan's keys), and the plan itself\n"
+            "embed_tokens.weight\nlayers.0.attention.k_proj.weight\n") in ok.stdout
     assert "check: 30 weights expected, 30 match; OK" in ok.stdout
     assert "30 weights loaded; 0 differ from the checkpoint" in ok.stdout
     bad = subprocess.run([sys.executable, script, "--dir", str(tmp_path), "--broken"], capture_output=True,

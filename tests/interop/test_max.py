@@ -21,9 +21,11 @@ pytest.importorskip("max.graph.weights")
 from max.driver import CPU, Buffer  # noqa: E402
 from max.dtype import DType as MaxDType  # noqa: E402
 from max.graph import DeviceRef as MaxDeviceRef  # noqa: E402
-from max.graph import Graph, Shape, TensorType, Weight as MaxWeight, ops  # noqa: E402
+from max.graph import Graph, Shape, TensorType, ops  # noqa: E402
+from max.graph import Weight as MaxWeight  # noqa: E402
 from max.graph.quantization import QuantizationEncoding as MaxQ  # noqa: E402
-from max.graph.weights import WeightData as MaxWeightData, load_weights as max_load_weights  # noqa: E402
+from max.graph.weights import WeightData as MaxWeightData  # noqa: E402
+from max.graph.weights import load_weights as max_load_weights  # noqa: E402
 from max.nn.layer import Module as MaxModule  # noqa: E402
 
 import lazyweights as lw  # noqa: E402

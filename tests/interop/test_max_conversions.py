@@ -171,7 +171,8 @@ def test_repeated_dlpack_exports_materialize_once_and_share_one_array(tmp_path, 
     computed = lw.from_numpy(x, "w").astype(lw.DType.bfloat16)
     addresses = {_legacy_export_address(computed) for _ in range(3)}
     assert seen == ["w"] and len(addresses) == 1
-    assert np.from_dlpack(computed.astype(lw.DType.float32)).tobytes() == x.astype(ml_dtypes.bfloat16).astype(np.float32).tobytes()
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    assert np.from_dlpack(computed.astype(lw.DType.float32)).tobytes() == want.tobytes()
 
     # A read-only view of a file, exported to a legacy consumer: one private copy, reused, never the map.
     safetensors.numpy.save_file({"v": x}, str(tmp_path / "m.safetensors"))

@@ -303,13 +303,13 @@ load_state_dict: 8 problems loading Tiny; nothing was read or loaded:
   Value provided to weight 'layers.0.attention.k_proj.weight' had different dtype (expected=DType.bfloat16, actual=DType.float16); cast it in the adapter: .astype(DType.bfloat16).
   Value provided to weight 'layers.1.mlp.down_proj.weight' had different shape (expected=(8, 12), actual=(12, 8)); transposed? use .T in the adapter.
   The value of 'norm.weight' is a str, not an array: use WeightData, a numpy array or a tensor.
-Pass strict=False to tolerate missing and unexpected weights."""
+Pass strict=False to tolerate missing and unexpected weights."""  # noqa: E501 (golden text: one line per problem)
 
 GOLDEN_LOAD_ERROR_NONSTRICT = """\
 load_state_dict: 3 problems loading Tiny; nothing was read or loaded:
   Value provided to weight 'layers.0.attention.k_proj.weight' had different dtype (expected=DType.bfloat16, actual=DType.float16); cast it in the adapter: .astype(DType.bfloat16).
   Value provided to weight 'layers.1.mlp.down_proj.weight' had different shape (expected=(8, 12), actual=(12, 8)); transposed? use .T in the adapter.
-  The value of 'norm.weight' is a str, not an array: use WeightData, a numpy array or a tensor."""
+  The value of 'norm.weight' is a str, not an array: use WeightData, a numpy array or a tensor."""  # noqa: E501
 
 
 def test_load_error_golden_text(ckpt):
@@ -354,7 +354,8 @@ def test_validates_before_reading_any_tensor(ckpt, monkeypatch):
     reads = []
     for cls, meth in ((TensorRecord, "array"), (SourceFile, "view"), (SourceFile, "check_unchanged")):
         real = getattr(cls, meth)
-        monkeypatch.setattr(cls, meth, lambda self, *a, _real=real, _m=meth, **k: reads.append(_m) or _real(self, *a, **k))
+        monkeypatch.setattr(cls, meth,
+                            lambda self, *a, _real=real, _m=meth, **k: reads.append(_m) or _real(self, *a, **k))
 
     adapted = convert_safetensor_state_dict(dict(load_weights([ckpt]).items()))
     adapted["layers.1.mlp.up_proj.weight"] = adapted["layers.1.mlp.up_proj.weight"].reshape(F * H)  # one bad entry

@@ -3,11 +3,9 @@ needs (counted by the server), reuse a cache, and fail with a named error that n
 from __future__ import annotations
 
 import filecmp
-import functools
 import http.server
 import json
 import os
-import shutil
 import threading
 import time
 import types
@@ -159,7 +157,10 @@ def test_remote_gguf_quantized_equals_local(nginx, tmp_path):
     writer.add_tensor("a", gguf.quants.quantize(values["a"], gguf.GGMLQuantizationType.Q8_0),
                       raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     writer.add_tensor("b", values["b"])
-    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     _fresh()
     local = lw.load_weights([str(path)])
     remote = lw.load_weights([nginx.url("q.gguf")])
@@ -337,7 +338,8 @@ def test_a_tensor_parallel_rank_fetches_only_its_slices(nginx, served, world):
             want = want[:, : want.shape[1] // world]
         elif value.shape != want.shape:
             want = want[: want.shape[0] // world]
-        np.testing.assert_array_equal(np.atleast_1d(value).view(np.uint8), np.atleast_1d(want).view(np.uint8), err_msg=name)
+        np.testing.assert_array_equal(np.atleast_1d(value).view(np.uint8), np.atleast_1d(want).view(np.uint8),
+                                      err_msg=name)
     needed = sum(np.asarray(v).nbytes for v in got.values())
     checkpoint = sum(os.path.getsize(p) for p in served.glob("*.safetensors"))
     runs = 3 * 256  # down_proj's rows: each a part of a multipart/byteranges reply, ~110 bytes of framing
@@ -400,4 +402,5 @@ def test_dask_distributed_conversion_reads_from_the_object_store(nginx, served, 
     for a, b in zip(files_d, files_l):
         assert open(a, "rb").read() == open(b, "rb").read(), a
     checkpoint = sum(os.path.getsize(p) for p in served.glob("*.safetensors"))
-    assert 0.99 * checkpoint <= served_bytes <= 1.1 * checkpoint, (served_bytes, checkpoint)  # the workers fetched it all, once
+    # the workers fetched it all, once
+    assert 0.99 * checkpoint <= served_bytes <= 1.1 * checkpoint, (served_bytes, checkpoint)

@@ -54,7 +54,8 @@ def assert_bits_equal(got: np.ndarray, want: np.ndarray, src: np.ndarray | None 
     bad = np.flatnonzero((g != w).reshape(-1))
     lines = []
     for i in bad[:8]:
-        s = "" if src is None else f"src {int(np.ascontiguousarray(src).reshape(-1).view(UINT[src.dtype.itemsize])[i]):#x} -> "
+        s = ("" if src is None
+             else f"src {int(np.ascontiguousarray(src).reshape(-1).view(UINT[src.dtype.itemsize])[i]):#x} -> ")
         lines.append(f"  [{i}] {s}got {int(g.reshape(-1)[i]):#x}, astype {int(w.reshape(-1)[i]):#x}")
     pytest.fail(f"{bad.size} of {g.size} elements differ ({src.dtype if src is not None else '?'} -> "
                 f"{want.dtype}):\n" + "\n".join(lines))

@@ -235,7 +235,8 @@ def test_c_kernel_checks_its_index(build):
     for index, first, stride, match in [([10], 0, 10, "10 .* out of range: the source holds rows 0..9"),
                                         ([-1], 0, 10, "negative"), ([0, 1 << 62], 0, 10, "out of range"),
                                         ([9], 5, 10, "holds rows 0..8"), ([0], 95, 0, "holds rows 0..-1"),
-                                        ([0], 95, -10, "holds rows 1..9"), ([1 << 62], 0, -(1 << 62), "holds rows 0..0")]:
+                                        ([0], 95, -10, "holds rows 1..9"),
+                                        ([1 << 62], 0, -(1 << 62), "holds rows 0..0")]:
         with pytest.raises(IndexError, match=match):
             C.k_bf16_to_f16(src, out, np.array(index, np.int64), 10, first, stride)
     with pytest.raises(ValueError, match="output buffer is too small"):

@@ -303,7 +303,8 @@ def test_preset_fallback_for_640_wide_rows(preset, want):
 
 
 def test_unknown_preset_lists_the_presets():
-    with pytest.raises(UnknownPresetError, match="Q4_K_XL.*Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0"):
+    with pytest.raises(UnknownPresetError,
+                       match="Q4_K_XL.*Q8_0, Q6_K, Q5_K_M, Q5_K_S, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K, Q4_0"):
         tensor_type("Q4_K_XL", "blk.0.attn_q.weight", (256, 256), n_layer=1)
     assert issubclass(UnknownPresetError, LazyWeightsError) and issubclass(UnknownPresetError, ValueError)
     assert tensor_type("q4_k_m", "blk.0.attn_q.weight", (256, 256), n_layer=1).type == "Q4_K"

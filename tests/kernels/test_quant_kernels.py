@@ -296,7 +296,8 @@ def test_quantize_accepts_float16_and_float64():
     x = np.random.default_rng(2).standard_normal((2, 64))
     want = gguf_quantize(x.astype(np.float32), GT.Q8_0)
     assert np.array_equal(quantize(Q.Q8_0, x), want)
-    assert np.array_equal(quantize("Q8_0", x.astype(np.float16)), gguf_quantize(x.astype(np.float16).astype(np.float32), GT.Q8_0))
+    assert np.array_equal(quantize("Q8_0", x.astype(np.float16)),
+                          gguf_quantize(x.astype(np.float16).astype(np.float32), GT.Q8_0))
 
 
 # --- bad input --------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from lazyweights import DType
 from lazyweights.graph import ops
 from lazyweights.render.describe import box_label, op_details, rope_gather, short_name
 
-NODE_LABEL_CHARS = 31  # what a source box of the viewer holds: (NODE_W - 12) / 6.3 px per character (render/visualize.py)
+# what a source box of the viewer holds: (NODE_W - 12) / 6.3 px per character (render/visualize.py)
+NODE_LABEL_CHARS = 31
 
 
 def _llama_permute(n_rows: int, n_head: int) -> np.ndarray:

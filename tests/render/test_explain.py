@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import doctest
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import lazyweights as lw
 from lazyweights import DType, LazyWeightsError, QuantizationEncoding, WeightData
-from lazyweights.render.explain import estimate_peak_memory, explain, format_bytes, name_pattern
 from lazyweights.graph import ops
+from lazyweights.render.explain import estimate_peak_memory, explain, format_bytes, name_pattern
 
 
 # tiny_llama (tests/conftest.py) writes the checkpoint; w1_plan (tests/render/conftest.py) adapts it.

@@ -224,7 +224,8 @@ def test_html_when_the_compiler_refuses_the_plan(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(viz, "compile_outputs", refuse)
     w = WeightData.from_numpy(np.zeros((4, 2), np.float32), "w")
     with caplog.at_level(logging.WARNING, logger="lazyweights.render.visualize"):
-        text = open(lw.plan({"a": w.astype(DType.float16)}).visualize(str(tmp_path / "p.html")), encoding="utf-8").read()
+        page = lw.plan({"a": w.astype(DType.float16)}).visualize(str(tmp_path / "p.html"))
+        text = open(page, encoding="utf-8").read()
     assert any("BudgetError" in r.getMessage() and "'a'" in r.getMessage() for r in caplog.records)
     assert "steps inferred per output chain: the compiler refused the plan: BudgetError: tensor &#x27;a&#x27;" in text
     m = re.search(r'<script id="plan-data" type="application/json">(.*?)</script>', text, re.S)

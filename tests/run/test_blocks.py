@@ -23,7 +23,8 @@ def test_rope_permutation_cast_equals_reference(tmp_path, target, block_bytes):
     w.reshape(-1)[::97] = np.array([np.nan, np.inf, -0.0], BF16)[np.arange(len(w.reshape(-1)[::97])) % 3]
     save_file({"q": w}, str(tmp_path / "m.safetensors"))
     q = lw.load_weights(tmp_path / "m.safetensors")["q"].data()
-    lazy = q.reshape(heads, head_dim, hidden)[:, _rope_perm(head_dim), :].reshape(heads * head_dim, hidden).astype(target)
+    lazy = (q.reshape(heads, head_dim, hidden)[:, _rope_perm(head_dim), :]
+            .reshape(heads * head_dim, hidden).astype(target))
     plain3d = q.reshape(heads, head_dim, hidden)[:, _rope_perm(head_dim), :].astype(target)
     p = lw.plan({"q": lazy, "q3": plain3d})
     got = p.materialize(scheduler="sync", block_bytes=block_bytes)

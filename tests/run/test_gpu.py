@@ -284,7 +284,8 @@ def host_cuda(tmp_path_factory):
     text, names = CD.module_source(DEQUANT_SPECS)
     for i, pair in enumerate(PAIRS):
         text += (f'\nextern "C" void lw_host_cast_{i}(const unsigned int* in, unsigned int* out, long long n) {{\n'
-                 f"    for (long long k = 0; k < n; ++k) {{ unsigned int x = in[k]; out[k] = {CC.cuda_chain_expr((pair,))}; }}\n}}\n")
+                 f"    for (long long k = 0; k < n; ++k) {{ unsigned int x = in[k]; "
+                 f"out[k] = {CC.cuda_chain_expr((pair,))}; }}\n}}\n")
     d = tmp_path_factory.mktemp("host_cuda")
     (d / "k.cpp").write_text(HOST_SHIM + text)
     r = subprocess.run([cxx, "-O2", "-std=c++14", "-ffp-contract=off", "-fno-fast-math", "-Wall", "-Werror",

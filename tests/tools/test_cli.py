@@ -196,7 +196,8 @@ def test_check(ckpt, tmp_path):
                 super().__init__()
                 hd = cfg.hidden_size // cfg.num_attention_heads
                 self.q = Weight("attention.q_proj.weight", DType.float16, (cfg.hidden_size, cfg.hidden_size))
-                self.k = Weight("attention.k_proj.weight", DType.float16, (cfg.num_key_value_heads * hd, cfg.hidden_size))
+                self.k = Weight("attention.k_proj.weight", DType.float16,
+                                (cfg.num_key_value_heads * hd, cfg.hidden_size))
                 self.n = Weight("input_layernorm.weight", DType.float32, (cfg.hidden_size,))
 
         class Tiny(Module):

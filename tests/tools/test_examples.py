@@ -175,10 +175,12 @@ def test_gptq_check_catches_a_wrong_perm_idx(C, tmp_path):
     cfg = dict(G.LLAMA_GPTQ, num_hidden_layers=1)
     path = C.write_safetensors(str(tmp_path / "model.safetensors"), G.gptq_tensors(cfg))
     raw = C.read_safetensors(path)
-    adapted = G.convert_gptq_state_dict(dict(load_weights([path]).items()), argsort=lambda g: np.argsort(-g, kind="stable"))
+    adapted = G.convert_gptq_state_dict(dict(load_weights([path]).items()),
+                                        argsort=lambda g: np.argsort(-g, kind="stable"))
     G.verify(plan(adapted).materialize(), raw, "descending")
     n = len(G.LINEARS)
-    assert sum(m.endswith("perm_idx sorts g_idx: perm_idx is not a permutation sorting g_idx") for m in C.MISMATCHES) == n
+    unsorted = "perm_idx sorts g_idx: perm_idx is not a permutation sorting g_idx"
+    assert sum(m.endswith(unsorted) for m in C.MISMATCHES) == n
     assert sum("perm_idx: " in m and "elements differ" in m for m in C.MISMATCHES) == n, C.MISMATCHES
 
 

@@ -84,7 +84,8 @@ def _lib():
     return _LIB
 
 
-def ggml_quantize(type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+def ggml_quantize(type_name: str, x: np.ndarray, imatrix: np.ndarray | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
     """What llama-quantize writes: `ggml_quantize_chunk` over all rows of float32 `x` [rows, n] (into `out`,
     a C-contiguous uint8 array of the packed shape, when given)."""
     tid, block_bytes, block_values = TYPES[type_name]
@@ -119,7 +120,8 @@ def make_inputs(seed: int = 16) -> dict[str, np.ndarray]:
         "normal": normal,
         "student_t": rng.standard_t(3, shape).astype(np.float32),
         "zero": np.zeros(shape, np.float32),
-        "constant": np.full(shape, 0.8125, np.float32) * np.where(np.arange(ROWS) % 2, -1, 1)[:, None].astype(np.float32),
+        "constant": (np.full(shape, 0.8125, np.float32)
+                     * np.where(np.arange(ROWS) % 2, -1, 1)[:, None].astype(np.float32)),
         # 1e-7: scales land in fp16's subnormal range; 1e-30: below GROUP_MAX_EPS, coded as zero blocks
         "small": (rng.standard_normal(shape) * 1e-7).astype(np.float32),
         "tiny": (rng.standard_normal(shape) * 1e-30).astype(np.float32),

@@ -106,7 +106,8 @@ def write_tiny_gguf(spec: ModelSpec, path: str) -> str:
     return path
 
 
-def llama_quantize(src: str, dst: str, preset: str, imatrix: dict[str, np.ndarray] | None = None, nthread: int = 1) -> None:
+def llama_quantize(src: str, dst: str, preset: str, imatrix: dict[str, np.ndarray] | None = None,
+                   nthread: int = 1) -> None:
     """llama.cpp's `llama_model_quantize(src, dst, preset)`, optionally with importance-matrix entries."""
     import llama_cpp  # noqa: PLC0415
 
