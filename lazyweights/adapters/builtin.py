@@ -24,6 +24,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "MixtralForCausalLM": ("mixtral",),
     # InternVL (transformers' class): the text model is its text_config's family (Qwen2 or Qwen3), generic adapter
     "InternVLForConditionalGeneration": ("internvl",),
+    # LFM2-VL: the text model is an LFM2 (its text_config), converted by the generic adapter
+    "Lfm2VlForConditionalGeneration": ("lfm2_vl",),
     "Qwen2ForCausalLM": ("qwen2",),
     "Qwen3ForCausalLM": ("qwen3",),
     "Qwen2MoeForCausalLM": ("qwen2_moe",),

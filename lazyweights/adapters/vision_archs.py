@@ -175,6 +175,28 @@ _RECORDS: tuple[VisionArch, ...] = (
             cls_last="v.position_embd.weight",
             # mtmd: LayerNorm (RMSNorm only for the 6B tower, picked by its shape), a GELU or SiLU MLP
             requires={"hidden_act": ("gelu", "silu"), "norm_type": "layer_norm"}),
+    # LFM2-VL: a SigLIP2 NaFlex tower (a linear patch embedding over (row, column, channel), stored as a conv; a
+    # 16x16 learned position grid mtmd and transformers resize to the image) read at vision_feature_layer, pixel
+    # unshuffled by downsample_factor into a LayerNorm-linear-GELU-linear projector (mm.input_norm, mm.1, mm.2, named
+    # here: gguf-py's linear_{bid} row needs more than 2 vision blocks); the image size llama.cpp writes is a fixed
+    # 256 (NaFlex has none). Published layout `model.vision_tower.vision_model.`; transformers 5 saves it without
+    # `vision_model.`
+    _record("lfm2_vl", "Lfm2VlForConditionalGeneration", "lfm2",
+            (_fixed("clip.vision.image_size", 256, "u32"), *_SIGLIP_BASE[1:4],
+             VParam("clip.vision.block_count", ("vision_feature_layer",), "top", "feature_depth", -1),
+             *_SIGLIP_BASE[5:]),
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32"),
+             VParam("clip.vision.projector.scale_factor", ("downsample_factor",), "top", default=2),
+             _fixed("clip.use_gelu", True, "bool")),
+            prefixes=("vision_tower.", "multi_modal_projector."),
+            layouts=((r"^model\.(vision_tower|multi_modal_projector)\.", r"\1."),
+                     (r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.")),
+            names=((r"^multi_modal_projector\.layer_norm\.", "mm.input_norm."),
+                   (r"^multi_modal_projector\.linear_1\.", "mm.1."), (r"^multi_modal_projector\.linear_2\.", "mm.2.")),
+            dropped=("vision_model.head.",), patch_hwc="vision_tower.vision_model.embeddings.patch_embedding.weight",
+            # mtmd: tanh-GELU in the tower, a GELU projector with its LayerNorm and biases
+            requires={"hidden_act": "gelu_pytorch_tanh"},
+            requires_top={"projector_hidden_act": "gelu", "projector_use_layernorm": True, "projector_bias": True}),
     # Qwen2.5-VL: window attention every n_wa_pattern-th block full (mtmd's window is 112 pixels), SwiGLU MLP,
     # 2x2 spatial merge (mtmd's default; the converter writes no merge size), two-frame temporal patches
     _record("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2.5vl_merger",

@@ -97,6 +97,16 @@ FAMILIES = {
                  dict(image_token_id=3, downsample_ratio=0.5),
                  {"image_processor_type": "GotOcr2ImageProcessorFast", "image_mean": [0.485, 0.456, 0.406],
                   "image_std": [0.229, 0.224, 0.225], "size": {"height": 64, "width": 64}}, (64, 64)),
+    # LFM2-VL (LFM2 text: a conv and an attention layer): a SigLIP2 NaFlex tower of 3 blocks (gguf-py names the
+    # projector's linear_2 only below the block count), 16-pixel patches on a 256x256 image (the 16x16 position grid
+    # itself, 64 tokens after the 2x2 unshuffle: mtmd's minimum, so neither side resizes)
+    "lfm2_vl": ("Lfm2VlConfig", "Lfm2VlForConditionalGeneration",
+                dict(_TEXT, model_type="lfm2", layer_types=["conv", "full_attention"]),
+                dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2, num_patches=256,
+                     patch_size=16, vision_use_head=False),
+                dict(image_token_id=3, projector_hidden_size=64, downsample_factor=2),
+                {"image_processor_type": "Lfm2VlImageProcessorFast", "image_mean": [0.5, 0.5, 0.5],
+                 "image_std": [0.5, 0.5, 0.5]}, (256, 256)),
     # LLaVA 1.5: a CLIP tower (class embedding, pre-LN, quick-GELU) of 3 blocks read at hidden state -2 (mtmd runs
     # 2 of them), 16 patch tokens of a 56x56 image (its image_size: neither side resizes) through the GELU MLP
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(_TEXT),
@@ -130,11 +140,12 @@ def _published(folder: str, family: str) -> None:
     """Rewrite transformers 5's saved names to the published layout (Gemma 3's tower under
     `vision_tower.vision_model.`, as google/gemma-3-*-it and llava-hf/llava-1.5-*-hf ship it; transformers loads
     both)."""
-    if family not in ("gemma3", "llava"):
+    if family not in ("gemma3", "llava", "lfm2_vl"):  # LiquidAI/LFM2-VL-*: model.vision_tower.vision_model.
         return
     path = os.path.join(folder, "model.safetensors")
     sd = safetensors_torch.load_file(path)
-    sd = {re.sub(r"^vision_tower\.(?!vision_model\.)", "vision_tower.vision_model.", k): v for k, v in sd.items()}
+    sd = {re.sub(r"^(model\.)?vision_tower\.(?!vision_model\.)", r"\1vision_tower.vision_model.", k): v
+          for k, v in sd.items()}
     safetensors_torch.save_file(sd, path, metadata={"format": "pt"})
 
 
@@ -249,7 +260,7 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     assert _fields(os.path.join(d, "mmproj.gguf")) == _fields(ref)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl"])
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl", "lfm2_vl"])
 def test_command_line_writes_both_files(family, folders, tmp_path):
     """`lazyweights convert CLASS DIR -o text.gguf --mmproj mmproj.gguf` writes the same two files as
     `export_gguf_with_mmproj` (the text model under its own class name, issue 39 part 1)."""
@@ -374,6 +385,8 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
             pixels, pos = gemma4_patches(img, pre["patch_size"])
             out = model.get_image_features(pixel_values=pixels[None], image_position_ids=pos[None])
             return out.pooler_output[0].float().numpy()
+        if family == "lfm2_vl":
+            return model.get_image_features(**lfm2_patches(img, pre)).pooler_output[0].float().numpy()
         if family == "internvl":  # the whole image as one tile (InternVLModel.forward's feature layer and strategy)
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
@@ -384,6 +397,16 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
         out = model.get_image_features(pixel_values=torch.from_numpy(pixels), image_grid_thw=torch.tensor([grid]))
         deepstack = [f[0] for f in getattr(out, "deepstack_features", None) or []]
         return torch.cat([out.pooler_output[0], *deepstack], dim=-1).float().numpy()
+
+
+def lfm2_patches(img: np.ndarray, pre: dict, ps: int = 16) -> dict:
+    """Lfm2VlImageProcessor without resizing: the normalized image cut into row-major patches [1, n, ps * ps * 3]
+    (row, column, channel inside a patch), its patch grid and an all-true mask."""
+    x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+    gh, gw = x.shape[0] // ps, x.shape[1] // ps
+    patches = x.reshape(gh, ps, gw, ps, 3).transpose(0, 2, 1, 3, 4).reshape(1, gh * gw, ps * ps * 3)
+    return dict(pixel_values=torch.from_numpy(np.ascontiguousarray(patches)), spatial_shapes=torch.tensor([[gh, gw]]),
+                pixel_attention_mask=torch.ones(1, gh * gw, dtype=torch.bool))
 
 
 def qwen_patches(img: np.ndarray, mean, std, ps: int = 14, ms: int = 2, tps: int = 2):
@@ -450,6 +473,8 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
             pixels, pos = gemma4_patches(img, pre["patch_size"])
             out = model(input_ids=ids, pixel_values=pixels[None], image_position_ids=pos[None],
                         mm_token_type_ids=is_image)
+        elif family == "lfm2_vl":
+            out = model(input_ids=ids, **lfm2_patches(img, pre))
         elif family == "internvl":
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
@@ -580,6 +605,7 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("gemma4", dict(pooling_kernel_size=2), r"gemma4 vision_config.pooling_kernel_size is 2; .* = 3"),
     ("internvl", dict(norm_type="rms_norm"), r"vision_config.norm_type is 'rms_norm'; .* norm_type = 'layer_norm'"),
     ("internvl", dict(hidden_act="relu"), r"vision_config.hidden_act is 'relu'; .* = 'gelu' or 'silu'"),
+    ("lfm2_vl", dict(hidden_act="gelu"), r"lfm2_vl vision_config.hidden_act is 'gelu'; .* = 'gelu_pytorch_tanh'"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
@@ -670,6 +696,22 @@ def test_internvl_downsample_ratio_mtmd_cannot_compute(tokenizer, tmp_path):  # 
         export_mmproj(hf, tmp_path / "m.gguf")
     assert sorted(os.listdir(tmp_path)) == ["hf"]
 
+
+
+def test_lfm2_vl_projector_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
+    """LFM2-VL's projector without its LayerNorm (config.json projector_use_layernorm false): mtmd's lfm2 graph
+    always normalizes, so it is named before any tensor is read, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_vl("lfm2_vl", "float32", tokenizer, hf)
+    path = os.path.join(hf, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(cfg, projector_use_layernorm=False), fh)
+    with pytest.raises(VisionConfigError, match=r"lfm2_vl config.json projector_use_layernorm is False; .* "
+                                                r"projector_use_layernorm = True"):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 # --- audio: Qwen2-Audio's Whisper encoder --------------------------------------------------------------------------
 # family -> (config class, model class, text config, audio config, outer config). Three encoder layers: gguf-py's
