@@ -30,9 +30,15 @@ from typing import Any, Mapping
 
 from ..core.config_access import config_get
 
-# YaRN's parameters: rope_parameters name -> llama.cpp's `rope.scaling.*` key
-YARN_KEYS = (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
-             ("extrapolation_factor", "yarn_ext_factor"), ("attention_factor", "yarn_attn_factor"))
+
+def _yarn_keys() -> tuple[tuple[str, str], ...]:
+    """YaRN's parameters: rope_parameters name -> llama.cpp's `{arch}.rope.scaling.*` key (gguf.Keys.Rope, imported
+    here: this module is imported without gguf)."""
+    from gguf.constants import Keys
+
+    r = Keys.Rope
+    return (("beta_fast", r.SCALING_YARN_BETA_FAST), ("beta_slow", r.SCALING_YARN_BETA_SLOW),
+            ("extrapolation_factor", r.SCALING_YARN_EXT_FACTOR), ("attention_factor", r.SCALING_YARN_ATTN_FACTOR))
 
 
 def rope_parameters(cfg: Any) -> Mapping[str, Any]:
@@ -74,6 +80,7 @@ def rope_scaling_to_gguf(arch: str, cfg: Any) -> dict:
     GGUFValue(value=2.0, type=<GGUFValueType.FLOAT32: 6>, sub_type=None)
     """
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys
 
     from .gguf_writer import GGUFValue
 
@@ -81,16 +88,17 @@ def rope_scaling_to_gguf(arch: str, cfg: Any) -> dict:
     kind = rs.get("rope_type") or rs.get("type")
     if kind not in ("linear", "yarn") or rs.get("factor") is None:
         return {}
-    out = {f"{arch}.rope.scaling.type": GGUFValue(str(kind), T.STRING),
-           f"{arch}.rope.scaling.factor": GGUFValue(float(rs["factor"]), T.FLOAT32)}
+    r = Keys.Rope
+    out = {r.SCALING_TYPE.format(arch=arch): GGUFValue(str(kind), T.STRING),
+           r.SCALING_FACTOR.format(arch=arch): GGUFValue(float(rs["factor"]), T.FLOAT32)}
     if rs.get("original_max_position_embeddings") is not None:
-        out[f"{arch}.rope.scaling.original_context_length"] = GGUFValue(int(rs["original_max_position_embeddings"]),
-                                                                         T.UINT32)
+        out[r.SCALING_ORIG_CTX_LEN.format(arch=arch)] = GGUFValue(int(rs["original_max_position_embeddings"]),
+                                                                 T.UINT32)
     if kind == "yarn":  # as llama.cpp's converter writes them, where the config sets them
-        for hf_name, key in YARN_KEYS:
+        for hf_name, key in _yarn_keys():
             v = rs.get(hf_name, rs.get("attn_factor")) if hf_name == "attention_factor" else rs.get(hf_name)
             if v is not None:
-                out[f"{arch}.rope.scaling.{key}"] = GGUFValue(float(v), T.FLOAT32)
+                out[key.format(arch=arch)] = GGUFValue(float(v), T.FLOAT32)
     return out
 
 
@@ -101,21 +109,24 @@ def rope_scaling_from_gguf(metadata: Mapping[str, Any], arch: str) -> dict | Non
     >>> rope_scaling_from_gguf({"llama.rope.scaling.factor": 2.0}, "llama")
     {'rope_type': 'linear', 'factor': 2.0}
     """
-    def get(key):
-        v: Any = metadata.get(f"{arch}.rope.scaling.{key}")
+    from gguf.constants import Keys
+
+    def get(key: str):
+        v: Any = metadata.get(key.format(arch=arch))
         return v.tolist() if hasattr(v, "tolist") else v
 
-    kind, factor = get("type"), get("factor")
+    r = Keys.Rope
+    kind, factor = get(r.SCALING_TYPE), get(r.SCALING_FACTOR)
     if kind in (None, "none") and factor is None:
         return None
     out: dict[str, Any] = {"rope_type": str(kind) if kind not in (None, "none") else "linear"}
     if factor is not None:
         out["factor"] = float(factor)
-    orig = get("original_context_length")
+    orig = get(r.SCALING_ORIG_CTX_LEN)
     if orig is not None:
         out["original_max_position_embeddings"] = int(orig)
     if kind == "yarn":
-        for hf_name, key in YARN_KEYS:
+        for hf_name, key in _yarn_keys():
             v = get(key)
             if v is not None:
                 out[hf_name] = float(v)
