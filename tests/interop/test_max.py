@@ -33,37 +33,14 @@ from lazyweights.adapters import w1  # noqa: E402
 from lazyweights.interop import max as lwmax  # noqa: E402
 from lazyweights.interop.max import as_max_adapter, load_max_module, to_max_state_dict  # noqa: E402
 
-MAKE_CKPT = Path(__file__).resolve().parents[3] / "shared" / "bench" / "make_ckpt.py"
-
 
 # --- fixtures ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def w1_ckpt(tmp_path_factory):
-    """A small W1 checkpoint: 2 layers, fp8 KV scales, sharded into several files with an index."""
-    out = tmp_path_factory.mktemp("w1")
-    if MAKE_CKPT.exists():
-        subprocess.run([sys.executable, str(MAKE_CKPT), str(out), "--layers", "2", "--hidden", "128",
-                        "--inter", "256", "--heads", "4", "--kv-heads", "2", "--vocab", "96", "--fp8-scales",
-                        "--shard-gb", "0.0002"], check=True, capture_output=True)
-    else:  # the same shapes written here
-        import ml_dtypes
-        from safetensors.numpy import save_file
-
-        rng = np.random.default_rng(0)
-        t = {"model.embed_tokens.weight": (96, 128), "model.norm.weight": (128,), "lm_head.weight": (96, 128)}
-        for i in range(2):
-            p = f"model.layers.{i}."
-            t |= {p + "input_layernorm.weight": (128,), p + "self_attn.q_proj.weight": (128, 128),
-                  p + "self_attn.k_proj.weight": (64, 128), p + "self_attn.v_proj.weight": (64, 128),
-                  p + "self_attn.o_proj.weight": (128, 128), p + "self_attn.k_scale": (),
-                  p + "self_attn.v_scale": (), p + "post_attention_layernorm.weight": (128,),
-                  p + "mlp.gate_proj.weight": (256, 128), p + "mlp.up_proj.weight": (256, 128),
-                  p + "mlp.down_proj.weight": (128, 256)}
-        save_file({k: rng.standard_normal(s).astype(np.float32).astype(ml_dtypes.bfloat16) for k, s in t.items()},
-                  str(out / "model.safetensors"))
-        (out / "config.json").write_text(json.dumps({"hidden_size": 128, "num_attention_heads": 4,
-                                                     "num_key_value_heads": 2}))
-    return out
+def w1_ckpt(tmp_path_factory, llama_checkpoint):  # llama_checkpoint: tests/conftest.py
+    """A small W1 checkpoint: 2 layers, fp8 KV scales, sharded into several files with an index (the files
+    ../shared/bench/make_ckpt.py writes with --shard-gb 0.0002)."""
+    return llama_checkpoint(tmp_path_factory.mktemp("w1"), layers=2, hidden=128, inter=256, heads=4, kv_heads=2,
+                            vocab=96, fp8_scales=True, shard_bytes=int(0.0002 * (1 << 30)))
 
 
 def hf_config(ckpt):
