@@ -35,6 +35,9 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_text", "gemma3"),
     # LLaVA: the text model is its text_config's family (llava-1.5: llama), converted by the generic adapter
     "LlavaForConditionalGeneration": ("llava",),
+    # Mistral 3 (Mistral Small 3.1): a Mistral text model, the generic adapter's (its GGUF converts back under
+    # MistralForCausalLM)
+    "Mistral3ForConditionalGeneration": ("mistral3",),
     "Phi3ForCausalLM": ("phi3",),
 }
 # every other family's class from its record (adapters/archs.py); a multimodal class (a VL model whose record

@@ -44,6 +44,7 @@ from ..api.weight_data import WeightData, as_weight_data
 from ..core.dtype import DType
 from ..core.errors import (
     MissingPreprocessorConfigError,
+    MissingTokenizerError,
     ShapeError,
     UnmappedTensorError,
     VisionConfigError,
@@ -65,6 +66,7 @@ class MmprojConfig(NamedTuple):
     text: dict
     pre: dict
     block_count: int
+    tokens: Mapping[str, int] = {}  # the token ids of the record's `token_rows`
 
 
 def _preprocessor_config(folder: str | None) -> dict | None:
@@ -118,9 +120,37 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
                 f"{mt}: no preprocessor_config.json (or processor_config.json) in {folder}; the "
                 f"{rec.projector} projector needs the image processor's image_mean and image_std")
         pre = found
-    out = MmprojConfig(rec, cfg, vision, text, pre, int(n_block))
+    out = MmprojConfig(rec, cfg, vision, text, pre, int(n_block), _token_ids(rec, folder))
     _values(out)  # every key's value, so a missing or incomputable one fails here
     return out
+
+
+def _token_ids(rec: VisionArch, folder: str | None) -> dict[str, int]:
+    """The ids of the record's `token_rows` tokens, as llama.cpp's converter finds them (get_token_id): the added
+    tokens of tokenizer_config.json, then of tokenizer.json. MissingTokenizerError without either file,
+    VisionConfigError naming a token neither holds."""
+    if not rec.token_rows:
+        return {}
+    found: dict[str, int] = {}
+    files = [os.path.join(folder or "", n) for n in ("tokenizer_config.json", "tokenizer.json")]
+    if not any(os.path.isfile(f) for f in files):
+        raise MissingTokenizerError(f"{rec.model_type}: no tokenizer_config.json or tokenizer.json in {folder}; the "
+                                    f"mmproj holds the text embedding of {', '.join(t for t, _, _ in rec.token_rows)}")
+    for path in files:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            added = doc.get("added_tokens_decoder") or {}
+            pairs = [(d.get("content"), i) for i, d in added.items()] if isinstance(added, Mapping) else []
+            pairs += [(d.get("content"), d.get("id")) for d in doc.get("added_tokens") or []]
+            for content, i in pairs:
+                if content not in found and str(i).isdigit():
+                    found[content] = int(i)
+    missing = [t for t, _, _ in rec.token_rows if t not in found]
+    if missing:
+        raise VisionConfigError(f"{rec.model_type}: the tokenizer in {folder} has no {', '.join(missing)} token; "
+                                f"llama.cpp's mtmd needs its embedding ({', '.join(g for _, _, g in rec.token_rows)})")
+    return {t: found[t] for t, _, _ in rec.token_rows}
 
 
 def _source(mc: MmprojConfig, where: str) -> dict:
@@ -386,7 +416,7 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
     shifted and stored as llama.cpp's converter does. UnmappedTensorError names a tower tensor the table lacks."""
     import gguf
 
-    from .transforms import add_scalar
+    from .transforms import add_scalar, rope_permute
 
     rec = mc.rec
     tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, mc.block_count)
@@ -410,12 +440,23 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
                 continue  # past the deepest feature layer: mtmd never runs it
             if any(f in hf for f in rec.norm_shift):
                 part = add_scalar(part.astype(DType.float32), 1.0)  # in float32, as llama.cpp's converter adds
+            if any(f in hf for f in rec.rope_permute):
+                part = rope_permute(part, int(mc.vision["num_attention_heads"]))
             if new == rec.cls_last:
                 part = _cls_row_last(new, part)
             if any(f in hf for f in rec.unsqueeze):
                 part = part.reshape(*part.shape, 1)  # [n] -> [n, 1]: llama.cpp's Whisper conv biases
             dtype = _stored_dtype(rec, hf, new, part.ndim, ftype)
             out[new] = _named(part if part.dtype == dtype else part.astype(dtype), new)
+    for token, pattern, new in rec.token_rows:
+        emb_name = next((n for n in state if re.search(pattern, n)), None)
+        if emb_name is None:
+            raise VisionConfigError(f"{rec.model_type}: no text embedding ({pattern}) to take {token}'s row from")
+        emb = as_weight_data(state[emb_name], emb_name)
+        i = mc.tokens[token]
+        if emb.ndim != 2 or i >= emb.shape[0]:
+            raise ShapeError(f"{emb_name}: {token} is token {i} but the embedding is {tuple(emb.shape)}")
+        out[new] = _named(emb[i].astype(DType.float32), new)
     return out, ftype
 
 

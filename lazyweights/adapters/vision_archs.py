@@ -87,6 +87,11 @@ class VisionArch(NamedTuple):
                                               # whose first (CLS) row mtmd adds after the patches: stored with that
                                               # row moved last (InternVL)
     requires_top: Mapping[str, Any] = {}      # outer config.json values mtmd's graph hard-codes (LLaVA's projector)
+    rope_permute: tuple[str, ...] = ()        # HF name fragments whose rows llama.cpp permutes for its RoPE
+                                              # (LlamaModel.permute over the vision heads: Pixtral's q/k)
+    token_rows: tuple[tuple[str, str, str], ...] = ()  # (token, regex of the text embedding's HF name, GGUF name):
+                                              # the embedding row of a tokenizer token the tower writes (Pixtral's
+                                              # [IMG_BREAK] as v.token_embd.img_break)
 
 
 # llama.cpp's MmprojModel.n_block_keys: where a vision config says its block count
@@ -244,6 +249,22 @@ _RECORDS: tuple[VisionArch, ...] = (
             requires={"hidden_act": "quick_gelu"},
             requires_top={"projector_hidden_act": "gelu", "vision_feature_select_strategy": "default",
                           "multimodal_projector_bias": True}),
+    # Mistral 3 (Mistral Small 3.1 / 3.2): a Pixtral tower (2D RoPE, q/k rows permuted as llama.cpp's converter
+    # does; RMS norms; SwiGLU) read at its last layer, an RMS norm and a spatial_merge_size x spatial_merge_size patch
+    # merger, a GELU MLP (mm.1 / mm.2); mtmd appends the text model's [IMG_BREAK] embedding after each image row, so
+    # the mmproj holds that row (v.token_embd.img_break), which llama.cpp 0.3.36's converter leaves out of a
+    # Hugging Face checkpoint's mmproj (mtmd then refuses its file)
+    _record("mistral3", "Mistral3ForConditionalGeneration", "pixtral", _SIGLIP_BASE,
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32", default=1e-5),
+             _fixed("clip.use_silu", True, "bool"),
+             VParam("clip.vision.spatial_merge_size", ("spatial_merge_size",), "top", optional=True)),
+            prefixes=("multi_modal_projector.", "vision_tower."), layouts=((r"^model\.(?!language_model\.)", ""),),
+            rope_permute=(".attention.q_proj.", ".attention.k_proj."),
+            token_rows=(("[IMG_BREAK]", r"^(model\.)?language_model\.(model\.)?embed_tokens\.weight$",
+                         "v.token_embd.img_break"),),
+            # mtmd: RoPE theta 10000 and a GELU projector hard-coded, the tower read at its last layer
+            requires={"hidden_act": "silu", "rope_theta": 10000.0},
+            requires_top={"projector_hidden_act": "gelu", "vision_feature_layer": -1}),
     # Qwen2-Audio: a Whisper encoder (two GELU conv1d, learned positions, 2x average pooling, LayerNorm) and one
     # linear projector (its `multi_modal_projector.` llama.cpp prefixes `audio.`); the conv biases stored [n, 1],
     # the conv weights float16; mtmd's graph takes 30-second windows of 3000 mel frames, 1500 positions, erf GELU

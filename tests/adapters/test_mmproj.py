@@ -24,6 +24,7 @@ skip (a) loudly without it.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import os
@@ -133,6 +134,20 @@ FAMILIES = {
 }
 # families whose checkpoint llama.cpp's convert_hf_to_gguf.py --mmproj refuses (the judges are mtmd and transformers)
 CONVERTER_REFUSES = {"llava": "Unsupported model type: clip_vision_model"}
+# Mistral 3: a Pixtral tower of 3 blocks (gguf-py names the projector's linear_2 only below the block count), 8-pixel
+# patches merged 2x2, a 48x64 image (multiples of 16 within mtmd's 8..1024 tokens: neither side resizes), 3x4 tokens
+# and an [IMG_BREAK] after each row but the last; the image tokens added to a copy of the shared tokenizer
+FAMILIES["mistral3"] = (
+    "Mistral3Config", "Mistral3ForConditionalGeneration", dict(_TEXT, model_type="mistral"),
+    dict(model_type="pixtral", hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+         head_dim=16, image_size=64, patch_size=8, hidden_act="silu", rope_theta=10000.0),
+    dict(image_token_index=300, spatial_merge_size=2, projector_hidden_act="gelu", vision_feature_layer=-1),
+    {"image_processor_type": "PixtralImageProcessor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
+     "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": 8, "size": {"longest_edge": 64}}, (48, 64))
+SPECIAL_TOKENS = {"mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]}
+SPECIAL_TOKENS_IDS = {"[IMG]": 300, "[IMG_BREAK]": 301, "[IMG_END]": 302}  # after the shared tokenizer's 300
+# where llama.cpp's converter is wrong by leaving a tensor out (mtmd refuses its file): ours holds it
+CONVERTER_OMITS = {"mistral3": ("v.token_embd.img_break",)}
 DTYPES = ["float32", "bfloat16"]
 
 
@@ -151,6 +166,9 @@ def _published(folder: str, family: str) -> None:
 
 def make_vl(family: str, dtype: str, tok, folder: str, **vision_overrides):
     """A seeded tiny multimodal model of `family` saved in `dtype` with its tokenizer and preprocessor config."""
+    if family in SPECIAL_TOKENS:
+        tok = copy.deepcopy(tok)
+        tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[family]})
     cfg_cls, model_cls, text, vision, outer, pre, _ = FAMILIES[family]
     cfg = getattr(transformers, cfg_cls)(text_config=dict(text, vocab_size=len(tok)),
                                          vision_config=dict(vision, **vision_overrides), **outer)
@@ -247,6 +265,9 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     ref = llama_cpp_mmproj(CONVERTER_INPUT.get(family, str)(hf) if os.path.isfile(CONVERTER) else hf,
                            os.path.join(d, "ref-mmproj.gguf"), {"float32": "f32", "bfloat16": "bf16"}[dtype])
     mine, theirs = _tensors(os.path.join(d, "mmproj.gguf")), _tensors(ref)
+    for name in CONVERTER_OMITS.get(family, ()):  # ours holds it, llama.cpp's converter leaves it out
+        assert name in mine and name not in theirs, name
+        del mine[name]
     assert sorted(mine) == sorted(theirs)
     if family in CLS_ROW_LAST:  # the same rows, the CLS one (first in theirs) moved last
         name = CLS_ROW_LAST[family]
@@ -371,6 +392,15 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
     model = getattr(transformers, FAMILIES[family][1]).from_pretrained(hf, dtype=torch.float32).eval()
     pre = FAMILIES[family][5]
     with torch.no_grad():
+        if family == "mistral3":  # as mtmd arranges them: the [IMG_BREAK] embedding after each row but the last
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            h, w, _ = img.shape
+            out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
+                                           image_sizes=torch.tensor([[h, w]]), vision_feature_layer=-1)
+            m = model.config.spatial_merge_size * model.config.vision_config.patch_size
+            rows = out.pooler_output[0].reshape(h // m, w // m, -1)
+            brk = model.get_input_embeddings().weight[SPECIAL_TOKENS_IDS["[IMG_BREAK]"]][None]
+            return torch.cat([t for r in rows[:-1] for t in (r, brk)] + [rows[-1]]).float().numpy()
         if family == "llava":  # the config's feature layer and CLS-dropping strategy, as LlavaModel.forward passes
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
@@ -462,7 +492,16 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
     ids = torch.tensor([[image_id if t is None else t for t in parts]])
     is_image = torch.tensor([[int(t is None) for t in parts]])
     with torch.no_grad():
-        if family == "llava":
+        if family == "mistral3":  # the image chunk's [IMG_BREAK] positions are that token, the rest [IMG]
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            h, w, _ = img.shape
+            per_row = w // (model.config.spatial_merge_size * model.config.vision_config.patch_size) + 1
+            first = parts.index(None)
+            ids = torch.tensor([[(SPECIAL_TOKENS_IDS["[IMG_BREAK]"] if (i - first) % per_row == per_row - 1
+                                  else image_id) if t is None else t for i, t in enumerate(parts)]])
+            out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()),
+                        image_sizes=torch.tensor([[h, w]]))
+        elif family == "llava":
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
         elif family == "gemma3":
@@ -508,6 +547,34 @@ def test_text_model_given_the_image_agrees(family, folders):
           f"(another image: {moved:.3g})")
     assert kl < 1e-3, f"{family}: llama.cpp's next-token distribution given the image differs (KL {kl:.3g})"
     assert moved > 10 * max(kl, 1e-7), (family, moved, kl)
+
+
+def test_mistral3_mtmd_refuses_llama_cpps_file_and_loads_ours(folders):
+    """Mistral 3 in the Hugging Face layout: llama.cpp 0.3.36's converter leaves `v.token_embd.img_break` out of the
+    mmproj and mtmd refuses that file (the tensor is required for the pixtral projector); ours holds it, the text
+    embedding's [IMG_BREAK] row in float32 (bytes from the checkpoint), and mtmd loads it."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
+    d = folders["mistral3", "float32"]
+    ref = llama_cpp_mmproj(os.path.join(d, "hf"), os.path.join(d, "ref-omits.gguf"), "f32")
+    row = safetensors_torch.load_file(os.path.join(d, "hf", "model.safetensors"))[
+        "language_model.model.embed_tokens.weight"][SPECIAL_TOKENS_IDS["[IMG_BREAK]"]].numpy()
+    mine = _tensors(os.path.join(d, "mmproj.gguf"))["v.token_embd.img_break"]
+    assert mine == ("F32", [row.shape[0]], row.astype(np.float32).tobytes())
+    assert "v.token_embd.img_break" not in _tensors(ref)
+    llm = llama_cpp.Llama(model_path=os.path.join(d, "text.gguf"), n_ctx=256, verbose=False, n_threads=2)
+    try:
+        loaded = {}
+        for name, path in (("llama.cpp's", ref), ("ours", os.path.join(d, "mmproj.gguf"))):
+            params = mtmd.mtmd_context_params_default()
+            params.use_gpu, params.warmup, params.n_threads = False, False, 2
+            ctx = mtmd.mtmd_init_from_file(path.encode(), llm._model.model, params)
+            loaded[name] = bool(ctx)
+            if ctx:
+                mtmd.mtmd_free(ctx)
+        assert loaded == {"llama.cpp's": False, "ours": True}, loaded
+    finally:
+        llm.close()
 
 
 # --- mtmd defects no file can undo -------------------------------------------------------------------------------
@@ -607,6 +674,7 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("internvl", dict(hidden_act="relu"), r"vision_config.hidden_act is 'relu'; .* = 'gelu' or 'silu'"),
     ("lfm2_vl", dict(hidden_act="gelu"), r"lfm2_vl vision_config.hidden_act is 'gelu'; .* = 'gelu_pytorch_tanh'"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
+    ("mistral3", dict(hidden_act="gelu"), r"mistral3 vision_config.hidden_act is 'gelu'; .* hidden_act = 'silu'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")
@@ -652,6 +720,23 @@ def test_llava_feature_layer_keeps_the_blocks_mtmd_runs(folders):
     w = src["vision_tower.vision_model.encoder.layers.1.mlp.fc1.weight"].numpy()
     assert t["v.blk.1.ffn_up.weight"][1] == list(w.shape[::-1]) and t["v.blk.1.ffn_up.weight"][2] == w.tobytes()
     assert t["mm.0.weight"][2] == src["multi_modal_projector.linear_1.weight"].numpy().tobytes()
+
+
+def test_mistral3_tokenizer_without_img_break(tokenizer, tmp_path):  # noqa: F811
+    """Mistral 3's mmproj holds the [IMG_BREAK] token's embedding: a tokenizer without that token is named before any
+    tensor is read, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_vl("mistral3", "float32", tokenizer, hf)
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        path = os.path.join(hf, name)
+        with open(path) as fh:
+            text = fh.read()
+        with open(path, "w") as fh:
+            fh.write(text.replace('"[IMG_BREAK]"', '"[IMG_ROW]"'))
+    with pytest.raises(VisionConfigError, match=r"mistral3: the tokenizer in .* has no \[IMG_BREAK\] token; .*"
+                                                r"v\.token_embd\.img_break"):
+        export_gguf_with_mmproj(hf, tmp_path / "t.gguf", tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
 def test_tower_tensor_gguf_py_cannot_name(tokenizer, tmp_path):  # noqa: F811

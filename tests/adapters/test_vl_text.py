@@ -102,14 +102,28 @@ def test_vl_class_still_refuses_another_family(tokenizer, tmp_path, capsys):  # 
     assert not (tmp_path / "x.gguf").exists()
 
 
-def _make_llava(tok, folder):
-    """A tiny LLaVA 1.5 (CLIP tower, Llama text) saved as transformers saves it."""
+# class -> (config class, vision config, outer config): VL classes whose text model the generic adapter converts
+_OWN_TEXT = {
+    "LlavaForConditionalGeneration": ("LlavaConfig", dict(model_type="clip_vision_model", hidden_size=32,
+                                                          intermediate_size=48, num_hidden_layers=2,
+                                                          num_attention_heads=2, image_size=28, patch_size=14,
+                                                          projection_dim=32), dict(image_token_index=3)),
+    "Mistral3ForConditionalGeneration": ("Mistral3Config", dict(model_type="pixtral", hidden_size=32,
+                                                                intermediate_size=48, num_hidden_layers=1,
+                                                                num_attention_heads=2, head_dim=16, image_size=32,
+                                                                patch_size=8), dict(image_token_index=3,
+                                                                                    spatial_merge_size=2)),
+}
+
+
+def _make_own_text(cls, tok, folder):
+    """A tiny VL model of class `cls` (LLaVA 1.5: CLIP and Llama; Mistral 3: Pixtral and Mistral) saved as
+    transformers saves it."""
+    cfg_cls, vision, outer = _OWN_TEXT[cls]
     text = dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, vocab_size=len(tok))
-    vision = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=2, image_size=28, patch_size=14, projection_dim=32)
-    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_index=3)
+    cfg = getattr(transformers, cfg_cls)(text_config=text, vision_config=vision, **outer)
     torch.manual_seed(0)
-    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    model = getattr(transformers, cls)(cfg).eval()
     with torch.no_grad():  # non-trivial norms
         for p in model.parameters():
             if p.ndim == 1:
@@ -119,13 +133,15 @@ def _make_llava(tok, folder):
     return model
 
 
-def test_llava_class_converts_its_text_model(tokenizer, tmp_path):  # noqa: F811
-    """`lazyweights convert LlavaForConditionalGeneration DIR -o model.gguf` (the class LLaVA's config.json names,
-    model_type 'llava', its Llama text model under `language_model.`): the generic adapter's GGUF, no vision
-    tensor, llama.cpp's next-token distribution equal to transformers' LLaVA model's on text."""
-    model = _make_llava(tokenizer, str(tmp_path / "hf"))
+@pytest.mark.parametrize("cls", list(_OWN_TEXT))
+def test_vl_class_converts_its_text_model_generic(cls, tokenizer, tmp_path):  # noqa: F811
+    """`lazyweights convert LlavaForConditionalGeneration DIR -o model.gguf` (and Mistral3ForConditionalGeneration:
+    the class the config.json names, model_type 'llava' / 'mistral3', the text model under `language_model.`): the
+    generic adapter's GGUF (architecture llama), no vision tensor, llama.cpp's next-token distribution equal to
+    transformers' VL model's on text."""
+    model = _make_own_text(cls, tokenizer, str(tmp_path / "hf"))
     mine, generic = str(tmp_path / "cli.gguf"), str(tmp_path / "generic.gguf")
-    assert main(["convert", "LlavaForConditionalGeneration", str(tmp_path / "hf"), "-o", mine, "--no-progress"]) == 0
+    assert main(["convert", cls, str(tmp_path / "hf"), "-o", mine, "--no-progress"]) == 0
     export_gguf(str(tmp_path / "hf"), generic)
     a, b = _tensors(mine), _tensors(generic)
     assert sorted(a) == sorted(b)
@@ -136,4 +152,4 @@ def test_llava_class_converts_its_text_model(tokenizer, tmp_path):  # noqa: F811
     assert not [n for n in a if n.startswith(("v.", "mm.")) or "vision" in n]
     ids = tokenizer(PROMPT)["input_ids"]
     kl = _kl(_logits(model, ids), llama_cpp_logits(mine, ids))
-    assert kl.max() < 1e-3, f"LlavaForConditionalGeneration: llama.cpp's next-token distribution differs ({kl.max()})"
+    assert kl.max() < 1e-3, f"{cls}: llama.cpp's next-token distribution differs ({kl.max()})"
