@@ -548,8 +548,6 @@ def position_offset(config, name: str = "embeddings.position_embeddings.weight",
 MXFP4_QUANTIZATION_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": [
     "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
 _OAI_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
-_SINKS_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.sinks$")
-_GGUF_SINKS_RE = re.compile(r"^blk\.(\d+)\.attn_sinks\.weight$")
 _GGUF_OAI_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|bias)$")
 
 
@@ -568,9 +566,9 @@ def _oai_experts_to_gguf(state: Mapping[str, Any], prefix: str) -> dict[str, Any
                 continue
             out.update(_oai_dense(layer, proj, kind, _as_wd(value, name)))
             continue
-        sm = _SINKS_RE.match(name)
-        if sm:
-            g = f"blk.{sm[1]}.attn_sinks.weight"
+        sinks = parse_layer(name)
+        if sinks is not None and sinks[0] == "model" and sinks[2] == "self_attn.sinks":
+            g = f"blk.{sinks[1]}.attn_sinks.weight"
             out[g] = _renamed(_as_wd(value, name), g)
             continue
         out[name] = value
@@ -631,11 +629,11 @@ def _oai_experts_to_hf(state: Mapping[str, Any], prefix: str, dequantize_to) -> 
         return w.astype(dequantize_to) if dequantize_to is not None and w.dtype.is_float else w
 
     for name, value in state.items():
-        m, sm = _GGUF_OAI_RE.match(name), _GGUF_SINKS_RE.match(name)
+        m, block = _GGUF_OAI_RE.match(name), parse_block(name)
         if m:
             found[(m[1], m[2], m[3])] = _as_wd(value, name)
-        elif sm:
-            hf = f"model.layers.{sm[1]}.self_attn.sinks"
+        elif block is not None and block[1] == "attn_sinks.weight":
+            hf = f"model.layers.{block[0]}.self_attn.sinks"
             ready[hf] = _renamed(fl(_as_wd(value, name)), hf)
         else:
             rest[name] = value
