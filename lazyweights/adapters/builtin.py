@@ -38,6 +38,9 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     # Mistral 3 (Mistral Small 3.1): a Mistral text model, the generic adapter's (its GGUF converts back under
     # MistralForCausalLM)
     "Mistral3ForConditionalGeneration": ("mistral3",),
+    # Idefics3 / SmolVLM: a Llama text model under `model.text_model.` (hf_export), the generic adapter's
+    "Idefics3ForConditionalGeneration": ("idefics3",),
+    "SmolVLMForConditionalGeneration": ("smolvlm",),
     "Phi3ForCausalLM": ("phi3",),
 }
 # every other family's class from its record (adapters/archs.py); a multimodal class (a VL model whose record

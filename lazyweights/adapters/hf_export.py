@@ -484,6 +484,9 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                   "model.embed_vision.", "model.embed_audio.", "model.audio_tower."))}
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}
+    # Idefics3 / SmolVLM: the text model under `model.text_model.`, beside `model.vision_model.` and `model.connector.`
+    state = {("model." + k.removeprefix("model.text_model.") if k.startswith("model.text_model.") else k): v
+             for k, v in state.items() if not k.startswith(("model.vision_model.", "model.connector."))}
     adapted = hf_to_gguf(state, _AttrDict(cfg_text), arch=arch)
     rs = rope_scaling_of(cfg_text)
     if ARCHS[mt].rope_freqs and rs is not None and (rs.get("rope_type") or rs.get("type")) == "llama3":

@@ -113,12 +113,21 @@ _OWN_TEXT = {
                                                                 num_attention_heads=2, head_dim=16, image_size=32,
                                                                 patch_size=8), dict(image_token_index=3,
                                                                                     spatial_merge_size=2)),
+    # Idefics3 / SmolVLM: the text model saved under `model.text_model.`, the tower under `model.vision_model.`
+    "Idefics3ForConditionalGeneration": ("Idefics3Config", dict(hidden_size=32, intermediate_size=48,
+                                                                num_hidden_layers=1, num_attention_heads=2,
+                                                                image_size=32, patch_size=8),
+                                         dict(image_token_id=3, scale_factor=2)),
+    "SmolVLMForConditionalGeneration": ("SmolVLMConfig", dict(hidden_size=32, intermediate_size=48,
+                                                              num_hidden_layers=1, num_attention_heads=2,
+                                                              image_size=32, patch_size=8),
+                                        dict(image_token_id=3, scale_factor=2)),
 }
 
 
 def _make_own_text(cls, tok, folder):
-    """A tiny VL model of class `cls` (LLaVA 1.5: CLIP and Llama; Mistral 3: Pixtral and Mistral) saved as
-    transformers saves it."""
+    """A tiny VL model of class `cls` (LLaVA 1.5: CLIP and Llama; Mistral 3: Pixtral and Mistral; Idefics3 and
+    SmolVLM: SigLIP and Llama) saved as transformers saves it."""
     cfg_cls, vision, outer = _OWN_TEXT[cls]
     text = dict(_LLAMA_LIKE, num_key_value_heads=2, head_dim=16, vocab_size=len(tok))
     cfg = getattr(transformers, cfg_cls)(text_config=text, vision_config=vision, **outer)
@@ -135,10 +144,10 @@ def _make_own_text(cls, tok, folder):
 
 @pytest.mark.parametrize("cls", list(_OWN_TEXT))
 def test_vl_class_converts_its_text_model_generic(cls, tokenizer, tmp_path):  # noqa: F811
-    """`lazyweights convert LlavaForConditionalGeneration DIR -o model.gguf` (and Mistral3ForConditionalGeneration:
-    the class the config.json names, model_type 'llava' / 'mistral3', the text model under `language_model.`): the
-    generic adapter's GGUF (architecture llama), no vision tensor, llama.cpp's next-token distribution equal to
-    transformers' VL model's on text."""
+    """`lazyweights convert CLASS DIR -o model.gguf` for LLaVA, Mistral 3, Idefics3 and SmolVLM (the class the
+    config.json names; the text model under `language_model.` or `model.text_model.`): the generic adapter's GGUF
+    (architecture llama), no vision tensor, llama.cpp's next-token distribution equal to transformers' VL model's on
+    text."""
     model = _make_own_text(cls, tokenizer, str(tmp_path / "hf"))
     mine, generic = str(tmp_path / "cli.gguf"), str(tmp_path / "generic.gguf")
     assert main(["convert", cls, str(tmp_path / "hf"), "-o", mine, "--no-progress"]) == 0
