@@ -277,6 +277,8 @@ def _values(mc: MmprojConfig) -> list[tuple[VParam, Any]]:
             v = _feature_layers(mc, v)
         elif p.kind == "feature_depth":
             v = max(_feature_layers(mc, v))
+        elif p.kind == "longest_edge":  # Idefics3: the image processor's size.longest_edge, else the image size
+            v = (v.get("longest_edge") if isinstance(v, Mapping) else None) or mc.vision.get("image_size")
         if v is not None:
             out.append((p, v))
     return out

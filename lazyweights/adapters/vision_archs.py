@@ -45,7 +45,8 @@ class VParam(NamedTuple):
     it is not mtmd's default 4; `pos_grid`: the image size, else sqrt(num_position_embeddings) * patch_size;
     `deepstack`: one bool per vision block, true at deepstack_visual_indexes; `feature_layers`: LLaVA's
     vision_feature_layer(s) made non-negative, an int32 array; `feature_depth`: the block count mtmd runs, the
-    deepest feature layer, the blocks past it left out). `default` stands in where no name is found (None:
+    deepest feature layer, the blocks past it left out; `longest_edge`: the image processor's size.longest_edge,
+    else the vision image size). `default` stands in where no name is found (None:
     required, unless `optional`: the row is then not written); with no names it is a fixed value."""
 
     key: str
@@ -265,6 +266,18 @@ _RECORDS: tuple[VisionArch, ...] = (
             # mtmd: RoPE theta 10000 and a GELU projector hard-coded, the tower read at its last layer
             requires={"hidden_act": "silu", "rope_theta": 10000.0},
             requires_top={"projector_hidden_act": "gelu", "vision_feature_layer": -1}),
+    # Idefics3 / SmolVLM: a SigLIP tower (post-LN kept), its patch grid pixel-unshuffled by scale_factor into one
+    # linear projector (mm.model.fc); llama.cpp keeps the embeddings float32 and writes the image processor's
+    # longest edge (mtmd resizes and slices to it)
+    *(_record(mt, cls, "idefics3", _SIGLIP_BASE,
+              (VParam("clip.vision.attention.layer_norm_epsilon", ("layer_norm_eps",), kind="f32", default=1e-5),
+               VParam("clip.vision.projector.scale_factor", ("scale_factor",), "top", default=2),
+               _fixed("clip.use_gelu", True, "bool"),
+               VParam("clip.vision.preproc_image_size", ("size",), "pre", "longest_edge", {})),
+              prefixes=("model.vision_model.", "model.connector."), f32=(".embeddings.",),
+              requires={"hidden_act": "gelu_pytorch_tanh"})
+      for mt, cls in (("idefics3", "Idefics3ForConditionalGeneration"),
+                      ("smolvlm", "SmolVLMForConditionalGeneration"))),
     # Qwen2-Audio: a Whisper encoder (two GELU conv1d, learned positions, 2x average pooling, LayerNorm) and one
     # linear projector (its `multi_modal_projector.` llama.cpp prefixes `audio.`); the conv biases stored [n, 1],
     # the conv weights float16; mtmd's graph takes 30-second windows of 3000 mel frames, 1500 positions, erf GELU

@@ -146,6 +146,20 @@ FAMILIES["mistral3"] = (
      "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": 8, "size": {"longest_edge": 64}}, (48, 64))
 SPECIAL_TOKENS = {"mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]}
 SPECIAL_TOKENS_IDS = {"[IMG]": 300, "[IMG_BREAK]": 301, "[IMG_END]": 302}  # after the shared tokenizer's 300
+# Idefics3: a SigLIP tower of 3 blocks, 8-pixel patches of a 64x64 image (its image_size and the processor's longest
+# edge: mtmd encodes one tile and the overview, the same pixels) pixel-unshuffled 2x2 into 16 tokens each; mtmd's
+# prompt template needs the image tokens, "\n\n" and the row/column marker in the vocabulary
+FAMILIES["idefics3"] = (
+    "Idefics3Config", "Idefics3ForConditionalGeneration", dict(_TEXT),
+    dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2, image_size=64,
+         patch_size=8),
+    dict(image_token_id=300, scale_factor=2),
+    {"image_processor_type": "Idefics3ImageProcessor", "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+     "size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 64}}, (64, 64))
+SPECIAL_TOKENS["idefics3"] = ["<image>", "<fake_token_around_image>", "<global-img>", "<row_1_col_1>", "\n\n"]
+# SmolVLM: the same record shape under its own class (a SmolVLM vision config)
+FAMILIES["smolvlm"] = ("SmolVLMConfig", "SmolVLMForConditionalGeneration", *FAMILIES["idefics3"][2:])
+SPECIAL_TOKENS["smolvlm"] = SPECIAL_TOKENS["idefics3"]
 # where llama.cpp's converter is wrong by leaving a tensor out (mtmd refuses its file): ours holds it
 CONVERTER_OMITS = {"mistral3": ("v.token_embd.img_break",)}
 DTYPES = ["float32", "bfloat16"]
@@ -392,6 +406,10 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
     model = getattr(transformers, FAMILIES[family][1]).from_pretrained(hf, dtype=torch.float32).eval()
     pre = FAMILIES[family][5]
     with torch.no_grad():
+        if family in ("idefics3", "smolvlm"):  # one 64x64 tile (mtmd's last image chunk: the overview, the same pixels)
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None, None].copy()))
+            return out.pooler_output[0].float().numpy()
         if family == "mistral3":  # as mtmd arranges them: the [IMG_BREAK] embedding after each row but the last
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             h, w, _ = img.shape
@@ -492,7 +510,12 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
     ids = torch.tensor([[image_id if t is None else t for t in parts]])
     is_image = torch.tensor([[int(t is None) for t in parts]])
     with torch.no_grad():
-        if family == "mistral3":  # the image chunk's [IMG_BREAK] positions are that token, the rest [IMG]
+        if family in ("idefics3", "smolvlm"):  # mtmd's tile and overview: the same 64x64 pixels, 16 tokens each
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            tile = torch.from_numpy(x.transpose(2, 0, 1)[None, None].copy())
+            tiles = tile.repeat(1, parts.count(None) // 16, 1, 1, 1)
+            out = model(input_ids=ids, pixel_values=tiles)
+        elif family == "mistral3":  # the image chunk's [IMG_BREAK] positions are that token, the rest [IMG]
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             h, w, _ = img.shape
             per_row = w // (model.config.spatial_merge_size * model.config.vision_config.patch_size) + 1
@@ -675,6 +698,7 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("lfm2_vl", dict(hidden_act="gelu"), r"lfm2_vl vision_config.hidden_act is 'gelu'; .* = 'gelu_pytorch_tanh'"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
     ("mistral3", dict(hidden_act="gelu"), r"mistral3 vision_config.hidden_act is 'gelu'; .* hidden_act = 'silu'"),
+    ("idefics3", dict(hidden_act="gelu"), r"idefics3 vision_config.hidden_act is 'gelu'; .* 'gelu_pytorch_tanh'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
     hf = str(tmp_path / "hf")
