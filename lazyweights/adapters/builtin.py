@@ -26,6 +26,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     "InternVLForConditionalGeneration": ("internvl",),
     # LFM2-VL: the text model is an LFM2 (its text_config), converted by the generic adapter
     "Lfm2VlForConditionalGeneration": ("lfm2_vl",),
+    # Llama 4: the text model is its text_config's llama4_text (MoE), converted by the generic adapter
+    "Llama4ForConditionalGeneration": ("llama4",),
     "Qwen2ForCausalLM": ("qwen2",),
     "Qwen3ForCausalLM": ("qwen3",),
     "Qwen2MoeForCausalLM": ("qwen2_moe",),

@@ -203,6 +203,27 @@ _RECORDS: tuple[VisionArch, ...] = (
             # mtmd: tanh-GELU in the tower, a GELU projector with its LayerNorm and biases
             requires={"hidden_act": "gelu_pytorch_tanh"},
             requires_top={"projector_hidden_act": "gelu", "projector_use_layernorm": True, "projector_bias": True}),
+    # Llama 4: a ViT with a class embedding, 2D RoPE and learned positions (`positional_embedding_vlm`), pre/post
+    # LayerNorm, pixel shuffled by 1 / pixel_shuffle_ratio into a GELU MLP adapter (mm.model.mlp.1, .2) and one
+    # linear projector without bias (mm.model.fc); those three named here (gguf-py's vision_adapter.mlp.fc{bid}
+    # row needs more than 2 vision blocks)
+    _record("llama4", "Llama4ForConditionalGeneration", "llama4", _SIGLIP_BASE,
+            (VParam("clip.vision.attention.layer_norm_epsilon", ("norm_eps",), kind="f32"),
+             VParam("clip.vision.projector.scale_factor", ("pixel_shuffle_ratio",), kind="inverse"),
+             _fixed("clip.use_gelu", True, "bool")),
+            prefixes=("vision_model.", "multi_modal_projector."),
+            layouts=((r"^model\.(vision_model|multi_modal_projector)\.", r"\1."),),
+            # gguf-py 0.3.36's table lists `vision_model.model.layers.{bid}.post_attention_layernorm` for Llama 4's
+            # ln2 and (later, so it wins) for Gemma 4's attn_post_norm: llama.cpp's converter names Llama 4's
+            # pre-FFN norm attn_post_norm, and mtmd then normalizes the attention output (without its bias) and not
+            # the FFN input; named ln2 here
+            names=((r"^vision_model\.model\.layers\.(\d+)\.post_attention_layernorm\.", r"v.blk.\1.ln2."),
+                   (r"^vision_model\.positional_embedding_vlm$", "v.position_embd.weight"),
+                   (r"^vision_model\.vision_adapter\.mlp\.fc(1|2)\.", r"mm.model.mlp.\1."),
+                   (r"^multi_modal_projector\.linear_1\.weight$", "mm.model.fc.weight")),
+            # mtmd: a GELU tower and a projector without bias (llama.cpp's converter would name a bias
+            # mm.model.fc.weight too)
+            requires={"hidden_act": "gelu", "multi_modal_projector_bias": False}),
     # Qwen2.5-VL: window attention every n_wa_pattern-th block full (mtmd's window is 112 pixels), SwiGLU MLP,
     # 2x2 spatial merge (mtmd's default; the converter writes no merge size), two-frame temporal patches
     _record("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen2.5vl_merger",

@@ -108,6 +108,20 @@ FAMILIES = {
                 dict(image_token_id=3, projector_hidden_size=64, downsample_factor=2),
                 {"image_processor_type": "Lfm2VlImageProcessorFast", "image_mean": [0.5, 0.5, 0.5],
                  "image_std": [0.5, 0.5, 0.5]}, (256, 256)),
+    # Llama 4 (MoE text as test_arch_more's llama4_text: 4 layers, MoE on layers 1 and 3, layer 3 RoPE-free): a
+    # 3-block ViT (gguf-py names the adapter only below the block count) on one 56x56 tile (its image_size: mtmd
+    # neither slices nor resizes it), 4x4 patches pixel-shuffled 2x2 into 4 tokens; the tower's intermediate size is
+    # 4x its width, as the pixel-shuffle adapter needs
+    "llama4": ("Llama4Config", "Llama4ForConditionalGeneration",
+               dict(_TEXT, intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=4, num_local_experts=4,
+                    num_experts_per_tok=1, interleave_moe_layer_step=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+               dict(hidden_size=32, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2, image_size=56,
+                    patch_size=14, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64,
+                    pixel_shuffle_ratio=0.5),
+               dict(image_token_index=3),
+               {"image_processor_type": "Llama4ImageProcessorFast", "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5]}, (56, 56)),
     # LLaVA 1.5: a CLIP tower (class embedding, pre-LN, quick-GELU) of 3 blocks read at hidden state -2 (mtmd runs
     # 2 of them), 16 patch tokens of a 56x56 image (its image_size: neither side resizes) through the GELU MLP
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", dict(_TEXT),
@@ -252,6 +266,12 @@ CONVERTER_INPUT = {"internvl": _intern_s1_layout}
 # where llama.cpp's converter is wrong: InternVL's position embedding, whose CLS row mtmd's graph adds last (ours
 # stores it last, so mtmd's embeddings equal transformers'; with the converter's every patch gets its neighbour's)
 CLS_ROW_LAST = {"internvl": "v.position_embd.weight"}
+# where llama.cpp's converter names a tensor wrongly: (its name's pattern, ours). Llama 4's pre-FFN norm, which
+# gguf-py's table (shared with Gemma 4's post-attention norm) makes attn_post_norm: mtmd then computes another graph
+CONVERTER_MISNAMES = {"llama4": (r"\.attn_post_norm\.", ".ln2.")}
+# where mtmd's graph emits the image tokens in another order than transformers: Llama 4's pixel shuffle lacks
+# transformers' second permute, so mtmd's merged tokens come column by column (a square grid transposed)
+MTMD_TRANSPOSED = {"llama4"}
 
 
 def llama_cpp_mmproj(hf: str, out: str, outtype: str) -> str:
@@ -282,6 +302,10 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     for name in CONVERTER_OMITS.get(family, ()):  # ours holds it, llama.cpp's converter leaves it out
         assert name in mine and name not in theirs, name
         del mine[name]
+    if family in CONVERTER_MISNAMES:  # the same tensors, named as mtmd reads them
+        pattern, ours = CONVERTER_MISNAMES[family]
+        assert any(re.search(pattern, n) for n in theirs) and not any(re.search(pattern, n) for n in mine)
+        theirs = {re.sub(pattern, ours, n): v for n, v in theirs.items()}
     assert sorted(mine) == sorted(theirs)
     if family in CLS_ROW_LAST:  # the same rows, the CLS one (first in theirs) moved last
         name = CLS_ROW_LAST[family]
@@ -295,7 +319,7 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     assert _fields(os.path.join(d, "mmproj.gguf")) == _fields(ref)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl", "lfm2_vl"])
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl", "lfm2_vl", "llama4"])
 def test_command_line_writes_both_files(family, folders, tmp_path):
     """`lazyweights convert CLASS DIR -o text.gguf --mmproj mmproj.gguf` writes the same two files as
     `export_gguf_with_mmproj` (the text model under its own class name, issue 39 part 1)."""
@@ -433,6 +457,11 @@ def transformers_embeddings(family: str, hf: str, img: np.ndarray) -> np.ndarray
             pixels, pos = gemma4_patches(img, pre["patch_size"])
             out = model.get_image_features(pixel_values=pixels[None], image_position_ids=pos[None])
             return out.pooler_output[0].float().numpy()
+        if family == "llama4":  # the tower and adapter, then the projector (as Llama4ForConditionalGeneration)
+            x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
+            out = model.get_image_features(pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
+            feats = out.last_hidden_state
+            return model.multi_modal_projector(feats.reshape(-1, feats.shape[-1])).float().numpy()
         if family == "lfm2_vl":
             return model.get_image_features(**lfm2_patches(img, pre)).pooler_output[0].float().numpy()
         if family == "internvl":  # the whole image as one tile (InternVLModel.forward's feature layer and strategy)
@@ -497,6 +526,13 @@ def test_mtmd_embeddings_equal_transformers(family, dtype, folders, request):
     assert got.shape == ref.shape, (got.shape, ref.shape)
     cos, rel = compare(ref, got)
     print(f"\n{family} {dtype}: {ref.shape[0]} image tokens, min cosine {cos:.7f}, max rel error {rel:.3g}")
+    if family in MTMD_TRANSPOSED:  # mtmd's order: transformers' tokens of a square grid transposed
+        assert cos <= 0.9999, f"{family} {dtype}: mtmd's token order is now transformers' (drop MTMD_TRANSPOSED)"
+        g = int(round(ref.shape[0] ** 0.5))
+        ref = ref.reshape(g, g, -1).transpose(1, 0, 2).reshape(g * g, -1)
+        cos, rel = compare(ref, got)
+        print(f"{family} {dtype}: transformers' tokens transposed as mtmd orders them: min cosine {cos:.7f}, max rel "
+              f"error {rel:.3g}")
     assert cos > 0.9999, f"{family} {dtype}: mtmd's image embeddings differ from transformers' (cosine {cos})"
 
 
@@ -537,6 +573,15 @@ def transformers_next_token(family: str, hf: str, img: np.ndarray, parts: list) 
                         mm_token_type_ids=is_image)
         elif family == "lfm2_vl":
             out = model(input_ids=ids, **lfm2_patches(img, pre))
+        elif family == "llama4":  # transformers 5.24's Llama4ForConditionalGeneration.forward fails (its output
+            # object asks the text model's for image_outputs): its own steps, the image features placed in mtmd's
+            # (transposed) order, as mtmd gives them to the text model
+            feats = torch.from_numpy(transformers_embeddings(family, hf, img))
+            g = int(round(feats.shape[0] ** 0.5))
+            feats = feats.reshape(g, g, -1).transpose(0, 1).reshape(g * g, -1)
+            embeds = model.get_input_embeddings()(ids)
+            embeds[is_image.bool()] = feats.to(embeds.dtype)
+            return model.language_model(inputs_embeds=embeds).logits[0, -1].float().numpy()
         elif family == "internvl":
             x = (img.astype(np.float32) / 255.0 - np.float32(pre["image_mean"])) / np.float32(pre["image_std"])
             out = model(input_ids=ids, pixel_values=torch.from_numpy(x.transpose(2, 0, 1)[None].copy()))
@@ -696,6 +741,9 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("internvl", dict(norm_type="rms_norm"), r"vision_config.norm_type is 'rms_norm'; .* norm_type = 'layer_norm'"),
     ("internvl", dict(hidden_act="relu"), r"vision_config.hidden_act is 'relu'; .* = 'gelu' or 'silu'"),
     ("lfm2_vl", dict(hidden_act="gelu"), r"lfm2_vl vision_config.hidden_act is 'gelu'; .* = 'gelu_pytorch_tanh'"),
+    ("llama4", dict(hidden_act="silu"), r"llama4 vision_config.hidden_act is 'silu'; .* hidden_act = 'gelu'"),
+    ("llama4", dict(multi_modal_projector_bias=True), r"multi_modal_projector_bias is True; .* = False"),
+    ("llama4", dict(pixel_shuffle_ratio=0.3), r"llama4: pixel_shuffle_ratio is 0.3; mtmd needs 1 / pixel_shuffle"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
     ("mistral3", dict(hidden_act="gelu"), r"mistral3 vision_config.hidden_act is 'gelu'; .* hidden_act = 'silu'"),
     ("idefics3", dict(hidden_act="gelu"), r"idefics3 vision_config.hidden_act is 'gelu'; .* 'gelu_pytorch_tanh'"),
