@@ -100,9 +100,11 @@ def check_mmproj_config(config: Mapping[str, Any], folder: str | None) -> Mmproj
                                 f"there is no {rec.modality} tower to write as an mmproj")
     vision = dict(vision)
     text = {**cfg, **(cfg.get("text_config") or {})}
+    # a nested value by its dotted name too (transformers 5's `rope_parameters.rope_theta`)
+    flat = {**vision, **{f"{k}.{k2}": v2 for k, v in vision.items() if isinstance(v, Mapping) for k2, v2 in v.items()}}
     for key, want in rec.requires.items():
-        if key in vision and vision[key] not in (want if isinstance(want, tuple) else (want,)):  # a tuple: any
-            raise VisionConfigError(f"{mt} {ckey}.{key} is {vision[key]!r}; llama.cpp's mtmd computes "
+        if key in flat and flat[key] not in (want if isinstance(want, tuple) else (want,)):  # a tuple: any
+            raise VisionConfigError(f"{mt} {ckey}.{key} is {flat[key]!r}; llama.cpp's mtmd computes "
                                     f"{rec.hf_class}'s {rec.modality} tower only with {key} = "
                                     f"{' or '.join(map(repr, want)) if isinstance(want, tuple) else repr(want)}")
     for key, want in rec.requires_top.items():

@@ -285,7 +285,7 @@ _RECORDS: tuple[VisionArch, ...] = (
             token_rows=(("[IMG_BREAK]", r"^(model\.)?language_model\.(model\.)?embed_tokens\.weight$",
                          "v.token_embd.img_break"),),
             # mtmd: RoPE theta 10000 and a GELU projector hard-coded, the tower read at its last layer
-            requires={"hidden_act": "silu", "rope_theta": 10000.0},
+            requires={"hidden_act": "silu", "rope_theta": 10000.0, "rope_parameters.rope_theta": 10000.0},
             requires_top={"projector_hidden_act": "gelu", "vision_feature_layer": -1}),
     # Idefics3 / SmolVLM: a SigLIP tower (post-LN kept), its patch grid pixel-unshuffled by scale_factor into one
     # linear projector (mm.model.fc); llama.cpp keeps the embeddings float32 and writes the image processor's

@@ -746,6 +746,8 @@ def test_missing_preprocessor_config(tokenizer, tmp_path):  # noqa: F811
     ("llama4", dict(pixel_shuffle_ratio=0.3), r"llama4: pixel_shuffle_ratio is 0.3; mtmd needs 1 / pixel_shuffle"),
     ("llava", dict(hidden_act="gelu"), r"llava vision_config.hidden_act is 'gelu'; .* hidden_act = 'quick_gelu'"),
     ("mistral3", dict(hidden_act="gelu"), r"mistral3 vision_config.hidden_act is 'gelu'; .* hidden_act = 'silu'"),
+    ("mistral3", dict(rope_parameters={"rope_theta": 1e6, "rope_type": "axial"}),
+     r"mistral3 vision_config.rope_parameters.rope_theta is 1000000.0; .* = 10000.0"),
     ("idefics3", dict(hidden_act="gelu"), r"idefics3 vision_config.hidden_act is 'gelu'; .* 'gelu_pytorch_tanh'"),
 ])
 def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer, tmp_path):  # noqa: F811
