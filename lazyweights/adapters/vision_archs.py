@@ -179,8 +179,11 @@ _RECORDS: tuple[VisionArch, ...] = (
             # llama.cpp's converter stores them as saved (CLS first), so there every patch gets its left neighbour's
             # position: the CLS row is stored last instead (tests/adapters/test_mmproj.py, test_mmproj_identical_...)
             cls_last="v.position_embd.weight",
-            # mtmd: LayerNorm (RMSNorm only for the 6B tower, picked by its shape), a GELU or SiLU MLP
-            requires={"hidden_act": ("gelu", "silu"), "norm_type": "layer_norm"}),
+            # mtmd: LayerNorm (RMSNorm only for the 6B tower, picked by its shape), a GELU or SiLU MLP; the last
+            # layer's patch tokens (CLS dropped) through a GELU projector
+            requires={"hidden_act": ("gelu", "silu"), "norm_type": "layer_norm"},
+            requires_top={"projector_hidden_act": "gelu", "vision_feature_layer": -1,
+                          "vision_feature_select_strategy": "default"}),
     # LFM2-VL: a SigLIP2 NaFlex tower (a linear patch embedding over (row, column, channel), stored as a conv; a
     # 16x16 learned position grid mtmd and transformers resize to the image) read at vision_feature_layer, pixel
     # unshuffled by downsample_factor into a LayerNorm-linear-GELU-linear projector (mm.input_norm, mm.1, mm.2, named

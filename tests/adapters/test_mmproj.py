@@ -857,6 +857,23 @@ def test_internvl_downsample_ratio_mtmd_cannot_compute(tokenizer, tmp_path):  # 
 
 
 
+
+@pytest.mark.parametrize("key,value", [("vision_feature_layer", -2), ("projector_hidden_act", "silu"),
+                                       ("vision_feature_select_strategy", "full")])
+def test_internvl_outer_config_mtmd_cannot_compute(key, value, tokenizer, tmp_path):  # noqa: F811
+    """InternVL: mtmd reads the last layer's patch tokens (CLS dropped) through a GELU projector; config.json saying
+    otherwise is named, nothing written."""
+    hf = str(tmp_path / "hf")
+    make_vl("internvl", "float32", tokenizer, hf)
+    path = os.path.join(hf, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(cfg, **{key: value}), fh)
+    with pytest.raises(VisionConfigError, match=rf"internvl config.json {key} is {value!r}; .* {key} = "):
+        export_mmproj(hf, tmp_path / "m.gguf")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
 def test_lfm2_vl_projector_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
     """LFM2-VL's projector without its LayerNorm (config.json projector_use_layernorm false): mtmd's lfm2 graph
     always normalizes, so it is named before any tensor is read, nothing written."""
