@@ -43,6 +43,8 @@ BUILTIN: dict[str, tuple[str, ...]] = {
     # Idefics3 / SmolVLM: a Llama text model under `model.text_model.` (hf_export), the generic adapter's
     "Idefics3ForConditionalGeneration": ("idefics3",),
     "SmolVLMForConditionalGeneration": ("smolvlm",),
+    # Qwen2-Audio: a Qwen2 text model (its text_config) beside a Whisper encoder (`audio_tower.`, left out)
+    "Qwen2AudioForConditionalGeneration": ("qwen2_audio",),
     "Phi3ForCausalLM": ("phi3",),
 }
 # every other family's class from its record (adapters/archs.py); a multimodal class (a VL model whose record

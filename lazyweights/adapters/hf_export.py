@@ -481,7 +481,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     state = {k.removeprefix("language_model."): v for k, v in state_dict.items()
              if not k.startswith(("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                                   "model.multi_modal_projector.", "visual.", "model.visual.",
-                                  "model.embed_vision.", "model.embed_audio.", "model.audio_tower.",
+                                  "model.embed_vision.", "model.embed_audio.", "model.audio_tower.", "audio_tower.",
                                   "vision_model.", "model.vision_model."))}  # Llama 4's tower
     state = {("model." + k.removeprefix("model.language_model.") if k.startswith("model.language_model.") else k): v
              for k, v in state.items()}

@@ -921,9 +921,8 @@ def make_audio(family: str, dtype: str, tok, folder: str, **audio_overrides):
 
 
 def _text_half_gguf(model, tok, folder: str, out: str) -> None:
-    """The language model alone as a Qwen2ForCausalLM folder, converted by lazyweights (mtmd loads the mmproj
-    beside a text model; lazyweights does not yet convert Qwen2AudioForConditionalGeneration's text half under
-    its own class name)."""
+    """The language model alone as a Qwen2ForCausalLM folder, converted by lazyweights: the reference the text half
+    converted under Qwen2AudioForConditionalGeneration is held to (test_audio_command_line_writes_both_files)."""
     from lazyweights.adapters import export_gguf
 
     lm = transformers.Qwen2ForCausalLM(model.config.text_config)
@@ -932,6 +931,39 @@ def _text_half_gguf(model, tok, folder: str, out: str) -> None:
     lm.float().save_pretrained(folder)
     tok.save_pretrained(folder)
     export_gguf(folder, out)
+
+
+def test_audio_command_line_writes_both_files(audio_folders, tmp_path):
+    """`lazyweights convert Qwen2AudioForConditionalGeneration DIR -o text.gguf --mmproj mmproj.gguf`: the text half
+    under its own class name (the Whisper encoder's `audio_tower.` left out) equals the Qwen2ForCausalLM folder's
+    GGUF tensor for tensor, and the mmproj equals export_mmproj's."""
+    from lazyweights.tools.cli import main
+
+    for dtype in DTYPES:
+        d = audio_folders["qwen2_audio", dtype]
+        out, mm = str(tmp_path / f"text-{dtype}.gguf"), str(tmp_path / f"mmproj-{dtype}.gguf")
+        assert main(["convert", "Qwen2AudioForConditionalGeneration", os.path.join(d, "hf"), "-o", out,
+                     "--mmproj", mm, "--no-progress"]) == 0
+        assert _tensors(mm) == _tensors(os.path.join(d, "mmproj.gguf"))
+        assert _fields(mm) == _fields(os.path.join(d, "mmproj.gguf"))
+        # the reference folder was saved in float32 (`_text_half_gguf`): the same values, bf16 ones widened
+        got, ref = _values(out), _values(os.path.join(d, "text.gguf"))
+        assert sorted(got) == sorted(ref)
+        for name in ref:
+            assert got[name].shape == ref[name].shape and np.array_equal(got[name], ref[name]), name
+
+
+def _values(path):
+    """name -> the tensor's values as float32 (F32, F16 and BF16 tensors), by gguf-py's reader."""
+    import ml_dtypes
+
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        data = np.asarray(t.data)
+        if t.tensor_type.name == "BF16":
+            data = data.view(np.uint16).view(ml_dtypes.bfloat16)
+        out[t.name] = data.astype(np.float32).reshape([int(x) for x in reversed(t.shape)])
+    return out
 
 
 @pytest.fixture(scope="module")
