@@ -20,6 +20,24 @@ two steps   step 1: compressed-tensors' own model-free decompression to disk (`c
 Each run is a fresh subprocess; wall time and peak RssAnon (private memory, sampled from /proc every 20 ms;
 mapped file pages excluded), `sync` before each. The two GGUFs must hold the same tensors (types and bytes):
 values equal to compressed-tensors' decompression, through the whole conversion.
+
+Sparse (`--sparse sparse-24-bitmask,sparse-bitmask`; `--schemes none` skips the quantized checkpoints):
+`--sparse-weights` bf16 weights of `--sparse-shape` (default 8 of 4096x4096: 256 MB dense), half their values
+zero (2:4: two of every four kept; bitmask: each value kept with probability 1/2), written in compressed-tensors
+0.14's layout (values in C order, packbits(little) masks, int64 shape, row offsets for sparse-bitmask; as
+tests/formats/test_compressed_tensors_sparse.py writes them). compressed-tensors 0.20 can neither read nor write
+sparse checkpoints, so there is no peer from it: the contestants are
+
+lazyweights `load_weights(folder)` and `plan(every dense weight).materialize()` into memory (the `scatter` op)
+numpy       compressed-tensors' own `bitmask_decompress` algorithm in numpy: `unpackbits` the mask, then
+            `dense[mask] = values` into zeros, one weight at a time
+floor       a copy of the same stored bytes (values, masks) from a fresh map into fresh memory, then the dense
+            bytes written once (a fill of fresh memory): bytes read + bytes written
+
+each in a fresh process, memory warmed right before, interleaved, medians of `--reps`; the time printed is the
+child's own, from after its imports (numpy, lazyweights) to the last dense byte (opening the folder included),
+and the wall time of the whole process (start-up and imports included) beside it. lazyweights' dense
+weights are checked bit-identical to the numpy reference first.
 """
 import argparse
 import os
@@ -99,6 +117,167 @@ def same_tensors(a, b):
     return f"{'yes' if not bad else f'NO: {len(bad)} differ, e.g. {bad[:3]}'} ({len(ra)} tensors)"
 
 
+SPARSE_CHILD = r"""
+import json, sys, time
+import numpy as np
+kind, folder, out = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "lazyweights":
+    from lazyweights import load_weights, plan
+t0 = time.perf_counter()
+if kind == "lazyweights":
+    w = load_weights(folder)
+    got = plan({n: w[n].data() for n, _ in w.items()}).materialize()
+    touched = sum(a.nbytes for a in got.values())
+else:
+    with open(folder + "/model.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        head = json.loads(f.read(n))
+    mm = np.memmap(folder + "/model.safetensors", np.uint8, "r", offset=8 + n)
+    part = {k: mm[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
+    modules = sorted(k[:-8] for k in part if k.endswith(".bitmask"))
+    touched = 0
+    for m in modules:
+        shape = tuple(int(x) for x in part[m + ".shape"].view(np.int64).reshape(-1))
+        if kind == "floor":  # the stored bytes copied into fresh memory, the dense bytes written once
+            stored = [np.array(part[m + s]) for s in (".compressed", ".bitmask")]
+            dense = np.empty(shape[0] * shape[1] * 2, np.uint8)
+            dense.fill(1)
+        else:  # compressed-tensors' bitmask_decompress, in numpy
+            mask = np.unpackbits(np.array(part[m + ".bitmask"]).reshape(shape[0], -1), axis=-1, count=shape[1],
+                                 bitorder="little").astype(bool)
+            dense = np.zeros(shape, np.uint16)
+            dense[mask] = part[m + ".compressed"].view(np.uint16)
+        touched += dense.nbytes
+with open(out, "w") as fh:
+    fh.write(f"{time.perf_counter() - t0} {touched}")
+"""
+
+
+def write_sparse(folder, fmt, count, rows, cols, seed=0):
+    """`count` bf16 weights [rows, cols], half zero, in compressed-tensors 0.14's sparse layout (written by hand:
+    safetensors.numpy has no bfloat16). Returns (stored bytes, dense bytes)."""
+    import json
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    header, blobs, off = {}, [], 0
+
+    def add(name, dtype, arr):
+        nonlocal off
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+
+    for i in range(count):
+        m = f"model.layers.{i}.mlp.up_proj"
+        if fmt == "sparse-24-bitmask":  # one of the six 2-of-4 patterns per group of four
+            patterns = np.array([[1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1], [0, 0, 1, 1]],
+                                bool)
+            mask = patterns[rng.integers(0, 6, rows * cols // 4)].reshape(rows, cols)
+        else:
+            mask = rng.random((rows, cols), np.float32) < 0.5
+        n = int(mask.sum())
+        bits = (rng.standard_normal(n, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        bits[(bits & 0x7FFF) == 0] = 0x3F80  # no stored zero: the mask alone says which values are kept
+        if fmt == "sparse-24-bitmask":
+            add(m + ".compressed", "BF16", bits.reshape(rows, cols // 2))
+            add(m + ".shape", "I64", np.array([rows, cols], np.int64).reshape(-1, 1))
+        else:
+            counts = mask.sum(1)
+            add(m + ".compressed", "BF16", bits)
+            add(m + ".row_offsets", "I64", (np.cumsum(counts) - counts).astype(np.int64))
+            add(m + ".shape", "I64", np.array([rows, cols], np.int64))
+        add(m + ".bitmask", "U8", np.packbits(mask, axis=-1, bitorder="little"))
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as fh:
+        fh.write(len(head).to_bytes(8, "little"))
+        fh.write(head)
+        for b in blobs:
+            fh.write(b)
+    qc = {"quant_method": "compressed-tensors", "sparsity_config": {"format": fmt, "targets": ["Linear"]}}
+    with open(os.path.join(folder, "config.json"), "w") as fh:
+        json.dump({"quantization_config": qc}, fh)
+    stored = sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+                 if k.endswith((".compressed", ".bitmask")))
+    return stored, count * rows * cols * 2
+
+
+def sparse_identical(folder):
+    """lazyweights' dense weights against compressed-tensors' bitmask_decompress algorithm in numpy, bit for bit."""
+    import json
+
+    import numpy as np
+
+    from lazyweights import load_weights, plan
+
+    w = load_weights(folder)
+    got = plan({n: w[n].data() for n, _ in w.items()}).materialize()
+    with open(folder + "/model.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        head = json.loads(f.read(n))
+    mm = np.memmap(folder + "/model.safetensors", np.uint8, "r", offset=8 + n)
+    part = {k: mm[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in head.items() if k != "__metadata__"}
+    bad = []
+    for m in sorted(k[:-8] for k in part if k.endswith(".bitmask")):
+        shape = tuple(int(x) for x in part[m + ".shape"].view(np.int64).reshape(-1))
+        mask = np.unpackbits(np.array(part[m + ".bitmask"]).reshape(shape[0], -1), axis=-1, count=shape[1],
+                             bitorder="little").astype(bool)
+        want = np.zeros(shape, np.uint16)
+        want[mask] = part[m + ".compressed"].view(np.uint16)
+        mine = got[m + ".weight"]
+        if mine.dtype.itemsize != 2 or not np.array_equal(np.ascontiguousarray(mine).view(np.uint16), want):
+            bad.append(m)
+    return f"{'yes' if not bad else f'NO: {len(bad)} differ, e.g. {bad[:2]}'} ({len(got)} weights)"
+
+
+def warm_memory(gib=2):
+    """Touch and free a few GiB so the contestant's fresh memory is not the host's cold memory
+    (ARCHITECTURE.md: these VMs hand freed memory back to their host about 2 s after a process frees it)."""
+    b = bytearray(gib << 30)
+    for i in range(0, len(b), 1 << 12):
+        b[i] = 1
+    del b
+
+
+def sparse_section(a, scratch):
+    import statistics
+
+    rows, cols = (int(x) for x in a.sparse_shape.lower().split("x"))
+    print(f"sparse: {a.sparse_weights} bf16 weights of {rows}x{cols}, half zero; medians of {a.reps} "
+          "(child's own seconds after start-up; wall seconds of the whole process in brackets)")
+    print(f"{'format':18} {'stored MB':>9} {'dense MB':>8} | {'lazyweights s':>19} {'peak':>7} | "
+          f"{'numpy (ct) s':>19} {'peak':>7} | {'floor s':>17} | {'vs numpy':>8} {'vs floor':>8} | identical")
+    for fmt in a.sparse.split(","):
+        folder = os.path.join(scratch, f"sparse-{fmt}")
+        stored, dense = write_sparse(folder, fmt, a.sparse_weights, rows, cols)
+        same = sparse_identical(folder)
+        runs = {k: [] for k in ("lazyweights", "numpy", "floor")}
+        res = os.path.join(scratch, "sparse-child.txt")
+        for _ in range(a.reps):
+            for k in runs:
+                warm_memory()
+                wall, peak = measured([sys.executable, "-c", SPARSE_CHILD, k, folder, res])
+                with open(res) as fh:
+                    inner, touched = fh.read().split()
+                assert int(touched) == dense, (k, touched, dense)
+                runs[k].append((float(inner), wall, peak))
+        med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v), max(r[2] for r in v))
+               for k, v in runs.items()}
+
+        def cell(k, med=med):
+            return f"{med[k][0]:7.3f} [{med[k][1]:5.2f}] {med[k][2] / 2**20:5.0f}MB"
+
+        lw, npy, fl = med["lazyweights"][0], med["numpy"][0], med["floor"][0]
+        print(f"{fmt:18} {stored / 1e6:9.0f} {dense / 1e6:8.0f} | {cell('lazyweights'):>27} | "
+              f"{cell('numpy'):>27} | {fl:7.3f} [{med['floor'][1]:5.2f}] | {npy / lw:7.2f}x {lw / fl:7.2f}x | {same}",
+              flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--schemes", default="W4A16,FP8_BLOCK")
@@ -107,16 +286,23 @@ def main():
     ap.add_argument("--scratch", default=None)
     ap.add_argument("--budget", default="256MB")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--sparse", default="", help="sparse formats to time, e.g. sparse-24-bitmask,sparse-bitmask")
+    ap.add_argument("--sparse-shape", default="4096x4096")
+    ap.add_argument("--sparse-weights", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the sparse contestants")
     a = ap.parse_args()
     scratch = a.scratch or tempfile.mkdtemp(prefix="lw-ct-")
     os.makedirs(scratch, exist_ok=True)
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "formats")
     lw = [sys.executable, "-m", "lazyweights", "convert", "LlamaForCausalLM"]
     opts = ["--no-progress", "--no-tokenizer", "--budget", a.budget, "--workers", str(a.threads), "--format", "gguf"]
-    print(f"{a.threads} threads, budget {a.budget}")
-    print(f"{'checkpoint':22} {'preset':7} {'one pass s':>10} {'peak':>8} | {'decompress s':>12} {'convert s':>9} "
-          f"{'total s':>8} {'peak':>8} | {'speedup':>7} identical")
-    for scheme in a.schemes.split(","):
+    if a.sparse:
+        sparse_section(a, scratch)
+    if a.schemes != "none":
+        print(f"{a.threads} threads, budget {a.budget}")
+        print(f"{'checkpoint':22} {'preset':7} {'one pass s':>10} {'peak':>8} | {'decompress s':>12} "
+              f"{'convert s':>9} {'total s':>8} {'peak':>8} | {'speedup':>7} identical")
+    for scheme in [] if a.schemes == "none" else a.schemes.split(","):
         ct = os.path.join(scratch, f"ct-{scheme}")
         if not os.path.exists(os.path.join(ct, "config.json")):
             subprocess.run([sys.executable, "-c", BUILD, scheme, ct, tests, str(a.layers)], check=True,
