@@ -398,14 +398,14 @@ def gguf_metadata_from_hf(config: Mapping[str, Any], *, name: str | None = None,
 def file_type_of(state: Mapping[str, Any]) -> tuple[int, bool]:
     """(`general.file_type`, any tensor quantized) for the tensors a GGUF will hold: the type of the most
     bytes among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp);
-    `lazyweights.formats.save.gguf_file_type`, which `Plan.save` applies to a converter's metadata.
+    `lazyweights.formats.gguf_writer.gguf_file_type`, which `Plan.save` applies to a converter's metadata.
 
     >>> import numpy as np; from lazyweights import WeightData, DType
     >>> w = WeightData.from_numpy(np.zeros((4, 4), np.float32), "w").astype(DType.bfloat16)
     >>> file_type_of({"w": w})
     (32, False)
     """
-    from ..formats.save import gguf_file_type
+    from ..formats.gguf_writer import gguf_file_type
 
     return gguf_file_type(state)
 
@@ -503,7 +503,9 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         adapted.update(_longrope_tensors(cfg_text))
     if ARCHS[mt].gemma4:
         adapted["rope_freqs.weight"] = WeightData.from_numpy(gemma4_rope_freqs(cfg_text), "rope_freqs.weight")
-    if cfg_text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", ARCHS[mt].tied)):
+    # tied as transformers ties: a multimodal class reads its own (outer) config's value before its text_config's
+    # (Qwen3-VL MoE: text_config true, the outer config false, lm_head.weight saved and used)
+    if cfg.get("tie_word_embeddings", cfg_text.get("tie_word_embeddings", ARCHS[mt].tied)):
         adapted.pop("output.weight", None)  # tied: llama.cpp reuses token_embd
     ftype, quantized = file_type_of(adapted)
     try:

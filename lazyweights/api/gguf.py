@@ -51,8 +51,7 @@ def write_gguf(path, tensors: Mapping[str, Any], metadata: Mapping[str, Any] | N
     `general.architecture` is a GGUFConfigError before anything is written, unless
     `require_architecture=False` (a bare tensor container).
     """
-    from ..formats.gguf_writer import GGUFLayout, GGUFStreamWriter
-    from ..formats.save import check_gguf_architecture
+    from ..formats.gguf_writer import GGUFLayout, GGUFStreamWriter, check_gguf_architecture
 
     if require_architecture:
         check_gguf_architecture(metadata, path)

@@ -129,7 +129,7 @@ class Plan:
              quant_options: Mapping | None = None, workers: int | None = None,
              block_bytes: int | None = None, alignment: int | None = None,
              require_architecture: bool = True) -> list[str]:
-        """Stream the outputs to `path` (see `lazyweights.formats.save`), the one save every output goes
+        """Stream the outputs to `path` (see `lazyweights.api.save`), the one save every output goes
         through; atomic; returns the files written.
 
         - `x.safetensors`: one file (`metadata`: its string header metadata).
@@ -167,7 +167,7 @@ class Plan:
                                   workers=workers, block_bytes=block_bytes, alignment=alignment,
                                   require_architecture=require_architecture)
         from ..formats.gguf_writer import TensorMeta
-        from ..formats.save import save
+        from .save import save
 
         meta = {n: TensorMeta(w.dtype, w.shape, w.quantization_encoding) for n, w in self.tensors.items()}
         return save(self.outputs, path, format=format or ("gguf" if is_gguf else "safetensors"), tensor_meta=meta,
@@ -178,7 +178,7 @@ class Plan:
 
     def _gguf_metadata(self, metadata: Mapping | None) -> Mapping | None:
         """The GGUF metadata a save writes: the caller's, else the plan's (a converter's: its
-        `general.file_type` recomputed from the tensors, `formats.save.with_file_type`)."""
+        `general.file_type` recomputed from the tensors, `formats.gguf_writer.with_file_type`)."""
         if metadata is not None:
             return metadata
         if self.metadata is None or not self._retype:
@@ -186,7 +186,7 @@ class Plan:
         from gguf.constants import Keys  # a GGUF save: gguf is imported by its writer anyway
 
         if Keys.General.FILE_TYPE in self.metadata:
-            from ..formats.save import with_file_type
+            from ..formats.gguf_writer import with_file_type
 
             return with_file_type(self.metadata, self.tensors)
         return self.metadata

@@ -11,8 +11,10 @@ Three layers, so a scheduler can drive the writing:
   `commit()` checks every tensor was written completely, fsyncs, renames atomically to `path` and fsyncs
   the directory; `abort()` removes the temporary file. As a context manager it commits on success and
   aborts on an exception, so a failed conversion never leaves a half-written file under the final name.
-- `formats/save.save_gguf_outputs` drives them from the block scheduler (`Plan.save(..., format="gguf")`);
+- `api/save.save_gguf_outputs` drives them from the block scheduler (`Plan.save(..., format="gguf")`);
   `api/gguf.py` has the tensor-at-a-time `write_gguf`/`save_gguf` for adapted state dicts.
+- `check_gguf_architecture`, `gguf_file_type` and `with_file_type` (below) check and complete the metadata
+  a save writes.
 
 Tensors are written in numpy order and converted back to GGUF's `ne` (reversed) here: an unquantized
 `float32[11008, 4096]` is `ne=[4096, 11008]`; a quantized `uint8[rows, row_bytes]` with encoding Q4_K is
@@ -37,16 +39,32 @@ Example:
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
+from gguf.constants import (
+    GGML_QUANT_SIZES,
+    GGML_QUANT_VERSION,
+    GGMLQuantizationType,
+    GGUFValueType,
+    Keys,
+    LlamaFileType,
+)
 
 from ..core.dtype import DType
-from ..core.errors import ArgumentTypeError, DTypeError, MissingWeightError, ShapeError, UsageError, WriteError
+from ..core.errors import (
+    ArgumentTypeError,
+    DTypeError,
+    GGUFConfigError,
+    MissingWeightError,
+    ShapeError,
+    UsageError,
+    WriteError,
+)
 from ..core.quantization import QuantizationEncoding
 from ..graph.node import Node
 from ..graph.opcodes import Op
@@ -551,3 +569,88 @@ def _add_interval(spans: list[list[int]], a: int, b: int) -> None:
         else:
             merged.append(s)
     spans[:] = merged
+
+
+def check_gguf_architecture(metadata: Mapping | None, path) -> None:
+    """GGUFConfigError naming `path` and the key unless `metadata` holds a `general.architecture` string (as a
+    value or a `GGUFValue`): llama.cpp refuses a GGUF without one, so writing it is a mistake, found before a
+    byte is written.
+
+    Example:
+        >>> check_gguf_architecture({"general.architecture": "llama"}, "x.gguf")
+        >>> try:
+        ...     check_gguf_architecture({"general.name": "x"}, "x.gguf")
+        ... except ValueError as e:
+        ...     print(str(e).split(";")[0])
+        x.gguf: the GGUF metadata has no general.architecture (its 1 keys: general.name)
+    """
+    key = Keys.General.ARCHITECTURE
+    value = (metadata or {}).get(key)
+    value = getattr(value, "value", value)
+    if isinstance(value, str) and value:
+        return
+    keys = sorted(metadata or {})
+    shown = ", ".join(keys[:6]) + (" ..." if len(keys) > 6 else "")
+    raise GGUFConfigError(
+        f"{os.fspath(path)}: the GGUF metadata has no {key} (its {len(keys)} keys: {shown or 'none'}"
+        f"{'' if value is None else f'; {key}={value!r}'}); llama.cpp cannot load such a file. "
+        "Save a converter's result (lazyweights.plan(convert_hf_to_gguf(...)).save) or pass metadata=, or "
+        "require_architecture=False for a bare tensor container", [key])
+
+
+def _file_types() -> tuple[dict[str, int], dict[str, int]]:
+    """gguf-py's LlamaFileType (llama.cpp's `llama_ftype`) for the type most 2-D tensors have: by quantization
+    encoding (a K-quant as its preset's _M, as llama.cpp's converter and llama-quantize write them) and by dtype.
+    Built on first use."""
+    F = LlamaFileType
+    by_encoding = {"Q4_0": F.MOSTLY_Q4_0, "Q4_1": F.MOSTLY_Q4_1, "Q8_0": F.MOSTLY_Q8_0, "Q5_0": F.MOSTLY_Q5_0,
+                   "Q5_1": F.MOSTLY_Q5_1, "Q2_K": F.MOSTLY_Q2_K, "Q3_K": F.MOSTLY_Q3_K_M, "Q4_K": F.MOSTLY_Q4_K_M,
+                   "Q5_K": F.MOSTLY_Q5_K_M, "Q6_K": F.MOSTLY_Q6_K, "IQ4_NL": F.MOSTLY_IQ4_NL,
+                   "IQ4_XS": F.MOSTLY_IQ4_XS, "MXFP4": F.MOSTLY_MXFP4_MOE}
+    by_dtype = {"float32": F.ALL_F32, "float16": F.MOSTLY_F16, "bfloat16": F.MOSTLY_BF16}
+    return {k: int(v) for k, v in by_encoding.items()}, {k: int(v) for k, v in by_dtype.items()}
+
+
+def gguf_file_type(tensors: Mapping[str, Any]) -> tuple[int, bool]:
+    """(`general.file_type`, any tensor quantized) for the tensors a GGUF will hold (name -> anything with
+    `dtype`, `shape`, `quantization_encoding` and `node.nbytes`, e.g. WeightData): the type of the most bytes
+    among tensors of 2+ dimensions (1-D norms are float32 whatever the file type, as in llama.cpp).
+
+    >>> import numpy as np; from lazyweights import WeightData, DType
+    >>> gguf_file_type({"w": WeightData.from_numpy(np.zeros((4, 4), np.float32), "w").astype(DType.bfloat16)})
+    (32, False)
+    """
+    weight: dict[str, int] = {}
+    quantized = False
+    for _name, wd in tensors.items():
+        enc = getattr(wd, "quantization_encoding", None)
+        quantized = quantized or enc is not None
+        if len(wd.shape) < 2:
+            continue
+        key = enc.name if enc is not None else wd.dtype.name
+        weight[key] = weight.get(key, 0) + int(wd.node.nbytes)
+    by_encoding, by_dtype = _file_types()
+    if not weight:
+        return by_dtype["float32"], quantized
+    top = max(weight, key=weight.__getitem__)
+    if "MXFP4" in weight and top in by_dtype:
+        return by_encoding["MXFP4"], quantized  # llama.cpp's converter: MXFP4 experts make the file MXFP4_MOE
+    if top in by_encoding:
+        return by_encoding[top], quantized
+    if top in by_dtype:
+        return by_dtype[top], quantized
+    raise DTypeError(f"no llama.cpp file type for tensors stored as {top} (2-D tensors by bytes: {weight})")
+
+
+def with_file_type(metadata: Mapping, tensors: Mapping[str, Any]) -> dict:
+    """`metadata` with `general.file_type` (and `general.quantization_version`) saying what `tensors` are
+    (`gguf_file_type`), as llama.cpp's converter writes them: a converter's metadata, saved after its tensors
+    changed, still tells the truth."""
+    ftype, quantized = gguf_file_type(tensors)
+    out = dict(metadata)
+    out[Keys.General.FILE_TYPE] = GGUFValue(int(ftype), GGUFValueType.UINT32)
+    if quantized:
+        out[Keys.General.QUANTIZATION_VERSION] = GGUFValue(GGML_QUANT_VERSION, GGUFValueType.UINT32)
+    else:
+        out.pop(Keys.General.QUANTIZATION_VERSION, None)
+    return out

@@ -361,9 +361,9 @@ def test_index_write_failure_removes_shards_from_existing_directory(st_ckpt, tmp
     def no_space(directory, doc):
         raise lw.WriteError(f"{directory}: index: No space left on device", path=directory)
 
-    import lazyweights.formats.save as formats_save
+    import lazyweights.api.save as api_save
 
-    monkeypatch.setattr(formats_save, "_write_index", no_space)
+    monkeypatch.setattr(api_save, "_write_index", no_space)
     with pytest.raises(lw.WriteError):
         plan.save(tmp_path, max_shard_size="20kB")
     assert _leftovers(tmp_path) == ["README"]
