@@ -91,7 +91,7 @@ def pinned_h2d_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
 
 
 def w1_plan(ckpt: str):
-    from lazyweights.adapters.w1 import convert_safetensor_state_dict
+    from lazyweights.tools.demo import convert_safetensor_state_dict
 
     cfg = types.SimpleNamespace(**json.load(open(os.path.join(ckpt, "config.json"))))
     weights = lw.load_weights(ckpt)

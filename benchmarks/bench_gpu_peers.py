@@ -151,7 +151,7 @@ def instanttensor(ckpt: str, w1: W1Torch) -> dict:
 
 
 def lazyweights_plan(ckpt: str):
-    from lazyweights.adapters.w1 import convert_safetensor_state_dict
+    from lazyweights.tools.demo import convert_safetensor_state_dict
 
     weights = lw.load_weights(ckpt)
     return lw.plan(convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt)))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""W1 inside MAX: `as_max_adapter(lazyweights.adapters.w1)` against MAX's own eager adapter, in one run.
+"""W1 inside MAX: `as_max_adapter(lazyweights.tools.demo.convert_safetensor_state_dict)` against MAX's own eager adapter, in one run.
 
     /work/maxenv/bin/python benchmarks/bench_max.py /work/ckpt/w1_2g [--reps 3] [--routes private,paths,buffers]
 
@@ -53,7 +53,7 @@ def child(kind: str, ckpt: str, out_json: str) -> None:
             return max_eager(state_dict, vars(huggingface_config))
         pipeline_config = None
     else:
-        from lazyweights.adapters import w1
+        from lazyweights.tools import demo as w1
         from lazyweights.interop.max import as_max_adapter
 
         route = kind.split(":")[1]

@@ -212,14 +212,14 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
             out = lw.plan(lw.shard({k: v.data() for k, v in weights.items()}, 0, 4)).materialize()
         elif name == "rank0of4-w1":
             import lazyweights as lw
-            from lazyweights.adapters import w1
+            from lazyweights.tools import demo as w1
 
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(lw.shard(sd, 0, 4)).materialize()
         elif name == "convert":
             import lazyweights as lw
-            from lazyweights.adapters import w1
+            from lazyweights.tools import demo as w1
 
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
@@ -237,7 +237,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
             return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": digest.hexdigest()}
         elif name.startswith(("lazyweights", "s3-lazyweights")):
             import lazyweights as lw
-            from lazyweights.adapters import w1
+            from lazyweights.tools import demo as w1
 
             options = _s3_fsspec_options() if name.startswith("s3-") else None
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache,
@@ -431,7 +431,7 @@ def main():
 
     try:
         import lazyweights as lw
-        from lazyweights.adapters import w1
+        from lazyweights.tools import demo as w1
 
         local = lw.plan(w1.convert_safetensor_state_dict(dict(lw.load_weights([ckpt]).items()),
                                                          huggingface_config=_config(ckpt))).materialize()

@@ -191,7 +191,7 @@ def check_adapter_spec(spec) -> None:
     nor a module (with a did-you-mean). What depends on the checkpoint's format is left to `load_adapter`.
 
     Example:
-        >>> check_adapter_spec("lazyweights.adapters.w1:convert_safetensor_state_dict")
+        >>> check_adapter_spec("lazyweights.tools.demo:convert_safetensor_state_dict")
         >>> try:
         ...     check_adapter_spec("LlamaForCasualLM")
         ... except AdapterError as e:

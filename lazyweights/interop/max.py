@@ -43,10 +43,10 @@ bf16 source a second time (a zero-copy map view when the source is a file tensor
 
 Example (runs only where MAX is installed; see tests/interop/test_max.py):
 
-    from lazyweights.adapters import w1
+    from lazyweights.tools.demo import convert_safetensor_state_dict
     from lazyweights.interop.max import as_max_adapter
     from max.graph.weights import WeightsFormat
-    weight_adapters = {WeightsFormat.safetensors: as_max_adapter(w1.convert_safetensor_state_dict)}
+    weight_adapters = {WeightsFormat.safetensors: as_max_adapter(convert_safetensor_state_dict)}
     # SupportedArchitecture(..., weight_adapters=weight_adapters)
 """
 from __future__ import annotations

@@ -723,12 +723,12 @@ EXAMPLES: dict[str, list[str]] = {
     "inspect": ["lazyweights inspect llama-hf/",
                 "lazyweights inspect model.gguf --json --filter 'blk.0.*'",
                 "lazyweights inspect https://example.org/llama/model.safetensors.index.json"],
-    "plan": ["lazyweights plan lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/",
+    "plan": ["lazyweights plan lazyweights.tools.demo:convert_safetensor_state_dict llama-hf/",
              "lazyweights plan LlamaForCausalLM llama-hf/ --filter '*.0.*' --visualize plan.html"],
     "convert": ["lazyweights convert LlamaForCausalLM llama-hf/ -o llama.gguf            # HF -> GGUF",
                 "lazyweights convert LlamaForCausalLM llama-hf/ -o out/llama-q4_k_m.gguf --quant Q4_K_M",
                 "lazyweights convert Gemma3ForCausalLM gemma.gguf -o gemma-hf/          # GGUF -> HF folder",
-                "lazyweights convert lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/ -o out/ "
+                "lazyweights convert lazyweights.tools.demo:convert_safetensor_state_dict llama-hf/ -o out/ "
                 "--max-shard-size 5GB"],
     "quantize": ["lazyweights quantize model-bf16.gguf model-q4_k_m.gguf Q4_K_M",
                  "lazyweights quantize model-bf16.gguf model-q4_k_m.gguf Q4_K_M --imatrix imatrix.gguf "
@@ -738,7 +738,7 @@ EXAMPLES: dict[str, list[str]] = {
              "lazyweights diff a.safetensors b.safetensors --values --rtol 1e-3 --atol 1e-5",
              "lazyweights diff https://example.org/llama/model.safetensors.index.json llama-hf/"],
     "check": ["lazyweights check LlamaForCausalLM llama-hf/ --module mymodel:build_model",
-              "lazyweights check lazyweights.adapters.w1:convert_safetensor_state_dict llama-hf/ "
+              "lazyweights check lazyweights.tools.demo:convert_safetensor_state_dict llama-hf/ "
               "--module mymodel:Model --json"],
     "verify": ["lazyweights verify converted/ --write     # hash every tensor into lazyweights.verify.json",
                "lazyweights verify converted/             # check them again (exit 1 on a mismatch)",

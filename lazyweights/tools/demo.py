@@ -76,38 +76,79 @@ def write_llama_checkpoint(directory: str, layers: int = 2, seed: int = 0, fp8_s
 
 
 def rope_perm(head_dim: int) -> np.ndarray:
-    """Interleaved -> half-split RoPE layout: even positions first, then odd."""
+    """Interleaved -> half-split RoPE layout: even rows of each head first, then odd rows.
+
+    >>> rope_perm(6).tolist()
+    [0, 2, 4, 1, 3, 5]
+    """
     return np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
 
 
-SAFETENSOR_MAPPING = {"model.": "", "self_attn.": "attention."}
 UNUSED_SUFFIXES = (".k_scale", ".v_scale")
 
 
-def convert_safetensor_state_dict(state_dict, huggingface_config, **unused_kwargs):
-    """MAX's example adapter, lazily: every line builds graph nodes; nothing is read here."""
+def adapt_name(name: str) -> str | None:
+    """The module's name for a checkpoint name (`model.` stripped, `self_attn.` -> `attention.`), or None for a
+    tensor to drop (the FP8 KV-cache scales `.k_scale`/`.v_scale`, which the runtime computes itself).
+
+    >>> adapt_name("model.layers.0.self_attn.q_proj.weight"), adapt_name("model.layers.0.self_attn.k_scale")
+    ('layers.0.attention.q_proj.weight', None)
+    """
+    if name.endswith(UNUSED_SUFFIXES):
+        return None
+    return name.replace("model.", "", 1).replace("self_attn.", "attention.")
+
+
+def target_dtype(name: str) -> DType:
+    """The adapter's cast: norms to float32, every other tensor to float16.
+
+    >>> target_dtype("layers.0.input_layernorm.weight").name, target_dtype("lm_head.weight").name
+    ('float32', 'float16')
+    """
+    return DType.float32 if "norm" in name else DType.float16
+
+
+def convert_safetensor_state_dict(state_dict, huggingface_config=None, **unused_kwargs):
+    """MAX's example adapter, lazily (the demo's workload and the benchmarks'; a Llama-shaped bf16 -> f16
+    adapter): every line builds graph nodes, nothing is read here. On a Llama-shaped Hugging Face checkpoint
+    (`dict(weights.items())`) it renames (`adapt_name`), drops the FP8 KV scales, permutes q_proj / k_proj rows
+    within each head from the interleaved to the half-split RoPE layout (`rope_perm`) and casts
+    (`target_dtype`). `huggingface_config` is a dict or an object with `num_attention_heads` and
+    `hidden_size` (and optionally `num_key_value_heads`, `head_dim`). From the command line:
+    `lazyweights plan lazyweights.tools.demo:convert_safetensor_state_dict CHECKPOINT_DIR`.
+
+    Example:
+        >>> import numpy as np, tempfile, os, types
+        >>> from safetensors.numpy import save_file
+        >>> import lazyweights as lw
+        >>> d = tempfile.mkdtemp()
+        >>> save_file({"model.layers.0.self_attn.q_proj.weight": np.arange(8, dtype=np.float32).reshape(4, 2),
+        ...            "model.layers.0.self_attn.k_scale": np.ones((), np.float32)}, os.path.join(d, "m.safetensors"))
+        >>> cfg = types.SimpleNamespace(num_attention_heads=1, hidden_size=4)
+        >>> out = convert_safetensor_state_dict(dict(lw.load_weights([d]).items()), huggingface_config=cfg)
+        >>> list(out), out["layers.0.attention.q_proj.weight"].to_numpy()[:, 0].tolist()
+        (['layers.0.attention.q_proj.weight'], [0.0, 4.0, 2.0, 6.0])
+    """
     cfg = huggingface_config
     get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
     num_heads, hidden_size = get("num_attention_heads"), get("hidden_size")
     if num_heads is None or hidden_size is None:
         missing = [k for k, v in (("num_attention_heads", num_heads), ("hidden_size", hidden_size)) if v is None]
         raise ConfigError(f"huggingface_config lacks {', '.join(missing)}: the adapter needs them for the RoPE "
-                          f"row permutation of q_proj and k_proj")
-    head_dim = hidden_size // num_heads
-    num_kv_heads = get("num_key_value_heads", num_heads)
+                          f"row permutation of q_proj and k_proj (put a config.json beside the checkpoint)")
+    head_dim = get("head_dim") or hidden_size // num_heads
+    num_kv_heads = get("num_key_value_heads") or num_heads
     perm = rope_perm(head_dim)
     new_state_dict = {}
     for checkpoint_name, value in state_dict.items():
-        if checkpoint_name.endswith(UNUSED_SUFFIXES):
+        name = adapt_name(checkpoint_name)
+        if name is None:
             continue
-        name = checkpoint_name
-        for before, after in SAFETENSOR_MAPPING.items():
-            name = name.replace(before, after, 1) if before == "model." else name.replace(before, after)
         data = value.data()
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = num_heads if "q_proj" in name else num_kv_heads
             data = data.reshape(heads, head_dim, -1)[:, perm, :].reshape(heads * head_dim, -1)
-        new_state_dict[name] = data.astype(DType.float32 if "norm" in name else DType.float16)
+        new_state_dict[name] = data.astype(target_dtype(name))
     return new_state_dict
 
 

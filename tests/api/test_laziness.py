@@ -41,7 +41,7 @@ def rss_bytes() -> int:
 
 class Workload:
     """The benchmark's W1 definition (../shared/bench/workload.py), restated here as the reference the lazy
-    adapter is judged against; deliberately not lazyweights.adapters.w1, the package's own version."""
+    adapter is judged against; deliberately not lazyweights.tools.demo's, the package's own version."""
 
     @staticmethod
     def adapt_name(k):

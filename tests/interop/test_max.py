@@ -29,9 +29,9 @@ from max.graph.weights import load_weights as max_load_weights  # noqa: E402
 from max.nn.layer import Module as MaxModule  # noqa: E402
 
 import lazyweights as lw  # noqa: E402
-from lazyweights.adapters import w1  # noqa: E402
 from lazyweights.interop import max as lwmax  # noqa: E402
 from lazyweights.interop.max import as_max_adapter, load_max_module, to_max_state_dict  # noqa: E402
+from lazyweights.tools import demo as w1  # noqa: E402
 
 
 # --- fixtures ---------------------------------------------------------------------------------------------

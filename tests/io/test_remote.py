@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import lazyweights as lw
-from lazyweights.adapters import w1
 from lazyweights.io.remote import RemoteFile
+from lazyweights.tools import demo as w1
 
 CFG = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=256)
 
@@ -374,10 +374,10 @@ def test_cli_inspects_and_converts_a_url(nginx, served, tmp_path, capsys):
     (served / "config.json").write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2,
                                                     "hidden_size": 256}))
     try:
-        assert main(["convert", "lazyweights.adapters.w1:convert", url, "-o", str(tmp_path / "remote"), "--no-progress",
+        adapter = "lazyweights.tools.demo:convert_safetensor_state_dict"
+        assert main(["convert", adapter, url, "-o", str(tmp_path / "remote"), "--no-progress",
                      "--cache", str(tmp_path / "cache")]) == 0
-        assert main(["convert", "lazyweights.adapters.w1:convert", str(served), "-o", str(tmp_path / "local"),
-                     "--no-progress"]) == 0
+        assert main(["convert", adapter, str(served), "-o", str(tmp_path / "local"), "--no-progress"]) == 0
     finally:
         (served / "config.json").unlink()
     names = sorted(os.listdir(tmp_path / "local"))

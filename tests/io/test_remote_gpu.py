@@ -19,12 +19,12 @@ from test_remote import CFG, _checkpoint, _fresh
 
 import lazyweights as lw
 from lazyweights import DType
-from lazyweights.adapters import w1
 from lazyweights.compiler.gpu import compile_gpu_steps
 from lazyweights.compiler.steps import outputs_of
 from lazyweights.io.remote import RemoteFile
 from lazyweights.run import fetch
 from lazyweights.run.gpu import materialize_gpu
+from lazyweights.tools import demo as w1
 
 
 def _fake_gpu():

@@ -16,12 +16,12 @@ import pytest
 from test_remote import _checkpoint  # tests/io is on sys.path (pytest's rootdir insertion)
 
 import lazyweights as lw
-from lazyweights.adapters import w1
 from lazyweights.io import remote
 from lazyweights.io.host_cache import HostCache
 from lazyweights.io.ranges import RangeSet, plan_requests
 from lazyweights.io.remote import RemoteFile
 from lazyweights.run import fetch
+from lazyweights.tools import demo as w1
 
 CFG = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=512)
 
@@ -330,7 +330,7 @@ def test_a_reload_of_an_unchanged_object_refetches_nothing(nginx, big):
 # --- one fetch per host ------------------------------------------------------------------------------------
 PROCESS = textwrap.dedent("""
     import sys, json, hashlib, numpy as np, lazyweights as lw, types
-    from lazyweights.adapters import w1
+    from lazyweights.tools import demo as w1
     url, cache = sys.argv[1], sys.argv[2]
     cfg = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=512)
     sd = w1.convert_safetensor_state_dict(dict(lw.load_weights([url], cache=cache).items()), huggingface_config=cfg)

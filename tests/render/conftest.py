@@ -7,7 +7,7 @@ import lazyweights as lw
 
 
 def _w1_plan(d, cfg):
-    from lazyweights.adapters.w1 import convert_safetensor_state_dict
+    from lazyweights.tools.demo import convert_safetensor_state_dict
 
     weights = lw.load_weights([d])
     return lw.plan(convert_safetensor_state_dict(dict(weights.items()), huggingface_config=cfg))

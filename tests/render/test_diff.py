@@ -13,7 +13,7 @@ import lazyweights as lw
 from lazyweights import ArgumentTypeError, DType, UsageError, WeightData
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-W1 = "lazyweights.adapters.w1:convert_safetensor_state_dict"
+W1 = "lazyweights.tools.demo:convert_safetensor_state_dict"
 
 
 @pytest.fixture(scope="module")

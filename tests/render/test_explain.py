@@ -288,10 +288,10 @@ def test_name_pattern_and_bytes():
 
 
 def test_doctests():
-    import lazyweights.adapters.w1
     import lazyweights.render.explain
+    import lazyweights.tools.demo
 
-    for mod in (lazyweights.render.explain, lazyweights.adapters.w1):
+    for mod in (lazyweights.render.explain, lazyweights.tools.demo):
         res = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert res.failed == 0, mod.__name__
 

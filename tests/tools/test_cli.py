@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-W1 = "lazyweights.adapters.w1:convert_safetensor_state_dict"
+W1 = "lazyweights.tools.demo:convert_safetensor_state_dict"
 
 
 def run(*args, cwd=None, check_rc=None):
@@ -64,7 +64,7 @@ def test_errors_are_one_line_with_exit_codes(ckpt, tmp_path):
     bad.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{")
     assert_clean_error(run("inspect", bad), 1, "bad.safetensors")
     assert_clean_error(run("plan", "no_such_module:fn", ckpt), 1, "no_such_module")
-    assert_clean_error(run("plan", "lazyweights.adapters.w1:nope", ckpt), 1, "has no attribute 'nope'")
+    assert_clean_error(run("plan", "lazyweights.tools.demo:nope", ckpt), 1, "has no attribute 'nope'")
     assert_clean_error(run("plan", W1, ckpt, "--filter", "zzz*"), 1, "matches none")
     # usage errors: exit 2
     assert_clean_error(run("frobnicate"), 2, "invalid choice")

@@ -20,7 +20,7 @@ from lazyweights.api import weights as weights_module
 from lazyweights.api.plan import Plan
 from lazyweights.tools import cli
 
-W1 = "lazyweights.adapters.w1:convert_safetensor_state_dict"
+W1 = "lazyweights.tools.demo:convert_safetensor_state_dict"
 
 
 def run(capsys, *args):
