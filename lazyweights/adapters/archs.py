@@ -333,6 +333,12 @@ _RECORDS: tuple[Arch, ...] = (
     _arch("qwen2_5_vl_text", _LLAMA_LIKE, mrope=True),
     _arch("qwen3_vl_text", (*_LLAMA_LIKE, _p("n_deepstack_layers", "num_deepstack_layers")), mrope=True,
           hf_prefer=_QK_NORM),
+    # Qwen3-VL MoE: Qwen3 MoE's layers (llama.cpp's qwen3vlmoe) with the deepstack count; experts published as
+    # gate_up_proj [n_expert, hidden, 2 * ff] / down_proj [n_expert, ff, hidden], Llama 4's [in, out] layout
+    _arch("qwen3_vl_moe_text",
+          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
+           _p("n_deepstack_layers", "num_deepstack_layers")),
+          mrope=True, experts="mlp.experts", experts_in_out="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM)),
     _arch("exaone4", _LLAMA_LIKE, sliding=True, hf_prefer=_QK_NORM),
 )
 _RECORDS += (

@@ -219,6 +219,8 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     arch = _arch_of(config, arch)
     md = getattr(config, "metadata", None)  # a GGUFConfig: its keys pick among records of one architecture
     rec = arch_for_gguf(arch, md if md is not None and hasattr(md, "get") else None)
+    if rec.back_as in ARCHS:  # written back as another family (a VL model's text part): that family's HF layout
+        rec = ARCHS[rec.back_as]  # (Qwen3-VL MoE's experts as Qwen3 MoE's, not its own [in, out] ones)
     if dequantize_to is not None:
         dequantize_to = DType.parse(dequantize_to)
     permuted = rec.rope_permute if rope_permuted is None else rope_permuted

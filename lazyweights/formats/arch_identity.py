@@ -165,6 +165,8 @@ _ROWS: tuple[ArchIdentity, ...] = (
     _i("qwen2_5_vl_text", "qwen2vl", ("Qwen2_5_VLForConditionalGeneration",), aliases=("qwen2_5_vl",),
        back_as="qwen2", when=None),
     _i("qwen3_vl_text", "qwen3vl", ("Qwen3VLForConditionalGeneration",), aliases=("qwen3_vl",), back_as="qwen3"),
+    _i("qwen3_vl_moe_text", "qwen3vlmoe", ("Qwen3VLMoeForConditionalGeneration",), aliases=("qwen3_vl_moe",),
+       back_as="qwen3_moe"),
     _i("exaone4", "exaone4", ("Exaone4ForCausalLM",)),
     _i("bert", "bert", ("BertModel",)),
     _i("internlm3", "llama", ("InternLM3ForCausalLM",), when=None),

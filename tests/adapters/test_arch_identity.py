@@ -44,6 +44,7 @@ READS_BACK_AS = {
     "qwen2_vl_text": ("qwen2", "Qwen2ForCausalLM"),
     "qwen2_5_vl_text": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3_vl_text": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3_vl_moe_text": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "glm4_moe_lite": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "solar_open": ("glm4_moe", "Glm4MoeForCausalLM"),
     "nemotron_h_moe": ("nemotron_h", "NemotronHForCausalLM"),
@@ -120,7 +121,7 @@ def test_one_record_per_identity_row():
             (row.model_type, row.gguf, row.hf_class, row.back_as), mt
         assert rec.identity is row
         assert "model_type" not in rec.hf_extra, f"{mt}: its config.json model_type is the identity's"
-    assert len(ARCHS) == 83
+    assert len(ARCHS) == 84
 
 
 def test_gguf_names_are_gguf_pys():
