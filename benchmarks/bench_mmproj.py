@@ -139,10 +139,16 @@ CONVERTER_REFUSES = {"llava": "Unsupported model type: clip_vision_model"}
 # InternVL's position table whose CLS row ours stores last
 CONVERTER_OMITS = {"mistral3": ("v.token_embd.img_break",)}
 CLS_ROW_LAST = {"internvl": "v.position_embd.weight"}
+# Llama 4 towers of more than 3 blocks: llama.cpp's converter names each block's post_attention_layernorm
+# v.blk.N.attn_post_norm (gguf-py maps vision_model.model.layers.{bid}.post_attention_layernorm to both Llama 4's
+# ln2 and Gemma 4's attn_post_norm), which mtmd's Llama 4 graph does not read as ln2; ours writes v.blk.N.ln2 (as
+# llama.cpp's converter does for 3 blocks, tests/adapters/test_mmproj.py). Compared with their name mapped to ours.
+CONVERTER_RENAMES = {"llama4": (re.compile(r"^(v\.blk\.\d+\.)attn_post_norm\."), r"\1ln2.")}
 # the families whose mmproj export_hf_folder_with_mmproj converts back (the others raise UnknownProjectorError)
 REVERSE = ("gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # the tensors an mmproj holds: everything but the text model (the names each family's checkpoint uses)
-VISION = re.compile(r"^(model\.)?(vision_tower|visual|vision_model|multi_modal_projector|embed_vision|connector|mlp1)\.")
+VISION = re.compile(r"^(model\.)?(vision_tower|visual|vision_model|multi_modal_projector|embed_vision|connector|"
+                    r"mlp1)\.")
 
 
 def tower(family: str, width: int, blocks: int) -> dict:
@@ -324,6 +330,13 @@ def identical(family: str, ours: str, theirs: str) -> str:
     import numpy as np
 
     mine, ref = _tensors(ours), _tensors(theirs)
+    note = ""
+    if family in CONVERTER_RENAMES:
+        pat, repl = CONVERTER_RENAMES[family]
+        renamed = {pat.sub(repl, k): v for k, v in ref.items()}
+        if renamed.keys() != ref.keys():
+            note = f", {sum(1 for k in ref if pat.match(k))} of llama.cpp's named attn_post_norm (ours: ln2)"
+        ref = renamed
     for name in CONVERTER_OMITS.get(family, ()):
         if name in mine and name not in ref:
             del mine[name]
@@ -339,7 +352,7 @@ def identical(family: str, ours: str, theirs: str) -> str:
         return f"NO: {len(bad)} tensors differ, e.g. {bad[:3]}"
     if _fields(ours) != _fields(theirs):
         return "NO: metadata differs"
-    return f"yes ({len(ref)} tensors)"
+    return f"yes ({len(ref)} tensors{note})"
 
 
 def main() -> None:
@@ -371,14 +384,15 @@ def main() -> None:
         p = {n: os.path.join(d, n) for n in ("theirs.gguf", "ours.gguf", "both-mm.gguf", "text.gguf", "floor.bin",
                                             "back")}
         runs: dict[str, list[tuple[float, int]]] = {k: [] for k in ("theirs", "ours", "both", "floor", "reverse")}
-        codes = {"theirs": _THEIRS.format(gguf_py=gguf_py, root=os.path.dirname(CONVERTER), src=their_src, out=p["theirs.gguf"], script=CONVERTER),
+        codes = {"theirs": _THEIRS.format(gguf_py=gguf_py, root=os.path.dirname(CONVERTER), src=their_src,
+                                          out=p["theirs.gguf"], script=CONVERTER),
                  "ours": _MMPROJ.format(src=hf, out=p["ours.gguf"]),
                  "both": _BOTH.format(src=hf, text=p["text.gguf"], out=p["both-mm.gguf"]),
                  "floor": _FLOOR.format(src=os.path.join(hf, "model.safetensors"), out=p["floor.bin"],
                                         pat=VISION.pattern),
                  "reverse": _REVERSE.format(text=p["text.gguf"], mmproj=p["both-mm.gguf"], out=p["back"])}
-        order = [k for k in codes if (k != "theirs" or peer) and (k != "reverse" or (family in REVERSE and not
-                                                                                   a.no_reverse))]
+        reverse = family in REVERSE and not a.no_reverse
+        order = [k for k in codes if (k != "theirs" or peer) and (k != "reverse" or reverse)]
         errs = []
         for _ in range(a.reps):
             for k in list(order):
@@ -396,7 +410,7 @@ def main() -> None:
             same += "; text+mmproj's mmproj DIFFERS from export_mmproj's"
         size = os.path.getsize(p["floor.bin"]) if os.path.exists(p["floor.bin"]) else 0
 
-        def cell(k: str, width: int = 7) -> str:
+        def cell(k: str, width: int = 7, med: dict = med) -> str:
             return f"{med[k][0]:{width}.2f} {med[k][1] / 2**20:5.0f}MB" if k in med else f"{'-':>{width}} {'-':>7}"
 
         ratio = f"{med['theirs'][0] / med['ours'][0]:5.2f}x" if "theirs" in med and "ours" in med else f"{'-':>6}"
