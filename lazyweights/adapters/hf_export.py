@@ -625,7 +625,7 @@ def expected_keys_for(config, state: Mapping[str, Any]):
         return None
     try:
         cfg = hf_config_from_gguf(md, tensor_names=list(state))
-    except LazyWeightsError:
+    except LazyWeightsError:  # metadata no Hugging Face config is read from: None, and gguf-py's first names stand
         return None
     return expected_hf_keys(cfg, layer_count(state), gguf_names=list(state))
 
@@ -649,7 +649,7 @@ def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
     for name, value in state_dict.items():
         try:
             node = as_weight_data(value, name).node
-        except LazyWeightsError:
+        except LazyWeightsError:  # a value that is not a tensor casts no vote for a folder
             continue
         stack = [node]
         while stack:
