@@ -329,6 +329,9 @@ _RECORDS: tuple[VisionArch, ...] = (
                patch_hwc="model.vision_tower.patch_embedder.input_proj.weight", f32=("position_embedding_table",),
                requires={"pooling_kernel_size": 3, "hidden_activation": "gelu_pytorch_tanh"}),
 )
+# Qwen3-VL MoE: Qwen3-VL's tower and mergers under its own class (only the text model is MoE)
+_RECORDS += (next(v for v in _RECORDS if v.model_type == "qwen3_vl")._replace(
+    model_type="qwen3_vl_moe", hf_class="Qwen3VLMoeForConditionalGeneration"),)
 VISION_ARCHS: dict[str, VisionArch] = {v.model_type: v for v in _RECORDS}
 
 

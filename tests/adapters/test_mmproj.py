@@ -174,6 +174,12 @@ SPECIAL_TOKENS["idefics3"] = ["<image>", "<fake_token_around_image>", "<global-i
 # SmolVLM: the same record shape under its own class (a SmolVLM vision config)
 FAMILIES["smolvlm"] = ("SmolVLMConfig", "SmolVLMForConditionalGeneration", *FAMILIES["idefics3"][2:])
 SPECIAL_TOKENS["smolvlm"] = SPECIAL_TOKENS["idefics3"]
+# Qwen3-VL MoE: Qwen3-VL's tower row; the text model a Qwen3 MoE (4 experts, 2 used, experts 24 wide), 3 layers
+# as Qwen3-VL's (mtmd adds the 2 deepstack features to the first 2 of them; llama.cpp needs more layers than those)
+FAMILIES["qwen3_vl_moe"] = (
+    "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration",
+    dict(FAMILIES["qwen3_vl"][2], moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2),
+    *FAMILIES["qwen3_vl"][3:])
 # where llama.cpp's converter is wrong by leaving a tensor out (mtmd refuses its file): ours holds it
 CONVERTER_OMITS = {"mistral3": ("v.token_embd.img_break",)}
 DTYPES = ["float32", "bfloat16"]
@@ -183,6 +189,12 @@ def _published(folder: str, family: str) -> None:
     """Rewrite transformers 5's saved names to the published layout (Gemma 3's tower under
     `vision_tower.vision_model.`, as google/gemma-3-*-it and llava-hf/llava-1.5-*-hf ship it; transformers loads
     both)."""
+    if family == "qwen3_vl_moe":  # Qwen/Qwen3-VL-*-A*B: experts [n, hidden, 2 * ff] / [n, ff, hidden] (transformers
+        path = os.path.join(folder, "model.safetensors")  # 5.24 saves them transposed and transposes on load)
+        sd = safetensors_torch.load_file(path)
+        sd = {k: v.transpose(1, 2).contiguous() if k.endswith((".experts.gate_up_proj", ".experts.down_proj")) else v
+              for k, v in sd.items()}
+        safetensors_torch.save_file(sd, path, metadata={"format": "pt"})
     if family not in ("gemma3", "llava", "lfm2_vl"):  # LiquidAI/LFM2-VL-*: model.vision_tower.vision_model.
         return
     path = os.path.join(folder, "model.safetensors")
@@ -319,7 +331,7 @@ def test_mmproj_identical_to_llama_cpp_converter(family, dtype, folders):
     assert _fields(os.path.join(d, "mmproj.gguf")) == _fields(ref)
 
 
-@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl", "lfm2_vl", "llama4"])
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl", "internvl", "lfm2_vl", "llama4", "qwen3_vl_moe"])
 def test_command_line_writes_both_files(family, folders, tmp_path):
     """`lazyweights convert CLASS DIR -o text.gguf --mmproj mmproj.gguf` writes the same two files as
     `export_gguf_with_mmproj` (the text model under its own class name, issue 39 part 1)."""
