@@ -5,10 +5,11 @@
                                       [--no-reverse] [--scratch DIR]
 
 Checkpoints: for each family `lazyweights.adapters.vision_archs` converts, a seeded random transformers model
-whose vision tower is widened to `--width` (intermediate 4x, 8 heads) and `--blocks` deep (default 512 x 6:
-about 19M tower parameters, 38 MB in bf16) beside a tiny text model, saved in bfloat16 in the published layout
-with its preprocessor_config.json and a small BPE tokenizer (the configs are a copy of
-tests/adapters/test_mmproj.py's FAMILIES with the tower's sizes overridden).
+whose vision tower (Qwen2-Audio: its Whisper encoder) is widened to `--width` (intermediate 4x, 8 heads) and
+`--blocks` deep (default 512 x 6: about 19M tower parameters, 38 MB in bf16) beside a tiny text model, saved in
+bfloat16 in the published layout with its preprocessor_config.json (Qwen2-Audio: none, as published) and a small
+BPE tokenizer (the configs are a copy of tests/adapters/test_mmproj.py's FAMILIES and AUDIO_FAMILIES with the
+tower's sizes overridden).
 
 Contestants, each in a fresh process (timed from process start: every one pays its imports), interleaved within
 each repetition, the medians of `--reps` runs printed, memory warmed (a few GiB touched and freed) right before
@@ -132,6 +133,12 @@ FAMILIES = {
               dict(_CLIP, image_processor_type="CLIPImageProcessor", crop_size={"height": 56, "width": 56},
                    size={"shortest_edge": 56})),
 }
+# Qwen2-Audio's Whisper encoder (an audio config, no preprocessor_config.json: the published layout)
+FAMILIES["qwen2_audio"] = ("Qwen2AudioConfig", "Qwen2AudioForConditionalGeneration", dict(_TEXT, model_type="qwen2"),
+                           dict(d_model=32, encoder_layers=3, encoder_attention_heads=2, encoder_ffn_dim=48,
+                                num_mel_bins=128, max_source_positions=1500),
+                           dict(audio_token_index=3), None)
+AUDIO = ("qwen2_audio",)
 SPECIAL_TOKENS = {"mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
                   "idefics3": ["<image>", "<fake_token_around_image>", "<global-img>", "<row_1_col_1>", "\n\n"]}
 CONVERTER_REFUSES = {"llava": "Unsupported model type: clip_vision_model"}
@@ -148,7 +155,7 @@ CONVERTER_RENAMES = {"llama4": (re.compile(r"^(v\.blk\.\d+\.)attn_post_norm\."),
 REVERSE = ("gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # the tensors an mmproj holds: everything but the text model (the names each family's checkpoint uses)
 VISION = re.compile(r"^(model\.)?(vision_tower|visual|vision_model|multi_modal_projector|embed_vision|connector|"
-                    r"mlp1)\.")
+                    r"mlp1|audio_tower)\.")
 
 
 def tower(family: str, width: int, blocks: int) -> dict:
@@ -172,6 +179,8 @@ def tower(family: str, width: int, blocks: int) -> dict:
         "mistral3": dict(common, head_dim=width // heads),
         "idefics3": common,
         "llava": dict(common, projection_dim=width),
+        "qwen2_audio": dict(d_model=width, encoder_ffn_dim=4 * width, encoder_layers=blocks,
+                            encoder_attention_heads=heads),
     }[family]
 
 
@@ -206,8 +215,9 @@ def make(family: str, tok, folder: str, width: int, blocks: int) -> None:
         tok = copy.deepcopy(tok)
         tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[family]})
     cfg_cls, model_cls, text, vision, outer, pre = FAMILIES[family]
+    tower_key = "audio_config" if family in AUDIO else "vision_config"
     cfg = getattr(transformers, cfg_cls)(text_config=dict(text, vocab_size=len(tok)),
-                                         vision_config=dict(vision, **tower(family, width, blocks)), **outer)
+                                         **{tower_key: dict(vision, **tower(family, width, blocks))}, **outer)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).eval()
     with torch.no_grad():  # non-trivial norms and biases
@@ -221,8 +231,9 @@ def make(family: str, tok, folder: str, width: int, blocks: int) -> None:
               for k, v in load_file(path).items()}
         save_file(sd, path, metadata={"format": "pt"})
     tok.save_pretrained(folder)
-    with open(os.path.join(folder, "preprocessor_config.json"), "w") as fh:
-        json.dump(pre, fh)
+    if pre is not None:
+        with open(os.path.join(folder, "preprocessor_config.json"), "w") as fh:
+            json.dump(pre, fh)
 
 
 def intern_s1_layout(hf: str) -> str:
