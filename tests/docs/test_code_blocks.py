@@ -7,9 +7,10 @@ not run: commands on checkpoints the tests cannot make cheaply (a 2 GB checkpoin
 program output.
 
 A block preceded by `<!-- docs-test: skip (REASON) -->` is not run; REASON must say what is absent. The pages
-use it only for blocks that need MAX (an 800 MB wheel and a MAX pipeline), a CUDA GPU, or a remote server
-(an HTTP server with Range support and an S3 endpoint); tests/io/ and tests/run/test_gpu.py run those calls
-against nginx, moto and a fake device. `test_block_counts` prints how many blocks run and how many are
+use it only for blocks that need MAX (an 800 MB wheel and a MAX pipeline), a CUDA GPU, a remote server
+(an HTTP server with Range support and an S3 endpoint), or a multimodal checkpoint; tests/io/,
+tests/run/test_gpu.py and tests/adapters/test_mmproj.py run those calls against nginx, moto, a fake device and
+tiny vision-language models. `test_block_counts` prints how many blocks run and how many are
 skipped, with the reasons, and fails if a skip has no reason.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 RUN = {"python", "bash"}
-SHOWN = {"console", "text", ""}
+SHOWN = {"console", "text", "mermaid", ""}  # mermaid: a drawing (docs/architecture.md's layers)
 _FENCE = re.compile(r"^(?P<skip><!-- docs-test: skip(?P<reason>[^\n]*?)-->\n)?"
                     r"```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^```$", re.M | re.S)
 
