@@ -195,8 +195,8 @@ def check_adapter_spec(spec) -> None:
         >>> try:
         ...     check_adapter_spec("LlamaForCasualLM")
         ... except AdapterError as e:
-        ...     print(str(e).split("?")[0])
-        Did you mean 'LlamaForCausalLM' or 'Llama4ForCausalLM' or 'MambaForCausalLM'
+        ...     print(str(e).split(" or ")[0])  # the closest first (the rest depends on what is registered)
+        Did you mean 'LlamaForCausalLM'
     """
     if callable(spec):
         return

@@ -24,7 +24,9 @@ from lazyweights.adapters.archs import ALIASES, ARCHS  # noqa: E402
 # another record's class, judged by that class's entries), and records judged on a real checkpoint instead
 _JUDGED_ELSEWHERE = {"nemotron_h_moe": "test_arch_ssm: NemotronHConfig with MoE layers",
                      "bert": "test_arch_breadth::test_minilm_embedding_equals_transformers (the real MiniLM)",
-                     "lfm2_embed": "test_arch_lfm2_embed: Lfm2Config with Lfm2Model (llama.cpp's pooled embedding)"}
+                     "lfm2_embed": "test_arch_lfm2_embed: Lfm2Config with Lfm2Model (llama.cpp's pooled embedding)",
+                     "qwen3_vl_moe_text": "test_vl_text: Qwen3VLMoeForConditionalGeneration's text half, llama.cpp's "
+                                          "next-token distribution against transformers' (KL)"}
 
 
 def _judged_model_types() -> set[str]:
