@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -619,6 +620,12 @@ def test_text_model_given_the_image_agrees(family, folders):
     d = folders[family, "float32"]
     img = _image(*FAMILIES[family][6])
     _, parts, mine = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
+    if not np.isfinite(mine).all():
+        # Seen once in two full-suite runs (mistral3, never alone): llama.cpp's logits came back NaN for the same
+        # files that pass (a) and (b). A second decode tells a llama.cpp runtime flake (finite now; warned) from a
+        # file that always gives NaN (still NaN: the assertion below fails).
+        warnings.warn(f"{family}: llama.cpp returned non-finite logits; decoded again", stacklevel=2)
+        _, parts, mine = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
     ref = transformers_next_token(family, os.path.join(d, "hf"), img, parts)
     kl = _kl(ref, mine)
     # the judge sees the image: another image moves transformers' own distribution 10x more than llama.cpp differs
