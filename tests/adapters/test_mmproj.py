@@ -381,10 +381,45 @@ def _image(h: int, w: int) -> np.ndarray:
     return np.random.default_rng(7).integers(0, 256, (h, w, 3), dtype=np.uint8)
 
 
+# llama.cpp 0.3.36's pixtral graph (tools/mtmd/models/pixtral.cpp:73-75) makes the [IMG_BREAK] rows from a new,
+# uninitialized tensor "cleared" with ggml_scale(tok, 0.0) before adding `v.token_embd.img_break`. 0 * NaN is NaN, so
+# when the compute buffer happens to hold NaN bit patterns (a long process whose heap was used before: it failed in CI's
+# full suite, never alone; a heap sprayed with 0xFF before the test reproduces it) those rows come back NaN. The rows
+# llama.cpp means to compute are exactly the file's `v.token_embd.img_break` (0 * x + img_break).
+PIXTRAL_BREAK_DEFECT = ("llama.cpp pixtral.cpp clears the [IMG_BREAK] rows with ggml_scale(uninitialized, 0.0), so "
+                        "they are NaN when the compute buffer held NaN bit patterns")
+
+
+def _repair_pixtral_break_rows(embd: np.ndarray, mmproj: str) -> list[int]:
+    """Replace non-finite rows of mtmd's pixtral output by the file's `v.token_embd.img_break` — only when every
+    non-finite row is an [IMG_BREAK] row (the row after each full image row). Returns the rows replaced; a non-finite
+    row anywhere else is left for the test to fail on."""
+    bad = [int(i) for i in np.where(~np.isfinite(embd).all(-1))[0]]
+    if not bad:
+        return []
+    reader = gguf.GGUFReader(mmproj)
+    brk = next((t for t in reader.tensors if t.name == "v.token_embd.img_break"), None)
+    if brk is None:
+        return []
+    row = np.asarray(brk.data, dtype=np.float32).reshape(-1)
+    if row.shape[0] != embd.shape[1]:
+        return []
+    # the break rows: one after each of the p_y - 1 full rows of p_x tokens, n = p_x * p_y + p_y - 1. Those rows are
+    # the bad ones and the ones already equal to the break embedding; they must form that pattern exactly.
+    n = embd.shape[0]
+    rows = set(bad) | {i for i in range(n) if np.array_equal(embd[i], row)}
+    if not any((n + 1) % (p_x + 1) == 0 and rows == set(range(p_x, n, p_x + 1)) for p_x in range(1, n)):
+        return []
+    for i in bad:
+        embd[i] = row
+    return bad
+
+
 def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {} here"):
     """llama.cpp's mtmd with our mmproj beside our text model, on `prompt` with the image at `{}`: (the image's
     embeddings [n_tokens, n_embd], the prompt as (token ids or None for the image, in order), the text model's
-    next-token logits after the whole prompt)."""
+    next-token logits after the whole prompt). The chunks are evaluated one by one (what mtmd_helper_eval_chunks
+    does) so that the image's embeddings decoded are the ones returned, after `_repair_pixtral_break_rows` (warned)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
     llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=512, n_batch=512, verbose=False, n_threads=2)
@@ -407,22 +442,32 @@ def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {
         n_embd = llama_cpp.llama_model_n_embd_inp(llm._model.model)  # Qwen3-VL: with the deepstack features
         parts: list = []
         embd = None
-        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+        n_past = llama_cpp.llama_pos(0)
+        n_chunks = mtmd.mtmd_input_chunks_size(chunks)
+        for i in range(n_chunks):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+            new_n_past = llama_cpp.llama_pos(n_past.value)  # text chunks add their tokens to it
             if mtmd.mtmd_input_chunk_get_type(chunk) == 1:  # MTMD_INPUT_CHUNK_TYPE_IMAGE
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
                 ptr = mtmd.mtmd_get_output_embd(ctx)
                 embd = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
+                repaired = _repair_pixtral_break_rows(embd, mmproj)
+                if repaired:
+                    warnings.warn(f"{PIXTRAL_BREAK_DEFECT}; rows {repaired} set to the file's img_break", stacklevel=2)
+                decoded = np.ascontiguousarray(embd, dtype=np.float32)
+                assert mtmd.mtmd_helper_decode_image_chunk(
+                    ctx, llm._ctx.ctx, chunk, decoded.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                    n_past.value, 0, 512, ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(), None) == 0
                 parts += [None] * n
             else:
                 k = ctypes.c_size_t(0)
                 toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(k))
                 parts += [int(toks[j]) for j in range(k.value)]
+                assert mtmd.mtmd_helper_eval_chunk_single(ctx, llm._ctx.ctx, chunk, n_past.value, 0, 512,
+                                                          i == n_chunks - 1, ctypes.byref(new_n_past)) == 0
+            n_past = new_n_past
         assert embd is not None, "mtmd made no image chunk"
-        new_n_past = llama_cpp.llama_pos(0)
-        assert mtmd.mtmd_helper_eval_chunks(ctx, llm._ctx.ctx, chunks, 0, 0, 512, True,
-                                            ctypes.byref(new_n_past)) == 0
         ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
         mtmd.mtmd_input_chunks_free(chunks)
@@ -620,12 +665,6 @@ def test_text_model_given_the_image_agrees(family, folders):
     d = folders[family, "float32"]
     img = _image(*FAMILIES[family][6])
     _, parts, mine = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
-    if not np.isfinite(mine).all():
-        # Seen once in two full-suite runs (mistral3, never alone): llama.cpp's logits came back NaN for the same
-        # files that pass (a) and (b). A second decode tells a llama.cpp runtime flake (finite now; warned) from a
-        # file that always gives NaN (still NaN: the assertion below fails).
-        warnings.warn(f"{family}: llama.cpp returned non-finite logits; decoded again", stacklevel=2)
-        _, parts, mine = mtmd_run(os.path.join(d, "text.gguf"), os.path.join(d, "mmproj.gguf"), img)
     ref = transformers_next_token(family, os.path.join(d, "hf"), img, parts)
     kl = _kl(ref, mine)
     # the judge sees the image: another image moves transformers' own distribution 10x more than llama.cpp differs
