@@ -73,6 +73,7 @@ from ..core.errors import (
     UsageError,
 )
 from ..formats.arch_identity import identity_for_model_type
+from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
@@ -596,15 +597,13 @@ def _embedding_metadata(arch: str, cfg: Mapping[str, Any], folder: str | None) -
     from ..formats.gguf_writer import GGUFValue
 
     md: dict[str, Any] = {Keys.Tokenizer.TOKEN_TYPE_COUNT: GGUFValue(int(cfg.get("type_vocab_size", 1)), T.UINT32)}
-    modules = os.path.join(folder, "modules.json") if folder else None
-    if modules is None or not os.path.isfile(modules):
-        return md
-    with open(modules, encoding="utf-8") as fh:
-        mods = json.load(fh)
-    for mod in mods:
+    mods = read_json(os.path.join(folder, "modules.json"), expect=list) if folder else None
+    for mod in mods or ():
         if str(mod.get("type", "")).endswith("Pooling"):
-            with open(os.path.join(folder or "", mod["path"], "config.json"), encoding="utf-8") as fh:
-                pooling = json.load(fh)
+            pooling_file = os.path.join(folder or "", mod["path"], "config.json")
+            pooling = read_json(pooling_file)
+            if pooling is None:
+                raise ConfigError(f"{folder}: modules.json names a Pooling module whose {pooling_file} is missing")
             kind = next((v for k, v in _POOLING.items() if pooling.get(k)),
                         _POOLING_NAMES.get(pooling.get("pooling_mode", "")))
             if kind is None:
@@ -665,9 +664,9 @@ def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
 
 def _config_dict(huggingface_config, folder: str | None) -> dict:
     if huggingface_config is None:
-        if folder and os.path.isfile(os.path.join(folder, "config.json")):
-            with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
-                return json.load(fh)
+        doc = json_beside(folder, "config.json") if folder else None
+        if doc is not None:
+            return doc
         raise ConfigError("convert_hf_to_gguf needs the checkpoint's config.json (none beside it; "
                                "pass --hf-config FILE)")
     if isinstance(huggingface_config, Mapping):

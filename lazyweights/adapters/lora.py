@@ -36,7 +36,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -44,6 +43,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from ..api.weight_data import WeightData, as_weight_data
 from ..core.errors import LoraError, did_you_mean
+from ..formats.json_files import read_json
 from ..graph.lora import lora_update
 
 _PREFIX = "base_model.model."
@@ -98,15 +98,9 @@ def read_lora_config(lora_dir: str) -> LoraConfig:
         (8, 16.0, True, ['q_proj'])
     """
     path = os.path.join(lora_dir, _CONFIG)
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise LoraError(f"{lora_dir!r} is not a PEFT adapter folder: it has no {_CONFIG}") from None
-    except (OSError, ValueError) as e:
-        raise LoraError(f"cannot read {path}: {e}") from None
-    if not isinstance(doc, dict):
-        raise LoraError(f"{path}: expected a JSON object, got a {type(doc).__name__}")
+    doc = read_json(path)  # JSONFileError names the file when it is not a JSON object
+    if doc is None:
+        raise LoraError(f"{lora_dir!r} is not a PEFT adapter folder: it has no {_CONFIG}")
     kind = doc.get("peft_type", "LORA")
     if kind != "LORA":
         raise LoraError(f"{path}: peft_type is {kind!r}; only LORA adapters can be merged")

@@ -35,7 +35,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Mapping, NamedTuple
@@ -50,6 +49,7 @@ from ..core.errors import (
     VisionConfigError,
 )
 from ..core.names import parse_block
+from ..formats.json_files import json_beside, read_json
 from .vision_archs import BLOCK_KEYS, VisionArch, VParam, vision_arch_for_model_type
 
 __all__ = ["MmprojConfig", "check_mmproj_config", "convert_hf_to_mmproj", "save_mmproj", "export_mmproj",
@@ -74,10 +74,8 @@ def _preprocessor_config(folder: str | None) -> dict | None:
     (its `image_processor` lifted) over it; None when neither file exists."""
     out: dict | None = None
     for name, inner in (("preprocessor_config.json", "media_proc_cfg"), ("processor_config.json", "image_processor")):
-        path = os.path.join(folder, name) if folder else None
-        if path and os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                cfg = json.load(fh)
+        cfg = json_beside(folder, name) if folder else None
+        if cfg is not None:
             if isinstance(cfg.get(inner), Mapping):
                 cfg = {**cfg, **cfg[inner]}
             out = {**(out or {}), **cfg}
@@ -139,9 +137,8 @@ def _token_ids(rec: VisionArch, folder: str | None) -> dict[str, int]:
         raise MissingTokenizerError(f"{rec.model_type}: no tokenizer_config.json or tokenizer.json in {folder}; the "
                                     f"mmproj holds the text embedding of {', '.join(t for t, _, _ in rec.token_rows)}")
     for path in files:
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
+        doc = read_json(path)
+        if doc is not None:
             added = doc.get("added_tokens_decoder") or {}
             pairs = [(d.get("content"), i) for i, d in added.items()] if isinstance(added, Mapping) else []
             pairs += [(d.get("content"), d.get("id")) for d in doc.get("added_tokens") or []]
@@ -499,12 +496,11 @@ def _folder_of(state_dict: Mapping[str, Any]) -> str | None:
 def _config_of(huggingface_config: Any, folder: str | None) -> dict:
     """config.json as a dict: the one given (a dict or a transformers config), else the folder's."""
     if huggingface_config is None:
-        path = os.path.join(folder, "config.json") if folder else None
-        if path is None or not os.path.isfile(path):
+        doc = json_beside(folder, "config.json") if folder else None
+        if doc is None:
             raise VisionConfigError(f"an mmproj needs the checkpoint's config.json (none in {folder}; pass "
                                     "huggingface_config=...)")
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        return doc
     if isinstance(huggingface_config, Mapping):
         return dict(huggingface_config)
     if hasattr(huggingface_config, "to_dict"):

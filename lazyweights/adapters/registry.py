@@ -31,23 +31,24 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from ..core.errors import (
     AdapterError,
     ArgumentTypeError,
+    JSONFileError,
     NoAdapterError,
     UnknownArchitectureError,
     UsageError,
     did_you_mean,
 )
 from ..formats.checkpoint import WeightsFormat
+from ..formats.json_files import json_beside
 from ..formats.open import weights_format
+from ..io.remote import is_url
 
 _log = logging.getLogger(__name__)
 
@@ -181,14 +182,16 @@ def architecture_from_config(paths) -> str | None:
     """The first of `config.json`'s "architectures" next to the checkpoint (Hugging Face layout), or None."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    for p in map(Path, paths):
-        cfg = (p if p.is_dir() else p.parent) / "config.json"
-        if cfg.is_file():
-            try:
-                archs = json.loads(cfg.read_text(encoding="utf-8")).get("architectures")
-            except (OSError, ValueError, AttributeError) as e:  # unreadable, not JSON, not an object
-                _log.debug("%s: no architecture read from it (%s: %s)", cfg, type(e).__name__, e)
-                return None
+    for p in paths:
+        if is_url(os.fspath(p)):
+            continue  # local folders only, as before: no request is made to guess an adapter
+        try:
+            doc = json_beside(p, "config.json")
+        except JSONFileError as e:  # unreadable, not JSON, not an object: no architecture to name
+            _log.debug("no architecture read beside %s (%s)", p, e)
+            return None
+        if doc is not None:
+            archs = doc.get("architectures")
             if isinstance(archs, list) and archs and isinstance(archs[0], str):
                 return archs[0]
     return None

@@ -7,7 +7,8 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     ├── FormatError            (also ValueError) a file is not what it claims (bad magic, header, offsets, truncation)
     │   ├── SourceChangedError a file changed size or identity after it was opened
     │   ├── ImatrixFormatError an importance-matrix file is truncated or malformed
-    │   └── UnsupportedCompressionError a compressed-tensors format or scheme this reader does not know
+    │   ├── UnsupportedCompressionError a compressed-tensors format or scheme this reader does not know
+    │   └── JSONFileError      a JSON file beside a checkpoint (config.json, ...) that is not a JSON object
     ├── MissingWeightError     (also KeyError) a name that is not in the checkpoint / state dict
     ├── UnmappedTensorError    (also KeyError) tensors an adapter has no target name for
     ├── UsageError             (also ValueError) a call whose argument values cannot work
@@ -54,6 +55,7 @@ __all__ = [
     "FormatError",
     "SourceChangedError",
     "ImatrixFormatError",
+    "JSONFileError",
     "MissingWeightError",
     "UsageError",
     "ArgumentTypeError",
@@ -119,6 +121,17 @@ class UnsupportedCompressionError(FormatError):
     """A compressed-tensors checkpoint whose format (`sparse-bitmask`, `marlin-24`, `mxfp6-pack-quantized`,
     ...), strategy or bit width this reader does not decompress, or a module no config group targets; lists
     the supported formats, strategies and widths."""
+
+
+class JSONFileError(FormatError):
+    """A JSON file kept beside a checkpoint (config.json, generation_config.json, preprocessor_config.json,
+    tokenizer_config.json, modules.json, ...) that cannot be read, is not UTF-8 JSON, or holds something other
+    than an object; `path` names the file, the message also the parser's complaint
+    (`formats.json_files.read_json`)."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 class MissingWeightError(LazyWeightsError, KeyError):

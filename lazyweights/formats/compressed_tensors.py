@@ -48,9 +48,7 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -59,13 +57,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..core.dtype import DType
-from ..core.errors import FormatError, RemoteError, ScaleShapeError, UnsupportedCompressionError
+from ..core.errors import FormatError, ScaleShapeError, UnsupportedCompressionError
 from ..core.quantization import QuantizationEncoding
 from ..graph import ops
 from ..graph.elementwise import binary
 from ..graph.node import Node
-from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 from .checkpoint import Checkpoint
+from .json_files import json_beside
 
 SUPPORTED_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized",
                      "nvfp4-pack-quantized", "mxfp4-pack-quantized", "mxfp6-pack-quantized", "mxfp8-quantized",
@@ -108,27 +106,7 @@ class Scheme:
 
 def _read_config(files: list[str]) -> dict | None:
     """The config.json beside the first file (a URL's sibling object for remote checkpoints), or None."""
-    if not files:
-        return None
-    first = str(files[0])
-    try:
-        if is_url(first):
-            path = first.split("?", 1)[0].rsplit("/", 1)[0] + "/config.json"
-            with remote_options(*sibling_options(first)):
-                if not url_exists(path):
-                    return None
-                doc = json.loads(fetch_small(path).decode("utf-8"))
-        else:
-            path = os.path.join(os.path.dirname(os.path.abspath(first)), "config.json")
-            if not os.path.isfile(path):
-                return None
-            with open(path, encoding="utf-8") as fh:
-                doc = json.load(fh)
-    except RemoteError:
-        raise  # the store's own error (timeouts, truncated bodies, 403s) names the URL and the cause
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"{path}: not a valid config.json: {e}") from None
-    return doc if isinstance(doc, dict) else None
+    return json_beside(str(files[0]), "config.json") if files else None
 
 
 def quantization_config(config: Mapping[str, Any] | None) -> dict | None:

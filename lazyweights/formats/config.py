@@ -35,14 +35,13 @@ Example:
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Mapping
 
 from ..core.config_access import config_get
 from ..core.errors import FormatError
-from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
 from .arch_identity import config_identity
+from .json_files import json_beside, read_json
 from .rope_scaling import rope_scaling_from_gguf
 
 # HF attribute -> GGUF key suffix after "{arch}."
@@ -176,15 +175,9 @@ def load_hf_config(path) -> HFConfig:
     """
     path = os.fspath(path)
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise FormatError(f"{file}: no such file (a Hugging Face checkpoint keeps its config.json here)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(f"{file}: not a valid config.json: {e}") from None
-    if not isinstance(doc, dict):
-        raise FormatError(f"{file}: config.json holds a {type(doc).__name__}, expected an object")
+    doc = read_json(file)
+    if doc is None:
+        raise FormatError(f"{file}: no such file (a Hugging Face checkpoint keeps its config.json here)")
     return HFConfig(doc)
 
 
@@ -196,20 +189,5 @@ def config_from_metadata(fmt, metadata: Mapping[str, Any], files: Iterable[str] 
     if value == "gguf":
         return GGUFConfig(metadata, tensor_names)
     files = list(files or [])
-    if files and is_url(files[0]):
-        candidate = files[0].split("?", 1)[0].rsplit("/", 1)[0] + "/config.json"
-        with remote_options(*sibling_options(files[0])):
-            if not url_exists(candidate):
-                return None
-            try:
-                doc = json.loads(fetch_small(candidate).decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise FormatError(f"{candidate}: not a valid config.json: {e}") from None
-        if not isinstance(doc, dict):
-            raise FormatError(f"{candidate}: config.json holds a {type(doc).__name__}, expected an object")
-        return HFConfig(doc)
-    if files:
-        candidate = os.path.join(os.path.dirname(os.path.abspath(files[0])), "config.json")
-        if os.path.isfile(candidate):
-            return load_hf_config(candidate)
-    return None
+    doc = json_beside(files[0], "config.json") if files else None
+    return None if doc is None else HFConfig(doc)
