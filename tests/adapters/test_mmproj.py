@@ -415,14 +415,15 @@ def _repair_pixtral_break_rows(embd: np.ndarray, mmproj: str) -> list[int]:
     return bad
 
 
-def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {} here"):
-    """llama.cpp's mtmd with our mmproj beside our text model, on `prompt` with the image at `{}`: (the image's
-    embeddings [n_tokens, n_embd], the prompt as (token ids or None for the image, in order), the text model's
-    next-token logits after the whole prompt). The chunks are evaluated one by one (what mtmd_helper_eval_chunks
-    does) so that the image's embeddings decoded are the ones returned, after `_repair_pixtral_break_rows` (warned)."""
+def _mtmd_session(text_gguf: str, mmproj: str, bitmap_of, prompt: str, n_ctx: int):
+    """llama.cpp's text model and mtmd over our two files, the prompt (`{}` where the media goes) tokenized with the
+    bitmap `bitmap_of(mtmd)` makes, and every chunk evaluated one by one as mtmd_helper_eval_chunks does: text by
+    eval_chunk_single, media by encode + mtmd_helper_decode_image_chunk, so the embeddings decoded are the ones
+    returned (after `_repair_pixtral_break_rows`, warned). Returns ([embeddings [n_tokens, n_embd] per media chunk],
+    the prompt as token ids with None for media tokens, the next-token logits after the whole prompt)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
-    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=512, n_batch=512, verbose=False, n_threads=2)
+    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=n_ctx, n_batch=n_ctx, verbose=False, n_threads=2)
     params = mtmd.mtmd_context_params_default()
     params.use_gpu = False
     params.n_threads = 2
@@ -431,9 +432,7 @@ def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {
     ctx = mtmd.mtmd_init_from_file(mmproj.encode(), llm._model.model, params)
     assert ctx, "mtmd could not load the mmproj"
     try:
-        h, w, _ = img.shape
-        buf = (ctypes.c_uint8 * img.size).from_buffer_copy(np.ascontiguousarray(img).tobytes())
-        bitmap = mtmd.mtmd_bitmap_init(w, h, buf)
+        bitmap = bitmap_of(mtmd, ctx)
         chunks = mtmd.mtmd_input_chunks_init()
         raw = prompt.format(mtmd.mtmd_default_marker().decode()).encode()
         text = mtmd.mtmd_input_text(raw, len(raw), True, True)
@@ -441,13 +440,13 @@ def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {
         assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
         n_embd = llama_cpp.llama_model_n_embd_inp(llm._model.model)  # Qwen3-VL: with the deepstack features
         parts: list = []
-        embd = None
+        embds: list = []
         n_past = llama_cpp.llama_pos(0)
         n_chunks = mtmd.mtmd_input_chunks_size(chunks)
         for i in range(n_chunks):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
             new_n_past = llama_cpp.llama_pos(n_past.value)  # text chunks add their tokens to it
-            if mtmd.mtmd_input_chunk_get_type(chunk) == 1:  # MTMD_INPUT_CHUNK_TYPE_IMAGE
+            if mtmd.mtmd_input_chunk_get_type(chunk) != mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
                 n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
                 assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
                 ptr = mtmd.mtmd_get_output_embd(ctx)
@@ -455,27 +454,42 @@ def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {
                 repaired = _repair_pixtral_break_rows(embd, mmproj)
                 if repaired:
                     warnings.warn(f"{PIXTRAL_BREAK_DEFECT}; rows {repaired} set to the file's img_break", stacklevel=2)
+                embds.append(embd)
                 decoded = np.ascontiguousarray(embd, dtype=np.float32)
                 assert mtmd.mtmd_helper_decode_image_chunk(
                     ctx, llm._ctx.ctx, chunk, decoded.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                    n_past.value, 0, 512, ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(), None) == 0
+                    n_past.value, 0, n_ctx, ctypes.byref(new_n_past), mtmd.mtmd_helper_post_decode_callback(),
+                    None) == 0
                 parts += [None] * n
             else:
                 k = ctypes.c_size_t(0)
                 toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(k))
                 parts += [int(toks[j]) for j in range(k.value)]
-                assert mtmd.mtmd_helper_eval_chunk_single(ctx, llm._ctx.ctx, chunk, n_past.value, 0, 512,
+                assert mtmd.mtmd_helper_eval_chunk_single(ctx, llm._ctx.ctx, chunk, n_past.value, 0, n_ctx,
                                                           i == n_chunks - 1, ctypes.byref(new_n_past)) == 0
             n_past = new_n_past
-        assert embd is not None, "mtmd made no image chunk"
         ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
         logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
         mtmd.mtmd_input_chunks_free(chunks)
         mtmd.mtmd_bitmap_free(bitmap)
-        return embd, parts, logits
+        return embds, parts, logits
     finally:
         mtmd.mtmd_free(ctx)
         llm.close()
+
+
+def mtmd_run(text_gguf: str, mmproj: str, img: np.ndarray, prompt: str = "look {} here"):
+    """llama.cpp's mtmd with our mmproj beside our text model, on `prompt` with the image at `{}`: (the image's
+    embeddings [n_tokens, n_embd] (the last image chunk's: Idefics3's overview), the prompt as (token ids or None for
+    the image, in order), the text model's next-token logits after the whole prompt)."""
+    def bitmap_of(mtmd, ctx):
+        h, w, _ = img.shape
+        buf = (ctypes.c_uint8 * img.size).from_buffer_copy(np.ascontiguousarray(img).tobytes())
+        return mtmd.mtmd_bitmap_init(w, h, buf)
+
+    embds, parts, logits = _mtmd_session(text_gguf, mmproj, bitmap_of, prompt, n_ctx=512)
+    assert embds, "mtmd made no image chunk"
+    return embds[-1], parts, logits
 
 
 def mtmd_embeddings(text_gguf: str, mmproj: str, img: np.ndarray) -> np.ndarray:
@@ -1067,52 +1081,14 @@ def mtmd_audio_run(text_gguf: str, mmproj: str, pcm: np.ndarray, prompt: str = "
     """llama.cpp's mtmd on 16 kHz `pcm` (`mtmd_bitmap_init_from_audio`: mtmd computes the log-mel itself, in
     30-second windows): (the audio's embeddings [n_tokens, n_embd], the prompt as token ids with None for the
     audio's, the text model's next-token logits after the prompt)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    mtmd = pytest.importorskip("llama_cpp.mtmd_cpp")
-    llm = llama_cpp.Llama(model_path=text_gguf, n_ctx=1024, n_batch=1024, verbose=False, n_threads=2)
-    params = mtmd.mtmd_context_params_default()
-    params.use_gpu = False
-    params.n_threads = 2
-    params.warmup = False
-    params.print_timings = False
-    ctx = mtmd.mtmd_init_from_file(mmproj.encode(), llm._model.model, params)
-    assert ctx, "mtmd could not load the mmproj"
-    try:
+    def bitmap_of(mtmd, ctx):
         assert mtmd.mtmd_support_audio(ctx) and mtmd.mtmd_get_audio_sample_rate(ctx) == 16000
         buf = (ctypes.c_float * pcm.size).from_buffer_copy(np.ascontiguousarray(pcm, np.float32).tobytes())
-        bitmap = mtmd.mtmd_bitmap_init_from_audio(pcm.size, buf)
-        chunks = mtmd.mtmd_input_chunks_init()
-        raw = prompt.format(mtmd.mtmd_default_marker().decode()).encode()
-        text = mtmd.mtmd_input_text(raw, len(raw), True, True)
-        bitmaps = (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap)
-        assert mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), bitmaps, 1) == 0
-        n_embd = llama_cpp.llama_model_n_embd_inp(llm._model.model)
-        parts: list = []
-        embd = []
-        for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-            chunk = mtmd.mtmd_input_chunks_get(chunks, i)
-            if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_AUDIO:
-                n = mtmd.mtmd_input_chunk_get_n_tokens(chunk)
-                assert mtmd.mtmd_encode_chunk(ctx, chunk) == 0
-                ptr = mtmd.mtmd_get_output_embd(ctx)
-                embd.append(np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy())
-                parts += [None] * n
-            else:
-                k = ctypes.c_size_t(0)
-                toks = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(k))
-                parts += [int(toks[j]) for j in range(k.value)]
-        assert len(embd) == 1, f"mtmd made {len(embd)} audio chunks (one 30-second window expected)"
-        new_n_past = llama_cpp.llama_pos(0)
-        assert mtmd.mtmd_helper_eval_chunks(ctx, llm._ctx.ctx, chunks, 0, 0, 1024, True,
-                                            ctypes.byref(new_n_past)) == 0
-        ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-        logits = np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
-        mtmd.mtmd_input_chunks_free(chunks)
-        mtmd.mtmd_bitmap_free(bitmap)
-        return embd[0], parts, logits
-    finally:
-        mtmd.mtmd_free(ctx)
-        llm.close()
+        return mtmd.mtmd_bitmap_init_from_audio(pcm.size, buf)
+
+    embds, parts, logits = _mtmd_session(text_gguf, mmproj, bitmap_of, prompt, n_ctx=1024)
+    assert len(embds) == 1, f"mtmd made {len(embds)} audio chunks (one 30-second window expected)"
+    return embds[0], parts, logits
 
 
 def whisper_features(model, pcm: np.ndarray):
