@@ -39,6 +39,7 @@ from ..formats.arch_identity import GGUF_ARCHS as _IDENTITY_GGUF_ARCHS
 from ..formats.arch_identity import IDENTITIES, MODEL_TYPE_ALIASES, ArchIdentity
 from ..formats.arch_identity import identity_for_gguf as _identity_for_gguf
 from ..formats.arch_identity import identity_for_model_type as _identity_for_model_type
+from ..formats.gguf_keys import template as _gguf_template
 
 
 class HParam(NamedTuple):
@@ -53,6 +54,15 @@ class HParam(NamedTuple):
     key: str
     hf: tuple[str, ...]
     kind: str = "u32"
+
+    @property
+    def template(self) -> str:
+        """gguf-py's `Keys` template of this row's key (`{arch}.` + key; `formats.gguf_keys.template`).
+
+        >>> CTX.template
+        '{arch}.context_length'
+        """
+        return _gguf_template(self.key)
 
 
 def _p(key: str, *hf: str, kind: str = "u32") -> HParam:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..core.config_access import config_first
 from ..core.errors import GGUFConfigError
+from ..formats.gguf_keys import arch_key, template
 from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
 from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
 
@@ -118,6 +119,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     """`{arch}.*` GGUF key/values for a record-driven family's config.json dict. GGUFConfigError lists what a
     GGUF needs and the config lacks."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
 
     from ..formats.gguf_writer import GGUFValue
 
@@ -144,51 +146,51 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                               f"computes only {dict(rec.requires)}", list(rec.requires))
     hidden, heads = int(found["embedding_length"]), int(found["attention.head_count"])
     if found.get("feed_forward_length") is None and rec.ffn_mult:
-        md[f"{a}.feed_forward_length"] = _value(FFN, rec.ffn_mult * hidden)
+        md[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = _value(FFN, rec.ffn_mult * hidden)
     if "attention.head_count_kv" in found:
         found["attention.head_count_kv"] = _kv_heads(rec, cfg, heads)
     if rec.position_offset and found.get("context_length") is not None and cfg.get("pad_token_id") is not None:
         found["context_length"] = int(found["context_length"]) - int(cfg["pad_token_id"]) - 1  # RoBERTa's offset
     md.update(_rows(rec, rec.hparams, found))
     for key, v in rec.gguf_fixed.items():
-        if f"{a}.{key}" in md:
+        if arch_key(a, key) in md:
             continue  # the config's own value wins
         kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
-        md[f"{a}.{key}"] = _value(HParam(key, (), kind), v)
+        md[arch_key(a, key)] = _value(HParam(key, (), kind), v)
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
         # a row's own value wins (MiniCPM3); Phi-3 writes them later, and only for an odd head_dim
-        if not rec.head_dims and not rec.odd_head_dim and f"{a}.attention.key_length" not in md:
-            md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
-            md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
+        if not rec.head_dims and not rec.odd_head_dim and K.Attention.KEY_LENGTH.format(arch=a) not in md:
+            md[K.Attention.KEY_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
+            md[K.Attention.VALUE_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
     theta = config_first(cfg, ("rope_theta", "global_rope_theta"))
     if theta is None:
         theta = rope_parameters(cfg).get("rope_theta")
     if theta is None:
         theta = cfg.get("rotary_emb_base")  # remote-code spelling (nomic-bert, old GPT-NeoX configs)
     if theta is not None:
-        md[f"{a}.rope.freq_base"] = GGUFValue(float(theta), T.FLOAT32)
+        md[K.Rope.FREQ_BASE.format(arch=a)] = GGUFValue(float(theta), T.FLOAT32)
     if rec.head_dims or (rec.odd_head_dim and head_dim != hidden // heads):
-        md[f"{a}.attention.key_length"] = GGUFValue(head_dim, T.UINT32)
-        md[f"{a}.attention.value_length"] = GGUFValue(head_dim, T.UINT32)
+        md[K.Attention.KEY_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
+        md[K.Attention.VALUE_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
-        md[f"{a}.rope.dimension_count"] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
+        md[K.Rope.DIMENSION_COUNT.format(arch=a)] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
-        md[f"{a}.rope.dimension_count"] = GGUFValue(head_dim, T.UINT32)
+        md[K.Rope.DIMENSION_COUNT.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
     orig = config_first(cfg, ("original_max_position_embeddings",)) or \
         config_first(rope_parameters(cfg), ("original_max_position_embeddings",))
     if rec.orig_ctx and orig:
-        md[f"{a}.rope.scaling.original_context_length"] = GGUFValue(int(orig), T.UINT32)
+        md[K.Rope.SCALING_ORIG_CTX_LEN.format(arch=a)] = GGUFValue(int(orig), T.UINT32)
     if rec.longrope and longrope_parameters(cfg) is not None:
-        md[f"{a}.rope.scaling.attn_factor"] = GGUFValue(longrope_attn_factor(cfg), T.FLOAT32)
+        md[K.Rope.SCALING_ATTN_FACTOR.format(arch=a)] = GGUFValue(longrope_attn_factor(cfg), T.FLOAT32)
     if rec.qpas_27b:
         _check_attention_scale(rec, cfg, hidden, heads, head_dim)
     if cfg.get("vocab_size") is not None and not rec.no_vocab:
-        md[f"{a}.vocab_size"] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
+        md[K.LLM.VOCAB_SIZE.format(arch=a)] = GGUFValue(int(cfg["vocab_size"]), T.UINT32)
     window = cfg.get("sliding_window")
     if window and (rec.window_always or (rec.window_flag and cfg.get(rec.window_flag))):
-        md[f"{a}.attention.sliding_window"] = GGUFValue(int(window), T.UINT32)
+        md[K.Attention.SLIDING_WINDOW.format(arch=a)] = GGUFValue(int(window), T.UINT32)
     md.update(rope_scaling_to_gguf(a, cfg))
     if rec.mla:
         md.update(_mla_hparams(a, cfg))
@@ -198,16 +200,16 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
                                      or ([11, 11, 10, 0] if rec.gdn else []))]  # llama.cpp's Qwen3.5 default
         if not sections or len(sections) > 4:
             raise GGUFConfigError(f"config.json ({rec.model_type}): M-RoPE needs rope_parameters.mrope_section "
-                                  f"(up to 4 sections), got {sections}", [f"{a}.rope.dimension_sections"])
-        md[f"{a}.rope.dimension_sections"] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
+                                  f"(up to 4 sections), got {sections}", [K.Rope.DIMENSION_SECTIONS.format(arch=a)])
+        md[K.Rope.DIMENSION_SECTIONS.format(arch=a)] = GGUFValue(sections + [0] * (4 - len(sections)), T.ARRAY, T.INT32)
     window_hf = rec.window_hf or "sliding_window"
     if rec.sliding and cfg.get(window_hf) is not None:
-        md[f"{a}.attention.sliding_window"] = GGUFValue(int(cfg[window_hf]), T.UINT32)
-        md[f"{a}.attention.sliding_window_pattern"] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
+        md[K.Attention.SLIDING_WINDOW.format(arch=a)] = GGUFValue(int(cfg[window_hf]), T.UINT32)
+        md[K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
     if rec.rope_swa:
         swa = _swa_theta(cfg)
         if swa is not None:
-            md[f"{a}.rope.freq_base_swa"] = GGUFValue(float(swa), T.FLOAT32)
+            md[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(swa), T.FLOAT32)
     if rec.swa_keys:
         md.update(_swa_keys(rec, cfg))
     if rec.gemma4:
@@ -217,13 +219,13 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if rec.hybrid:
         md.update(_hybrid_hparams(rec, cfg, found))
     if rec.shortconv:
-        md[f"{a}.feed_forward_length"] = _value(FFN, lfm2_feed_forward_length(cfg))
+        md[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = _value(FFN, lfm2_feed_forward_length(cfg))
     if rec.fused_gate_up_shexp and rec.hybrid and not found.get("expert_count"):  # dense Granite 4.0 H: the MLP
-        for key in ("expert_count", "expert_used_count", "expert_shared_feed_forward_length"):
-            md.pop(f"{a}.{key}", None)
+        for key in (K.LLM.EXPERT_COUNT, K.LLM.EXPERT_USED_COUNT, K.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH):
+            md.pop(key.format(arch=a), None)
         shared = found.get("expert_shared_feed_forward_length")
         if shared:
-            md[f"{a}.feed_forward_length"] = _value(FFN, shared)
+            md[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = _value(FFN, shared)
     return md
 
 
@@ -256,6 +258,7 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
     """A hybrid's per-layer kv head count (0 marks a Mamba layer, as llama.cpp reads it) and Granite's RoPE
     switch."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
 
     from ..formats.gguf_writer import GGUFValue
 
@@ -266,20 +269,21 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
     kinds = layer_kinds(cfg, n)
     if "moe" in kinds and not found.get("expert_count"):
         raise GGUFConfigError(f"config.json ({rec.model_type}): MoE layers in {kinds} but no expert count",
-                              [f"{a}.expert_count"])
-    out = {f"{a}.attention.head_count_kv": GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY,
-                                                     T.INT32)}
+                              [K.LLM.EXPERT_COUNT.format(arch=a)])
+    kv_key = K.Attention.HEAD_COUNT_KV.format(arch=a)
+    out = {kv_key: GGUFValue([kv if k == "attention" else 0 for k in kinds], T.ARRAY, T.INT32)}
     if rec.gdn:  # Qwen's gated delta-net layers, as llama.cpp's converter marks them (kv heads: one count; the
-        out[f"{a}.attention.head_count_kv"] = GGUFValue(kv, T.UINT32)  # loader sizes attn_k by layer 0's)
-        out[f"{a}.attention.recurrent_layers"] = GGUFValue([k == "mamba" for k in kinds], T.ARRAY, T.BOOL)
-        out[f"{a}.full_attention_interval"] = GGUFValue(int(cfg.get("full_attention_interval") or 4), T.UINT32)
+        out[kv_key] = GGUFValue(kv, T.UINT32)  # loader sizes attn_k by layer 0's)
+        out[arch_key(a, "attention.recurrent_layers")] = GGUFValue([k == "mamba" for k in kinds], T.ARRAY, T.BOOL)
+        out[K.LLM.FULL_ATTENTION_INTERVAL.format(arch=a)] = GGUFValue(int(cfg.get("full_attention_interval") or 4),
+                                                                     T.UINT32)
     if "mlp" in kinds or "moe" in kinds:  # Nemotron-H: MLP or MoE layers; no kv heads and no MLP: a Mamba layer
         ff = int(found.get("feed_forward_length") or 0)
         moe = int(found.get("expert_feed_forward_length") or 0)
-        out[f"{a}.feed_forward_length"] = GGUFValue([ff if k == "mlp" else moe if k == "moe" else 0 for k in kinds],
-                                                    T.ARRAY, T.INT32)
+        out[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = GGUFValue(
+            [ff if k == "mlp" else moe if k == "moe" else 0 for k in kinds], T.ARRAY, T.INT32)
     if a == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
-        out[f"{a}.rope.scaling.finetuned"] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
+        out[K.Rope.SCALING_FINETUNED.format(arch=a)] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
     return out
 
 
@@ -323,46 +327,48 @@ def lfm2_feed_forward_length(cfg: Mapping[str, Any]) -> int:
 def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
     """config.json's hybrid facts back: which layers attend (in the record's spelling) from the per-layer kv
     counts, the Mamba sizes, Granite's RoPE switch; LFM2's conv layers and its MLP width as written."""
-    kv = get("attention.head_count_kv")
-    kv = kv if isinstance(kv, list) else [kv] * int(get("block_count"))
+    from gguf.constants import Keys as K
+
+    kv = get(K.Attention.HEAD_COUNT_KV)
+    kv = kv if isinstance(kv, list) else [kv] * int(get(K.LLM.BLOCK_COUNT))
     if rec.shortconv:
         return {"num_key_value_heads": max(int(k) for k in kv),
                 "layer_types": ["full_attention" if int(k) else "conv" for k in kv],
-                "intermediate_size": int(get("feed_forward_length")), "block_auto_adjust_ff_dim": False}
-    hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+                "intermediate_size": int(get(K.LLM.FEED_FORWARD_LENGTH)), "block_auto_adjust_ff_dim": False}
+    hidden, inner = int(get(K.LLM.EMBEDDING_LENGTH)), int(get(K.SSM.INNER_SIZE))
     if rec.gdn:  # Qwen's gated delta-net layers from recurrent_layers (else every full_attention_interval-th attends)
-        rec_layers = get("attention.recurrent_layers")
+        rec_layers = get(template("attention.recurrent_layers"))
         if not isinstance(rec_layers, list):
-            every = int(get("full_attention_interval") or 4)
+            every = int(get(K.LLM.FULL_ATTENTION_INTERVAL) or 4)
             rec_layers = [(i + 1) % every != 0 for i in range(len(kv))]
         return {"num_key_value_heads": max(int(k) for k in kv),
                 "layer_types": ["linear_attention" if r else "full_attention" for r in rec_layers],
-                "linear_value_head_dim": inner // int(get("ssm.time_step_rank"))}
+                "linear_value_head_dim": inner // int(get(K.SSM.TIME_STEP_RANK))}
     cfg: dict[str, Any] = {"num_key_value_heads": max(int(k) for k in kv)}
     if rec.hybrid == "layers_block_type":  # Nemotron-H: MLP layers from the per-layer feed-forward sizes
-        ff = get("feed_forward_length")
+        ff = get(K.LLM.FEED_FORWARD_LENGTH)
         ff = ff if isinstance(ff, list) else [0] * len(kv)
         cfg["intermediate_size"] = max([int(f) for f in ff] + [0])
-        cfg["mamba_head_dim"] = inner // int(get("ssm.time_step_rank"))
-        mlp = "moe" if get("expert_count") else "mlp"
+        cfg["mamba_head_dim"] = inner // int(get(K.SSM.TIME_STEP_RANK))
+        mlp = "moe" if get(K.LLM.EXPERT_COUNT) else "mlp"
         cfg["layers_block_type"] = ["full_attention" if k else mlp if f else "linear_attention"
                                     for k, f in zip(kv, ff)]
         return cfg
     cfg["mamba_expand"] = inner // hidden
     if rec.ssm == 2:
-        cfg["mamba_d_head"] = inner // int(get("ssm.time_step_rank"))
+        cfg["mamba_d_head"] = inner // int(get(K.SSM.TIME_STEP_RANK))
     if rec.hybrid == "attn_layer_indices":  # Bamba: its layer_types is a read-only property over these
         cfg["attn_layer_indices"] = [i for i, k in enumerate(kv) if k]
     elif rec.hybrid == "attn_layer_period":  # Jamba: attention and expert layers as period and offset
         cfg.update(_period([bool(k) for k in kv], "attn_layer"))
-        if names is not None and get("expert_count"):
+        if names is not None and get(K.LLM.EXPERT_COUNT):
             cfg.update(_period([f"blk.{i}.ffn_gate_inp.weight" in names for i in range(len(kv))], "expert_layer"))
     else:
         cfg["layer_types"] = ["attention" if k else "mamba" for k in kv]
     if rec.gguf == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
-        cfg["position_embedding_type"] = "rope" if get("rope.scaling.finetuned", True) else None
-    if rec.fused_gate_up_shexp and rec.hybrid and not get("expert_count"):  # dense: the MLP back as the shared one
-        cfg.update(num_local_experts=0, shared_intermediate_size=int(get("feed_forward_length")))
+        cfg["position_embedding_type"] = "rope" if get(K.Rope.SCALING_FINETUNED, True) else None
+    if rec.fused_gate_up_shexp and rec.hybrid and not get(K.LLM.EXPERT_COUNT):  # dense: the MLP back as the shared one
+        cfg.update(num_local_experts=0, shared_intermediate_size=int(get(K.LLM.FEED_FORWARD_LENGTH)))
     if names is not None:
         cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
         cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
@@ -390,16 +396,18 @@ def _ssm_hparams(rec: Arch, cfg: Mapping[str, Any], found: dict[str, Any]) -> di
     md = _rows(rec, rec.hparams, full)
     for key, v in rec.gguf_fixed.items():
         kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
-        md[f"{rec.gguf}.{key}"] = _value(HParam(key, (), kind), v)
+        md[arch_key(rec.gguf, key)] = _value(HParam(key, (), kind), v)
     return md
 
 
 def _ssm_config(rec: Arch, get, names: set[str] | None) -> dict:
     """config.json's Mamba sizes back from the GGUF keys (`expand` and, for Mamba-2, `head_dim` derived)."""
-    hidden, inner = int(get("embedding_length")), int(get("ssm.inner_size"))
+    from gguf.constants import Keys as K
+
+    hidden, inner = int(get(K.LLM.EMBEDDING_LENGTH)), int(get(K.SSM.INNER_SIZE))
     cfg: dict[str, Any] = {"expand": inner // hidden}
     if rec.ssm == 2:
-        heads = int(get("ssm.time_step_rank"))
+        heads = int(get(K.SSM.TIME_STEP_RANK))
         cfg.update(num_heads=heads, head_dim=inner // heads)
     else:
         cfg["intermediate_size"] = inner
@@ -462,17 +470,18 @@ def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     """Gemma 3's sliding-window keys: the per-layer pattern where layer_types is not every `swa_period`-th layer
     global (llama.cpp's default), and `rope.freq_base_swa` where the sliding layers' theta is not 10000."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
 
     from ..formats.gguf_writer import GGUFValue
 
     a, out = rec.gguf, {}
     types, n = cfg.get("layer_types"), int(cfg.get("num_hidden_layers") or 0)
     if isinstance(types, list) and types != _every_nth(n, rec.swa_period):
-        out[f"{a}.attention.sliding_window_pattern"] = GGUFValue([t == "sliding_attention" for t in types],
+        out[K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)] = GGUFValue([t == "sliding_attention" for t in types],
                                                                  T.ARRAY, T.BOOL)
     local = _swa_theta(cfg)
     if local is not None and float(local) != 10000.0:
-        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+        out[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(local), T.FLOAT32)
     return out
 
 
@@ -495,6 +504,7 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     per-layer pattern, kv heads per layer where the full layers differ, shared kv layers, per-layer input width,
     the sliding layers' theta."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
 
     from ..formats.gguf_writer import GGUFValue
 
@@ -504,44 +514,46 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
     if per_layer_width and pl_vocab is not None and int(pl_vocab) != int(cfg.get("vocab_size") or 0):
         raise GGUFConfigError(f"config.json ({rec.model_type}): vocab_size_per_layer_input {pl_vocab} is not "
                               f"vocab_size {cfg.get('vocab_size')}; llama.cpp's per-layer embedding has n_vocab "
-                              "rows", [f"{a}.embedding_length_per_layer_input"])
+                              "rows", [K.LLM.EMBD_LENGTH_PER_LAYER_INP.format(arch=a)])
     shared = int(cfg.get("num_kv_shared_layers") or 0)
     types = cfg.get("layer_types")
     if not isinstance(types, list) or len(types) != n:
         raise GGUFConfigError(f"config.json ({rec.model_type}): layer_types {types!r} is not a list of {n} layer "
-                              "types", [f"{a}.attention.sliding_window_pattern"])
+                              "types", [K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)])
     swa = [t == "sliding_attention" for t in types]
     full = int(gemma4_full(cfg, "head_dim", "global_head_dim") or head_dim)
-    out = {f"{a}.attention.key_length": GGUFValue(full, T.UINT32),
-           f"{a}.attention.value_length": GGUFValue(full, T.UINT32),
-           f"{a}.attention.key_length_swa": GGUFValue(head_dim, T.UINT32),
-           f"{a}.attention.value_length_swa": GGUFValue(head_dim, T.UINT32),
-           f"{a}.attention.shared_kv_layers": GGUFValue(shared, T.UINT32),
-           f"{a}.embedding_length_per_layer_input": GGUFValue(per_layer_width, T.UINT32),
-           f"{a}.attention.sliding_window_pattern": GGUFValue(swa, T.ARRAY, T.BOOL),
-           f"{a}.rope.dimension_count": GGUFValue(full, T.UINT32)}
+    out = {K.Attention.KEY_LENGTH.format(arch=a): GGUFValue(full, T.UINT32),
+           K.Attention.VALUE_LENGTH.format(arch=a): GGUFValue(full, T.UINT32),
+           K.Attention.KEY_LENGTH_SWA.format(arch=a): GGUFValue(head_dim, T.UINT32),
+           K.Attention.VALUE_LENGTH_SWA.format(arch=a): GGUFValue(head_dim, T.UINT32),
+           K.Attention.SHARED_KV_LAYERS.format(arch=a): GGUFValue(shared, T.UINT32),
+           K.LLM.EMBD_LENGTH_PER_LAYER_INP.format(arch=a): GGUFValue(per_layer_width, T.UINT32),
+           K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a): GGUFValue(swa, T.ARRAY, T.BOOL),
+           K.Rope.DIMENSION_COUNT.format(arch=a): GGUFValue(full, T.UINT32)}
     swa_params = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
-    out[f"{a}.rope.dimension_count_swa"] = GGUFValue(int(head_dim * float(swa_params.get(
+    out[K.Rope.DIMENSION_COUNT_SWA.format(arch=a)] = GGUFValue(int(head_dim * float(swa_params.get(
         "partial_rotary_factor", 1.0))), T.UINT32)
     kv_full, kv = gemma4_full(cfg, "num_key_value_heads", "num_global_key_value_heads"), cfg.get("num_key_value_heads")
     if kv_full is not None and kv is not None and int(kv_full) != int(kv):
-        out[f"{a}.attention.head_count_kv"] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
+        out[K.Attention.HEAD_COUNT_KV.format(arch=a)] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
                                                         T.ARRAY, T.UINT32)
     if cfg.get("enable_moe_block"):  # experts beside the dense MLP in every layer
-        moe = {"expert_count": cfg.get("num_experts"), "expert_used_count": cfg.get("top_k_experts"),
-               "expert_feed_forward_length": config_first(cfg, ("moe_intermediate_size", "expert_intermediate_size"))}
+        moe = {K.LLM.EXPERT_COUNT.format(arch=a): cfg.get("num_experts"),
+               K.LLM.EXPERT_USED_COUNT.format(arch=a): cfg.get("top_k_experts"),
+               K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a): config_first(cfg, ("moe_intermediate_size",
+                                                                                 "expert_intermediate_size"))}
         lacking = [k for k, v in moe.items() if v is None]
         if lacking:
             raise GGUFConfigError(f"config.json ({rec.model_type}): enable_moe_block without num_experts / "
-                                  "top_k_experts / moe_intermediate_size", [f"{a}.{k}" for k in lacking])
-        out.update({f"{a}.{k}": GGUFValue(int(v), T.UINT32) for k, v in moe.items()})
+                                  "top_k_experts / moe_intermediate_size", lacking)
+        out.update({k: GGUFValue(int(v), T.UINT32) for k, v in moe.items()})
     if cfg.get("use_double_wide_mlp"):  # the kv-sharing layers' MLP is twice as wide
         ff = int(cfg["intermediate_size"])
-        out[f"{a}.feed_forward_length"] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
+        out[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
                                                     T.ARRAY, T.UINT32)
     local = _swa_theta(cfg)
     if local is not None:
-        out[f"{a}.rope.freq_base_swa"] = GGUFValue(float(local), T.FLOAT32)
+        out[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(local), T.FLOAT32)
     return out
 
 
@@ -549,39 +561,43 @@ def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) 
     """Gemma 4's config.json entries back from its keys: the sliding layers' head dim and kv heads as head_dim /
     num_key_value_heads, the full layers' in per_layer_config, layer_types, both RoPE entries (the full layers'
     partial_rotary_factor comes from the rope_freqs tensor, `hf_export.gemma4_partial_rotary`)."""
+    from gguf.constants import Keys as K
+
     a = rec.gguf
-    pattern = get("attention.sliding_window_pattern")
-    n = int(get("block_count"))
+    pattern = get(K.Attention.SLIDING_WINDOW_PATTERN)
+    n = int(get(K.LLM.BLOCK_COUNT))
     if not isinstance(pattern, list) or len(pattern) != n:
         raise GGUFConfigError(f"GGUF ({a}): attention.sliding_window_pattern {pattern!r} is not {n} booleans",
-                              [f"{a}.attention.sliding_window_pattern"])
-    shared = int(get("attention.shared_kv_layers", 0) or 0)
-    ff = get("feed_forward_length")
+                              [K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)])
+    shared = int(get(K.Attention.SHARED_KV_LAYERS, 0) or 0)
+    ff = get(K.LLM.FEED_FORWARD_LENGTH)
     ff_list = ff if isinstance(ff, list) else [ff] * n
     double = [int(ff_list[0]) if i < n - shared else 2 * int(ff_list[0]) for i in range(n)]
     if isinstance(ff, list) and [int(x) for x in ff] not in (double, [int(ff[0])] * n):
         raise GGUFConfigError(f"GGUF ({a}): feed_forward_length {ff} is neither one width nor Gemma 4's double-wide "
-                              f"MLP on the last {shared} (kv-sharing) layers", [f"{a}.feed_forward_length"])
-    full, swa_dim = int(get("attention.key_length")), int(get("attention.key_length_swa"))
-    kv = get("attention.head_count_kv", get("attention.head_count"))
+                              f"MLP on the last {shared} (kv-sharing) layers",
+                              [K.LLM.FEED_FORWARD_LENGTH.format(arch=a)])
+    full, swa_dim = int(get(K.Attention.KEY_LENGTH)), int(get(K.Attention.KEY_LENGTH_SWA))
+    kv = get(K.Attention.HEAD_COUNT_KV, get(K.Attention.HEAD_COUNT))
     kv_list = kv if isinstance(kv, list) else [kv] * n
     kv_swa = next((int(k) for k, s in zip(kv_list, pattern) if s), int(kv_list[0]))
     per_layer: dict[str, dict[str, int]] = {}
     for i, (k, s) in enumerate(zip(kv_list, pattern)):
         if not s:
             per_layer[str(i)] = {"head_dim": full, **({"num_key_value_heads": int(k)} if int(k) != kv_swa else {})}
-    theta_swa = float(get("rope.freq_base_swa", 10000.0))
-    n_rot_swa = int(get("rope.dimension_count_swa", swa_dim))
+    theta_swa = float(get(K.Rope.FREQ_BASE_SWA, 10000.0))
+    n_rot_swa = int(get(K.Rope.DIMENSION_COUNT_SWA, swa_dim))
     swa_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta_swa}
     if n_rot_swa != swa_dim:
         swa_rope["partial_rotary_factor"] = n_rot_swa / swa_dim
     return {"head_dim": swa_dim, "num_key_value_heads": kv_swa, "per_layer_config": per_layer,
             "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
-            "hidden_size_per_layer_input": int(get("embedding_length_per_layer_input", 0) or 0),
+            "hidden_size_per_layer_input": int(get(K.LLM.EMBD_LENGTH_PER_LAYER_INP, 0) or 0),
             "num_kv_shared_layers": shared, "attention_k_eq_v": False, "intermediate_size": int(ff_list[0]),
             "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n,
-            "enable_moe_block": bool(get("expert_count")), "num_experts": get("expert_count"),
-            "top_k_experts": get("expert_used_count"), "moe_intermediate_size": get("expert_feed_forward_length"),
+            "enable_moe_block": bool(get(K.LLM.EXPERT_COUNT)), "num_experts": get(K.LLM.EXPERT_COUNT),
+            "top_k_experts": get(K.LLM.EXPERT_USED_COUNT),
+            "moe_intermediate_size": get(K.LLM.EXPERT_FEED_FORWARD_LENGTH),
             "rope_parameters": {"sliding_attention": swa_rope,
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
                                                    "rope_theta": float(rope["rope_theta"])}}}
@@ -604,19 +620,19 @@ def _every_nth(n: int, period: int) -> list[str]:
 
 
 def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
-    """`{arch}.{key}` values for `rows` from what the config holds (`found`); a per-layer list must repeat one
-    value (GGUFConfigError otherwise)."""
+    """The rows' keys (gguf-py's templates, `HParam.template`) and values from what the config holds (`found`);
+    a per-layer list must repeat one value (GGUFConfigError otherwise)."""
     a = rec.gguf
     md: dict[str, Any] = {}
     for hp in rows:
-        v = found[hp.key]
+        v, key = found[hp.key], hp.template.format(arch=a)
         if isinstance(v, list):  # per-layer lists (HunYuan's moe_topk, ...): llama.cpp takes one value
             if not v or any(x != v[0] for x in v):
                 raise GGUFConfigError(f"config.json ({rec.model_type}): {' or '.join(hp.hf)} varies per layer "
-                                      f"({v}); llama.cpp's {a}.{hp.key} holds one value", [f"{a}.{hp.key}"])
+                                      f"({v}); llama.cpp's {key} holds one value", [key])
             v = v[0]
         if v is not None:
-            md[f"{a}.{hp.key}"] = _value(hp, v)
+            md[key] = _value(hp, v)
     return md
 
 
@@ -627,6 +643,7 @@ def _mla_hparams(a: str, cfg: Mapping[str, Any]) -> dict:
     """DeepSeek's MLA as llama.cpp runs it: MQA over the compressed latent (one kv head whose key is
     `kv_lora_rank + qk_rope_head_dim` wide, value `kv_lora_rank`), the per-head sizes as the `_mla` keys."""
     from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
 
     from ..formats.gguf_writer import GGUFValue
 
@@ -634,17 +651,19 @@ def _mla_hparams(a: str, cfg: Mapping[str, Any]) -> dict:
     if missing:
         raise GGUFConfigError(f"config.json ({cfg.get('model_type')}) lacks {', '.join(missing)} (MLA)", missing)
     nope, rope, v, r = (int(cfg[k]) for k in _MLA_KEYS)
-    vals = {"attention.head_count_kv": 1, "attention.key_length": r + rope, "attention.value_length": r,
-            "attention.key_length_mla": nope + rope, "attention.value_length_mla": v, "rope.dimension_count": rope}
-    return {f"{a}.{k}": GGUFValue(x, T.UINT32) for k, x in vals.items()}
+    vals = {K.Attention.HEAD_COUNT_KV: 1, K.Attention.KEY_LENGTH: r + rope, K.Attention.VALUE_LENGTH: r,
+            K.Attention.KEY_LENGTH_MLA: nope + rope, K.Attention.VALUE_LENGTH_MLA: v, K.Rope.DIMENSION_COUNT: rope}
+    return {k.format(arch=a): GGUFValue(x, T.UINT32) for k, x in vals.items()}
 
 
 def _mla_config(get) -> dict:
     """config.json's MLA sizes back from the GGUF keys `_mla_hparams` writes."""
-    rope = int(get("rope.dimension_count"))
-    return {"qk_rope_head_dim": rope, "qk_nope_head_dim": int(get("attention.key_length_mla")) - rope,
-            "v_head_dim": int(get("attention.value_length_mla")), "head_dim": rope,
-            "q_lora_rank": None if get("attention.q_lora_rank") is None else int(get("attention.q_lora_rank"))}
+    from gguf.constants import Keys as K
+
+    rope = int(get(K.Rope.DIMENSION_COUNT))
+    return {"qk_rope_head_dim": rope, "qk_nope_head_dim": int(get(K.Attention.KEY_LENGTH_MLA)) - rope,
+            "v_head_dim": int(get(K.Attention.VALUE_LENGTH_MLA)), "head_dim": rope,
+            "q_lora_rank": None if get(K.Attention.Q_LORA_RANK) is None else int(get(K.Attention.Q_LORA_RANK))}
 
 
 def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
@@ -665,86 +684,89 @@ def _sliding_pattern(cfg: Mapping[str, Any]) -> list[bool]:
 def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: int, arch: str | None = None) -> dict:
     """config.json for a record-driven family from GGUF metadata (`names`: the GGUF tensor names; `arch`: the
     GGUF architecture when it is not the record's, as for a VL model's text part read back as its text model)."""
+    from gguf.constants import Keys as K
+
     a = arch or rec.gguf
 
-    def get(key, default=None):
-        v = md.get(f"{a}.{key}", default)
+    def get(key: str, default=None):  # key: gguf-py's template (Keys.*)
+        v = md.get(key.format(arch=a), default)
         return v.tolist() if hasattr(v, "tolist") else v
 
     cfg: dict[str, Any] = {"architectures": [rec.hf_class], "model_type": rec.identity.config_model_type,
                            "vocab_size": int(vocab)}
     for hp in (*rec.hparams, *rec.tail):
-        v = get(hp.key)
+        v = get(hp.template)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
             continue
         if isinstance(v, list) and rec.gemma4 and hp in (KV, FFN):  # per-layer: `_gemma4_config`
             continue
         if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
             if not v or any(x != v[0] for x in v):
-                raise GGUFConfigError(f"{a}.{hp.key} varies per layer ({v}); config.json's {hp.hf[0]} holds one "
-                                      f"value", [f"{a}.{hp.key}"])
+                key = hp.template.format(arch=a)
+                raise GGUFConfigError(f"{key} varies per layer ({v}); config.json's {hp.hf[0]} holds one value",
+                                      [key])
             v = v[0]
         if v is not None and hp.kind not in ("prod", "sum"):
             _put(cfg, hp.hf[0], float(v) if hp.kind == "f32" else None if hp.kind == "f32n" and not v
                  else float(v) if hp.kind == "f32n" else bool(v) if hp.kind == "bool"
                  else str(v) if hp.kind == "str" else int(v))
     for hp in rec.hparams:
-        if hp.kind == "sum" and get(hp.key) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
-            cfg[hp.hf[0]] = int(get(hp.key)) - sum(int(cfg[n]) for n in hp.hf[1:])
+        if hp.kind == "sum" and get(hp.template) is not None and all(cfg.get(n) is not None for n in hp.hf[1:]):
+            cfg[hp.hf[0]] = int(get(hp.template)) - sum(int(cfg[n]) for n in hp.hf[1:])
     if _pure_ssm(rec):
         cfg.update(_ssm_config(rec, get, names), **rec.hf_extra)
         if names is not None:
             cfg["tie_word_embeddings"] = "output.weight" not in names
         return cfg
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
+    hidden, heads = int(get(K.LLM.EMBEDDING_LENGTH)), int(get(K.Attention.HEAD_COUNT))
+    head_dim = int(get(K.Attention.KEY_LENGTH, hidden // heads))
     gqa = KV in rec.hparams  # llama-style configs (Falcon's head_dim is a read-only property)
-    if gqa and get("attention.head_count_kv") is None:  # llama.cpp's default; transformers' may differ (Qwen2: 32)
+    if gqa and get(K.Attention.HEAD_COUNT_KV) is None:  # llama.cpp's default; transformers' may differ (Qwen2: 32)
         cfg[KV.hf[0]] = heads
-    if get("attention.key_length") is not None or gqa:  # explicit: Qwen3's config defaults head_dim to 128
+    if get(K.Attention.KEY_LENGTH) is not None or gqa:  # explicit: Qwen3's config defaults head_dim to 128
         cfg["head_dim"] = head_dim
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get(K.Rope.FREQ_BASE, 10000.0))}
     if rec.partial_rotary:
-        rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+        rope["partial_rotary_factor"] = int(get(K.Rope.DIMENSION_COUNT, head_dim)) / head_dim
     scaling = rope_scaling_from_gguf(md, a)
     if scaling is not None and scaling["rope_type"] in ("linear", "yarn") and "factor" in scaling:
         rope.update(scaling)
         if scaling["rope_type"] == "yarn" and rec.yarn_truncate is not None:
             rope["truncate"] = rec.yarn_truncate
     if rec.window_flag:
-        window = get("attention.sliding_window")
+        window = get(K.Attention.SLIDING_WINDOW)
         cfg[rec.window_flag] = bool(window)
         if window:
             cfg["sliding_window"] = int(window)
     if rec.sliding:
-        window = get("attention.sliding_window")
+        window = get(K.Attention.SLIDING_WINDOW)
         cfg[rec.window_hf or "sliding_window"] = int(window) if window else None
-        pattern = get("attention.sliding_window_pattern")
+        pattern = get(K.Attention.SLIDING_WINDOW_PATTERN)
         if isinstance(pattern, list):
             cfg["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
         elif not window:  # no window: every layer global (EXAONE 4 would otherwise derive a pattern from 0)
-            cfg["layer_types"] = ["full_attention"] * int(get("block_count"))
+            cfg["layer_types"] = ["full_attention"] * int(get(K.LLM.BLOCK_COUNT))
     if rec.window_always:
-        window = get("attention.sliding_window")
+        window = get(K.Attention.SLIDING_WINDOW)
         cfg["sliding_window"] = int(window) if window else None
-    if rec.orig_ctx and get("rope.scaling.original_context_length"):
-        cfg["original_max_position_embeddings"] = int(get("rope.scaling.original_context_length"))
+    if rec.orig_ctx and get(K.Rope.SCALING_ORIG_CTX_LEN):
+        cfg["original_max_position_embeddings"] = int(get(K.Rope.SCALING_ORIG_CTX_LEN))
     if rec.qpas_27b:  # the scale llama.cpp computes (see _check_attention_scale)
-        cfg["query_pre_attn_scalar"] = hidden // heads if int(get("block_count")) == rec.qpas_27b else head_dim
+        cfg["query_pre_attn_scalar"] = hidden // heads if int(get(K.LLM.BLOCK_COUNT)) == rec.qpas_27b else head_dim
     if rec.swa_period:
-        pattern = get("attention.sliding_window_pattern") if rec.swa_keys else None
+        pattern = get(K.Attention.SLIDING_WINDOW_PATTERN) if rec.swa_keys else None
         cfg["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern]
-                              if isinstance(pattern, list) else _every_nth(int(get("block_count")), rec.swa_period))
+                              if isinstance(pattern, list) else _every_nth(int(get(K.LLM.BLOCK_COUNT)), rec.swa_period))
     for hp in rec.late:
-        v = get(hp.key)
+        v = get(hp.template)
         cfg[hp.hf[0]] = float(v) if v else None
     if rec.mla:
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.hybrid:
         cfg.update(_hybrid_config(rec, get, names))
     if rec.mup:  # Falcon-H1: its Mamba sizes and flags; llama.cpp norms after the gate
-        inner = int(get("ssm.inner_size"))
-        cfg["mamba_d_head"] = inner // int(get("ssm.time_step_rank"))
+        inner = int(get(K.SSM.INNER_SIZE))
+        cfg["mamba_d_head"] = inner // int(get(K.SSM.TIME_STEP_RANK))
         if names is not None:
             cfg["mamba_rms_norm"] = any(n.endswith("ssm_norm.weight") for n in names)
             cfg["mamba_norm_before_gate"] = False
@@ -753,22 +775,22 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
         pad = md.get("tokenizer.ggml.padding_token_id")
-        if rec.position_offset and pad is not None and get("context_length") is not None:
-            cfg[CTX.hf[0]] = int(get("context_length")) + int(pad) + 1  # RoBERTa's positions from pad + 1
+        if rec.position_offset and pad is not None and get(K.LLM.CONTEXT_LENGTH) is not None:
+            cfg[CTX.hf[0]] = int(get(K.LLM.CONTEXT_LENGTH)) + int(pad) + 1  # RoBERTa's positions from pad + 1
     if rec.swa_keys:  # Gemma 3: the sliding layers' own theta
         cfg["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
-                                                        "rope_theta": float(get("rope.freq_base_swa", 10000.0))},
+                                                        "rope_theta": float(get(K.Rope.FREQ_BASE_SWA, 10000.0))},
                                   "full_attention": rope}
-    elif not rec.embedding or get("rope.freq_base") is not None:  # encoders with RoPE (nomic-bert) too
+    elif not rec.embedding or get(K.Rope.FREQ_BASE) is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
     if rec.rope_swa:
-        swa = dict(rope, rope_theta=float(get("rope.freq_base_swa", rope["rope_theta"])))
+        swa = dict(rope, rope_theta=float(get(K.Rope.FREQ_BASE_SWA, rope["rope_theta"])))
         cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
     if rec.gemma4:
         cfg.update(_gemma4_config(rec, get, rope), vocab_size_per_layer_input=cfg["vocab_size"])
         if names is not None:  # the full layers' k projection doubles as v (the 31B's, 26B-A4B's)
             full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"
-                    and i < int(get("block_count")) - cfg["num_kv_shared_layers"]]
+                    and i < int(get(K.LLM.BLOCK_COUNT)) - cfg["num_kv_shared_layers"]]
             cfg["attention_k_eq_v"] = bool(full) and all(f"blk.{i}.attn_v.weight" not in names for i in full)
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
@@ -777,13 +799,13 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         if flag:
             cfg[flag] = bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & names)
         if rec.model_type == "falcon":
-            kv = int(get("attention.head_count_kv", 1))
+            kv = int(get(K.Attention.HEAD_COUNT_KV, 1))
             cfg["new_decoder_architecture"] = "blk.0.attn_norm_2.weight" in names
             cfg["multi_query"] = kv == 1
             if cfg["new_decoder_architecture"]:
                 cfg["num_ln_in_parallel_attn"] = 2
         if rec.model_type == "gpt_bigcode":
-            cfg["multi_query"] = int(get("attention.head_count_kv", 1)) == 1
+            cfg["multi_query"] = int(get(K.Attention.HEAD_COUNT_KV, 1)) == 1
         if rec.model_type in ("cohere", "glm4_moe"):
             cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
         if rec.model_type == "stablelm":
@@ -796,33 +818,35 @@ def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[in
     """Per-layer GGUF tensor part -> the shape (rows, cols) llama.cpp's loader requires from the hyperparameters
     (`check_tensor_dims`), for the parts every family shapes alike; the rest (fused gate_up, norms, experts)
     are left to llama.cpp."""
-    def get(key):
-        v = md.get(f"{arch}.{key}")
+    from gguf.constants import Keys as K
+
+    def get(key: str):  # key: gguf-py's template (Keys.*)
+        v = md.get(key.format(arch=arch))
         v = getattr(v, "value", v)
         if isinstance(v, list) and v:  # a hybrid's per-layer kv heads (0 on Mamba layers): the attention layers'
             v = max(v)
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
-    embd, heads = get("embedding_length"), get("attention.head_count")
+    embd, heads = get(K.LLM.EMBEDDING_LENGTH), get(K.Attention.HEAD_COUNT)
     if not embd or not heads:
         return {}
-    kv = get("attention.head_count_kv") or heads
-    kd = get("attention.key_length") or embd // heads
-    vd = get("attention.value_length") or kd
-    if get("attention.key_length_mla"):  # MLA: the per-head sizes of q and the output
-        kv, kd, vd = heads, get("attention.key_length_mla"), get("attention.value_length_mla") or kd
+    kv = get(K.Attention.HEAD_COUNT_KV) or heads
+    kd = get(K.Attention.KEY_LENGTH) or embd // heads
+    vd = get(K.Attention.VALUE_LENGTH) or kd
+    if get(K.Attention.KEY_LENGTH_MLA):  # MLA: the per-head sizes of q and the output
+        kv, kd, vd = heads, get(K.Attention.KEY_LENGTH_MLA), get(K.Attention.VALUE_LENGTH_MLA) or kd
     out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
                                        "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
                                        "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
     if any(a.gdn and a.gguf == arch for a in ARCHS.values()):  # Qwen's gated attention: q_proj holds q and gate;
         out["attn_q"] = (2 * heads * kd, embd)                 # attn_qkv is the gated delta-net's
         del out["attn_qkv"]
-    ff = get("feed_forward_length")
+    ff = get(K.LLM.FEED_FORWARD_LENGTH)
     if ff:
         out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))
-    if get("attention.key_length_swa"):  # Gemma 4: head dims / MLP widths per layer; llama.cpp checks these
+    if get(K.Attention.KEY_LENGTH_SWA):  # Gemma 4: head dims / MLP widths per layer; llama.cpp checks these
         out = {}
-    vocab = get("vocab_size")
+    vocab = get(K.LLM.VOCAB_SIZE)
     if vocab:
         out.update(token_embd=(vocab, embd), output=(vocab, embd))
     return out

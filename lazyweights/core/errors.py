@@ -23,6 +23,7 @@ Each subclass also derives from the builtin a caller would naturally catch (a mi
     ├── UnsupportedArchitectureError (also ValueError) an architecture a conversion does not know
     │   └── UnknownProjectorError an mmproj GGUF whose clip.projector_type no vision record converts back
     ├── UnknownArchitectureError (also KeyError) an architecture name not in the registry
+    ├── UnknownGGUFKeyError    (also KeyError) an `{arch}.*` GGUF key neither gguf-py nor llama.cpp defines
     ├── AdapterError           (also ValueError) an adapter cannot be loaded, found or used
     │   └── NoAdapterError     a registered architecture with no adapter for this checkpoint format
     ├── LoadError              (also ValueError) load_state_dict found missing/unexpected/mismatched weights
@@ -68,6 +69,7 @@ __all__ = [
     "MmprojMismatchError",
     "UnknownProjectorError",
     "UnknownArchitectureError",
+    "UnknownGGUFKeyError",
     "AdapterError",
     "NoAdapterError",
     "DependencyError",
@@ -206,6 +208,14 @@ class UnknownProjectorError(UnsupportedArchitectureError):
 
 class UnknownArchitectureError(LazyWeightsError, KeyError):
     """An architecture name that is not registered; lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownGGUFKeyError(LazyWeightsError, KeyError):
+    """An `{arch}.*` GGUF key suffix (an architecture record's row, a fixed key) that neither gguf-py's `Keys`
+    nor llama.cpp's key table defines (`formats.gguf_keys.template`); names the suffix and the closest keys."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
