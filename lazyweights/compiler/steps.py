@@ -24,8 +24,12 @@ Example:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import cast
 
+from ..core.dtype import DType
 from ..core.errors import BudgetError
 from ..core.units import available_cpus, parse_size, paused_gc
 from ..graph.layout import row_alignment, strided_layout
@@ -85,10 +89,10 @@ class Step:
 
         Steps with no sources (constants) sort first, by output name.
         """
-        srcs = self.sources
+        srcs = [n.arg for n in self.nodes if n.op is Op.SOURCE]
         if not srcs:
             return ("", 0, self.outputs[0])
-        first = min(srcs, key=lambda r: (r.file.path, r.offset))
+        first = srcs[0] if len(srcs) == 1 else min(srcs, key=lambda r: (r.file.path, r.offset))
         return (first.file.path, first.offset, self.outputs[0])
 
 
@@ -129,7 +133,12 @@ def _compile_steps(plan, budget, workers, block_bytes, keep_views, merge_rows, i
         if node in by_node:
             by_node[node].outputs.append(name)
             continue
-        step = _build_step([name], *_rewritten(node), view_cache, keep_views)
+        step_or_none = _walk_step([name], node, toposort([node]), view_cache, keep_views, sink=True)
+        if step_or_none is not None:
+            step = step_or_none
+        else:  # casts or slices to sink first (the rewrites); most chains have none
+            root = sink_slices(sink_casts(node))
+            step = _build_step([name], root, toposort([root]), view_cache, keep_views)
         if merge_rows:
             step = _merge_big_rows(step, per_worker, target, view_cache, keep_views)
         by_node[node] = step
@@ -144,28 +153,68 @@ def _rewritten(node: Node) -> tuple[Node, list[Node]]:
     """`node` with its casts and slices sunk (`sink_casts`, `sink_slices`), and its nodes in order.
 
     Most chains have nothing to sink (a cast or dequantize over a source, an FP8 block dequantization):
-    one walk finds that, and its order is the step's (a 90,000-tensor plan walked each chain four times)."""
+    one walk finds that (`_compile_steps` does it inside `_build_step`'s walk)."""
     nodes = toposort([node])
-    for n in nodes:
-        if n.srcs and ((n.op is Op.SLICE and n.srcs[0].op not in GroupOp.Leaf)
-                       or (n.op in GroupOp.Layout and n.srcs[0].op is Op.CAST)
-                       or (n.op is Op.CONCAT and all(s.op is Op.CAST for s in n.srcs))):
-            root = sink_slices(sink_casts(node))
-            return root, toposort([root])
+    if any(_needs_sinking(n) for n in nodes):
+        root = sink_slices(sink_casts(node))
+        return root, toposort([root])
     return node, nodes
+
+
+def _needs_sinking(n: Node) -> bool:
+    """Whether `_rewritten` would rewrite at `n`: a slice over a computed node, a layout op over a cast,
+    a concat of casts."""
+    op, srcs = n.op, n.srcs
+    return bool(srcs) and ((op is Op.SLICE and srcs[0].op not in GroupOp.Leaf)
+                           or (op in GroupOp.Layout and srcs[0].op is Op.CAST)
+                           or (op is Op.CONCAT and all(s.op is Op.CAST for s in srcs)))
 
 
 def _build_step(outputs: list[str], root: Node, nodes: list[Node] | None, view_cache: dict,
                 keep_views: bool) -> Step:
-    view = strided_layout(root, view_cache)
+    """The step of `root` over `nodes` (its toposort; None: made here)."""
+    return cast(Step, _walk_step(outputs, root, nodes, view_cache, keep_views, sink=False))
+
+
+def _walk_step(outputs: list[str], root: Node, nodes: list[Node] | None, view_cache: dict,
+               keep_views: bool, sink: bool) -> Step | None:
+    """The step of `root` over `nodes` (its toposort). With `sink`, None when `_rewritten` would change
+    the chain (the caller rewrites it and builds again).
+
+    One walk over the nodes finds what `_rewritten`, `WHOLE_INPUT`, `_work_per_row` and the streaming
+    rule would each find in their own (a 90,000-tensor plan has 45,000 steps: benchmarks/bench_scale.py;
+    tests/compiler/test_build_step.py holds the walk equal to those rules)."""
+    if nodes is None:
+        nodes = toposort([root])
+    op = root.op
+    view = strided_layout(root, view_cache) if (op in GroupOp.View or op in GroupOp.Leaf) else None
     if view is not None:
         kind = "view" if (view.c_contiguous and keep_views) else "copy"
     else:
         kind = "fused"
-    step = Step(outputs, root, kind, nodes if nodes is not None else toposort([root]))
-    step.whole = any(WHOLE_INPUT[n.op](n, view_cache) for n in step.nodes)
-    step.work_per_row = _work_per_row(step, view_cache)
-    step.streams = all(n is root or n.op in GroupOp.Leaf or n.op in GroupOp.Layout for n in step.nodes)
+    whole, streams, total = False, True, 0
+    leaf, layout, views, never_whole = GroupOp.Leaf, GroupOp.Layout, GroupOp.View, _NEVER_WHOLE
+    for n in nodes:
+        op = n.op
+        if op in leaf:
+            continue  # (no inputs: nothing to sink, never whole, streams, no working bytes)
+        if sink and op in _SINK_OPS and _needs_sinking(n):
+            return None
+        if not whole and op not in never_whole and WHOLE_INPUT[op](n, view_cache):
+            whole = True
+        if n is not root:
+            if op not in layout:
+                streams = False
+            if op in views and strided_layout(n, view_cache) is not None:
+                continue  # a view inside the chain holds no bytes of its own
+        total += math.prod(n.shape) * _ITEMSIZE[n.dtype]
+    step = Step(outputs, root, kind, nodes)
+    step.whole = whole
+    step.streams = streams
+    nrows = root.shape[0] if root.shape else 1
+    if kind != "fused":
+        total = root.nbytes  # a copy block holds its output rows once
+    step.work_per_row = max(1, -(-total // max(1, nrows)))
     return step
 
 
@@ -222,7 +271,7 @@ def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:
         )
     rows = max(1, min(target // out_row, per_worker // max(1, step.work_per_row)))
     rows = max(align, rows // align * align)
-    step.blocks = [range(r, min(r + rows, nrows)) for r in range(0, nrows, rows)]
+    step.blocks = list(map(range, range(0, nrows, rows), chain(range(rows, nrows, rows), (nrows,))))
 
 
 def _work_per_row(step: Step, view_cache) -> int:
@@ -246,9 +295,19 @@ WHOLE_INPUT.register(Op.PERMUTE)(
     lambda n, views: n.arg[0] != 0 and strided_layout(n, views) is None)  # output rows from a later input axis
 WHOLE_INPUT.register(Op.DEQUANTIZE, Op.QUANTIZE)(lambda n, views: n.ndim < 2)  # 1-D: one row of blocks
 WHOLE_INPUT.register(Op.RESHAPE)(lambda n, views: not n.shape or not n.srcs[0].shape)
+
+
+def _never_whole(n: Node, views: dict) -> bool:
+    return False
+
+
 WHOLE_INPUT.register(Op.SOURCE, Op.CONST, Op.CAST, Op.BITCAST, Op.SLICE, Op.TAKE, Op.CONCAT, Op.BINARY,
-                      Op.UNARY)(
-    lambda n, views: False)
-WHOLE_INPUT.register(Op.LORA)(lambda n, views: False)  # rows of W (and B); A is read whole by every block
-WHOLE_INPUT.register(Op.SCATTER)(lambda n, views: False)  # the block's mask rows and the values under them
+                      Op.UNARY)(_never_whole)
+WHOLE_INPUT.register(Op.LORA)(_never_whole)  # rows of W (and B); A is read whole by every block
+WHOLE_INPUT.register(Op.SCATTER)(_never_whole)  # the block's mask rows and the values under them
+# The ops whose rule is `_never_whole`: `_build_step` does not call it for them.
+_NEVER_WHOLE = frozenset(op for op, rule in WHOLE_INPUT.items() if rule is _never_whole)
+# The ops `_needs_sinking` can say yes to.
+_SINK_OPS = GroupOp.Layout | {Op.CONCAT}
+_ITEMSIZE = {d: d.size_in_bytes for d in DType}
 

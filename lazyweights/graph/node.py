@@ -85,9 +85,23 @@ class IndexArray:
             arr = arr.astype(_INT64)
         if arr.ndim != 1:
             arr = arr.reshape(-1)
+        n = len(arr)
+        if n > 2:
+            # The affine list last recognised with this length and these ends is the likely answer (every
+            # expert of a layer broadcasts its scales with the same, freshly built `arange(k) // 128`): one
+            # byte comparison confirms it, and the list is the interned one.
+            ends = (n, arr.item(0), arr.item(-1))
+            seen = _SEEN.get(ends)
+            if seen is not None and arr.tobytes() == seen[0]:
+                return seen[1]
         affine = _recognise(arr)
         if affine is not None:
-            return _affine(affine)
+            got = _affine(affine)
+            if 2 < n <= cls._PATTERN_MAX:
+                if len(_SEEN) >= 256:
+                    _SEEN.clear()
+                _SEEN[ends] = (arr.tobytes(), got)
+            return got
         self = object.__new__(cls)
         arr = np.array(arr, dtype=_INT64, copy=True)  # our own copy: the caller's array stays writeable
         arr.setflags(write=False)
@@ -225,7 +239,8 @@ def _affine_values(affine: tuple, start: int, stop: int) -> np.ndarray:
 # bytes so that recognising the next equal array is one comparison. Bounded: cleared when full.
 _AFFINE: dict[tuple, IndexArray] = {}
 _PATTERNS: dict[tuple, bytes] = {}
-_LAST: dict[tuple, tuple] = {}  # (n, first, last value) -> the affine list last recognised with them
+# (n, first value, last value) -> (the values' bytes, the affine list) last recognised with them.
+_SEEN: dict[tuple, tuple[bytes, "IndexArray"]] = {}
 _INT64 = np.dtype(np.int64)
 _AFFINE_MAX = 4096
 
@@ -266,13 +281,7 @@ def _recognise(arr: np.ndarray) -> tuple | None:
         return _canonical(2, v[0], v[1] - v[0], 1, 0)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
-    # The list last recognised with this length and these ends is the likely answer (every expert of a
-    # layer broadcasts its scales with the same list): one byte comparison confirms it.
-    ends = (n, int(arr[0]), int(arr[-1]))
-    guess = _LAST.get(ends)
-    if guess is not None and arr.tobytes() == _PATTERNS.get(guess):
-        return guess
-    c0 = ends[1]
+    c0 = int(arr[0])
     first = _run_end(arr, 1, c0)
     if first == n:  # every value equal
         return (n, c0, 0, 1, 0)
@@ -295,10 +304,6 @@ def _recognise(arr: np.ndarray) -> tuple | None:
             _PATTERNS[affine] = want
     if arr.tobytes() != want:
         return None
-    if n <= IndexArray._PATTERN_MAX:
-        if len(_LAST) >= 256:
-            _LAST.clear()
-        _LAST[ends] = affine
     return affine
 
 
@@ -336,11 +341,13 @@ class QuantizeArg(NamedTuple):
     reason: str | None = None
 
 
-class Node:
-    """An immutable graph node. Build nodes with the functions in `lazyweights.graph.ops`."""
+class _NodeSlots:
+    """The fields of a `Node`. `_NewNode` fills them with plain slot stores, then the object becomes a `Node`
+    (whose `__setattr__` refuses): a third of what setting each through `object.__setattr__` or a slot
+    descriptor costs, for the ~315,000 nodes of a DeepSeek-V3-sized plan (benchmarks/bench_scale.py)."""
 
     __slots__ = ("op", "srcs", "arg", "dtype", "shape", "_hash")
-    # The slots' types, for type checkers (set once in __init__ through object.__setattr__).
+    # The slots' types, for type checkers (set once, in `Node.__new__`).
     op: Op
     srcs: tuple["Node", ...]
     arg: Any
@@ -348,24 +355,40 @@ class Node:
     shape: tuple[int, ...]
     _hash: int
 
-    def __init__(self, op: Op, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
+
+class _NewNode(_NodeSlots):
+    """A node being built: the same layout as `Node`, with plain attribute stores (never seen outside `__new__`)."""
+
+    __slots__ = ()
+
+
+class Node(_NodeSlots):
+    """An immutable graph node. Build nodes with the functions in `lazyweights.graph.ops`."""
+
+    __slots__ = ()
+
+    def __new__(cls, op: Op, srcs: tuple["Node", ...], arg: Any, dtype: DType, shape: tuple[int, ...]):
         if type(op) is not Op:
             op = Op(op)
         if type(srcs) is not tuple:
             srcs = tuple(srcs)
         interned = _SHAPES.get(shape) if type(shape) is tuple else None
         shape = interned if interned is not None else _intern_shape(shape)
-        _set_op(self, op)
-        _set_srcs(self, srcs)
-        _set_arg(self, arg)
-        _set_dtype(self, dtype)
-        _set_shape(self, shape)
-        _set_hash(self, hash((op, srcs, arg, dtype, shape)))
+        self = _new(_NewNode)
+        self.op = op
+        self.srcs = srcs
+        self.arg = arg
+        self.dtype = dtype
+        self.shape = shape
+        self._hash = hash((op, srcs, arg, dtype, shape))
+        # Immutable from here on (tests/graph/test_toposort.py::test_node_is_immutable).
+        self.__class__ = cls  # type: ignore[assignment]
+        return self
 
     def __setattr__(self, key, value):
         raise AttributeError("Node is immutable")
 
-    def __reduce__(self):  # rebuilt through __init__ (slots + immutability defeat default pickling)
+    def __reduce__(self):  # rebuilt through __new__ (slots + immutability defeat default pickling)
         return (Node, (self.op, self.srcs, self.arg, self.dtype, self.shape))
 
     def __hash__(self):
@@ -408,10 +431,7 @@ class Node:
         return f"Node({self.op}, {self.dtype.short}{list(self.shape)}, arg={self.arg!r})"
 
 
-# The slots' setters, called directly: a node is built ~10 times per tensor of a 90,000-tensor plan, and
-# object.__setattr__ by name costs twice as much (benchmarks/bench_scale.py).
-_set_op, _set_srcs, _set_arg = (vars(Node)[k].__set__ for k in ("op", "srcs", "arg"))
-_set_dtype, _set_shape, _set_hash = (vars(Node)[k].__set__ for k in ("dtype", "shape", "_hash"))
+_new = object.__new__
 
 # Shapes are interned: the nodes of a plan share a few hundred distinct shapes (every expert of a layer has
 # the same), so each node points at one tuple instead of holding its own. Bounded: cleared when full.
@@ -429,26 +449,49 @@ def _intern_shape(shape) -> tuple[int, ...]:
 
 
 def toposort(roots) -> list[Node]:
-    """All nodes reachable from `roots`, dependencies before users, each once (iterative: deep chains are fine)."""
+    """All nodes reachable from `roots`, dependencies before users, each once (deep chains are fine)."""
     order: list[Node] = []
     seen: set[Node] = set()
     for root in roots:
-        if root in seen:
-            continue
-        # A chain (one input per node, the common case) is walked down and reversed, with no stack.
-        chain, node = [], root
-        while len(node.srcs) == 1 and node not in seen:
-            seen.add(node)
+        _visit(root, order, seen, 0)
+    return order
+
+
+# How many multi-input nodes deep `_visit` recurses before it hands the rest to the explicit stack of
+# `_toposort_from` (a sum of 10,000 terms is that deep: tests/graph/test_toposort.py).
+_RECURSION = 64
+
+
+def _visit(node: Node, order: list[Node], seen: set, depth: int) -> None:
+    """Append `node` and its unseen dependencies to `order`, first input first (`_toposort_from`'s order).
+
+    A chain (one input per node) is walked down and reversed, with no stack; a node with several inputs
+    visits them in turn. Each node is hashed once (`seen` grows or it was there): a 90,000-tensor plan's
+    steps walk half a million nodes (benchmarks/bench_scale.py)."""
+    chain = []
+    while True:
+        size = len(seen)
+        seen.add(node)
+        if len(seen) == size:  # visited (and, in a DAG, already in `order`)
+            break
+        srcs = node.srcs
+        if len(srcs) == 1:
             chain.append(node)
-            node = node.srcs[0]
-        if not node.srcs and node not in seen:
-            seen.add(node)
-            order.append(node)
-        elif node not in seen:
-            _toposort_from(node, order, seen)
+            node = srcs[0]
+            continue
+        if srcs:
+            if depth < _RECURSION:
+                for s in srcs:
+                    _visit(s, order, seen, depth + 1)
+            else:
+                seen.discard(node)
+                _toposort_from(node, order, seen)
+                break
+        order.append(node)
+        break
+    if chain:
         chain.reverse()
         order.extend(chain)
-    return order
 
 
 def _toposort_from(root: Node, order: list[Node], seen: set) -> None:
