@@ -121,7 +121,7 @@ def _download4(shards, size_of, fetch_part) -> dict:
             size = size_of(shard)
             buf = bytearray(size)
             cuts = [size * i // 4 for i in range(5)]
-            list(pool.map(lambda se: fetch_part(shard, buf, *se), zip(cuts, cuts[1:])))
+            list(pool.map(lambda se, shard=shard, buf=buf: fetch_part(shard, buf, *se), zip(cuts, cuts[1:])))
             out[shard] = buf
     return out
 
@@ -177,19 +177,58 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None)
     return bufs
 
 
-def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
-    sys.path.insert(0, BENCH)
-    from memwatch import PeakMem
+def _rss_anon(pid: int | str = "self") -> int:
+    """RssAnon of a process (private memory, not the file pages of maps), in bytes; 0 once it has gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
+
+class _Unsampled:
+    """The contestant's memory as the parent samples it (`_run_sampled`): only the private memory it had when
+    its timer started, so that the parent's peak can be told as growth. No thread in the contestant."""
+
+    peak_anon = None
+
+    def __enter__(self):
+        self.base_anon = _rss_anon()
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _mem(mem) -> dict:
+    peak = None if mem.peak_anon is None else mem.peak_anon - mem.base_anon
+    return {"base_anon": mem.base_anon, "peak_anon": peak}
+
+
+def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sampler: bool = False) -> dict:
+    """Run one contestant in this (fresh) process; its timer starts before the contestant's own imports
+    (numpy for the floor, lazyweights for lazyweights) and stops once its bytes are in memory. Memory is sampled
+    from outside by the parent (`_run_sampled`); `inproc_sampler` runs the old in-process sampler instead (a
+    Python thread reading /proc/self/status every 5 ms), kept only to show what it costs."""
     index = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
     shards = sorted(set(index["weight_map"].values()))
     out = None
-    with PeakMem() as mem:
+    if inproc_sampler:
+        sys.path.insert(0, BENCH)
+        from memwatch import PeakMem
+
+        sampler = PeakMem()
+    else:
+        sampler = _Unsampled()
+    with sampler as mem:
         t = time.perf_counter()
         if name == "floor":
             _urllib_floor(base_url, shards)
             seconds = time.perf_counter() - t
-            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
+            return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "download4":
             import requests
 
@@ -204,7 +243,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
 
             _download4(shards, size, part)
             seconds = time.perf_counter() - t
-            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
+            return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "rank0of4":
             import lazyweights as lw
 
@@ -234,7 +273,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
                             digest.update(chunk)
             finally:
                 shutil.rmtree(folder)
-            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": digest.hexdigest()}
+            return {"seconds": seconds, **_mem(mem), "digest": digest.hexdigest()}
         elif name.startswith(("lazyweights", "s3-lazyweights")):
             import lazyweights as lw
             from lazyweights.tools import demo as w1
@@ -280,12 +319,41 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None) -> dict:
 
             _download4(shards, s3_size, s3_part)
             seconds = time.perf_counter() - t
-            return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": None}
+            return {"seconds": seconds, **_mem(mem), "digest": None}
         seconds = time.perf_counter() - t
-    return {"seconds": seconds, "peak_anon": mem.peak_anon - mem.base_anon, "digest": _digest(out)}
+    return {"seconds": seconds, **_mem(mem), "digest": _digest(out)}
 
 
 # --- the driver ---------------------------------------------------------------------------------------------
+def _run_sampled(commands: list[list[str]], env=None, every: float = 0.005) -> tuple[float, list[dict]]:
+    """Start `commands` together and wait for all: (seconds from the first start until the last exit, and per
+    process its returncode, stdout, stderr and peak RssAnon). Memory is sampled from here, every `every`
+    seconds, reading /proc/PID/status: a sampler inside the contestant would be a Python thread that takes the
+    GIL from its fetch threads (benchmarks/RESULTS.md, issue 35: it cost lazyweights 0.3 s, the floor nothing)."""
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
+    t = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=o, stderr=e, text=True, env=env) for c, (o, e) in zip(commands, files)]
+    peaks = [0] * len(procs)
+    while True:
+        alive = False
+        for i, p in enumerate(procs):
+            if p.poll() is None:
+                alive = True
+                peaks[i] = max(peaks[i], _rss_anon(p.pid))
+        if not alive:
+            break
+        time.sleep(every)
+    seconds = time.perf_counter() - t
+    runs = []
+    for p, (o, e), peak in zip(procs, files, peaks):
+        o.seek(0)
+        e.seek(0)
+        runs.append({"returncode": p.returncode, "stdout": o.read(), "stderr": e.read(), "peak": peak})
+        o.close()
+        e.close()
+    return seconds, runs
+
+
 def start_nginx(root: str):
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     base = tempfile.mkdtemp(prefix="bench-nginx-")
@@ -365,12 +433,20 @@ def main():
     ap.add_argument("--contestant", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--inproc-sampler", action="store_true",
+                    help="sample memory with a thread inside each contestant (the old harness; costs lazyweights "
+                         "time: only to show that)")
     ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
-    ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones)")
+    ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones); NAME+sampler "
+                                   "runs NAME with the in-process sampler, beside NAME without it")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
     if args.contestant:
-        print(json.dumps(contestant(args.contestant, args.url, ckpt, args.cache)))
+        start = time.perf_counter()
+        r = contestant(args.contestant, args.url, ckpt, args.cache, args.inproc_sampler)
+        # what ran after the timer stopped (hashing the output), left out of the parent's process seconds
+        r["after_seconds"] = time.perf_counter() - start - r["seconds"]
+        print(json.dumps(r))
         return
     every = ["floor", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "convert", "lazyweights-cached",
              "4proc-cache"]
@@ -387,47 +463,54 @@ def main():
         subprocess.run([sys.executable, "-c", PRIME, str(int(args.prime_gb * 2**30))], check=True)
 
     def command(name, base, cache):
-        return ([sys.executable, __file__, ckpt, "--contestant", name, "--url", base]
-                + (["--cache", cache] if cache else []))
+        inproc = args.inproc_sampler or name.endswith("+sampler")  # `floor+sampler`: the floor, sampled inside
+        return ([sys.executable, __file__, ckpt, "--contestant", name.removesuffix("+sampler"), "--url", base]
+                + (["--cache", cache] if cache else []) + (["--inproc-sampler"] if inproc else []))
+
+    def result(run, process_seconds):
+        """A contestant's report, with the peak the parent sampled (growth from the timer's start) unless it
+        sampled itself (--inproc-sampler), and the whole process's seconds (interpreter start and exit too)."""
+        r = json.loads(run["stdout"].strip().splitlines()[-1])
+        if r.get("peak_anon") is None:
+            r["peak_anon"] = max(0, run["peak"] - r.get("base_anon", 0))
+        r["process_seconds"] = process_seconds - r.get("after_seconds", 0.0)
+        return r
 
     def once(name, cache=None, base=url, env=None):
         prime()
         open(log, "w").close()
-        done = subprocess.run(command(name, base, cache), capture_output=True, text=True, env=env)
-        if done.returncode:
-            raise SystemExit(f"{name}: failed:\n{done.stderr[-3000:]}")
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+        process_seconds, (run,) = _run_sampled([command(name, base, cache)], env=env)
+        if run["returncode"]:
+            raise SystemExit(f"{name}: failed:\n{run['stderr'][-3000:]}")
+        r = result(run, process_seconds)
         r["served"] = served_bytes(log)
         return r
 
     def curl():
         prime()
         open(log, "w").close()
-        t = time.perf_counter()
-        subprocess.run(["curl", "-s", "--parallel", "--parallel-max", "3"] + sum((["-o", "/dev/null", u]
-                                                                                   for u in shard_urls), []),
-                       check=True)
-        return {"seconds": time.perf_counter() - t, "peak_anon": 0, "digest": None, "served": served_bytes(log)}
+        seconds, (run,) = _run_sampled([["curl", "-s", "--parallel", "--parallel-max", "3"]
+                                        + sum((["-o", "/dev/null", u] for u in shard_urls), [])])
+        if run["returncode"]:
+            raise SystemExit(f"curl: failed:\n{run['stderr'][-3000:]}")
+        return {"seconds": seconds, "process_seconds": seconds, "peak_anon": run["peak"], "digest": None,
+                "served": served_bytes(log)}
 
     def processes(n):
         """n lazyweights processes started together on one empty cache (the ranks of one host)."""
         cache = tempfile.mkdtemp(prefix="bench-cache-")
         prime()
         open(log, "w").close()
-        t = time.perf_counter()
-        procs = [subprocess.Popen(command("lazyweights-cached", url, cache), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(n)]
-        outs = [p.communicate() for p in procs]
-        seconds = time.perf_counter() - t
+        seconds, runs = _run_sampled([command("lazyweights-cached", url, cache) for _ in range(n)])
         shutil.rmtree(cache)
-        for p, (_out, err) in zip(procs, outs):
-            if p.returncode:
-                raise SystemExit(f"{n}proc-cache: a process failed:\n{err[-3000:]}")
-        rs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+        for run in runs:
+            if run["returncode"]:
+                raise SystemExit(f"{n}proc-cache: a process failed:\n{run['stderr'][-3000:]}")
+        rs = [result(run, seconds) for run in runs]
         if any(r["digest"] != reference for r in rs):
             raise SystemExit(f"{n}proc-cache: a process's output differs from the local materialization")
-        return {"seconds": seconds, "peak_anon": max(r["peak_anon"] for r in rs), "digest": None,
-                "served": served_bytes(log)}
+        return {"seconds": seconds, "process_seconds": seconds, "peak_anon": max(r["peak_anon"] for r in rs),
+                "digest": None, "served": served_bytes(log)}
 
     try:
         import lazyweights as lw
@@ -471,6 +554,8 @@ def main():
                 if r["digest"] is not None and r["digest"] != want:
                     raise SystemExit(f"{name}: output differs from the local materialization")
                 results.setdefault(name, []).append(r)
+                print(f"  {name}: {r['seconds']:.3f} s (process {r['process_seconds']:.3f} s), load average "
+                      f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         if args.s3:
             s3_results = run_s3(ckpt, once, reference, args.reps)
         first = second = None
@@ -485,25 +570,36 @@ def main():
     floor = statistics.median(r["seconds"] for r in results["floor"]) if "floor" in results else float("nan")
     full = statistics.median(r["seconds"] for r in results["lazyweights"]) if "lazyweights" in results else None
     print(f"W1 over HTTP (nginx on 127.0.0.1), {total / 1e9:.2f} GB in shards, medians of {args.reps}, warm memory")
-    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'x full':>8}{'served/ckpt':>13}{'peak RssAnon GB':>17}")
+    floor_process = (statistics.median(r["process_seconds"] for r in results["floor"]) if "floor" in results
+                     else float("nan"))
+    print("timed: in the contestant, from before its imports until its bytes are in memory; 'process s': the whole")
+    print("process from its start to its exit, timed by the parent, less the hashing of its output; memory sampled")
+    print("by the parent (--inproc-sampler: by a thread in the contestant)")
+    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'x full':>8}{'process s':>11}{'x floor':>9}"
+          f"{'served/ckpt':>13}{'peak RssAnon GB':>17}  runs s")
     for name, rs in results.items():
         s = statistics.median(r["seconds"] for r in rs)
+        ps = statistics.median(r["process_seconds"] for r in rs)
         served = statistics.median(r["served"] for r in rs)
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
         rel = f"{s / full:>8.2f}" if full else f"{'':>8}"
-        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{served / total:>13.4f}{peak:>17.2f}")
+        runs = ", ".join(f"{r['seconds']:.2f}" for r in rs)
+        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
+              f"{served / total:>13.4f}{peak:>17.2f}  {runs}")
     print("every output identical to the local materialization (rank 0: to the same slices of it)")
     if first is not None:
         print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint in {first['seconds']:.3f} s, "
               f"the second {second['served']} bytes in {second['seconds']:.3f} s")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
-        print(f"\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), medians of {args.reps}, warm memory")
+        print("\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), "
+              f"medians of {args.reps}, warm memory")
         print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'peak RssAnon GB':>17}  identical")
         for name, rs in s3_results.items():
             s = statistics.median(r["seconds"] for r in rs)
             peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-            print(f"{name:<22}{s:>9.3f}{s / s3_floor:>9.2f}{peak:>17.2f}  {'floor' if name == 's3-download4' else 'yes'}")
+            same = "floor" if name == "s3-download4" else "yes"
+            print(f"{name:<22}{s:>9.3f}{s / s3_floor:>9.2f}{peak:>17.2f}  {same}")
 
 
 if __name__ == "__main__":
