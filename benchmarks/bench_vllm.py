@@ -1,12 +1,20 @@
 """vLLM loader benchmark (issue 36): weight-loading seconds, bytes and peak host memory for vLLM's default
 `safetensors` loader, `runai_streamer` (where `runai-model-streamer` is installed) and `--load-format
-lazyweights`, on the same local folder; with `--http`, lazyweights from nginx at TP=1 (against a plain download
-of the same file) and at TP=2 (each rank's bytes). Medians of `--reps`; each run is a fresh process,
+lazyweights`, on the same local folder; with `--http`, lazyweights from nginx at TP=1 and TP=2 (each rank's
+bytes) beside the object-storage issue's network floor (benchmarks/bench_remote.py's `floor` on the same file from
+the same nginx); with `--s3`, `runai_streamer` and lazyweights from the same folder in moto's S3 server (vLLM's
+default loader reads neither http(s):// nor s3:// sources). Medians of `--reps`; each run is a fresh process,
 contestants interleaved.
 
 Run in an environment with vLLM (`pip install "lazyweights[vllm]"`; see .ci/run):
 
-    python benchmarks/bench_vllm.py [--hidden 1024 --layers 8] [--reps 3] [--http]
+    python benchmarks/bench_vllm.py [--hidden 1024 --layers 8] [--reps 3] [--loaders none] [--http]
+        [--s3 [both|moto|direct]] [--s3-reps N]
+
+`--s3` needs `pip install "runai-model-streamer[s3]" "moto[server]"`. moto answers each ranged GET by reading the
+whole object, so `--s3 moto` times moto as much as the client (runai_streamer's 2-8 MB requests on the 623 MB
+model cost minutes); `--s3 direct` keeps moto's answers (listing, HEAD, ETag, If-Match, Range checks) and sends a
+ranged GET's bytes from the file. Bytes over S3 are counted by a wrapper around moto's server (moto logs none).
 
 The model is a random float32 Llama written with transformers' `save_pretrained` (hidden 1024, 8 layers,
 intermediate 2816 by default: 156M parameters, 623 MB). Seconds: the loader's `load_weights` call, timed the same
@@ -81,12 +89,93 @@ if __name__ == "__main__":
     main()
 """
 
+# The object-storage issue's network floor, as benchmarks/bench_remote.py runs its `floor` contestant: the file
+# received into np.empty memory by 4 threads, each on its own keep-alive http.client connection, one ranged GET
+# per quarter, `readinto` straight into place (bench_remote._urllib_floor, imported, not copied). Fresh process,
+# warm memory, the same RssAnon sampling as the loaders' children.
 FLOOR = r"""
-import sys, time, requests
-t = time.perf_counter()
-body = requests.get(sys.argv[1], headers={"Accept-Encoding": "identity"}).content
-print("FLOOR %.4f %d" % (time.perf_counter() - t, len(body)))
+import resource, sys, threading, time
+sys.path.insert(0, sys.argv[3])
+from bench_remote import _urllib_floor
+def anon():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
+base, peak, done = anon(), [0], threading.Event()
+def sample():
+    while not done.wait(0.002):
+        peak[0] = max(peak[0], anon())
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+bufs = _urllib_floor(sys.argv[1], [sys.argv[2]])
+seconds, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
+done.set()
+sampler.join()
+peak[0] = max(peak[0], anon())
+print("FLOOR %.4f %.4f %d %d" % (seconds, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, peak[0] - base,
+                                 sum(len(b) for b in bufs.values())))
 """
+
+# moto's S3 server (the one tests/interop/test_vllm.py::test_s3_folder reads), wrapped so that each request's
+# method, path, status, body bytes sent and User-Agent go to a log: moto itself logs no bytes. moto answers a
+# ranged GET by reading the whole object and slicing it (moto 5.2: FakeKey.value, then _handle_range_header), so a
+# client is timed on moto's cost per request. With a folder (argv[3], served as /BUCKET/PREFIX/ argv[4]), "direct"
+# mode has moto answer a ranged GET of a file there as a HEAD (its status, ETag, If-Match and Range checks) and
+# sends the range's bytes from the file: the same protocol and headers, without moto's whole-object read.
+S3_SERVER = r"""
+import os, re, sys, threading
+from werkzeug.serving import make_server
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+port, log = int(sys.argv[1]), sys.argv[2]
+folder, prefix = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
+app, lock = DomainDispatcherApplication(create_backend_app), threading.Lock()
+def direct(environ, start_response):
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", environ.get("HTTP_RANGE", ""))
+    path = environ.get("PATH_INFO", "")
+    if not (folder and m and environ["REQUEST_METHOD"] == "GET" and path.startswith(prefix)
+            and not environ.get("QUERY_STRING")):
+        return None
+    local = os.path.join(folder, path[len(prefix):])
+    if not os.path.isfile(local):
+        return None
+    got = []
+    head = app(dict(environ, REQUEST_METHOD="HEAD"), lambda s, h, e=None: got.append((s, h)))
+    for _ in head:
+        pass
+    status, headers = got[0]
+    if not status.startswith("206"):
+        return None
+    begin, end = int(m.group(1)), min(int(m.group(2)), os.path.getsize(local) - 1)
+    with open(local, "rb") as f:
+        body = os.pread(f.fileno(), end - begin + 1, begin)
+    headers = [(k, v) for k, v in headers if k.lower() not in ("content-length", "content-range")]
+    headers += [("Content-Length", str(len(body))),
+                ("Content-Range", "bytes %d-%d/%d" % (begin, end, os.path.getsize(local)))]
+    start_response(status, headers)
+    return [body]
+def counted(environ, start_response):
+    status = []
+    def start(s, headers, exc_info=None):
+        status.append(s.split()[0])
+        return start_response(s, headers, exc_info)
+    body = direct(environ, start)
+    if body is None:
+        body = app(environ, start)
+    sent = 0
+    try:
+        for chunk in body:
+            sent += len(chunk)
+            yield chunk
+    finally:
+        if hasattr(body, "close"):
+            body.close()
+        with lock, open(log, "a") as f:
+            f.write('%s %s %s %d "%s"\n' % (environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
+                                           status[0] if status else "-", sent, environ.get("HTTP_USER_AGENT", "")))
+make_server("127.0.0.1", port, counted, threaded=True, request_handler=MotoRequestHandler).serve_forever()
+"""
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def make_model(folder: str, hidden: int, layers: int) -> None:
@@ -117,9 +206,9 @@ def warm_memory(gib: int = 2) -> None:
     del b
 
 
-def run(source: str, load_format: str, tp: int = 1, extra: dict | None = None) -> dict:
+def run(source: str, load_format: str, tp: int = 1, extra: dict | None = None, env: dict | None = None) -> dict:
     warm_memory()
-    env = dict(os.environ)
+    env = dict(env or os.environ)
     if tp > 1:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tp)))
     proc = subprocess.run([sys.executable, "-c", CHILD, source, load_format, str(tp), json.dumps(extra or {})],
@@ -142,19 +231,22 @@ def median(rs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def report(name: str, rs: list[dict]) -> dict | None:
+def report(name: str, rs: list[dict], what: str = "load_weights") -> dict | None:
     ok = [r for r in rs if "error" not in r]
+    if len(ok) < len(rs):
+        print(f"{name}: {len(rs) - len(ok)} of {len(rs)} runs failed; the last: "
+              f"{[r for r in rs if 'error' in r][-1]['error'][-1500:]}")
     if not ok:
-        print(f"{name}: failed: {rs[0]['error'][-600:]}")
         return None
     out = {k: median(ok, k) for k in ok[0] if k != "runs"}
     out["runs"] = len(ok)
     out["all_seconds"] = [round(r["seconds"], 3) for r in ok]
-    extra = ", ".join(f"{k} {v:,.0f}" for k, v in out.items() if k.endswith("bytes") and v is not None)
+    extra = ", ".join(f"{k} {v:,.0f}" for k, v in out.items() if k.endswith(("bytes", "gets")) and v is not None)
     cpu = f", {out['cpu_seconds']:.2f} CPU s" if out.get("cpu_seconds") is not None else ""
-    print(f"{name:>24}: load_weights {out['seconds']:.2f} s (median of {len(ok)}: {out['all_seconds']}){cpu}, "
-          f"logged {out['logged_seconds']}, peak RSS {out['peak_rss_mb']:.0f} MB (engine process)"
-          + (f", anonymous memory +{out['anon_growth_mb']:.0f} MB at its peak during load_weights"
+    print(f"{name:>24}: {what} {out['seconds']:.2f} s (median of {len(ok)}: {out['all_seconds']}){cpu}"
+          + (f", logged {out['logged_seconds']}, peak RSS {out['peak_rss_mb']:.0f} MB (engine process)"
+             if "peak_rss_mb" in out else "")
+          + (f", anonymous memory +{out['anon_growth_mb']:.0f} MB at its peak during {what}"
              if out.get("anon_growth_mb") is not None else "")
           + (f", {extra}" if extra else ""))
     return out
@@ -219,22 +311,32 @@ http {{
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def floor_run(url: str, name: str) -> dict:
+    """bench_remote.py's network floor for `url`/`name` in a fresh process, warm memory."""
+    warm_memory()
+    proc = subprocess.run([sys.executable, "-c", FLOOR, url.rstrip("/"), name, HERE], capture_output=True, text=True)
+    m = re.search(r"FLOOR ([0-9.]+) ([0-9.]+) (\d+) (\d+)", proc.stdout)
+    if proc.returncode or not m:
+        return {"error": (proc.stdout + proc.stderr)[-2000:]}
+    return {"seconds": float(m.group(1)), "cpu_seconds": float(m.group(2)), "anon_growth_mb": int(m.group(3)) / 1024,
+            "received_bytes": int(m.group(4))}
+
+
 def http_runs(folder: str, reps: int, summary: dict) -> None:
-    """lazyweights from nginx: TP=1 (bytes fetched; a plain download of the file as the floor) and TP=2
-    (each rank's bytes), medians of `reps`."""
+    """From nginx, interleaved in each repetition: the network floor (bench_remote.py's `floor` on the same
+    file), lazyweights at TP=1 (bytes fetched) and at TP=2 (each rank's bytes); medians of `reps`."""
     root = tempfile.mkdtemp(prefix="bench-vllm-root-")
     os.symlink(folder, os.path.join(root, "llama"))
     server = Nginx(root)
     try:
         url = server.url("llama/")
+        subprocess.run(["sh", "-c", f"cat {folder}/*.safetensors > /dev/null"], check=True)  # server's page cache
         floor, tp1, tp2 = [], [], []
         for _ in range(reps):
-            warm_memory()
-            out = subprocess.run([sys.executable, "-c", FLOOR, url + "model.safetensors"], capture_output=True,
-                                 text=True).stdout
-            m = re.search(r"FLOOR ([0-9.]+) (\d+)", out)
-            if m:
-                floor.append(float(m.group(1)))
+            server.clear()
+            r = floor_run(url, "model.safetensors")
+            r["fetched_bytes"] = sum(server.by_agent().values())
+            floor.append(r)
             server.clear()
             r = run(url, "lazyweights")
             r["fetched_bytes"] = sum(server.by_agent().values())
@@ -246,15 +348,83 @@ def http_runs(folder: str, reps: int, summary: dict) -> None:
                 r[f"rank{rank}_bytes"] = sum(b for a, b in agents.items() if f"vllm-tp-rank/{rank}-of-2" in a)
             r["engine_bytes"] = sum(agents.values()) - r["rank0_bytes"] - r["rank1_bytes"]
             tp2.append(r)
-        if floor:
-            summary["http_floor_seconds"] = statistics.median(floor)
-            print(f"{'download (requests)':>24}: {statistics.median(floor):.2f} s (median of {len(floor)}: "
-                  f"{[round(x, 3) for x in floor]})")
-        summary["lazyweights-http"] = report("lazyweights over HTTP", tp1)
+            print(f"  HTTP: floor {floor[-1].get('seconds', 'failed')}, TP=1 {tp1[-1].get('seconds', 'failed')}, "
+                  f"TP=2 {r.get('seconds', 'failed')}", flush=True)
+        f = summary["http-floor"] = report("floor (bench_remote)", floor, "download")
+        t = summary["lazyweights-http"] = report("lazyweights over HTTP", tp1)
         summary["lazyweights-http-tp2"] = report("lazyweights HTTP TP=2", tp2)
+        if f and t:
+            summary["http_ratio_to_floor"] = t["seconds"] / f["seconds"]
+            print(f"{'lazyweights / floor':>24}: {t['seconds'] / f['seconds']:.2f}x (goal: at most 1.3x); vLLM's "
+                  "default loader reads no http(s):// source (vLLM takes one for a Hugging Face repo id)")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def s3_runs(folder: str, reps: int, summary: dict, direct: bool = False) -> None:
+    """The same folder in moto's S3 (path-style, s3://models/llama/), interleaved in each repetition:
+    `runai_streamer` (model s3://...) and lazyweights (model s3://..., storage_options); medians of `reps`. Bytes
+    are the body bytes the counting wrapper around moto's server saw, GETs of .safetensors objects apart from the
+    rest (config, tokenizer, listings). `direct`: ranged GETs of the folder's files answered from the file after
+    moto's checks (S3_SERVER), so that the clients, not moto's whole-object reads, are timed."""
+    import boto3
+
+    base = tempfile.mkdtemp(prefix="bench-vllm-s3-")
+    log = os.path.join(base, "s3.log")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-c", S3_SERVER, str(port), log]
+                            + ([folder, "/models/llama/"] if direct else []),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        creds = dict(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client("s3", endpoint_url=endpoint, **creds)
+        client.create_bucket(Bucket="models")
+        for f in sorted(os.listdir(folder)):
+            client.upload_file(os.path.join(folder, f), "models", f"llama/{f}")
+        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, RUNAI_STREAMER_S3_ENDPOINT=endpoint,
+                   AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                   AWS_EC2_METADATA_DISABLED="true", RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
+        options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "region_name": "us-east-1"}
+        model = "s3://models/llama/"
+        contestants = {"runai_streamer": ("runai_streamer", None), "lazyweights": ("lazyweights",
+                                                                                   {"storage_options": options})}
+        results: dict[str, list] = {name: [] for name in contestants}
+
+        def served() -> tuple[int, int, int]:
+            weights = other = gets = 0
+            with open(log) as f:
+                for line in f:
+                    method, path, _status, sent = line.split(" ", 4)[:4]
+                    if method == "GET" and path.endswith(".safetensors"):
+                        weights, gets = weights + int(sent), gets + 1
+                    elif method == "GET":
+                        other += int(sent)
+            return weights, gets, other
+
+        for _ in range(reps):
+            for name, (load_format, extra) in contestants.items():
+                open(log, "w").close()
+                r = run(model, load_format, extra=extra, env=env)
+                r["weights_bytes"], r["weights_gets"], r["other_bytes"] = served()
+                results[name].append(r)
+                print(f"  {name} ({'direct' if direct else 'moto'}): {r.get('seconds', 'failed')}", flush=True)
+        for name, rs in results.items():
+            label = "S3 direct" if direct else "S3 (moto)"
+            summary[f"s3{'-direct' if direct else ''}-{name}"] = report(f"{name} {label}", rs)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def main() -> None:
@@ -262,17 +432,25 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--http", action="store_true", help="also lazyweights from nginx at TP=1 and TP=2")
-    ap.add_argument("--loaders", default="safetensors,runai_streamer,lazyweights")
+    ap.add_argument("--http", action="store_true", help="also lazyweights from nginx at TP=1 and TP=2, beside "
+                    "bench_remote.py's network floor")
+    ap.add_argument("--s3", choices=("both", "moto", "direct"), nargs="?", const="both",
+                    help="also runai_streamer and lazyweights from moto's S3 server: as moto answers ranged GETs "
+                    "(moto), with ranged GETs of the weights answered from the file (direct), or both")
+    ap.add_argument("--s3-reps", type=int, help="repetitions of the S3 runs (default --reps)")
+    ap.add_argument("--loaders", default="safetensors,runai_streamer,lazyweights",
+                    help="loaders on the local folder, comma-separated, or 'none'")
     ap.add_argument("--model", help="an existing model folder (default: a new random Llama)")
     args = ap.parse_args()
-    loaders = args.loaders.split(",")
-    if "runai_streamer" in loaders:
+    loaders = [] if args.loaders == "none" else args.loaders.split(",")
+    if "runai_streamer" in loaders or args.s3:
         try:
             import runai_model_streamer  # noqa: F401
-        except ImportError:
-            loaders.remove("runai_streamer")
+        except ImportError as e:
+            loaders = [name for name in loaders if name != "runai_streamer"]
             print("runai_streamer: runai-model-streamer is not installed; skipped")
+            if args.s3:
+                raise SystemExit("--s3 needs runai-model-streamer[s3] (and moto[server])") from e
     with tempfile.TemporaryDirectory() as d:
         folder = args.model or os.path.join(d, "llama")
         if not args.model:
@@ -294,6 +472,10 @@ def main() -> None:
             summary[name] = report(name, rs)
         if args.http:
             http_runs(folder, args.reps, summary)
+        if args.s3 in ("both", "direct"):
+            s3_runs(folder, args.s3_reps or args.reps, summary, direct=True)
+        if args.s3 in ("both", "moto"):
+            s3_runs(folder, args.s3_reps or args.reps, summary)
         print(json.dumps(summary))
 
 
