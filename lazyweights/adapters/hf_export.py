@@ -72,7 +72,7 @@ from ..core.errors import (
     UnsupportedArchitectureError,
     UsageError,
 )
-from ..formats.arch_identity import identity_for_model_type
+from ..formats.arch_identity import identity_for_config, identity_for_model_type
 from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
@@ -328,14 +328,13 @@ def generation_config_from_gguf(metadata: Mapping[str, Any]) -> dict:
 
 # --- Hugging Face config -> GGUF metadata -------------------------------------------------------------------------
 def _text_part(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    if doc.get("model_type") == "xlm-roberta" and doc.get("lora_adaptations"):
-        # jina-embeddings-v3's remote-code config (llama.cpp's converter: jina-bert-v3 when LoRA tasks are listed)
-        return dict(doc, model_type="jina_embeddings_v3")
-    kinds = doc.get("layers_block_type") or doc.get("hybrid_override_pattern") or ()
-    if doc.get("model_type") == "nemotron_h" and ("moe" in kinds or "E" in kinds):
-        return dict(doc, model_type="nemotron_h_moe")  # llama.cpp's converter: nemotron_h_moe for MoE layers
-    if doc.get("model_type") == "lfm2" and (doc.get("architectures") or [""])[0] == "Lfm2Model":
-        return dict(doc, model_type="lfm2_embed")  # llama.cpp's converter: LFM2's embedding models (LFM2ColBertModel)
+    """The config the text model converts from: under its identity row's model_type where the row is told apart
+    by more than the model_type (`ArchIdentity.config_when`: jina-embeddings-v3, Nemotron-H MoE, LFM2's
+    embedding models), a multimodal config's `text_config` (its model_type defaulting to the outer one's row),
+    else `doc` itself."""
+    row = identity_for_config(doc)
+    if row is not None and row.config_when and row.picks_config(doc):
+        return dict(doc, model_type=row.model_type)
     inner = text_config(doc)
     if inner is not doc and isinstance(inner, Mapping):
         merged = dict(inner)

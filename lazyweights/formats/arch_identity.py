@@ -18,7 +18,10 @@ the config.json an export writes can never name a family differently. A row hold
 - `when`: how a GGUF file of an architecture several families share picks this row: `{}` the architecture's
   default (the first row of it), conditions on its `{arch}.*` keys (all must hold; `PRESENT`, `ABSENT`,
   `NONZERO`, `ZERO` (absent or 0), or a value the key equals), or None: never picked (its files read back as
-  another family: Mistral's llama GGUF as llama).
+  another family: Mistral's llama GGUF as llama);
+- `config_when`: how a config.json that names another family's model_type picks this row, as llama.cpp's
+  converter tells them apart: alternatives, each a mapping of config keys that must all hold (a value the key
+  equals, `PRESENT`: set and not empty, or `Contains(x)`: a list or string holding x).
 
 Adding an architecture: a row here (its GGUF name as gguf-py spells it), then its record in `adapters/archs.py`.
 
@@ -31,12 +34,16 @@ Example:
     >>> back = identity_for_gguf("qwen2vl", {}).read_back()
     >>> back.config_model_type, back.hf_class
     ('qwen2', 'Qwen2ForCausalLM')
+    >>> identity_for_config({"model_type": "lfm2", "architectures": ["Lfm2Model"]}).model_type
+    'lfm2_embed'
 """
 from __future__ import annotations
 
 import enum
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
+
+from ..core.config_access import config_get
 
 
 class Has(enum.Enum):
@@ -49,6 +56,12 @@ class Has(enum.Enum):
 
 
 PRESENT, ABSENT, NONZERO, ZERO = Has.PRESENT, Has.ABSENT, Has.NONZERO, Has.ZERO
+
+
+class Contains(NamedTuple):
+    """A `config_when` condition: the config value (a list or a string) holds `item`."""
+
+    item: str
 _DEFAULT: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -63,6 +76,7 @@ class ArchIdentity(NamedTuple):
     hf_model_type: str = ""
     back_as: str = ""
     when: Mapping[str, Any] | None = _DEFAULT
+    config_when: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def hf_class(self) -> str:
@@ -99,6 +113,25 @@ class ArchIdentity(NamedTuple):
         if self.when is None:
             return False
         return all(_holds(metadata, f"{arch}.{key}", want) for key, want in self.when.items())
+
+
+    def picks_config(self, config: Any) -> bool:
+        """Whether a config.json (a dict or a config object) meets one of the `config_when` alternatives.
+
+        >>> identity_for_model_type("nemotron_h_moe").picks_config({"model_type": "nemotron_h",
+        ...                                                         "hybrid_override_pattern": "M*E"})
+        True
+        """
+        return any(all(_config_holds(config_get(config, key), want) for key, want in alt.items())
+                   for alt in self.config_when)
+
+
+def _config_holds(value: Any, want: Any) -> bool:
+    if want is PRESENT:
+        return value is not None and value != [] and value != {} and value != ""
+    if isinstance(want, Contains):
+        return isinstance(value, (list, tuple, str)) and want.item in value
+    return value == want
 
 
 def _holds(md: Mapping[str, Any], key: str, want: Any) -> bool:
@@ -188,7 +221,10 @@ _ROWS: tuple[ArchIdentity, ...] = (
     _i("distilbert", "bert", ("DistilBertModel",), when=None),
     _i("modernbert", "modern-bert", ("ModernBertModel",)),
     _i("eurobert", "eurobert", ("EuroBertModel",)),
-    _i("jina_embeddings_v3", "jina-bert-v3", ("JinaEmbeddingsV3Model",)),
+    # jina-embeddings-v3's remote-code config says xlm-roberta; llama.cpp's converter: jina-bert-v3 when it lists
+    # LoRA tasks
+    _i("jina_embeddings_v3", "jina-bert-v3", ("JinaEmbeddingsV3Model",),
+       config_when=({"model_type": "xlm-roberta", "lora_adaptations": PRESENT},)),
     _i("gpt_oss", "gpt-oss", ("GptOssForCausalLM",)),
     _i("mamba", "mamba", ("MambaForCausalLM",)),
     _i("falcon_mamba", "mamba", ("FalconMambaForCausalLM",), when={"ssm.dt_b_c_rms": True}),
@@ -197,12 +233,17 @@ _ROWS: tuple[ArchIdentity, ...] = (
     _i("bamba", "granitehybrid", ("BambaForCausalLM",), when={"expert_count": ZERO, "embedding_scale": ABSENT}),
     _i("nemotron_h", "nemotron_h", ("NemotronHForCausalLM",)),
     _i("falcon_h1", "falcon-h1", ("FalconH1ForCausalLM",)),
-    _i("nemotron_h_moe", "nemotron_h_moe", ("NemotronHForCausalLM",), hf_model_type="nemotron_h"),
+    # llama.cpp's converter: nemotron_h_moe for a Nemotron-H config with MoE layers
+    _i("nemotron_h_moe", "nemotron_h_moe", ("NemotronHForCausalLM",), hf_model_type="nemotron_h",
+       config_when=({"model_type": "nemotron_h", "layers_block_type": Contains("moe")},
+                    {"model_type": "nemotron_h", "hybrid_override_pattern": Contains("E")})),
     _i("jamba", "jamba", ("JambaForCausalLM",)),
     _i("lfm2", "lfm2", ("Lfm2ForCausalLM",)),
     _i("gemma4_text", "gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"), aliases=("gemma4",)),
     _i("lfm2_moe", "lfm2moe", ("Lfm2MoeForCausalLM",)),
-    _i("lfm2_embed", "lfm2", ("Lfm2Model",), hf_model_type="lfm2", when={"pooling_type": PRESENT}),
+    # LFM2's embedding models (llama.cpp's LFM2ColBertModel): an lfm2 config whose class is Lfm2Model
+    _i("lfm2_embed", "lfm2", ("Lfm2Model",), hf_model_type="lfm2", when={"pooling_type": PRESENT},
+       config_when=({"model_type": "lfm2", "architectures": Contains("Lfm2Model")},)),
     _i("qwen3_next", "qwen3next", ("Qwen3NextForCausalLM",)),
     _i("qwen3_5_text", "qwen35", ("Qwen3_5ForCausalLM",)),
     _i("qwen3_5_moe_text", "qwen35moe", ("Qwen3_5MoeForCausalLM",)),
@@ -212,6 +253,7 @@ IDENTITIES: dict[str, ArchIdentity] = {row.model_type: row for row in _ROWS}
 # config.json model_types read as another row's (multimodal outer configs: the text model inside)
 MODEL_TYPE_ALIASES: dict[str, str] = {alias: row.model_type for row in _ROWS for alias in row.aliases}
 GGUF_ARCHS: list[str] = sorted({row.gguf for row in _ROWS})
+_CONFIG_PICKED = tuple(row for row in _ROWS if row.config_when)
 # GGUF architectures no row converts that GGUFConfig still names (llama.cpp's mistral3: a Mistral text model)
 GGUF_READ_AS: dict[str, str] = {"mistral3": "mistral"}
 
@@ -225,6 +267,19 @@ def identity_for_model_type(model_type: Any) -> ArchIdentity | None:
     if not isinstance(model_type, str):
         return None
     return IDENTITIES.get(MODEL_TYPE_ALIASES.get(model_type, model_type))
+
+
+def identity_for_config(config: Any) -> ArchIdentity | None:
+    """The row a config.json (a dict or a config object) is: a row whose `config_when` it meets, else the row of
+    its `model_type` (`identity_for_model_type`); None when no row has it.
+
+    >>> identity_for_config({"model_type": "xlm-roberta", "lora_adaptations": ["query"]}).model_type
+    'jina_embeddings_v3'
+    >>> identity_for_config({"model_type": "xlm-roberta"}).model_type
+    'xlm-roberta'
+    """
+    picked = next((row for row in _CONFIG_PICKED if row.picks_config(config)), None)
+    return picked or identity_for_model_type(config_get(config, "model_type"))
 
 
 def identity_for_gguf(arch: Any, metadata: Mapping[str, Any] | None = None) -> ArchIdentity | None:

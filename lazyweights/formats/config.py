@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping
 from ..core.config_access import config_get
 from ..core.errors import FormatError
 from .arch_identity import config_identity
+from .gguf_keys import arch_key
 from .json_files import json_beside, read_json
 from .rope_scaling import rope_scaling_from_gguf
 
@@ -131,7 +132,7 @@ class GGUFConfig(_AttrConfig):
             values["model_type"] = arch if row is None else row.config_model_type
             values["architectures"] = [] if row is None else [row.hf_class]
             for attr, suffix in _ARCH_KEYS.items():
-                key = f"{arch}.{suffix}"
+                key = arch_key(arch, suffix)  # gguf-py's Keys template (formats/gguf_keys.py)
                 if key in metadata:
                     v = metadata[key]
                     values[attr] = v.tolist() if hasattr(v, "tolist") and not isinstance(v, (int, float)) else v
