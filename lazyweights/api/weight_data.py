@@ -90,6 +90,8 @@ class WeightData:
             >>> WeightData.wrap(w.node, "alias").name, WeightData.wrap(w.node, "alias").shape
             ('alias', (2, 3))
         """
+        if cls is WeightData:
+            return _wrap(node, name, encoding)
         obj = cls.__new__(cls)
         obj.node, obj.name, obj.quantization_encoding, obj._exported = node, name, encoding, None
         return obj
@@ -135,7 +137,7 @@ class WeightData:
         return f"WeightData({self.name!r}, {self.dtype.name}{list(self.shape)}{q}, op={self.node.op})"
 
     def _derive(self, node: Node, keep_encoding: bool = True) -> "WeightData":
-        return WeightData.wrap(node, self.name, self.quantization_encoding if keep_encoding else None)
+        return _wrap(node, self.name, self.quantization_encoding if keep_encoding else None)
 
     def _check_not_quantized(self, what: str) -> None:
         if self.quantization_encoding is not None:
@@ -155,8 +157,9 @@ class WeightData:
     # --- element type -------------------------------------------------------------------------------
     def astype(self, dtype: DType) -> "WeightData":
         """Convert values to `dtype`: round-to-nearest-even, NaN and inf kept, as ml_dtypes does."""
-        self._check_not_quantized("astype")
-        return self._derive(ops.cast(self.node, DType.parse(dtype)))
+        if self.quantization_encoding is not None:
+            self._check_not_quantized("astype")
+        return _wrap(ops.cast(self.node, dtype if type(dtype) is DType else DType.parse(dtype)), self.name, None)
 
     def view(self, dtype: DType) -> "WeightData":
         """Reinterpret the bits as `dtype` (numpy's `view`: the last axis scales by the size ratio)."""
@@ -262,7 +265,7 @@ class WeightData:
         node = _index(self.node, key, self.name)
         if self.quantization_encoding is not None:
             self._check_block_axis_kept("indexing", node.shape[-1] if node.shape else None)
-        return self._derive(node)
+        return _wrap(node, self.name, self.quantization_encoding)
 
     # --- materialization ----------------------------------------------------------------------------
     def to_numpy(self) -> np.ndarray:
@@ -447,8 +450,21 @@ def _torch_to_numpy(t) -> np.ndarray:
     return t.numpy()
 
 
+def _wrap(node: Node, name: str, encoding: QuantizationEncoding | None) -> WeightData:
+    """`WeightData.wrap` with its slots stored directly: each op of an adapter makes one (a DeepSeek-V3
+    adapter, 315,000: benchmarks/bench_scale.py)."""
+    obj = _new(WeightData)
+    obj.node = node
+    obj.name = name
+    obj.quantization_encoding = encoding
+    obj._exported = None
+    return obj
+
+
+_new = object.__new__
+
+
 # --- numpy-style indexing -----------------------------------------------------------------------------
-_FULL = slice(None)
 
 
 def _index(node: Node, key, name: str) -> Node:
@@ -464,9 +480,12 @@ def _index(node: Node, key, name: str) -> Node:
     # The common gather, `x[idx]` or `x[:, idx]` with one 1-D array and full slices before it, is one take
     # (a block-scale broadcast `s[arange(n) // 128][:, arange(k) // 128]` indexes so twice per FP8 weight).
     last = key[-1] if key else None
-    if (type(last) is np.ndarray and last.ndim == 1 and len(key) <= node.ndim
-            and (len(key) == 1 or all(type(k) is slice and k == _FULL for k in key[:-1]))):
-        return ops.take(node, last, len(key) - 1)
+    if type(last) is np.ndarray and last.ndim == 1 and len(key) <= len(node.shape):
+        for k in key[:-1]:
+            if type(k) is not slice or k.start is not None or k.stop is not None or k.step is not None:
+                break
+        else:
+            return ops.take(node, last, len(key) - 1)
     # A 0-d integer array indexes like a Python int (numpy's rule).
     key = tuple(
         int(k) if isinstance(k, np.ndarray) and k.ndim == 0 and np.issubdtype(k.dtype, np.integer) else k

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import cast
 
 from ..core.dtype import DType
@@ -89,11 +88,15 @@ class Step:
 
         Steps with no sources (constants) sort first, by output name.
         """
-        srcs = [n.arg for n in self.nodes if n.op is Op.SOURCE]
-        if not srcs:
+        first = None
+        for n in self.nodes:
+            if n.op is Op.SOURCE:
+                where = (n.arg.file.path, n.arg.offset)
+                if first is None or where < first:
+                    first = where
+        if first is None:
             return ("", 0, self.outputs[0])
-        first = srcs[0] if len(srcs) == 1 else min(srcs, key=lambda r: (r.file.path, r.offset))
-        return (first.file.path, first.offset, self.outputs[0])
+        return (first[0], first[1], self.outputs[0])
 
 
 def outputs_of(plan_or_outputs) -> dict[str, Node]:
@@ -271,7 +274,10 @@ def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:
         )
     rows = max(1, min(target // out_row, per_worker // max(1, step.work_per_row)))
     rows = max(align, rows // align * align)
-    step.blocks = list(map(range, range(0, nrows, rows), chain(range(rows, nrows, rows), (nrows,))))
+    starts = range(0, nrows, rows)
+    blocks = list(map(range, starts[:-1], starts[1:]))
+    blocks.append(range(starts[-1], nrows))
+    step.blocks = blocks
 
 
 def _work_per_row(step: Step, view_cache) -> int:

@@ -46,6 +46,8 @@ from ..core.quantization import QuantizationEncoding
 from .node import Const, Importance, IndexArray, Node, QuantizeArg
 from .opcodes import Op
 
+_INT64 = np.dtype(np.int64)
+
 # Cast-of-cast folds only for the (source, intermediate) -> target triples where it is bit-exact: astype
 # must equal ml_dtypes' stepwise astype bit for bit, and a value-exact first cast is not enough
 # (conversions quiet signalling NaNs and keep different payload bits: bf16 -> f32 -> bf16 gives 0x7FC0 for
@@ -103,7 +105,8 @@ def castable(a: DType, b: DType) -> bool:
 
 def cast(x: Node, dtype: DType) -> Node:
     """Convert values to `dtype` (round-to-nearest-even, NaN and inf kept), as numpy/ml_dtypes do."""
-    dtype = DType.parse(dtype)
+    if type(dtype) is not DType:
+        dtype = DType.parse(dtype)
     if x.dtype is dtype:
         return x
     # Fold cast-of-cast only when the folded, direct conversion exists (f8e4m3fn -> f16 -> f8e8m0fnu is two
@@ -221,12 +224,16 @@ def slice_(x: Node, slices: Sequence[tuple[int, int, int]]) -> Node:
 
 def take(x: Node, indices, axis: int) -> Node:
     """Gather positions `indices` (1-D ints, negatives allowed) along `axis`, e.g. a RoPE row permutation."""
-    if not -x.ndim <= axis < x.ndim:
+    xshape = x.shape
+    ndim = len(xshape)
+    if not -ndim <= axis < ndim:
         raise ShapeError(f"take: axis {axis} out of range for {_fmt(x.dtype, x.shape)}")
-    axis %= x.ndim
-    dim = x.shape[axis]
+    axis %= ndim
+    dim = xshape[axis]
     if isinstance(indices, IndexArray):  # (rewrites pass a node's own list on: no array is made)
         ia = indices
+    elif type(indices) is np.ndarray and indices.ndim == 1 and indices.dtype is _INT64:
+        ia = IndexArray(indices)  # the common case (`arange(n) // 128`): nothing to convert or check
     else:
         idx = np.asarray(indices)
         if idx.dtype.kind == "b":
@@ -238,6 +245,12 @@ def take(x: Node, indices, axis: int) -> Node:
             raise ShapeError(f"take: indices must be a 1-D integer array, got {idx.dtype}{list(idx.shape)}")
         # An affine list (`arange(n) // 128`) is recognised here and kept as five integers (`IndexArray`).
         ia = IndexArray(idx)
+    affine = ia.affine
+    if affine is not None:
+        # An affine list already checked against this axis length: its shared argument, no checks again.
+        arg = _TAKE_ARGS.get((axis, ia, dim))
+        if arg is not None:
+            return Node(Op.TAKE, (x,), arg, x.dtype, xshape[:axis] + (affine[0],) + xshape[axis + 1:])
     lo, hi = ia.bounds()
     if lo < -dim or hi >= dim:
         arr = ia.array
@@ -248,15 +261,17 @@ def take(x: Node, indices, axis: int) -> Node:
         ia = IndexArray(np.where(arr < 0, arr + dim, arr))
     if len(ia) == dim and ia.is_arange():
         return x
-    shape = x.shape[:axis] + (len(ia),) + x.shape[axis + 1:]
+    shape = xshape[:axis] + (len(ia),) + xshape[axis + 1:]
     arg = (axis, ia)
-    if ia.affine is not None:  # one shared argument per (axis, affine list): no tuple per node
-        arg = _TAKE_ARGS.setdefault(arg, arg)
-        if len(_TAKE_ARGS) > 4096:
+    if ia.affine is not None and lo >= 0:  # one shared argument per (axis, affine list, axis length)
+        if len(_TAKE_ARGS) >= 4096:
             _TAKE_ARGS.clear()
+        arg = _TAKE_ARGS.setdefault((axis, ia, dim), arg)
     return Node(Op.TAKE, (x,), arg, x.dtype, shape)
 
 
+# (axis, affine list, axis length) -> the argument `(axis, list)` of a take that was checked in bounds and
+# is not an identity; equal arguments are one tuple. Bounded: cleared when full.
 _TAKE_ARGS: dict[tuple, tuple] = {}
 
 
