@@ -189,7 +189,7 @@ def tokenizer():
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lazyweights.formats.hf_tokenizer import PRE_TOKENIZER_SPLITS
+    from lazyweights.formats.tokenizer_tables import PRE_TOKENIZER_SPLITS
 
     corpus = ("The quick brown fox jumps over the lazy dog. Café naïve résumé. 日本語 中文. "
               "def f(x): return x ** 2  # code\n\tindent   spaces\n\n1234 5678 🤖 emoji. ") * 10

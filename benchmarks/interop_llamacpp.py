@@ -79,7 +79,7 @@ def tiny_tokenizer(split: str = "llama-bpe"):
     import transformers
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from lazyweights.formats.hf_tokenizer import PRE_TOKENIZER_SPLITS
+    from lazyweights.formats.tokenizer_tables import PRE_TOKENIZER_SPLITS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -221,7 +221,7 @@ def test_minilm_embedding_equals_transformers(minilm_dir, tmp_path):  # minilm_d
     path = str(tmp_path / "minilm.gguf")
     try:
         export_gguf(str(folder), path)
-    except TokenizerConversionError as e:  # the WordPiece -> GGUF tokenizer: formats/hf_tokenizer's bert support
+    except TokenizerConversionError as e:  # the WordPiece -> GGUF tokenizer: formats/tokenizer_to_gguf's bert support
         pytest.skip(f"this checkout's tokenizer conversion has no WordPiece: {e}")
     r = gguf.GGUFReader(path)
     assert int(r.fields["bert.pooling_type"].parts[-1][0]) == int(gguf.PoolingType.MEAN)

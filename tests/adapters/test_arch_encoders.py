@@ -120,7 +120,7 @@ def _llama_bpe():
     """EuroBERT's: Llama 3's byte-level BPE (its split regex), <s> $A </s>."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from lazyweights.formats.hf_tokenizer import PRE_TOKENIZER_SPLITS
+    from lazyweights.formats.tokenizer_tables import PRE_TOKENIZER_SPLITS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

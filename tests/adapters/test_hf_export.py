@@ -22,7 +22,7 @@ pytest.importorskip("tokenizers")
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
 from lazyweights.adapters.hf_export import GGUFConfigError, UnsupportedArchitectureError, hf_config_from_gguf  # noqa: E402
-from lazyweights.formats.hf_tokenizer import MissingTokenizerError  # noqa: E402
+from lazyweights.core.errors import MissingTokenizerError  # noqa: E402
 
 T = gguf.GGUFValueType
 
@@ -117,7 +117,7 @@ def _reader_values(path):
 
 def test_gemma_round_trip_keeps_metadata(gemma_folder, tmp_path):
     """GGUF -> HF folder -> GGUF: gguf-py reads every key back with the type llama.cpp's converter writes, and
-    every key that matters equals the original file's (scores: same ranking, see hf_tokenizer)."""
+    every key that matters equals the original file's (scores: same ranking, see formats/tokenizer_to_gguf)."""
     src, folder = gemma_folder
     from lazyweights import load_weights
     from lazyweights.adapters import convert_hf_to_gguf
@@ -168,7 +168,7 @@ _CORPUS = (
 def _train_bpe():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lazyweights.formats.hf_tokenizer import PRE_TOKENIZER_SPLITS
+    from lazyweights.formats.tokenizer_tables import PRE_TOKENIZER_SPLITS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

