@@ -67,7 +67,7 @@ import numpy as np
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .ranges import RangeSet, merge, plan_requests
-from .transport import S3Backend, Transient, backend
+from .transport import Converting, S3Backend, Transient, backend
 
 _log = logging.getLogger(__name__)
 
@@ -410,24 +410,43 @@ class RemoteFile:
         if error is not None:
             raise error
 
-    def receive(self, start: int, end: int, out: memoryview) -> None:
-        """Fetch bytes [start, end) straight into `out` (the caller's memory: an output the block then casts
-        in place), bypassing the map: the bytes are touched once. Bytes the map holds are copied from it."""
+    def receive(self, start: int, end: int, out: memoryview, convert=None, unit: int = 1) -> None:
+        """Fetch bytes [start, end) straight into `out` (the caller's memory: an output), bypassing the map:
+        the bytes are touched once. Bytes the map holds are copied from it.
+
+        `convert(piece, offset)`, where given, takes the bytes instead of `out` (which then only gives the
+        length): each piece as it arrives (whole `unit`s, in the receiving thread's warm buffer; see
+        `io/transport.Converting`), with its offset from `start`. A cast writes them into the result
+        converted, so no byte is read back from memory to be cast."""
         if len(out) != end - start:
             raise UsageError(f"receive: bytes [{start}, {end}) of {self.path} ({end - start} bytes) into a "
                              f"{len(out)}-byte buffer")
+        unit = max(1, int(unit)) if convert is not None else 1
         with self._leased([(start, end)]):  # another run's release must not drop what we copy from the map
             with self._lock:
                 held = self._have.held_many([(start, end)])
-                missing = self._have.missing_many([(start, end)])
+            # whole units only (the object's first bytes, held since it was opened, may end inside one):
+            # the rest is fetched again, so every piece handed to `convert` starts on a unit
+            held = [(a, b) for a, b in ((start + -(-(s - start) // unit) * unit, start + (e - start) // unit * unit)
+                                        for s, e in held) if b > a]
             for s, e in held:
-                out[s - start:e - start] = self._mem[s:e]
+                if convert is None:
+                    out[s - start:e - start] = self._mem[s:e]
+                else:
+                    convert(self._mem[s:e], s - start)
+        missing = RangeSet(held).missing_many([(start, end)])
         if not missing:
             return
-        requests = plan_requests(missing, gap=0, multi_range=False, part_size=self.part_size)
+        part_size = max(unit, self.part_size // unit * unit)  # parts start on a unit too
+        requests = plan_requests(missing, gap=0, multi_range=False, part_size=part_size)
+
+        def into(s: int, e: int):
+            if convert is None:
+                return out[s - start:e - start]
+            return Converting(lambda piece, offset: convert(piece, s - start + offset), e - s, unit)
 
         def one(request: list[tuple[int, int]]) -> None:
-            self._request(request, lambda s, e: out[s - start:e - start])
+            self._request(request, into)
 
         if len(requests) == 1:
             one(requests[0])

@@ -59,15 +59,74 @@ def _changed(url: str, what: str) -> SourceChangedError:
     return SourceChangedError(f"{url}: the object changed after it was opened ({what}). Reload it with load_weights().")
 
 
-def read_body(read, out: memoryview, stream=None) -> None:
-    """Receive exactly `len(out)` body bytes into `out`.
+class Converting:
+    """A destination that converts what arrives instead of keeping it: `convert(piece, offset)` is handed each
+    piece of the range's bytes as it arrives (a uint8 memoryview of whole `unit`s, in the receiving thread's
+    small warm buffer, reused for the next piece) with its offset in the range, and writes what it makes of it
+    wherever it likes (a cast straight into the result: each byte read from the socket into cache and
+    written once, converted). `len()` is the range's length, as for a memoryview destination.
+
+    >>> got = []
+    >>> dest = Converting(lambda piece, offset: got.append((offset, bytes(piece))), 6, unit=2)
+    >>> chunks = iter([b"abc", b"def"])
+    >>> read_body(lambda n: next(chunks, b""), dest)
+    >>> got  # whole 2-byte units only: "c" waits for "d"
+    [(0, b'ab'), (2, b'cdef')]
+    """
+
+    def __init__(self, convert, nbytes: int, unit: int = 1):
+        self.convert, self.nbytes, self.unit = convert, int(nbytes), max(1, int(unit))
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+BOUNCE_BYTES = 1 << 20  # a Converting destination's receive buffer: cache-sized, per thread
+_BOUNCE = threading.local()
+
+
+def _read_converting(read, fp, dest: Converting) -> None:
+    """`read_body` into a `Converting` destination: through this thread's warm buffer, a piece at a time,
+    handing on whole units (the tail of a unit cut by the socket waits for the rest). The last piece may be a
+    partial unit only when the range's length is not a whole number of units."""
+    buf = getattr(_BOUNCE, "buf", None)
+    if buf is None:
+        buf = _BOUNCE.buf = memoryview(bytearray(BOUNCE_BYTES))
+    pos, carry, want, unit = 0, 0, dest.nbytes, dest.unit
+    while pos < want:
+        room = min(len(buf) - carry, want - pos)
+        if fp is not None:
+            n = fp.readinto(buf[carry:carry + room])
+        else:
+            chunk = read(room)
+            n = len(chunk)
+            buf[carry:carry + n] = chunk
+        if not n:
+            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+        have = carry + n
+        whole = have if pos + n == want else have - have % unit
+        if whole:
+            dest.convert(buf[:whole], pos - carry)
+        carry = have - whole
+        if carry:
+            buf[:carry] = buf[whole:have]
+        pos += n
+
+
+def read_body(read, out, stream=None) -> None:
+    """Receive exactly `len(out)` body bytes into `out` (a writable memoryview, or a `Converting` destination).
 
     `stream`: the urllib3 response under it (requests' `r.raw`, botocore's `Body._raw_stream`). Where it has
     http.client's response underneath and nothing was read yet, the bytes go from the socket into `out` with
     `readinto`: one copy, no allocation. Otherwise `read` returns fresh chunks that are copied in."""
     pos, want = 0, len(out)
     fp = getattr(stream, "_fp", None)
-    if fp is not None and hasattr(fp, "readinto") and not int(getattr(stream, "_fp_bytes_read", 0) or 0):
+    if not (hasattr(fp, "readinto") and not int(getattr(stream, "_fp_bytes_read", 0) or 0)):
+        fp = None  # no socket to read into: `read` gives chunks
+    if isinstance(out, Converting):
+        _read_converting(read, fp, out)
+        return
+    if fp is not None:
         while pos < want:
             n = fp.readinto(out[pos:])
             if not n:
@@ -238,8 +297,9 @@ class HTTPBackend:
         if etag and reply_etag and reply_etag != etag:
             raise _changed(self.url, f"ETag {etag} became {reply_etag}")
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
-        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out`."""
+    def get(self, start: int, end: int, size: int, etag: str | None, out) -> None:
+        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out` (a memoryview, or a
+        `Converting` destination)."""
         import requests
         import urllib3
 
@@ -407,8 +467,9 @@ class S3Backend:
         finally:
             r["Body"].close()
 
-    def get(self, start: int, end: int, size: int, etag: str | None, out: memoryview) -> None:
-        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out`."""
+    def get(self, start: int, end: int, size: int, etag: str | None, out) -> None:
+        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out` (a memoryview, or a
+        `Converting` destination)."""
         kwargs = {"IfMatch": etag} if etag else {}
         try:
             r = self.client.get_object(Bucket=self.bucket, Key=self.key, Range=f"bytes={start}-{end - 1}", **kwargs)

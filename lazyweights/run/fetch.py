@@ -26,7 +26,7 @@ _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"
 _READS = "remote reads"
 PREFETCH_THREADS = 4  # steps fetched ahead at once: W1 over nginx, 4 against 1 (benchmarks/RESULTS.md)
-RECEIVE = "receive into the output"  # a step cache key: (file, start, end, output bytes)
+RECEIVE = "receive into the output"  # a step cache key: (file, start, end, output bytes, convert, unit)
 
 
 def _unfetched_base(node: Node) -> np.ndarray:
@@ -115,8 +115,8 @@ def fetch_step_sources(step, cache: dict | None) -> None:
         reads = cache.get(_READS)
         receive = cache.get(RECEIVE)
         if receive is not None:
-            file, start, end, out = receive
-            file.receive(start, end, out)
+            file, start, end, out, convert, unit = receive
+            file.receive(start, end, out, convert, unit)
         elif reads is not None:
             reads.fetch(step)
         else:
@@ -174,8 +174,8 @@ def fetch_views(steps) -> ViewFetch | None:
 def receive_target(step, out: np.ndarray) -> tuple | None:
     """(file, start, end) when `step`'s remote bytes can be received straight into its output `out`: the
     step is a copy, or a cast between dtypes of one width, of one contiguous run of a remote source's bytes
-    (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly. Then the block casts `out`
-    in place (`cast_received`) and each byte is touched once, as a plain download would. None otherwise
+    (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly. Then a cast is done as the
+    bytes arrive (`receive_into`) and each byte is written once, as a plain download would. None otherwise
     (the bytes go through the source's map), and for a source that shares a `cache=` directory (its writer
     reads the bytes after they arrive, and an in-place cast would change them under it)."""
     node = step.node
@@ -201,30 +201,34 @@ def receive_target(step, out: np.ndarray) -> tuple | None:
 
 
 def receive_into(step, out: np.ndarray, cache: dict) -> bool:
-    """Arrange for `step`'s blocks to receive their bytes straight into `out` (see `receive_target`);
-    True when they will, and then each block must `cast_received` its rows."""
+    """Arrange for `step`'s bytes to be received straight into `out` (see `receive_target`); True when they
+    will. A cast is done as the bytes arrive, on the thread receiving them (`RemoteFile.receive`'s `convert`):
+    each piece goes from the socket into that thread's cache-sized buffer and is cast from there into `out`,
+    so the blocks of the step have nothing left to do."""
     target = receive_target(step, out)
     if target is None:
         return False
-    cache[RECEIVE] = target + (out.reshape(-1).view(np.uint8).data,)
+    convert, unit = None, 1
+    if step.node.op is Op.CAST:
+        convert, unit = _cast_from_pieces(step.node.srcs[0].dtype.to_numpy(), out), out.itemsize
+    cache[RECEIVE] = target + (out.reshape(-1).view(np.uint8).data, convert, unit)
     return True
 
 
-def cast_received(node: Node, rows: np.ndarray, scratch) -> None:
-    """Cast, in place, output rows that hold the source's raw bytes (a `receive_into` step): through a small
-    warm scratch buffer (`scratch(nbytes)`), since a cast kernel's source and destination must not alias."""
-    if node.op is not Op.CAST:
-        return  # a copy: the bytes are the result
-    flat = rows.reshape(-1)
-    raw = flat.view(node.srcs[0].dtype.to_numpy())
+def _cast_from_pieces(src_dtype: np.dtype, out: np.ndarray):
+    """convert(piece, offset) for `RemoteFile.receive`: the raw source bytes `piece` (whole elements of
+    `src_dtype`, the same width as `out`'s) are byte `offset` onward of `out`, cast into place."""
     from ..kernels.casts import cast_into
 
-    step = max(1, (256 << 10) // flat.itemsize)
-    for i in range(0, flat.size, step):
-        j = min(flat.size, i + step)
-        tmp = scratch((j - i) * flat.itemsize).view(raw.dtype)
-        np.copyto(tmp, raw[i:j])
-        cast_into(tmp, flat[i:j])
+    flat = out.reshape(-1)
+    size = flat.itemsize
+
+    def convert(piece, offset: int) -> None:
+        src = np.frombuffer(piece, src_dtype)
+        first = offset // size
+        cast_into(src, flat[first:first + src.size])
+
+    return convert
 
 
 class RemoteReads:

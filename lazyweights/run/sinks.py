@@ -30,7 +30,7 @@ from ..core.errors import DTypeError, ExecutionError, ShapeError, UsageError
 from ..graph.node import Node
 from .blocks import full_view, pull, write_rows
 from .driver import BlockTask
-from .fetch import RECEIVE, ViewFetch, cast_received, fetch_step_sources, fetch_views, receive_into
+from .fetch import RECEIVE, ViewFetch, fetch_step_sources, fetch_views, receive_into
 
 
 def check_unchanged_sources(step: Step) -> None:
@@ -103,7 +103,7 @@ class MemorySink:
         cache = {} if cache is None else cache
         fetch_step_sources(step, cache)
         if RECEIVE in cache:
-            cast_received(node, primary[rows.start:rows.stop], scratch_block)
+            pass  # received into the result, cast as it arrived (`run/fetch.receive_into`)
         elif not node.shape:
             tmp = np.empty((), node.dtype.to_numpy())
             write_rows(node, rows, tmp.reshape(()), cache)

@@ -53,7 +53,8 @@ def test_no_disk_file_without_cache_and_casts_receive_into_the_result(nginx, big
     _fresh()
     received = []
     real = RemoteFile.receive
-    monkeypatch.setattr(RemoteFile, "receive", lambda self, s, e, out: (received.append(e - s), real(self, s, e, out)))
+    monkeypatch.setattr(RemoteFile, "receive",
+                        lambda self, s, e, out, *a: (received.append(e - s), real(self, s, e, out, *a)))
     sd = _w1([nginx.url("big/model.safetensors.index.json")])
     got = lw.plan(sd).materialize()
     local = lw.plan(_w1([str(big)])).materialize()
@@ -100,6 +101,112 @@ def test_an_array_handed_out_is_never_released(nginx, big):
     lw.plan(_w1([nginx.url("big/model.safetensors.index.json")])).materialize()
     assert q.tobytes() == before.tobytes()
     assert np.count_nonzero(q.view(np.uint16)) > 0.9 * q.size
+
+
+def _bf16_bits(n: int, seed: int) -> np.ndarray:
+    """n bf16 bit patterns: random, with every special value (NaNs of both signs, infinities, zeros,
+    subnormals, values f16 cannot hold)."""
+    bits = np.random.default_rng(seed).integers(0, 1 << 16, n, dtype=np.uint16)
+    bits[:8] = [0x7FC0, 0xFFC1, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x4780]
+    return bits
+
+
+def test_a_cast_received_in_pieces_equals_astype_from_any_start(nginx):
+    """`receive` with `convert`: the bytes of a bf16 run go from the socket through a small buffer, cut
+    wherever the socket cuts them, and are cast into the result. The run starts at an odd byte, so the 64 KiB
+    the open fetched ends inside an element: that element is fetched again, never cast from half its bytes.
+    Judged against ml_dtypes' astype of the same bits, and the bytes served against the run's length."""
+    import ml_dtypes
+
+    _fresh()
+    n = 300_000  # 600 KB: several pieces of the 1 MiB buffer's worth across the socket
+    bits = _bf16_bits(n, 1)
+    (nginx.root / "odd.bin").write_bytes(b"\x07" + bits.tobytes() + b"\x09")
+    f = RemoteFile(nginx.url("odd.bin"))
+    assert f.held_bytes() == 64 << 10  # the open's first bytes: [0, 65536), ending inside element 32767
+    nginx.clear_log()
+    out = np.empty(n, np.float16)
+    convert = fetch._cast_from_pieces(np.dtype(ml_dtypes.bfloat16), out)
+    f.receive(1, 1 + 2 * n, out.view(np.uint8).data, convert, 2)
+    want = bits.view(ml_dtypes.bfloat16).astype(np.float16)
+    assert out.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+    assert nginx.bytes_sent() == 1 + 2 * n - 65535  # [65535, end): the split element's byte again, nothing else
+    # a body that arrives in odd-sized chunks (a stream without readinto): each cut element waits for its rest
+    from lazyweights.io.transport import Converting, read_body
+
+    body, sizes = bits.tobytes(), np.random.default_rng(3).integers(1, 50_001, 200)
+    chunks = iter([body[a:b] for a, b in zip(np.r_[0, np.cumsum(sizes)], np.cumsum(sizes)) if a < len(body)]
+                  + [body[int(np.sum(sizes)):]])
+    out2 = np.empty(n, np.float16)
+    read_body(lambda k: next(chunks, b""), Converting(fetch._cast_from_pieces(np.dtype(ml_dtypes.bfloat16), out2),
+                                                      2 * n, 2))
+    assert out2.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+class _CutOnce(__import__("http.server").server.BaseHTTPRequestHandler):
+    """Serves `body` with ranges; the first ranged GET past the header sends half its bytes and hangs up."""
+
+    body = b""
+    cuts: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _missing(self) -> bool:  # nothing beside the file (no config.json)
+        if self.path == "/m.safetensors":
+            return False
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return True
+
+    def do_HEAD(self):
+        if not self._missing():
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(self.body)))
+            self.send_header("ETag", '"v1"')
+            self.end_headers()
+
+    def do_GET(self):
+        if self._missing():
+            return
+        start, end = (int(x) for x in self.headers["Range"].split("=")[1].split("-"))
+        end = min(end, len(self.body) - 1)
+        part = self.body[start:end + 1]
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(part)))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(self.body)}")
+        self.send_header("ETag", '"v1"')
+        self.end_headers()
+        if start > 0 and not self.cuts:
+            self.cuts.append(start)
+            self.wfile.write(part[: len(part) // 2 + 1])  # an odd cut: half an element arrived
+            self.close_connection = True
+            return
+        self.wfile.write(part)
+
+
+def test_a_cast_received_after_a_cut_and_a_retry_is_exact(write_safetensors, tmp_path):
+    """A reply cut short mid-element is retried; the retry's bytes start over at the range's first byte and
+    are cast again, so the result equals the local cast (no element cast twice, none left raw)."""
+    import http.server
+
+    import ml_dtypes
+
+    _fresh()
+    bits = _bf16_bits(1 << 16, 2)  # 128 KiB: more than the open fetches
+    write_safetensors(tmp_path / "m.safetensors", {"w": bits.view(ml_dtypes.bfloat16)})
+    handler = type("H", (_CutOnce,), {"body": (tmp_path / "m.safetensors").read_bytes(), "cuts": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        weights = lw.load_weights([f"http://127.0.0.1:{srv.server_port}/m.safetensors"])
+        got = lw.plan({"w": weights.w.data().astype(lw.DType.float16)}).materialize()["w"]
+    finally:
+        srv.shutdown()
+    assert handler.cuts  # the cut happened
+    want = bits.view(ml_dtypes.bfloat16).astype(np.float16)
+    assert np.asarray(got).view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
 
 
 # --- runs that share a file ---------------------------------------------------------------------------------
