@@ -73,6 +73,7 @@ from ..core.errors import (
     UsageError,
 )
 from ..formats.arch_identity import identity_for_config, identity_for_model_type
+from ..formats.gguf_keys import arch_key
 from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
@@ -121,7 +122,7 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
     if not isinstance(arch, str):
         raise GGUFConfigError(f"GGUF metadata has no {Keys.General.ARCHITECTURE}", [Keys.General.ARCHITECTURE])
     model_type = model_type_for(arch, md)
-    missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if f"{arch}.{k}" not in md]
+    missing = [arch_key(arch, k) for k in REQUIRED_KEYS if arch_key(arch, k) not in md]
     moe = int(md.get(Keys.LLM.EXPERT_COUNT.format(arch=arch), 0) or 0) > 0
     ff = Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch)
     expert_ff = Keys.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=arch)

@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
 from ..core.config_access import config_get
+from .gguf_keys import arch_key
 
 
 class Has(enum.Enum):
@@ -112,7 +113,7 @@ class ArchIdentity(NamedTuple):
         """
         if self.when is None:
             return False
-        return all(_holds(metadata, f"{arch}.{key}", want) for key, want in self.when.items())
+        return all(_holds(metadata, arch_key(arch, key), want) for key, want in self.when.items())
 
 
     def picks_config(self, config: Any) -> bool:
