@@ -5,12 +5,17 @@
 
 CKPT is a W1 checkpoint folder (`../shared/bench/make_ckpt.py`). The script starts Debian's nginx on
 127.0.0.1 serving it, then runs each contestant in a fresh process, with warm memory (a throwaway process
-touches and frees --prime-gb right before each) and a warm page cache on the server side:
+touches and frees --prime-gb right before each) and a warm page cache on the server side. Every contestant is
+timed the same way: from before its own imports until its bytes are in memory (the whole process, start to
+exit, is reported beside it); its memory is sampled by this process from /proc/PID/status, never by a thread
+inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
 
 - `floor`: every shard received into a preallocated buffer by 4 threads, each on its own keep-alive
   http.client connection, one ranged GET per quarter of each shard, `readinto` straight into place: the
   fastest plain download into memory measured here (benchmarks/bench_transport.py: the least CPU of every
   recipe, the wall time of the best; requests, obstore and 8-way variants were no faster).
+- `floor-bounce`: the same, but each thread receives into its own 1 MiB buffer and copies each piece into
+  place (the path lazyweights' casts take): on this VM faster than `readinto` straight into the large buffer.
 - `curl`: `curl --parallel` of the three shards to /dev/null: what the network moves with no memory to fill.
 - `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
 - `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
@@ -126,10 +131,12 @@ def _download4(shards, size_of, fetch_part) -> dict:
     return out
 
 
-def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None) -> dict:
+def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0) -> dict:
     """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
     http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
-    list and receiving each body with `readinto` straight into its place (one copy from the socket)."""
+    list and receiving each body with `readinto` straight into its place (one copy from the socket).
+    `bounce`: receive into the thread's own `bounce`-byte buffer instead, and copy each piece into place
+    (what lazyweights does with a cast: measured faster than readinto straight into a large buffer)."""
     import http.client
     import threading
     import urllib.parse
@@ -154,6 +161,7 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None)
 
     def worker():
         c = http.client.HTTPConnection(u.hostname, u.port)
+        buf = memoryview(bytearray(bounce)) if bounce else None
         while True:
             with lock:
                 if not jobs:
@@ -164,7 +172,11 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None)
             assert r.status == 206, r.status
             view, done = bufs[shard][s:e], 0
             while done < e - s:
-                n = r.readinto(view[done:])
+                if buf is None:
+                    n = r.readinto(view[done:])
+                else:
+                    n = r.readinto(buf[:min(bounce, e - s - done)])
+                    view[done:done + n] = buf[:n]
                 assert n, "short read"
                 done += n
         c.close()
@@ -225,8 +237,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
-        if name == "floor":
-            _urllib_floor(base_url, shards)
+        if name in ("floor", "floor-bounce"):
+            _urllib_floor(base_url, shards, bounce=(1 << 20) if name == "floor-bounce" else 0)
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "download4":
@@ -448,8 +460,8 @@ def main():
         r["after_seconds"] = time.perf_counter() - start - r["seconds"]
         print(json.dumps(r))
         return
-    every = ["floor", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "convert", "lazyweights-cached",
-             "4proc-cache"]
+    every = ["floor", "floor-bounce", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1", "convert",
+             "lazyweights-cached", "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     root = os.path.dirname(ckpt)
