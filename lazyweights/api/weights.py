@@ -70,7 +70,7 @@ class Weights:
         return self._prefix
 
     def _child(self, part: str) -> "Weights":
-        return Weights(self._shared, f"{self._prefix}.{part}" if self._prefix else part)
+        return _accessor(self._shared, f"{self._prefix}.{part}" if self._prefix else part)
 
     def __getattr__(self, attr: str) -> "Weights":
         if attr.startswith("__") and attr.endswith("__"):
@@ -100,14 +100,15 @@ class Weights:
         """(name relative to this prefix, accessor) for every tensor under it, in file order."""
         prefix = self._prefix
         if not prefix:
-            for name in self._shared.names:
-                yield name, Weights(self._shared, name)
+            shared = self._shared
+            for name in shared.names:
+                yield name, _accessor(shared, name)
             return
         dotted = prefix + "."
         cut = len(dotted)
         for name in self._shared.names:
             if name.startswith(dotted):
-                yield name[cut:], Weights(self._shared, name)
+                yield name[cut:], _accessor(self._shared, name)
 
     def keys(self) -> Iterator[str]:
         """Names under this prefix, relative to it (as `items()` yields them), reading nothing."""
@@ -246,6 +247,19 @@ class Weights:
     def __iter__(self):
         raise ArgumentTypeError(f"iterate over Weights.items() (as MAX's Weights protocol does), not the Weights "
                                 f"object {self._prefix or '(root)'!r}")
+
+
+# A Weights accessor made with its two slots stored through their descriptors (`__setattr__` refuses):
+# `items()` makes one per tensor, 90,427 for DeepSeek-V3 (benchmarks/bench_scale.py).
+_new = object.__new__
+_set_shared, _set_prefix = (vars(Weights)[k].__set__ for k in ("_shared", "_prefix"))
+
+
+def _accessor(shared: _Shared, prefix: str) -> Weights:
+    obj = _new(Weights)
+    _set_shared(obj, shared)
+    _set_prefix(obj, prefix)
+    return obj
 
 
 def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = None, cache: str | None = None,
