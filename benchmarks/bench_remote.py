@@ -66,7 +66,8 @@ PRIME = "import numpy as np, sys; a = np.empty(int(sys.argv[1]), np.uint8); a[::
 def _digest(arrays) -> dict:
     import numpy as np
 
-    return {k: hashlib.sha256(np.ascontiguousarray(v).view(np.uint8).tobytes()).hexdigest()[:16]
+    # hashed in place (no `tobytes()` copy), so the parent's memory samples see only the contestant's result
+    return {k: hashlib.sha256(memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8))).hexdigest()[:16]
             for k, v in sorted(arrays.items())}
 
 
