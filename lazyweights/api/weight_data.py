@@ -181,14 +181,17 @@ class WeightData:
 
     # --- arithmetic (for scale-based dequantization: weight * scale) ----------------------------------
     def _binary(self, kind: str, other, reflected: bool = False) -> "WeightData":
-        self._check_not_quantized(kind)
-        if not isinstance(other, WeightData):
-            if isinstance(other, (numbers.Number, np.number)):
-                other = np.asarray(other, dtype=self.dtype.to_numpy())
-            other = WeightData.from_numpy(_to_host_array(other, f"{self.name}.{kind}"), f"{self.name}.{kind}")
-        other._check_not_quantized(kind)
+        if self.quantization_encoding is not None:
+            self._check_not_quantized(kind)
+        if type(other) is not WeightData:
+            if not isinstance(other, WeightData):
+                if isinstance(other, (numbers.Number, np.number)):
+                    other = np.asarray(other, dtype=self.dtype.to_numpy())
+                other = WeightData.from_numpy(_to_host_array(other, f"{self.name}.{kind}"), f"{self.name}.{kind}")
+        if other.quantization_encoding is not None:
+            other._check_not_quantized(kind)
         a, b = (other.node, self.node) if reflected else (self.node, other.node)
-        return self._derive(binary(kind, a, b), keep_encoding=False)
+        return _wrap(binary(kind, a, b), self.name, None)
 
     def __mul__(self, other) -> "WeightData":
         """Elementwise product with numpy broadcasting; both operands must share a dtype (cast first)."""

@@ -53,7 +53,9 @@ def binary(kind: str, a: Node, b: Node) -> Node:
         raise DTypeError(f"{kind}: dtypes differ ({a.dtype.name} and {b.dtype.name}); cast one operand first")
     if a.dtype is DType.bool or (kind == "div" and not a.dtype.is_float):
         raise DTypeError(f"{kind}: not defined for {a.dtype.name}")
-    shape = a.shape if a.shape == b.shape else broadcast_shape(a.shape, b.shape, kind)
+    if a.shape == b.shape:  # (the common case: nothing to broadcast)
+        return Node(Op.BINARY, (a, b), kind, a.dtype, a.shape)
+    shape = broadcast_shape(a.shape, b.shape, kind)
     nd = len(shape)
     if a.ndim < nd:
         a = ops.reshape(a, (1,) * (nd - a.ndim) + a.shape)
