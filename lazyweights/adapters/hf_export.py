@@ -2,7 +2,7 @@
 
 GGUF -> HF (`export_hf_folder`, and `lazyweights convert lazyweights.adapters:convert_gguf_state_dict x.gguf -o dir/`)
 writes `model.safetensors` (the lazy `gguf_to_hf` adapter, streamed), `config.json` (`hf_config_from_gguf`),
-`generation_config.json`, `tokenizer.json` and `tokenizer_config.json` (`lazyweights.formats.hf_tokenizer`), into a
+`generation_config.json`, `tokenizer.json` and `tokenizer_config.json` (`lazyweights.formats.tokenizer_to_hf`), into a
 temporary folder beside `dir` that replaces it only when every file is complete.
 
 HF -> GGUF (`export_gguf`, and `lazyweights convert lazyweights.adapters:convert_hf_to_gguf dir/ -o x.gguf`)
@@ -468,7 +468,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
     Example (the command line):
         lazyweights convert lazyweights.adapters:convert_hf_to_gguf model-hf/ -o model.gguf
     """
-    from ..formats.hf_tokenizer import gguf_tokenizer_metadata
+    from ..formats.tokenizer_to_gguf import gguf_tokenizer_metadata
     from .gguf_names import hf_to_gguf
 
     if folder is None:
@@ -682,7 +682,7 @@ def gguf_extra_files(metadata: Mapping[str, Any], tensor_names: Iterable[str], *
     """The files a Hugging Face folder needs besides the weights, from GGUF metadata: config.json (with
     `quantization_config` when given: gpt-oss's experts written back as MXFP4 blocks), generation_config.json
     and (unless tokenizer=False) tokenizer.json + tokenizer_config.json."""
-    from ..formats.hf_tokenizer import tokenizer_from_gguf, write_tokenizer_files
+    from ..formats.tokenizer_to_hf import tokenizer_from_gguf, write_tokenizer_files
 
     cfg = hf_config_from_gguf(metadata, tensor_names, vocab_size=vocab_size,
                               rope_freqs=rope_freqs() if callable(rope_freqs) else rope_freqs,
