@@ -524,11 +524,13 @@ def _mmproj_to_hf(args, mmproj: str) -> int:
 def _mmproj_of(args, weights):
     """--mmproj: the vision tower and projector of the same lazily opened checkpoint (`adapters.mmproj`)."""
     from ..adapters.mmproj import convert_hf_to_mmproj
+    from ..formats.json_files import read_json
 
     cfg = None
     if getattr(args, "hf_config", None):
-        with open(args.hf_config, encoding="utf-8") as fh:
-            cfg = json.load(fh)
+        cfg = read_json(args.hf_config)  # JSONFileError names a broken file
+        if cfg is None:
+            raise UsageError(f"--hf-config {args.hf_config}: no such file")
     return convert_hf_to_mmproj(dict(weights.items()), cfg)
 
 

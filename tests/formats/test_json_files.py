@@ -192,3 +192,15 @@ def test_a_urls_sibling_reads_as_the_local_file(served, tmp_path):
     with pytest.raises(JSONFileError) as e:
         read_json(f"{base}/m/bad.json")
     assert f"{base}/m/bad.json" in str(e.value) and _json_error(BROKEN) in str(e.value)
+
+
+def test_the_command_line_names_a_broken_hf_config(tmp_path, write_safetensors, capsys):
+    from lazyweights.tools.cli import main
+
+    write_safetensors(tmp_path / "model.safetensors", {"w": np.zeros((2, 2), np.float32)})
+    (tmp_path / "cfg.json").write_text(BROKEN)
+    rc = main(["convert", "Gemma3ForConditionalGeneration", str(tmp_path), "-o", str(tmp_path / "x.gguf"),
+               "--mmproj", str(tmp_path / "mm.gguf"), "--hf-config", str(tmp_path / "cfg.json"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "cfg.json: not a valid JSON file" in err and _json_error(BROKEN) in err
+    assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "mm.gguf").exists()
