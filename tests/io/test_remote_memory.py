@@ -143,6 +143,25 @@ def test_a_cast_received_in_pieces_equals_astype_from_any_start(nginx):
     assert out2.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
 
 
+def test_a_copy_into_the_callers_buffers_is_received_there(nginx, big, monkeypatch):
+    """`materialize(out=...)` of untransformed remote tensors: each is a plain copy received through the warm
+    buffer into the caller's array (no map bytes held for it), byte-identical to the local file."""
+    _fresh()
+    received = []
+    real = RemoteFile.receive
+    monkeypatch.setattr(RemoteFile, "receive",
+                        lambda self, s, e, out, *a: (received.append(e - s), real(self, s, e, out, *a)))
+    weights = lw.load_weights([nginx.url("big/model.safetensors.index.json")])
+    sd = {k: v.data() for k, v in weights.items()}
+    local = lw.plan({k: v.data() for k, v in lw.load_weights([str(big)]).items()}).materialize()
+    out = {k: np.full(np.asarray(v).shape, 7, np.asarray(v).dtype) for k, v in local.items()}
+    got = lw.plan(sd).materialize(out=out)
+    for k in local:
+        assert got[k] is out[k] and out[k].tobytes() == np.asarray(local[k]).tobytes(), k
+    big_ones = [k for k, v in local.items() if np.asarray(v).nbytes > 64 << 10]
+    assert len(received) >= len(big_ones) > 0
+
+
 class _CutOnce(__import__("http.server").server.BaseHTTPRequestHandler):
     """Serves `body` with ranges; the first ranged GET past the header sends half its bytes and hangs up."""
 
