@@ -18,10 +18,11 @@ Each repetition runs in a fresh process and measures, one after the other:
   block scales expanded by two takes, `s[arange(N) // 128][:, arange(K) // 128]`; scales dropped);
 - steps: `plan(adapted).steps()` (the fused, ordered, budgeted steps; nothing is read);
 
-and prints seconds, microseconds per tensor, RssAnon growth per tensor over the three (what the plan holds,
-measured after the steps exist), the process's peak RSS, and the seconds Python's cycle collector ran during
-the adapter (`gc.callbacks`: the adapter is user code, where the library cannot pause it as it does for its
-open and its steps). Prints medians.
+and prints seconds, microseconds per tensor (wall clock, and the process's CPU time, which a machine shared
+with other work inflates less: time spent waiting for a core is not counted), RssAnon growth per tensor over
+the three (what the plan holds, measured after the steps exist), the process's peak RSS, and the seconds
+Python's cycle collector ran during the adapter (`gc.callbacks`: the adapter is user code, where the library
+cannot pause it as it does for its open and its steps). Prints medians.
 
 `--http` serves DIR with Debian's nginx on 127.0.0.1 and measures, each in a fresh process: the open over HTTP
 (requests counted from nginx's access log, seconds), the adapter + steps over it (seconds, RssAnon per
@@ -181,22 +182,24 @@ def contestant(name: str, source: str, layers: str) -> dict:
 
     gc.callbacks.append(on_gc)
     base = _rss()["RssAnon"]
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     weights = lw.load_weights([source])
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     g1 = collector["s"]
     adapted = convert(dict(weights.items()))
-    t2 = time.perf_counter()
+    c2, t2 = time.process_time(), time.perf_counter()
     g2 = collector["s"]
     plan = lw.plan(adapted)
     steps = plan.steps()
-    t3 = time.perf_counter()
+    c3, t3 = time.process_time(), time.perf_counter()
     mem = _rss()
     n_tensors = len(weights.records)
     n_nodes = len(plan.nodes())
     out = {"lazyweights": os.path.dirname(lw.__file__), "tensors": n_tensors, "outputs": len(adapted),
            "nodes": n_nodes, "steps": len(steps), "open_s": t1 - t0, "adapter_s": t2 - t1, "steps_s": t3 - t2,
-           "us_per_tensor": (t3 - t0) / n_tensors * 1e6, "anon_bytes": mem["RssAnon"] - base,
+           "us_per_tensor": (t3 - t0) / n_tensors * 1e6, "open_cpu_s": c1 - c0, "adapter_cpu_s": c2 - c1,
+           "steps_cpu_s": c3 - c2, "cpu_us_per_tensor": (c3 - c0) / n_tensors * 1e6,
+           "anon_bytes": mem["RssAnon"] - base,
            "bytes_per_tensor": (mem["RssAnon"] - base) / n_tensors,
            "bytes_per_node": (mem["RssAnon"] - base) / n_nodes, "peak_rss": mem["VmHWM"],
            "adapter_gc_s": g2 - g1, "gc_s": collector["s"]}
@@ -246,7 +249,8 @@ def report(title: str, runs: list[dict]) -> None:
     print(f"  tensors {runs[0]['tensors']}, outputs {runs[0]['outputs']}, nodes {runs[0]['nodes']}, "
           f"steps {runs[0]['steps']}")
     for key, unit in [("open_s", "s"), ("adapter_s", "s"), ("adapter_gc_s", "s"), ("steps_s", "s"),
-                      ("us_per_tensor", "us"),
+                      ("us_per_tensor", "us"), ("open_cpu_s", "s"), ("adapter_cpu_s", "s"), ("steps_cpu_s", "s"),
+                      ("cpu_us_per_tensor", "us"),
                       ("bytes_per_tensor", "B"), ("bytes_per_node", "B"), ("anon_bytes", "B"), ("peak_rss", "B")]:
         vals = [r[key] for r in runs]
         fmt = (lambda x: f"{x:.2f}") if unit == "s" else (lambda x: f"{x:,.0f}")
