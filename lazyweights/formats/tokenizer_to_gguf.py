@@ -28,7 +28,8 @@ import os
 import re
 from typing import Any, Mapping
 
-from ..core.errors import MissingTokenizerError, TokenizerConversionError, TokenizerNotExpressibleError
+from ..core.errors import MissingTokenizerError, TokenizerNotExpressibleError
+from .json_files import read_json
 from .tokenizer_tables import (
     BERT_LOWERCASE_KEY,
     BERT_STRIP_ACCENTS_KEY,
@@ -45,17 +46,6 @@ from .tokenizer_tables import (
     sentencepiece_dialect,
     special_token_keys,
 )
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerConversionError(f"{path}: cannot read it as JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise TokenizerConversionError(f"{path}: holds a {type(doc).__name__}, expected a JSON object")
-    return doc
 
 
 def _token_str(value) -> str | None:
@@ -254,7 +244,8 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
 
     Added tokens become control (special) or user-defined tokens; bos/eos/unk/pad ids and add_bos/add_eos come
     from the post-processor's template, then tokenizer_config.json. A part llama.cpp cannot reproduce is a
-    TokenizerNotExpressibleError naming it; MissingTokenizerError when the folder has no tokenizer.json.
+    TokenizerNotExpressibleError naming it; MissingTokenizerError when the folder has no tokenizer.json;
+    JSONFileError when tokenizer.json or tokenizer_config.json is not a JSON object.
 
     Example:
         >>> import json, os, tempfile
@@ -281,9 +272,8 @@ def gguf_tokenizer_metadata(folder, arch: str) -> dict:
                 "tokenizer to write one)") if others else ""
         raise MissingTokenizerError(f"{folder}: no tokenizer.json{hint}; pass tokenizer=False (--no-tokenizer) "
                                     "to write the GGUF without tokenizer metadata (llama.cpp cannot run it then)")
-    doc = _read_json(path)
-    tcfg_path = os.path.join(folder, "tokenizer_config.json")
-    tcfg = _read_json(tcfg_path) if os.path.isfile(tcfg_path) else {}
+    doc = read_json(path)
+    tcfg = read_json(os.path.join(folder, "tokenizer_config.json")) or {}
     model = doc.get("model") or {}
     kind = model.get("type")
     raw_vocab = model.get("vocab")

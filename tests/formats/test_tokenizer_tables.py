@@ -1,8 +1,8 @@
-"""The tokenizer converters' shared tables (formats/tokenizer_tables.py) and the split of the old hf_tokenizer module.
+"""The tokenizer converters' shared tables (formats/tokenizer_tables.py).
 
 The SentencePiece dialect of each GGUF architecture comes from the identity table's `tokenizer` column; these
 tests hold it to transformers' own GGUF tokenizer loader (an independent table of the same fact), show that the
-dialect reaches both converters' output, and that `lazyweights.formats.hf_tokenizer` still re-exports the API.
+dialect reaches both converters' output.
 """
 from __future__ import annotations
 
@@ -118,15 +118,3 @@ def test_the_dialect_reaches_both_directions(tmp_path, arch):
     else:
         assert not normalizer and pre["type"] == "Metaspace"
     assert back.encode("ab a").tokens[:1] == (["ab"] if gemma else ["\u2581a"])
-
-
-def test_hf_tokenizer_is_a_thin_re_export():
-    from lazyweights.formats import hf_tokenizer
-
-    for name in hf_tokenizer.__all__:
-        obj = getattr(hf_tokenizer, name)
-        homes = [m for m in (tokenizer_tables, tokenizer_to_gguf, tokenizer_to_hf) if getattr(m, name, None) is obj]
-        assert homes or name.endswith("Error"), name
-    assert hf_tokenizer.tokenizer_from_gguf is tokenizer_to_hf.tokenizer_from_gguf
-    assert hf_tokenizer.gguf_tokenizer_metadata is tokenizer_to_gguf.gguf_tokenizer_metadata
-    assert "deprecated" in (hf_tokenizer.__doc__ or "").lower()
