@@ -106,6 +106,22 @@ def sample():
         peak[0] = max(peak[0], anon())
 sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
+if sys.argv[4] == "populated":
+    # the same download into memory whose pages were faulted in first by madvise(MADV_POPULATE_WRITE) on two
+    # threads, as the lazyweights loader does for vLLM's parameters (tools/vllm.populate_pages), inside the timer:
+    # _urllib_floor's np.empty buffer otherwise takes one page fault per 4 KB inside readinto
+    import ctypes, numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+    madvise, empty = ctypes.CDLL(None).madvise, np.empty
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    def populated(n, dtype):
+        a = empty(n, dtype)
+        lo, hi = -(-a.ctypes.data // 4096) * 4096, (a.ctypes.data + a.nbytes) // 4096 * 4096
+        mid = (lo + hi) // 2 // 4096 * 4096
+        with ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(lambda s: madvise(s[0], s[1] - s[0], 23), [(lo, mid), (mid, hi)])) == [0, 0]
+        return a
+    np.empty = populated
 r0, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
 bufs = _urllib_floor(sys.argv[1], [sys.argv[2]])
 seconds, r1 = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF)
@@ -311,10 +327,12 @@ http {{
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def floor_run(url: str, name: str) -> dict:
-    """bench_remote.py's network floor for `url`/`name` in a fresh process, warm memory."""
+def floor_run(url: str, name: str, populated: bool = False) -> dict:
+    """bench_remote.py's network floor for `url`/`name` in a fresh process, warm memory; `populated`: its buffer's
+    pages faulted in first (FLOOR)."""
     warm_memory()
-    proc = subprocess.run([sys.executable, "-c", FLOOR, url.rstrip("/"), name, HERE], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", FLOOR, url.rstrip("/"), name, HERE,
+                           "populated" if populated else "plain"], capture_output=True, text=True)
     m = re.search(r"FLOOR ([0-9.]+) ([0-9.]+) (\d+) (\d+)", proc.stdout)
     if proc.returncode or not m:
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
@@ -322,7 +340,7 @@ def floor_run(url: str, name: str) -> dict:
             "received_bytes": int(m.group(4))}
 
 
-def http_runs(folder: str, reps: int, summary: dict) -> None:
+def http_runs(folder: str, reps: int, summary: dict, tp2_runs: bool = True) -> None:
     """From nginx, interleaved in each repetition: the network floor (bench_remote.py's `floor` on the same
     file), lazyweights at TP=1 (bytes fetched) and at TP=2 (each rank's bytes); medians of `reps`."""
     root = tempfile.mkdtemp(prefix="bench-vllm-root-")
@@ -331,16 +349,21 @@ def http_runs(folder: str, reps: int, summary: dict) -> None:
     try:
         url = server.url("llama/")
         subprocess.run(["sh", "-c", f"cat {folder}/*.safetensors > /dev/null"], check=True)  # server's page cache
-        floor, tp1, tp2 = [], [], []
+        floor, floor_pop, tp1, tp2 = [], [], [], []
         for _ in range(reps):
-            server.clear()
-            r = floor_run(url, "model.safetensors")
-            r["fetched_bytes"] = sum(server.by_agent().values())
-            floor.append(r)
+            for populated, rows in ((False, floor), (True, floor_pop)):
+                server.clear()
+                r = floor_run(url, "model.safetensors", populated)
+                r["fetched_bytes"] = sum(server.by_agent().values())
+                rows.append(r)
             server.clear()
             r = run(url, "lazyweights")
             r["fetched_bytes"] = sum(server.by_agent().values())
             tp1.append(r)
+            if not tp2_runs:
+                print(f"  HTTP: floor {floor[-1].get('seconds', 'failed')}, populated "
+                      f"{floor_pop[-1].get('seconds', 'failed')}, TP=1 {r.get('seconds', 'failed')}", flush=True)
+                continue
             server.clear()
             r = run(url, "lazyweights", tp=2)
             agents = server.by_agent()
@@ -348,15 +371,19 @@ def http_runs(folder: str, reps: int, summary: dict) -> None:
                 r[f"rank{rank}_bytes"] = sum(b for a, b in agents.items() if f"vllm-tp-rank/{rank}-of-2" in a)
             r["engine_bytes"] = sum(agents.values()) - r["rank0_bytes"] - r["rank1_bytes"]
             tp2.append(r)
-            print(f"  HTTP: floor {floor[-1].get('seconds', 'failed')}, TP=1 {tp1[-1].get('seconds', 'failed')}, "
+            print(f"  HTTP: floor {floor[-1].get('seconds', 'failed')}, populated "
+                  f"{floor_pop[-1].get('seconds', 'failed')}, TP=1 {tp1[-1].get('seconds', 'failed')}, "
                   f"TP=2 {r.get('seconds', 'failed')}", flush=True)
         f = summary["http-floor"] = report("floor (bench_remote)", floor, "download")
+        fp = summary["http-floor-populated"] = report("floor, pages populated", floor_pop, "download")
         t = summary["lazyweights-http"] = report("lazyweights over HTTP", tp1)
-        summary["lazyweights-http-tp2"] = report("lazyweights HTTP TP=2", tp2)
-        if f and t:
-            summary["http_ratio_to_floor"] = t["seconds"] / f["seconds"]
-            print(f"{'lazyweights / floor':>24}: {t['seconds'] / f['seconds']:.2f}x (goal: at most 1.3x); vLLM's "
-                  "default loader reads no http(s):// source (vLLM takes one for a Hugging Face repo id)")
+        if tp2_runs:
+            summary["lazyweights-http-tp2"] = report("lazyweights HTTP TP=2", tp2)
+        for label, fl in (("floor", f), ("populated floor", fp)):
+            if fl and t:
+                summary[f"http_ratio_to_{label.replace(' ', '_')}"] = t["seconds"] / fl["seconds"]
+                print(f"{'lazyweights / ' + label:>30}: {t['seconds'] / fl['seconds']:.2f}x (goal: at most 1.3x)")
+        print("vLLM's default loader reads no http(s):// source (vLLM takes one for a Hugging Face repo id)")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -437,6 +464,7 @@ def main() -> None:
     ap.add_argument("--s3", choices=("both", "moto", "direct"), nargs="?", const="both",
                     help="also runai_streamer and lazyweights from moto's S3 server: as moto answers ranged GETs "
                     "(moto), with ranged GETs of the weights answered from the file (direct), or both")
+    ap.add_argument("--no-tp2", action="store_true", help="with --http, leave out the TP=2 runs")
     ap.add_argument("--s3-reps", type=int, help="repetitions of the S3 runs (default --reps)")
     ap.add_argument("--loaders", default="safetensors,runai_streamer,lazyweights",
                     help="loaders on the local folder, comma-separated, or 'none'")
@@ -471,7 +499,7 @@ def main() -> None:
         for name, rs in results.items():
             summary[name] = report(name, rs)
         if args.http:
-            http_runs(folder, args.reps, summary)
+            http_runs(folder, args.reps, summary, tp2_runs=not args.no_tp2)
         if args.s3 in ("both", "direct"):
             s3_runs(folder, args.s3_reps or args.reps, summary, direct=True)
         if args.s3 in ("both", "moto"):
