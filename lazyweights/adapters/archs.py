@@ -17,6 +17,9 @@ Adding an architecture is a row in `formats/arch_identity.py`, a record here and
 family is a record both ways, the first ten included: a fact only some families have is a field (Llama 3's
 `rope_freqs` tensor, Phi-3's `longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` /
 `swa_keys` layer types and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
+A quirk one family alone has (Falcon's and GPT-BigCode's kv heads, StableLM's residual read back from the
+tensors, Granite 4.0's RoPE switch) is a hook on its record (`hooks`: `family_hooks.FamilyHooks`), which the
+engines call by role: no engine names a family.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -40,6 +43,8 @@ from ..formats.arch_identity import IDENTITIES, MODEL_TYPE_ALIASES, ArchIdentity
 from ..formats.arch_identity import identity_for_gguf as _identity_for_gguf
 from ..formats.arch_identity import identity_for_model_type as _identity_for_model_type
 from ..formats.gguf_keys import template as _gguf_template
+from . import family_hooks as _hooks
+from .family_hooks import FamilyHooks
 
 
 class HParam(NamedTuple):
@@ -160,6 +165,9 @@ class Arch(NamedTuple):
                                         # norms +1 except the gated delta-net's own (`transforms.gdn_to_gguf`)
     v_reorder: bool = False             # Qwen3.5: value heads regrouped to llama.cpp's tiled order where there are
                                         # more value than key heads (`transforms.v_reorder`), both ways
+    bias_flag: str = ""                 # config.json's flag saying the q/k/v projections carry biases (GGUF -> HF,
+                                        # from the tensors: attention_bias, use_qkv_bias, use_bias, bias)
+    hooks: FamilyHooks = FamilyHooks()  # the quirks this family alone has, called by role (`family_hooks`)
 
     @property
     def identity(self) -> ArchIdentity:
@@ -213,21 +221,23 @@ _DS_MOE = (_p("expert_count", "n_routed_experts", "num_experts"), _MOE[1],
 _RECORDS: tuple[Arch, ...] = (
     # llama, Mistral, Mixtral (a llama GGUF): the window whenever set, Llama 3 RoPE factors as a tensor
     _arch("llama", _LLAMA_LIKE, rope_permute=True, head_dims=True, window_always=True,
-         rope_freqs=True, hf_extra={"mlp_bias": False}),
+         rope_freqs=True, hf_extra={"mlp_bias": False}, bias_flag="attention_bias"),
     _arch("mistral", _LLAMA_LIKE, rope_permute=True, head_dims=True,
-         window_always=True, rope_freqs=True),
+         window_always=True, rope_freqs=True, bias_flag="attention_bias"),
     _arch("mixtral", _LLAMA_LIKE, rope_permute=True, head_dims=True,
-         window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1])),
+         window_always=True, rope_freqs=True, tail=(_p("expert_count", "num_local_experts", "num_experts"), _MOE[1]),
+         bias_flag="attention_bias", experts="block_sparse_moe.experts", expert_names=("w1", "w2", "w3")),
     # Qwen: the window only where use_sliding_window says so; MoE expert sizes; Qwen3 MoE always renormalizes
     _arch("qwen2", _LLAMA_LIKE, window_flag="use_sliding_window"),
     _arch("qwen3", _LLAMA_LIKE, window_flag="use_sliding_window", hf_prefer=_QK_NORM),
     _arch("qwen2_moe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size"),
           _p("expert_shared_feed_forward_length", "shared_expert_intermediate_size")),
-         window_flag="use_sliding_window", hf_prefer=(".mlp.gate.",)),
+         window_flag="use_sliding_window", hf_prefer=(".mlp.gate.",), experts="mlp.experts"),
     _arch("qwen3_moe",
          (*_LLAMA_LIKE, *_MOE, _p("expert_feed_forward_length", "moe_intermediate_size")),
          window_flag="use_sliding_window", hf_prefer=(".mlp.gate.", *_QK_NORM),
+         experts="mlp.experts",
          hf_extra={"norm_topk_prob": True}),  # llama.cpp's qwen3moe graph always renormalizes the top-k weights
     # Gemma 2/3: key_length always, no vocab_size key, llama.cpp's attention scale, alternating (Gemma 2) or every
     # 6th layer global (Gemma 3: else a per-layer pattern, and the sliding layers' own theta), softcapping
@@ -245,12 +255,13 @@ _RECORDS: tuple[Arch, ...] = (
     # record-driven families
     _arch("gemma", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),
          _p("attention.value_length", "head_dim")), norm_shift=1.0, tied=True,
-         hf_extra={"hidden_act": "gelu_pytorch_tanh"}),
+         hf_extra={"hidden_act": "gelu_pytorch_tanh"}, bias_flag="attention_bias"),
     _arch("granite",
          (*_LLAMA_LIKE, _p("embedding_scale", "embedding_multiplier", kind="f32"),
           _p("residual_scale", "residual_multiplier", kind="f32"),
           _p("attention.scale", "attention_multiplier", kind="f32"),
-          _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True),
+          _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True,
+          bias_flag="attention_bias", hooks=_hooks.GRANITE),
     _arch("granitemoe",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
           _p("embedding_scale", "embedding_multiplier", kind="f32"),
@@ -259,12 +270,14 @@ _RECORDS: tuple[Arch, ...] = (
           _p("logit_scale", "logits_scaling", kind="f32")), rope_permute=True,
          fused_gate_up_exps="block_sparse_moe.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
     _arch("olmo", (*BASE, KV), rope_permute=True,
-         gguf_fixed={"attention.layer_norm_epsilon": 1e-5}),  # OLMo's LayerNorm has no eps in its config
-    _arch("olmo2", _LLAMA_LIKE),
+         gguf_fixed={"attention.layer_norm_epsilon": 1e-5},
+         bias_flag="attention_bias"),  # OLMo's LayerNorm has no eps in its config
+    _arch("olmo2", _LLAMA_LIKE, bias_flag="attention_bias"),
     _arch("starcoder2", (*BASE, KV, _ln("norm_epsilon")), tied=True,
-         hf_extra={"hidden_act": "gelu_pytorch_tanh", "use_bias": True}),
+         hf_extra={"hidden_act": "gelu_pytorch_tanh", "use_bias": True}, bias_flag="use_bias"),
     _arch("stablelm", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
-         hf_extra={"hidden_act": "silu", "use_parallel_residual": False}),
+         hf_extra={"hidden_act": "silu", "use_parallel_residual": False},
+         bias_flag="use_qkv_bias", hooks=_hooks.STABLELM),
     _arch("phi", (*BASE, KV, _ln("layer_norm_eps")), partial_rotary=True,
          hf_extra={"hidden_act": "gelu_new"}),
     _arch("gpt2",
@@ -277,18 +290,19 @@ _RECORDS: tuple[Arch, ...] = (
          hf_extra={"activation_function": "gelu_new"}),
     _arch("gpt_neox", (*BASE, _ln("layer_norm_eps"),
          _p("use_parallel_residual", "use_parallel_residual", kind="bool")), partial_rotary=True,
-         qkv_groups="heads", dropped=("attention.bias", "attention.masked_bias"), hf_extra={"hidden_act": "gelu"}),
+         qkv_groups="heads", dropped=("attention.bias", "attention.masked_bias"), hf_extra={"hidden_act": "gelu"},
+         bias_flag="attention_bias"),
     _arch("falcon", (CTX, EMB, BLK, _p("feed_forward_length", "ffn_hidden_size"),
          HEAD, _p("attention.head_count_kv", "num_kv_heads", "n_head_kv"), _ln("layer_norm_epsilon")),
          qkv_groups="kv", ffn_mult=4, tied=True,
          hf_extra={"new_decoder_architecture": True, "parallel_attn": True, "bias": False, "alibi": False,
-                   "activation": "gelu"}),
+                   "activation": "gelu"}, bias_flag="bias", hooks=_hooks.FALCON),
     _arch("gpt_bigcode",
          (_p("context_length", "n_positions", "max_position_embeddings"),
           _p("embedding_length", "n_embd", "hidden_size"),
           _p("block_count", "n_layer", "num_hidden_layers"), _p("feed_forward_length", "n_inner", "intermediate_size"),
           _p("attention.head_count", "n_head", "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
-         ffn_mult=4, tied=True, hf_extra={"activation_function": "gelu_pytorch_tanh"}),
+         ffn_mult=4, tied=True, hf_extra={"activation_function": "gelu_pytorch_tanh"}, hooks=_hooks.GPT_BIGCODE),
     _arch("bloom",
          (_p("context_length", "seq_length", "max_position_embeddings"),
           _p("embedding_length", "hidden_size", "n_embed"),
@@ -296,15 +310,15 @@ _RECORDS: tuple[Arch, ...] = (
           "num_attention_heads"), KV, _ln("layer_norm_epsilon")),
          qkv_groups="heads", ffn_mult=4, tied=True, gguf_fixed={"context_length": 2048}),
     _arch("nemotron", (*BASE, KV, _ln("norm_eps")), norm_shift=1.0,
-         partial_rotary=True, hf_extra={"hidden_act": "relu2"}),
-    _arch("seed_oss", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}),
-    _arch("arcee", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}),
-    _arch("olmoe", (*_LLAMA_LIKE, *_MOE), ),
+         partial_rotary=True, hf_extra={"hidden_act": "relu2"}, bias_flag="attention_bias"),
+    _arch("seed_oss", _LLAMA_LIKE, hf_extra={"attention_out_bias": False}, bias_flag="attention_bias"),
+    _arch("arcee", _LLAMA_LIKE, rope_permute=True, hf_extra={"hidden_act": "relu2"}, bias_flag="attention_bias"),
+    _arch("olmoe", (*_LLAMA_LIKE, *_MOE), experts="mlp.experts"),
     _arch("olmo3", _LLAMA_LIKE, sliding=True),
     _arch("glm4", _LLAMA_LIKE, partial_rotary=True),
     _arch("hunyuan_v1_dense", _LLAMA_LIKE),
-    _arch("ernie4_5", _LLAMA_LIKE),
-    _arch("smollm3", _LLAMA_LIKE, rope_permute=True),
+    _arch("ernie4_5", _LLAMA_LIKE, bias_flag="use_bias"),
+    _arch("smollm3", _LLAMA_LIKE, rope_permute=True, bias_flag="attention_bias"),
     _arch("cohere2", (*BASE, KV, _ln("layer_norm_eps"),
          _p("logit_scale", "logit_scale", kind="f32")), partial_rotary=True, tied=True, sliding=True),
     _arch("mpt",
@@ -312,12 +326,14 @@ _RECORDS: tuple[Arch, ...] = (
           _p("attention.head_count", "n_heads"), _ln("layer_norm_epsilon")), ffn_mult=4,
          gguf_fixed={"attention.max_alibi_bias": 8.0}, tied=True),
     _arch("cohere", (*BASE, KV, _ln("layer_norm_eps"),
-         _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"}),
+         _p("logit_scale", "logit_scale", kind="f32")), tied=True, hf_extra={"hidden_act": "silu"},
+         bias_flag="attention_bias", hooks=_hooks.QK_NORM),
     _arch("exaone", _LLAMA_LIKE, partial_rotary=True),
     _arch("dots1", (*_LLAMA_LIKE, *_DS_MOE), experts="mlp.experts",
          hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),  # sigmoid
     _arch("glm4_moe", (*_LLAMA_LIKE, *_DS_MOE), partial_rotary=True,
-         experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2}),
+         experts="mlp.experts", hf_prefer=(".mlp.gate.", *_QK_NORM), gguf_fixed={"expert_gating_func": 2},
+         bias_flag="attention_bias", hooks=_hooks.QK_NORM),
     _arch("ernie4_5_moe",
          (*_LLAMA_LIKE, _p("expert_count", "moe_num_experts"), _p("expert_used_count", "moe_k"),
           _p("interleave_moe_layer_step", "moe_layer_interval"),
@@ -361,7 +377,7 @@ _RECORDS += (  # decoders
     # InternLM3: llama.cpp's converter writes a llama GGUF (its rope dimension from head_dim); back as llama
     _arch("internlm3", _LLAMA_LIKE, rope_permute=True, head_dims=True),
     # GLM (GLM-4 9B, transformers' GlmForCausalLM): llama.cpp's chatglm, [gate; up] kept fused as ffn_up, half rotary
-    _arch("glm", _LLAMA_LIKE, partial_rotary=True),
+    _arch("glm", _LLAMA_LIKE, partial_rotary=True, bias_flag="attention_bias"),
     # GraniteMoeShared: granitemoe plus a shared expert whose fused [gate; up] llama.cpp stores split
     _arch("granitemoeshared",
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"), _MOE[1],
@@ -487,7 +503,7 @@ _RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), a
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
           _p("expert_used_count", "num_experts_per_tok", "experts_per_token"),  # the latter: OpenAI's own name
           _p("expert_feed_forward_length", "intermediate_size")),
-         sliding=True, oai_experts="mlp.experts", yarn_truncate=False),
+         sliding=True, oai_experts="mlp.experts", yarn_truncate=False, bias_flag="attention_bias"),
 )
 _SSM = (_p("embedding_length", "hidden_size", "d_model"), BLK, _p("ssm.conv_kernel", "conv_kernel", "d_conv"),
         _p("ssm.state_size", "state_size", "d_state"),
@@ -526,7 +542,8 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
           _p("expert_shared_feed_forward_length", "shared_intermediate_size"), *_HYBRID_SSM),
          rope_permute=True, ssm=2, hybrid="layer_types", pad_vocab=8,
          fused_gate_up_exps="block_sparse_moe.input_linear",
-         fused_gate_up_shexp="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer.")),
+         fused_gate_up_shexp="shared_mlp.input_linear", hf_prefer=(".output_linear.", ".router.layer."),
+         hooks=_hooks.GRANITE_HYBRID),
     # Bamba: the same converter; always RoPE, partial (rope_parameters.partial_rotary_factor), a dense MLP
     _arch("bamba", (*_LLAMA_LIKE, *_HYBRID_SSM), rope_permute=True,
          partial_rotary=True, ssm=2, hybrid="attn_layer_indices", pad_vocab=8,

@@ -78,15 +78,10 @@ __all__ = ["rope_permutation", "rope_permute", "rope_unpermute", "gguf_to_hf", "
            "hf_name_to_gguf", "gguf_metadata_from_config", "EXPERTS", "GGUF_ONLY", "MXFP4_QUANTIZATION_CONFIG"]
 
 # Stacked expert tensors (GGUF: one [n_expert, rows, cols] tensor) <-> one Hugging Face tensor per expert:
-# arch -> (HF prefix inside the layer, {GGUF part: HF projection}).
+# arch -> (HF prefix inside the layer, {GGUF part: HF projection}), from the records' `experts` / `expert_names`.
 EXPERTS: dict[str, tuple[str, dict[str, str]]] = {
-    "llama": ("block_sparse_moe.experts", {"ffn_gate_exps": "w1", "ffn_down_exps": "w2", "ffn_up_exps": "w3"}),
-    "qwen2moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
-    "qwen3moe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
-    "olmoe": ("mlp.experts", {"ffn_gate_exps": "gate_proj", "ffn_down_exps": "down_proj", "ffn_up_exps": "up_proj"}),
-}
-EXPERTS.update({a.gguf: (a.experts, dict(zip(("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), a.expert_names)))
-                for a in ARCHS.values() if a.experts})
+    a.gguf: (a.experts, dict(zip(("ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"), a.expert_names)))
+    for a in ARCHS.values() if a.experts}
 # Weights llama.cpp's converter always stores in float32 (besides 1-D tensors and biases).
 _ALWAYS_F32 = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 # 1-D in GGUF, [1, n] in Hugging Face.
@@ -157,10 +152,10 @@ def _heads(config) -> tuple[int, int]:
             f"undoing llama.cpp's RoPE permutation needs num_attention_heads from the config, got {n_head!r}"
         )
     n_kv = config_get(config, "num_key_value_heads", None)
-    if config_get(config, "model_type") == "falcon" and n_kv is None:  # a Hugging Face Falcon config
-        n_kv = config_get(config, "num_kv_heads", None)
-        if not config_get(config, "new_decoder_architecture", False):
-            n_kv = 1 if config_get(config, "multi_query", True) else n_head
+    mt = config_get(config, "model_type")
+    hook = ARCHS[mt].hooks.kv_heads if isinstance(mt, str) and mt in ARCHS else None
+    if hook is not None and n_kv is None:  # a Hugging Face config saying it its own way (Falcon, GPT-BigCode)
+        n_kv = hook(lambda name, default=None: config_get(config, name, default), n_head)
     if n_kv is None:
         n_kv = n_head
     if hasattr(n_kv, "tolist"):

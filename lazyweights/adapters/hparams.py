@@ -11,7 +11,10 @@ by pad_token_id + 1; ModernBERT's window under `local_attention` and its sliding
 rows (ModernBERT's `hidden_activation`).
 
 GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
-the tensors say (`tie_word_embeddings`, the family's attention-bias flag).
+the tensors say (`tie_word_embeddings`, the record's `bias_flag`).
+
+What one family alone does is a hook on its record (`family_hooks`: Falcon's kv heads, Granite 4.0's RoPE
+switch, ...), called here by role; this module names no family.
 
 Example:
     >>> from lazyweights.adapters.archs import ARCHS
@@ -31,14 +34,6 @@ from ..formats.gguf_keys import arch_key, template
 from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
 from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
 
-# the config flag saying attention projections carry biases, per family (GGUF -> HF, from the tensors)
-_BIAS_FLAG = {"llama": "attention_bias", "mistral": "attention_bias", "mixtral": "attention_bias",
-              "gpt_neox": "attention_bias", "stablelm": "use_qkv_bias", "starcoder2": "use_bias",
-              "falcon": "bias", "olmo": "attention_bias", "olmo2": "attention_bias", "granite": "attention_bias",
-              "gemma": "attention_bias", "cohere": "attention_bias", "seed_oss": "attention_bias",
-              "arcee": "attention_bias", "nemotron": "attention_bias", "ernie4_5": "use_bias",
-              "smollm3": "attention_bias", "glm4_moe": "attention_bias", "glm": "attention_bias",
-              "gpt_oss": "attention_bias"}
 # the `{arch}.*` keys every GGUF needs (HF -> GGUF refuses a config without them, GGUF -> HF a file)
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count")
 
@@ -92,10 +87,9 @@ def _leading_dense(v):
 
 
 def _kv_heads(rec: Arch, cfg: Mapping[str, Any], heads: int) -> int:
-    if rec.model_type == "gpt_bigcode":
-        return 1 if cfg.get("multi_query", True) else heads
-    if rec.model_type == "falcon" and not cfg.get("new_decoder_architecture", False):
-        return 1 if cfg.get("multi_query", True) else heads
+    own = rec.hooks.kv_heads(cfg.get, heads) if rec.hooks.kv_heads else None  # GPT-BigCode's, Falcon's rule
+    if own is not None:
+        return int(own)
     names = next((hp.hf for hp in rec.hparams if hp.key == KV.key), KV.hf)  # the record's own (DBRX's nested)
     v = config_first(cfg, ("num_key_value_heads", "num_kv_heads", "n_head_kv", *names))
     return heads if v is None else int(v)
@@ -158,7 +152,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         kind = "bool" if isinstance(v, bool) else "f32" if isinstance(v, float) else "u32"
         md[arch_key(a, key)] = _value(HParam(key, (), kind), v)
     head_dim = hidden // heads
-    if cfg.get("head_dim") is not None and rec.model_type != "granite":  # llama.cpp's Granite ignores head_dim
+    if cfg.get("head_dim") is not None and not rec.hooks.ignores_head_dim:  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
         # a row's own value wins (MiniCPM3); Phi-3 writes them later, and only for an odd head_dim
         if not rec.head_dims and not rec.odd_head_dim and K.Attention.KEY_LENGTH.format(arch=a) not in md:
@@ -282,8 +276,8 @@ def _hybrid_hparams(rec: Arch, cfg: Mapping[str, Any], found: Mapping[str, Any])
         moe = int(found.get("expert_feed_forward_length") or 0)
         out[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = GGUFValue(
             [ff if k == "mlp" else moe if k == "moe" else 0 for k in kinds], T.ARRAY, T.INT32)
-    if a == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
-        out[K.Rope.SCALING_FINETUNED.format(arch=a)] = GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)
+    if rec.hooks.hybrid_to_gguf:  # Granite 4.0's RoPE switch
+        out.update(rec.hooks.hybrid_to_gguf(cfg, a))
     return out
 
 
@@ -365,8 +359,8 @@ def _hybrid_config(rec: Arch, get, names: set[str] | None) -> dict:
             cfg.update(_period([f"blk.{i}.ffn_gate_inp.weight" in names for i in range(len(kv))], "expert_layer"))
     else:
         cfg["layer_types"] = ["attention" if k else "mamba" for k in kv]
-    if rec.gguf == "granitehybrid" and "rope.scaling.finetuned" not in rec.gguf_fixed:
-        cfg["position_embedding_type"] = "rope" if get(K.Rope.SCALING_FINETUNED, True) else None
+    if rec.hooks.hybrid_to_hf:  # Granite 4.0's RoPE switch
+        cfg.update(rec.hooks.hybrid_to_hf(get))
     if rec.fused_gate_up_shexp and rec.hybrid and not get(K.LLM.EXPERT_COUNT):  # dense: the MLP back as the shared one
         cfg.update(num_local_experts=0, shared_intermediate_size=int(get(K.LLM.FEED_FORWARD_LENGTH)))
     if names is not None:
@@ -795,22 +789,10 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names
-        flag = _BIAS_FLAG.get(rec.model_type)
-        if flag:
-            cfg[flag] = bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & names)
-        if rec.model_type == "falcon":
-            kv = int(get(K.Attention.HEAD_COUNT_KV, 1))
-            cfg["new_decoder_architecture"] = "blk.0.attn_norm_2.weight" in names
-            cfg["multi_query"] = kv == 1
-            if cfg["new_decoder_architecture"]:
-                cfg["num_ln_in_parallel_attn"] = 2
-        if rec.model_type == "gpt_bigcode":
-            cfg["multi_query"] = int(get(K.Attention.HEAD_COUNT_KV, 1)) == 1
-        if rec.model_type in ("cohere", "glm4_moe"):
-            cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
-        if rec.model_type == "stablelm":
-            cfg["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in names
-            cfg["qk_layernorm"] = False
+        if rec.bias_flag:
+            cfg[rec.bias_flag] = bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & names)
+        if rec.hooks.hf_from_tensors:  # the family's own (Falcon's decoder kind, StableLM's residual, ...)
+            rec.hooks.hf_from_tensors(cfg, get, names)
     return cfg
 
 

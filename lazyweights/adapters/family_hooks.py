@@ -1,0 +1,149 @@
+"""Per-family hooks: the quirks one family alone has, kept on its record (`archs.Arch.hooks`) so the conversion
+engines (`hparams`, `gguf_names`) call them by role and hold no family names.
+
+A record without a quirk has `FamilyHooks()` (every hook None or False); an engine asks `rec.hooks.kv_heads`,
+never `rec.model_type == "falcon"`. The hooks, one job each:
+
+- `kv_heads(get, heads)`: HF -> GGUF and the renaming's q/k row count: the family's own rule for its kv head
+  count (`get(name, default)` reads config.json); None falls back to the shared names (`num_key_value_heads`, ...).
+- `hf_from_tensors(cfg, get, names)`: GGUF -> HF: config.json entries the family derives from the GGUF's tensor
+  names (`names`) and keys (`get(template, default)`, a gguf-py `Keys` template), written into `cfg` in place.
+- `hybrid_to_gguf(cfg, a)` / `hybrid_to_hf(get)`: a hybrid's own switches (Granite 4.0's RoPE on or off), as
+  GGUF key/values and as config.json entries.
+- `ignores_head_dim`: llama.cpp's converter ignores config.json's `head_dim` (Granite).
+
+Example:
+    >>> from lazyweights.adapters.archs import ARCHS
+    >>> ARCHS["falcon"].hooks.kv_heads({"new_decoder_architecture": False, "multi_query": True}.get, 8)
+    1
+    >>> ARCHS["llama"].hooks == FamilyHooks()
+    True
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+Getter = Callable[..., Any]
+
+
+class FamilyHooks(NamedTuple):
+    """One family's quirks, called by the engines by role (see the module docstring)."""
+
+    kv_heads: Callable[[Getter, int], Any] | None = None
+    hf_from_tensors: Callable[[dict, Getter, set[str]], None] | None = None
+    hybrid_to_gguf: Callable[[Any, str], dict] | None = None
+    hybrid_to_hf: Callable[[Getter], dict] | None = None
+    ignores_head_dim: bool = False
+
+
+# --- kv heads (HF -> GGUF) ----------------------------------------------------------------------------------------
+def multi_query_kv_heads(get: Getter, heads: int) -> int:
+    """GPT-BigCode: one kv head where `multi_query` (its default), else one per head.
+
+    >>> multi_query_kv_heads({"multi_query": False}.get, 4)
+    4
+    """
+    return 1 if get("multi_query", True) else heads
+
+
+def falcon_kv_heads(get: Getter, heads: int) -> Any:
+    """Falcon: the old decoder (7B/40B's `new_decoder_architecture` False) has one kv head where `multi_query`,
+    else one per head; the new one names them `num_kv_heads` (None: the shared names decide).
+
+    >>> falcon_kv_heads({"new_decoder_architecture": True, "num_kv_heads": 8}.get, 64)
+    8
+    """
+    if not get("new_decoder_architecture", False):
+        return 1 if get("multi_query", True) else heads
+    v = get("num_key_value_heads")
+    return v if v is not None else get("num_kv_heads")
+
+
+# --- config.json from the tensors (GGUF -> HF) --------------------------------------------------------------------
+def falcon_from_tensors(cfg: dict, get: Getter, names: set[str]) -> None:
+    """Falcon: the new decoder has a second attention norm; one kv head is multi-query.
+
+    >>> cfg = {}
+    >>> falcon_from_tensors(cfg, {"{arch}.attention.head_count_kv": 1}.get, {"blk.0.attn_norm.weight"})
+    >>> cfg
+    {'new_decoder_architecture': False, 'multi_query': True}
+    """
+    from gguf.constants import Keys as K
+
+    kv = int(get(K.Attention.HEAD_COUNT_KV, 1))
+    cfg["new_decoder_architecture"] = "blk.0.attn_norm_2.weight" in names
+    cfg["multi_query"] = kv == 1
+    if cfg["new_decoder_architecture"]:
+        cfg["num_ln_in_parallel_attn"] = 2
+
+
+def multi_query_from_tensors(cfg: dict, get: Getter, names: set[str]) -> None:
+    """GPT-BigCode: `multi_query` where the GGUF has one kv head.
+
+    >>> cfg = {}
+    >>> multi_query_from_tensors(cfg, {"{arch}.attention.head_count_kv": 4}.get, set())
+    >>> cfg
+    {'multi_query': False}
+    """
+    from gguf.constants import Keys as K
+
+    cfg["multi_query"] = int(get(K.Attention.HEAD_COUNT_KV, 1)) == 1
+
+
+def qk_norm_from_tensors(cfg: dict, get: Getter, names: set[str]) -> None:
+    """Cohere, GLM-4.5: `use_qk_norm` where the GGUF holds q norms.
+
+    >>> cfg = {}
+    >>> qk_norm_from_tensors(cfg, {}.get, {"blk.0.attn_q_norm.weight"})
+    >>> cfg
+    {'use_qk_norm': True}
+    """
+    cfg["use_qk_norm"] = "blk.0.attn_q_norm.weight" in names
+
+
+def stablelm_from_tensors(cfg: dict, get: Getter, names: set[str]) -> None:
+    """StableLM: a parallel residual has no FFN norm; llama.cpp's converter keeps no q/k layer norms.
+
+    >>> cfg = {}
+    >>> stablelm_from_tensors(cfg, {}.get, {"blk.0.ffn_norm.weight"})
+    >>> cfg
+    {'use_parallel_residual': False, 'qk_layernorm': False}
+    """
+    cfg["use_parallel_residual"] = "blk.0.ffn_norm.weight" not in names
+    cfg["qk_layernorm"] = False
+
+
+# --- Granite 4.0's RoPE switch (both ways) ----------------------------------------------------------------------
+def granite_rope_to_gguf(cfg: Any, a: str) -> dict:
+    """Granite 4.0 (granitehybrid): RoPE only where `position_embedding_type` says "rope"; llama.cpp's switch is
+    `rope.scaling.finetuned`.
+
+    >>> md = granite_rope_to_gguf({"position_embedding_type": "nope"}, "granitehybrid")
+    >>> md["granitehybrid.rope.scaling.finetuned"].value
+    False
+    """
+    from gguf.constants import GGUFValueType as T
+    from gguf.constants import Keys as K
+
+    from ..formats.gguf_writer import GGUFValue
+
+    return {K.Rope.SCALING_FINETUNED.format(arch=a): GGUFValue(cfg.get("position_embedding_type") == "rope", T.BOOL)}
+
+
+def granite_rope_to_hf(get: Getter) -> dict:
+    """Granite 4.0: `position_embedding_type` back from llama.cpp's `rope.scaling.finetuned` (default: RoPE).
+
+    >>> granite_rope_to_hf({}.get)
+    {'position_embedding_type': 'rope'}
+    """
+    from gguf.constants import Keys as K
+
+    return {"position_embedding_type": "rope" if get(K.Rope.SCALING_FINETUNED, True) else None}
+
+
+FALCON = FamilyHooks(kv_heads=falcon_kv_heads, hf_from_tensors=falcon_from_tensors)
+GPT_BIGCODE = FamilyHooks(kv_heads=multi_query_kv_heads, hf_from_tensors=multi_query_from_tensors)
+QK_NORM = FamilyHooks(hf_from_tensors=qk_norm_from_tensors)
+STABLELM = FamilyHooks(hf_from_tensors=stablelm_from_tensors)
+GRANITE = FamilyHooks(ignores_head_dim=True)
+GRANITE_HYBRID = FamilyHooks(hybrid_to_gguf=granite_rope_to_gguf, hybrid_to_hf=granite_rope_to_hf)

@@ -1,0 +1,107 @@
+"""Family quirks live on the records (`archs.Arch.hooks`, `family_hooks`), not in the engines: the engine modules
+hold no family name as a string (walked with `ast`, docstrings aside), and the hooks agree with transformers'
+own models (Falcon's and GPT-BigCode's kv heads as their fused qkv weight is shaped; the config.json each
+hook writes back loads into the same layout)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from lazyweights.adapters.archs import ARCHS
+from lazyweights.adapters.family_hooks import FamilyHooks
+from lazyweights.adapters.hf_export import gguf_metadata_from_hf, hf_config_from_gguf
+from lazyweights.formats.arch_identity import IDENTITIES
+
+ENGINES = ("hparams.py", "gguf_names.py", "hf_export.py", "transforms.py")
+ADAPTERS = Path(__file__).resolve().parents[2] / "lazyweights" / "adapters"
+
+
+def _strings_outside_docstrings(tree: ast.AST) -> list[tuple[int, str]]:
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+@pytest.mark.parametrize("module", ENGINES)
+def test_engines_name_no_family(module):
+    """No `model_type` or GGUF architecture of any record appears as a string in an engine module."""
+    names = {r.model_type for r in IDENTITIES.values()} | {r.gguf for r in IDENTITIES.values()}
+    names |= {a.model_type for a in ARCHS.values()} | {a.gguf for a in ARCHS.values()}
+    tree = ast.parse((ADAPTERS / module).read_text())
+    names -= {"mamba"}  # also a layer kind (hybrids' layer_types: "attention" / "mamba" / "mlp"), not a family test
+    found = [(line, s) for line, s in _strings_outside_docstrings(tree) if s in names]
+    assert not found, f"{module} names families {found}: make the quirk a hook on the record (family_hooks)"
+
+
+def test_hooks_are_family_hooks():
+    for a in ARCHS.values():
+        assert isinstance(a.hooks, FamilyHooks), a.model_type
+    assert sum(a.hooks != FamilyHooks() for a in ARCHS.values()) >= 6
+
+
+def _qkv_rows(model) -> int:
+    for name, p in model.state_dict().items():
+        if name.endswith("h.0.self_attention.query_key_value.weight"):
+            return int(p.shape[0])
+        if name.endswith("h.0.attn.c_attn.weight"):
+            return int(p.shape[0])
+    raise AssertionError("no fused qkv weight")
+
+
+@pytest.mark.parametrize("model_type,cls,extra", [
+    ("falcon", "FalconConfig", {"new_decoder_architecture": False, "multi_query": True}),
+    ("falcon", "FalconConfig", {"new_decoder_architecture": False, "multi_query": False}),
+    ("falcon", "FalconConfig", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("gpt_bigcode", "GPTBigCodeConfig", {"multi_query": True}),
+    ("gpt_bigcode", "GPTBigCodeConfig", {"multi_query": False}),
+])
+def test_kv_heads_hook_matches_transformers(model_type, cls, extra):
+    """The kv head count written to the GGUF is the one transformers' fused qkv weight is built for:
+    rows = (heads + 2 * kv) * head_dim."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    sizes = ({"hidden_size": 64, "num_attention_heads": 8, "num_hidden_layers": 1, "vocab_size": 32}
+             if model_type == "falcon" else {"n_embd": 64, "n_head": 8, "n_layer": 1, "vocab_size": 32})
+    cfg = getattr(transformers, cls)(**sizes, **extra)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    md = gguf_metadata_from_hf(cfg.to_dict())
+    a = ARCHS[model_type].gguf
+    kv = int(md[f"{a}.attention.head_count_kv"].value)
+    assert _qkv_rows(model) == (8 + 2 * kv) * 8
+
+
+@pytest.mark.parametrize("names,want", [
+    ({"blk.0.attn_norm.weight", "blk.0.attn_qkv.bias"}, {"new_decoder_architecture": False, "multi_query": True,
+                                                         "bias": True}),
+    ({"blk.0.attn_norm.weight", "blk.0.attn_norm_2.weight"}, {"new_decoder_architecture": True,
+                                                              "num_ln_in_parallel_attn": 2, "bias": False}),
+])
+def test_falcon_config_back_from_tensors(names, want):
+    """GGUF -> HF: Falcon's decoder kind and bias flag come from the tensor names, through its hooks."""
+    md = {"general.architecture": "falcon", "falcon.context_length": 128, "falcon.embedding_length": 64,
+          "falcon.block_count": 1, "falcon.feed_forward_length": 256, "falcon.attention.head_count": 8,
+          "falcon.attention.head_count_kv": 1,
+          "falcon.attention.layer_norm_epsilon": 1e-5,
+          "tokenizer.ggml.tokens": [f"t{i}" for i in range(32)]}
+    cfg = hf_config_from_gguf(md, tensor_names=names)
+    assert {k: cfg[k] for k in want} == want
+
+
+def test_granite_hybrid_rope_switch_both_ways():
+    """Granite 4.0's RoPE switch: position_embedding_type "rope" <-> rope.scaling.finetuned, through its hooks;
+    Bamba (always RoPE, a fixed key) has no such hook."""
+    rec = ARCHS["granitemoehybrid"]
+    assert rec.hooks.hybrid_to_gguf and rec.hooks.hybrid_to_hf and not ARCHS["bamba"].hooks.hybrid_to_gguf
+    for pet, finetuned in (("rope", True), ("nope", False)):
+        md = rec.hooks.hybrid_to_gguf({"position_embedding_type": pet}, rec.gguf)
+        value = md[f"{rec.gguf}.rope.scaling.finetuned"].value
+        assert value is finetuned
+        back = rec.hooks.hybrid_to_hf({"{arch}.rope.scaling.finetuned": value}.get)
+        assert back == {"position_embedding_type": "rope" if finetuned else None}
