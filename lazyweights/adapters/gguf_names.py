@@ -1,26 +1,29 @@
-"""GGUF (llama.cpp) tensor names <-> Hugging Face names, lazily, for the llama family and Gemma.
+"""The tensor engine of conversion, both ways: GGUF (llama.cpp) state dicts <-> Hugging Face state dicts, lazily,
+for every family that has a record in `lazyweights.adapters.archs`.
 
-`gguf_to_hf(state, config)` renames a GGUF state dict to the names a Hugging Face `*ForCausalLM` uses and
-undoes what llama.cpp's `convert_hf_to_gguf.py` did to the values:
+`gguf_to_hf(state, config)` renames a GGUF state dict to the names the family's Hugging Face model uses and
+undoes what llama.cpp's `convert_hf_to_gguf.py` did to the values; `hf_to_gguf(state, config)` is the reverse,
+for export (1-D tensors become float32 as llama.cpp's converter stores them). Neither reads a byte: both only
+build graph nodes, so a whole checkpoint converts in one streaming save.
 
-- llama (arch "llama"): q and k projection rows were permuted for llama.cpp's interleaved RoPE
-  (`LlamaModel.permute`: `w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2).reshape(w.shape)`,
-  with `n_head = num_key_value_heads` for k, and `n_head = 1` for q/k norms). We apply the inverse. On
-  quantized tensors each row is a whole run of blocks, so the inverse is a row `take` on the packed uint8
-  blocks and the data stays quantized; otherwise it is a lazy reshape / swapaxes / reshape.
-- gemma, gemma2, gemma3: every `*norm.weight` was stored as `w + 1` (Gemma's RMSNorm multiplies by
-  `1 + weight`; llama.cpp folds the 1 in). We subtract 1.
+What the engine does is chosen by the record's fields and hooks, never by a family name
+(`tests/adapters/test_family_hooks.py` holds it to that):
 
-`hf_to_gguf(state, config)` is the reverse, for export (forward permutation, +1, GGUF names; 1-D tensors
-become float32 as llama.cpp's converter stores them). Neither reads a byte: both only build graph nodes.
+- names: gguf-py's own tables (`lazyweights.adapters.names`); GGUF -> HF picks, among gguf-py's candidates, the
+  name the Hugging Face model declares (`expected_keys`, the records' generated `hf_names` table);
+- values (`lazyweights.adapters.transforms`): q/k rows permuted for llama.cpp's interleaved RoPE (`rope_permute`:
+  `LlamaModel.permute`, inverted as a row `take`, which keeps quantized blocks packed), norms stored as
+  `w + norm_shift` (Gemma), Conv1D weights stored transposed (`transposed`), fused qkv regrouped
+  (`qkv_groups`), Mamba's A and conv1d (`ssm`), the gated delta-net's fused projections (`gdn`, `v_reorder`),
+  muP multipliers folded in (`mup`);
+- layout: per-expert tensors stacked (`experts`, `EXPERTS`), fused gate/up pairs split (`fused_gate_up_exps`,
+  `fused_gate_up_shexp`), DeepSeek's kv_b split (`mla`), gpt-oss's MXFP4 experts repacked (`oai_experts`),
+  flat and [in, out] expert layouts (`flat_experts`, `experts_in_out`), per-layer scalars kept as metadata
+  (`layer_scalars`).
 
-Names come from gguf-py's own tables (`lazyweights.adapters.names`); GGUF -> HF picks, among gguf-py's
-candidates, the name the Hugging Face model declares (`expected_keys`). What each family adds to the names
-is one record in `lazyweights.adapters.archs`; the value transforms are `lazyweights.adapters.transforms`.
-
-`rope_freqs.weight` (llama 3 RoPE scaling factors the converter computes) has no Hugging Face tensor (its values
-become config.json's llama3 `rope_scaling`, `hf_export.llama3_rope_params`) and
-is dropped.
+The hyperparameters are `adapters/hparams.py`'s; whole folders and files are `adapters/hf_export.py`'s.
+`rope_freqs.weight` (Llama 3's RoPE factors) has no Hugging Face tensor: its values become config.json's
+`rope_scaling` (`hf_export.llama3_rope_params`), and it is dropped here.
 
 Example:
     >>> import numpy as np

@@ -78,7 +78,8 @@ from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
-from .hparams import REQUIRED_KEYS, check_shapes, gguf_hparams, hf_config
+from .hparams import REQUIRED_KEYS, gguf_hparams, hf_config
+from .shape_checks import check_shapes
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the identity rows (formats.arch_identity)
 SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}

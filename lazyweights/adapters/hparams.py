@@ -32,7 +32,7 @@ from ..core.config_access import config_first
 from ..core.errors import GGUFConfigError
 from ..formats.gguf_keys import arch_key, template
 from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
-from .archs import ARCHS, CTX, FFN, KV, Arch, HParam
+from .archs import CTX, FFN, KV, Arch, HParam
 
 # the `{arch}.*` keys every GGUF needs (HF -> GGUF refuses a config without them, GGUF -> HF a file)
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count")
@@ -794,60 +794,3 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         if rec.hooks.hf_from_tensors:  # the family's own (Falcon's decoder kind, StableLM's residual, ...)
             rec.hooks.hf_from_tensors(cfg, get, names)
     return cfg
-
-
-def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[int, ...]]:
-    """Per-layer GGUF tensor part -> the shape (rows, cols) llama.cpp's loader requires from the hyperparameters
-    (`check_tensor_dims`), for the parts every family shapes alike; the rest (fused gate_up, norms, experts)
-    are left to llama.cpp."""
-    from gguf.constants import Keys as K
-
-    def get(key: str):  # key: gguf-py's template (Keys.*)
-        v = md.get(key.format(arch=arch))
-        v = getattr(v, "value", v)
-        if isinstance(v, list) and v:  # a hybrid's per-layer kv heads (0 on Mamba layers): the attention layers'
-            v = max(v)
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    embd, heads = get(K.LLM.EMBEDDING_LENGTH), get(K.Attention.HEAD_COUNT)
-    if not embd or not heads:
-        return {}
-    kv = get(K.Attention.HEAD_COUNT_KV) or heads
-    kd = get(K.Attention.KEY_LENGTH) or embd // heads
-    vd = get(K.Attention.VALUE_LENGTH) or kd
-    if get(K.Attention.KEY_LENGTH_MLA):  # MLA: the per-head sizes of q and the output
-        kv, kd, vd = heads, get(K.Attention.KEY_LENGTH_MLA), get(K.Attention.VALUE_LENGTH_MLA) or kd
-    out: dict[str, tuple[int, ...]] = {"attn_q": (heads * kd, embd), "attn_k": (kv * kd, embd),
-                                       "attn_v": (kv * vd, embd), "attn_output": (embd, heads * vd),
-                                       "attn_qkv": (heads * kd + kv * kd + kv * vd, embd)}
-    if any(a.gdn and a.gguf == arch for a in ARCHS.values()):  # Qwen's gated attention: q_proj holds q and gate;
-        out["attn_q"] = (2 * heads * kd, embd)                 # attn_qkv is the gated delta-net's
-        del out["attn_qkv"]
-    ff = get(K.LLM.FEED_FORWARD_LENGTH)
-    if ff:
-        out.update(ffn_gate=(ff, embd), ffn_down=(embd, ff))
-    if get(K.Attention.KEY_LENGTH_SWA):  # Gemma 4: head dims / MLP widths per layer; llama.cpp checks these
-        out = {}
-    vocab = get(K.LLM.VOCAB_SIZE)
-    if vocab:
-        out.update(token_embd=(vocab, embd), output=(vocab, embd))
-    return out
-
-
-def check_shapes(adapted: Mapping[str, Any], md: Mapping[str, Any], arch: str, source_names: Mapping[str, str],
-                 model_type: str) -> None:
-    """ShapeError naming the first tensor (its Hugging Face and GGUF names) whose shape is not what the config
-    makes it, with both shapes; raised before anything is written."""
-    from ..core.errors import ShapeError
-
-    want = expected_gguf_shapes(md, arch)
-    for g, wd in adapted.items():
-        parts = g.split(".")
-        if parts[-1] != "weight":
-            continue
-        part = parts[2] if parts[0] == "blk" and len(parts) == 4 else parts[0] if len(parts) == 2 else None
-        exp = want.get(part or "")
-        shape = tuple(int(d) for d in wd.shape)
-        if exp is not None and len(shape) == 2 and shape != exp:
-            raise ShapeError(f"{source_names.get(g, g)!r} (GGUF {g!r}): the checkpoint holds shape {list(shape)} "
-                             f"(as llama.cpp stores it), config.json ({model_type}) makes it {list(exp)}")
