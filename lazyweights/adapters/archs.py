@@ -151,8 +151,6 @@ class Arch(NamedTuple):
                                         # config.json naming the attention layers: layer_types, attn_layer_indices
                                         # attn_layer_period (with _offset) or layers_block_type (Nemotron-H's
                                         # attention / mlp / mamba layers)
-    mup: bool = False                   # Falcon-H1's muP multipliers folded into the weights (`transforms.mup_scale`);
-                                        # back, config.json sets them all to 1
     shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
                                         # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
                                         # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
@@ -563,7 +561,7 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
          (*_LLAMA_LIKE, _p("ssm.conv_kernel", "mamba_d_conv"), _p("ssm.inner_size", "mamba_d_ssm"),
           _p("ssm.state_size", "mamba_d_state"), _p("ssm.time_step_rank", "mamba_n_heads"),
           _p("ssm.group_count", "mamba_n_groups")),
-         ssm=2, mup=True, hf_extra={"lm_head_multiplier": 1.0, "embedding_multiplier": 1.0,
+         ssm=2, hooks=_hooks.FALCON_H1, hf_extra={"lm_head_multiplier": 1.0, "embedding_multiplier": 1.0,
                                     "mlp_multipliers": [1.0, 1.0], "key_multiplier": 1.0,
                                     "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0,
                                     "ssm_multipliers": [1.0] * 5, "ssm_in_multiplier": 1.0,

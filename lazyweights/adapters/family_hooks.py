@@ -11,6 +11,9 @@ never `rec.model_type == "falcon"`. The hooks, one job each:
 - `hybrid_to_gguf(cfg, a)` / `hybrid_to_hf(get)`: a hybrid's own switches (Granite 4.0's RoPE on or off), as
   GGUF key/values and as config.json entries.
 - `ignores_head_dim`: llama.cpp's converter ignores config.json's `head_dim` (Granite).
+- `check_config(model_type, cfg, a)`: HF -> GGUF refuses (GGUFConfigError) a config the family's llama.cpp graph
+  cannot compute; `weight_scale(hf_name, cfg)`: a factor (or one per row) folded into a weight on its way to
+  GGUF; `mamba_to_hf(cfg, get, names)`: a family's own Mamba sizes and flags back (Falcon-H1's muP, all three).
 
 Example:
     >>> from lazyweights.adapters.archs import ARCHS
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from .transforms import mup_scale
+
 Getter = Callable[..., Any]
 
 
@@ -34,6 +39,9 @@ class FamilyHooks(NamedTuple):
     hybrid_to_gguf: Callable[[Any, str], dict] | None = None
     hybrid_to_hf: Callable[[Getter], dict] | None = None
     ignores_head_dim: bool = False
+    check_config: Callable[[str, Any, str], None] | None = None
+    weight_scale: Callable[[str, Any], Any] | None = None
+    mamba_to_hf: Callable[[dict, Getter, set[str] | None], None] | None = None
 
 
 # --- kv heads (HF -> GGUF) ----------------------------------------------------------------------------------------
@@ -141,9 +149,48 @@ def granite_rope_to_hf(get: Getter) -> dict:
     return {"position_embedding_type": "rope" if get(K.Rope.SCALING_FINETUNED, True) else None}
 
 
+# --- Falcon-H1: muP multipliers folded into the weights (llama.cpp's conversion/falcon_h1.py) --------------------
+def falcon_h1_check(model_type: str, cfg: Any, a: str) -> None:
+    """llama.cpp's falcon-h1 applies the Mamba gated norm after the gate: a model norming before it is refused.
+
+    >>> try:
+    ...     falcon_h1_check("falcon_h1", {"mamba_rms_norm": True}, "falcon-h1")
+    ... except ValueError as e:
+    ...     print(type(e).__name__, e.args[0].split(";")[0])
+    GGUFConfigError config.json (falcon_h1): llama.cpp's falcon-h1 applies the Mamba gated norm after the gate
+    """
+    from ..core.errors import GGUFConfigError
+
+    if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
+        raise GGUFConfigError(f"config.json ({model_type}): llama.cpp's {a} applies the Mamba gated norm after "
+                              "the gate; this model norms before it (mamba_norm_before_gate true)",
+                              ["mamba_norm_before_gate"])
+
+
+def falcon_h1_mamba_to_hf(cfg: dict, get: Getter, names: set[str] | None) -> None:
+    """Falcon-H1's Mamba head size and flags back from the GGUF (llama.cpp norms after the gate).
+
+    >>> cfg = {}
+    >>> falcon_h1_mamba_to_hf(cfg, {"{arch}.ssm.inner_size": 64, "{arch}.ssm.time_step_rank": 4}.get,
+    ...                       {"blk.0.ssm_norm.weight"})
+    >>> cfg["mamba_d_head"], cfg["mamba_rms_norm"], cfg["mamba_conv_bias"]
+    (16, True, False)
+    """
+    from gguf.constants import Keys as K
+
+    inner = int(get(K.SSM.INNER_SIZE))
+    cfg["mamba_d_head"] = inner // int(get(K.SSM.TIME_STEP_RANK))
+    if names is not None:
+        cfg["mamba_rms_norm"] = any(n.endswith("ssm_norm.weight") for n in names)
+        cfg["mamba_norm_before_gate"] = False
+        cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
+        cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
+
+
 FALCON = FamilyHooks(kv_heads=falcon_kv_heads, hf_from_tensors=falcon_from_tensors)
 GPT_BIGCODE = FamilyHooks(kv_heads=multi_query_kv_heads, hf_from_tensors=multi_query_from_tensors)
 QK_NORM = FamilyHooks(hf_from_tensors=qk_norm_from_tensors)
 STABLELM = FamilyHooks(hf_from_tensors=stablelm_from_tensors)
 GRANITE = FamilyHooks(ignores_head_dim=True)
 GRANITE_HYBRID = FamilyHooks(hybrid_to_gguf=granite_rope_to_gguf, hybrid_to_hf=granite_rope_to_hf)
+FALCON_H1 = FamilyHooks(check_config=falcon_h1_check, weight_scale=mup_scale, mamba_to_hf=falcon_h1_mamba_to_hf)

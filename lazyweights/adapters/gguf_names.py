@@ -15,7 +15,7 @@ What the engine does is chosen by the record's fields and hooks, never by a fami
   `LlamaModel.permute`, inverted as a row `take`, which keeps quantized blocks packed), norms stored as
   `w + norm_shift` (Gemma), Conv1D weights stored transposed (`transposed`), fused qkv regrouped
   (`qkv_groups`), Mamba's A and conv1d (`ssm`), the gated delta-net's fused projections (`gdn`, `v_reorder`),
-  muP multipliers folded in (`mup`);
+  multipliers folded in (`hooks.weight_scale`: Falcon-H1's muP);
 - layout: per-expert tensors stacked (`experts`, `EXPERTS`), fused gate/up pairs split (`fused_gate_up_exps`,
   `fused_gate_up_shexp`), DeepSeek's kv_b split (`mla`), gpt-oss's MXFP4 experts repacked (`oai_experts`),
   flat and [in, out] expert layouts (`flat_experts`, `experts_in_out`), per-layer scalars kept as metadata
@@ -62,7 +62,6 @@ from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
 from .transforms import (
-    mup_scale,
     mxfp4_from_ggml,
     mxfp4_to_ggml,
     qkvz_rows,
@@ -434,8 +433,8 @@ def hf_to_gguf(state: Mapping[str, Any], config=None, *, arch: str | None = None
             wd = wd[position_offset(config, name, wd.shape[0]):]
         if rec.qkv_groups and heads and _part(g) == "attn_qkv":
             wd = regroup_qkv(wd, heads[0], heads[1] if rec.qkv_groups == "kv" else heads[0])
-        if rec.mup and (mup := mup_scale(name, text_config(config))) is not None and \
-                (isinstance(mup, np.ndarray) or mup != 1.0):
+        if rec.hooks.weight_scale and (mup := rec.hooks.weight_scale(name, text_config(config))) is not None and \
+                (isinstance(mup, np.ndarray) or mup != 1.0):  # Falcon-H1's muP multipliers folded in
             wd = scaled(wd, mup)
         ssm = _ssm_part(g) if rec.ssm or rec.gdn else None
         if ssm:

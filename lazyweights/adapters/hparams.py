@@ -130,10 +130,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         raise GGUFConfigError(f"config.json ({rec.model_type}) lacks {', '.join(missing)}", missing)
     if _pure_ssm(rec):
         return _ssm_hparams(rec, cfg, found)
-    if rec.mup and cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
-        raise GGUFConfigError(f"config.json ({rec.model_type}): llama.cpp's {a} applies the Mamba gated norm after "
-                              "the gate; this model norms before it (mamba_norm_before_gate true)",
-                              ["mamba_norm_before_gate"])
+    if rec.hooks.check_config:  # what the family's llama.cpp graph cannot compute (Falcon-H1's norm before the gate)
+        rec.hooks.check_config(rec.model_type, cfg, a)
     wrong = [f"{k}={cfg.get(k)!r}" for k, v in rec.requires.items() if cfg.get(k) != v]
     if wrong:
         raise GGUFConfigError(f"config.json ({rec.model_type}) has {', '.join(wrong)}; llama.cpp's {a} graph "
@@ -758,14 +756,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         cfg.update(_mla_config(get), num_key_value_heads=heads)
     if rec.hybrid:
         cfg.update(_hybrid_config(rec, get, names))
-    if rec.mup:  # Falcon-H1: its Mamba sizes and flags; llama.cpp norms after the gate
-        inner = int(get(K.SSM.INNER_SIZE))
-        cfg["mamba_d_head"] = inner // int(get(K.SSM.TIME_STEP_RANK))
-        if names is not None:
-            cfg["mamba_rms_norm"] = any(n.endswith("ssm_norm.weight") for n in names)
-            cfg["mamba_norm_before_gate"] = False
-            cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
-            cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
+    if rec.hooks.mamba_to_hf:  # a family's own Mamba sizes and flags (Falcon-H1's)
+        rec.hooks.mamba_to_hf(cfg, get, names)
     if rec.embedding:
         cfg["type_vocab_size"] = int(md.get("tokenizer.ggml.token_type_count", 2))
         pad = md.get("tokenizer.ggml.padding_token_id")
