@@ -61,19 +61,46 @@ class RangeSet:
         self.ranges = merge(self.ranges + [r for r in ranges if r[1] > r[0]])
 
     def remove(self, start: int, end: int) -> None:
-        """Mark [start, end) no longer held (its bytes were released)."""
+        """Mark [start, end) no longer held (its bytes were released): only the ranges it touches are looked at."""
         if end <= start:
             return
         i = max(0, bisect.bisect_left(self.ranges, (start, start)) - 1)
-        out = self.ranges[:i]
-        for s, e in self.ranges[i:]:
-            if s >= end:
-                out.append((s, e))
-                continue
-            if s < start:
-                out.append((s, min(e, start)))
-            if e > end:
-                out.append((max(s, end), e))
+        j, keep = i, []
+        while j < len(self.ranges) and self.ranges[j][0] < end:
+            s, e = self.ranges[j]
+            if e <= start:
+                keep.append((s, e))
+            else:
+                if s < start:
+                    keep.append((s, start))
+                if e > end:
+                    keep.append((end, e))
+            j += 1
+        self.ranges[i:j] = keep
+
+    def remove_many(self, ranges: list[tuple[int, int]]) -> None:
+        """`remove` for many ranges in one sweep (O(n + m)): a rank's release of thousands of row runs, with
+        as many held, was quadratic one `remove` at a time (issue 35: rank 0 of 4 of W1 took minutes).
+
+        >>> r = RangeSet([(0, 10), (20, 30), (40, 50)]); r.remove_many([(45, 60), (5, 25)]); r.ranges
+        [(0, 5), (25, 30), (40, 45)]
+        """
+        cut = merge([r for r in ranges if r[1] > r[0]])
+        if not cut or not self.ranges:
+            return
+        out: list[tuple[int, int]] = []
+        j = 0
+        for s, e in self.ranges:
+            while j < len(cut) and cut[j][1] <= s:
+                j += 1
+            pos, k = s, j
+            while k < len(cut) and cut[k][0] < e:
+                if cut[k][0] > pos:
+                    out.append((pos, cut[k][0]))
+                pos = max(pos, cut[k][1])
+                k += 1
+            if pos < e:
+                out.append((pos, e))
         self.ranges = out
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:

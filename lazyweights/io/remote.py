@@ -562,8 +562,8 @@ class RemoteFile:
                 ranges = self._pinned.missing_many(ranges)
             if self._leases and ranges:
                 ranges = self._lease_union().missing_many(ranges)
+            self._have.remove_many(ranges)  # one sweep: thousands of row runs may be held and released
             for s, e in ranges:
-                self._have.remove(s, e)
                 lo, hi = -(-s // PAGE) * PAGE, e // PAGE * PAGE  # whole pages only: the edges may be shared
                 if hi > lo:
                     self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

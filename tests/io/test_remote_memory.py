@@ -414,6 +414,26 @@ def test_rangeset_remove_and_held():
     assert r.missing_many([(0, 10), (40, 260)]) == [(50, 250)]
 
 
+def test_rangeset_remove_and_remove_many_equal_a_byte_mask():
+    """`remove` (one range, touching only its neighbours) and `remove_many` (one sweep) against a numpy byte
+    mask, on random held and released ranges (overlapping, adjacent, empty, past the ends)."""
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        held = [tuple(sorted(rng.integers(0, 500, 2))) for _ in range(rng.integers(0, 30))]
+        gone = [tuple(sorted(rng.integers(-20, 520, 2))) for _ in range(rng.integers(0, 30))]
+        mask = np.zeros(540, bool)
+        for s, e in held:
+            mask[s:e] = True
+        for s, e in gone:
+            mask[max(s, 0):max(e, 0)] = False
+        want = RangeSet([(int(i), int(i) + 1) for i in np.flatnonzero(mask)]).ranges
+        one, many = RangeSet(held), RangeSet(held)
+        for s, e in gone:
+            one.remove(int(s), int(e))
+        many.remove_many([(int(s), int(e)) for s, e in gone])
+        assert one.ranges == want and many.ranges == want, (trial, held, gone)
+
+
 # --- never a stale model ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_reload_after_the_object_changed_gets_the_new_bytes(nginx, write_safetensors, tmp_path, cached):
