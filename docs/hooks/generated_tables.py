@@ -54,7 +54,7 @@ def _features(a) -> list[str]:
         f.append("RoPE base for sliding layers")
     if a.rope_freqs:
         f.append("Llama 3 RoPE as `rope_freqs.weight`")
-    if a.longrope:
+    if a.hooks.gguf_tensors:  # Phi-3's, a hook on its record (adapters/family_hooks.py)
         f.append("LongRoPE factor tensors")
     if a.ssm:
         f.append(f"Mamba-{a.ssm} layers")
@@ -66,7 +66,7 @@ def _features(a) -> list[str]:
         f.append("gated delta-net layers")
     if a.v_reorder:
         f.append("value heads tiled")
-    if a.mup:
+    if a.hooks.weight_scale:  # Falcon-H1's muP, a hook on its record
         f.append("muP multipliers folded into weights")
     if a.layer_scalars:
         f.append("per-layer scalars as metadata")

@@ -15,11 +15,11 @@ record copies when it is built (`_arch`); a record says only
 
 Adding an architecture is a row in `formats/arch_identity.py`, a record here and a line in the test's table. Every
 family is a record both ways, the first ten included: a fact only some families have is a field (Llama 3's
-`rope_freqs` tensor, Phi-3's `longrope` factors and `orig_ctx`, Gemma's `qpas_27b` attention scale, `swa_period` /
+`rope_freqs` tensor, Gemma's `qpas_27b` attention scale, `swa_period` /
 `swa_keys` layer types and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
 A quirk one family alone has (Falcon's and GPT-BigCode's kv heads, StableLM's residual read back from the
-tensors, Granite 4.0's RoPE switch) is a hook on its record (`hooks`: `family_hooks.FamilyHooks`), which the
-engines call by role: no engine names a family.
+tensors, Granite 4.0's RoPE switch, Falcon-H1's muP, Phi-3's LongRoPE) is a hook on its record (`hooks`:
+`family_hooks.FamilyHooks`), which the engines call by role: no engine names a family.
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -109,10 +109,7 @@ class Arch(NamedTuple):
     no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
     odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
                                         # hidden / heads (Phi-3)
-    orig_ctx: bool = False              # rope.scaling.original_context_length <-> original_max_position_embeddings
     rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
-    longrope: bool = False              # Phi-3's LongRoPE: short/long factors as rope_factors_{short,long}.weight
-                                        # and rope.scaling.attn_factor, both ways
     qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
                                         # count (llama.cpp's 27B); a config saying otherwise warns
     swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
@@ -247,8 +244,8 @@ _RECORDS: tuple[Arch, ...] = (
          hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
     # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
     # original context, attention factor)
-    _arch("phi3", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True, orig_ctx=True,
-         window_always=True, longrope=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."),
+    _arch("phi3", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True,
+         window_always=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."), hooks=_hooks.PHI3,
          hf_extra={"hidden_act": "silu"}),
     # record-driven families
     _arch("gemma", (*_LLAMA_LIKE, _p("attention.key_length", "head_dim"),

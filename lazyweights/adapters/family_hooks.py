@@ -14,6 +14,9 @@ never `rec.model_type == "falcon"`. The hooks, one job each:
 - `check_config(model_type, cfg, a)`: HF -> GGUF refuses (GGUFConfigError) a config the family's llama.cpp graph
   cannot compute; `weight_scale(hf_name, cfg)`: a factor (or one per row) folded into a weight on its way to
   GGUF; `mamba_to_hf(cfg, get, names)`: a family's own Mamba sizes and flags back (Falcon-H1's muP, all three).
+- `rope_to_gguf(cfg, a)` / `rope_to_hf(get)`: a family's own RoPE keys and config.json entries;
+  `gguf_tensors(cfg)`: tensors llama.cpp reads that the family makes from config.json; `rope_from_tensors(md,
+  arch, factors)`: `rope_parameters` back from them (Phi-3's LongRoPE, `longrope`, all four).
 
 Example:
     >>> from lazyweights.adapters.archs import ARCHS
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from . import longrope as _longrope
 from .transforms import mup_scale
 
 Getter = Callable[..., Any]
@@ -42,6 +46,10 @@ class FamilyHooks(NamedTuple):
     check_config: Callable[[str, Any, str], None] | None = None
     weight_scale: Callable[[str, Any], Any] | None = None
     mamba_to_hf: Callable[[dict, Getter, set[str] | None], None] | None = None
+    rope_to_gguf: Callable[[Any, str], dict] | None = None
+    rope_to_hf: Callable[[Getter], dict] | None = None
+    gguf_tensors: Callable[[Any], dict] | None = None
+    rope_from_tensors: Callable[[Any, str, Any], dict] | None = None
 
 
 # --- kv heads (HF -> GGUF) ----------------------------------------------------------------------------------------
@@ -194,3 +202,5 @@ STABLELM = FamilyHooks(hf_from_tensors=stablelm_from_tensors)
 GRANITE = FamilyHooks(ignores_head_dim=True)
 GRANITE_HYBRID = FamilyHooks(hybrid_to_gguf=granite_rope_to_gguf, hybrid_to_hf=granite_rope_to_hf)
 FALCON_H1 = FamilyHooks(check_config=falcon_h1_check, weight_scale=mup_scale, mamba_to_hf=falcon_h1_mamba_to_hf)
+PHI3 = FamilyHooks(rope_to_gguf=_longrope.rope_to_gguf, rope_to_hf=_longrope.rope_to_hf,
+                   gguf_tensors=_longrope.longrope_tensors, rope_from_tensors=_longrope.longrope_from_gguf)

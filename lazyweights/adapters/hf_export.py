@@ -149,8 +149,8 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
         scaling = llama3_rope_params(rope_freqs, rope["rope_theta"], out["head_dim"])
         if scaling is not None:
             rope.update(scaling)
-    if rec.longrope and rope_factors:
-        rope.update(_longrope_from_gguf(md, arch, rope_factors))
+    if rec.hooks.rope_from_tensors and rope_factors:  # Phi-3's LongRoPE factor tensors
+        rope.update(rec.hooks.rope_from_tensors(md, arch, rope_factors))
     if rec.gemma4 and rope_freqs is not None:
         full = out["rope_parameters"]["full_attention"]
         full["partial_rotary_factor"] = gemma4_partial_rotary(rope_freqs, out["per_layer_config"])
@@ -160,27 +160,6 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             out[attr] = int(md[key])
     if Keys.General.NAME in md:
         out["_name_or_path"] = str(md[Keys.General.NAME])
-    return out
-
-
-def _longrope_from_gguf(md: Mapping[str, Any], arch: str, factors: Mapping[str, Any]) -> dict:
-    """`rope_parameters` for Phi-3's LongRoPE from the two factor tensors and the GGUF's original context
-    (GGUFConfigError when one tensor or the original context is missing)."""
-    import numpy as np
-    from gguf.constants import Keys
-
-    orig = md.get(Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch))
-    missing = [f"rope_factors_{w}.weight" for w in ("long", "short") if factors.get(w) is None]
-    if orig is None:
-        missing.append(Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch))
-    if missing:
-        raise GGUFConfigError(f"GGUF ({arch}) has LongRoPE factors but lacks {', '.join(missing)}", missing)
-    out: dict[str, Any] = {"rope_type": "longrope", "original_max_position_embeddings": int(orig or 0)}  # checked above
-    for w in ("long", "short"):
-        out[f"{w}_factor"] = [float(x) for x in np.asarray(factors[w], dtype=np.float32).reshape(-1)]
-    attn = md.get(Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch))
-    if attn is not None:
-        out["attention_factor"] = float(attn)
     return out
 
 
@@ -501,8 +480,9 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0)),
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
-    if ARCHS[mt].longrope:
-        adapted.update(_longrope_tensors(cfg_text))
+    made = ARCHS[mt].hooks.gguf_tensors  # tensors the family's llama.cpp graph reads, made from config.json
+    if made is not None:
+        adapted.update(made(cfg_text))
     if ARCHS[mt].gemma4:
         adapted["rope_freqs.weight"] = WeightData.from_numpy(gemma4_rope_freqs(cfg_text), "rope_freqs.weight")
     # tied as transformers ties: a multimodal class reads its own (outer) config's value before its text_config's
@@ -558,29 +538,6 @@ def _what_to_add(e: GGUFConfigError, folder: str | None, from_folder: bool, toke
         text += (f"; {folder} has no tokenizer.json either: add the model's tokenizer.json, or pass tokenizer=False "
                  "(--no-tokenizer) to write a GGUF without one")
     return GGUFConfigError(text, e.missing)
-
-
-def _longrope_tensors(cfg: Mapping[str, Any]) -> dict[str, WeightData]:
-    """Phi-3's LongRoPE factors as llama.cpp's converter stores them: `rope_factors_long.weight` and
-    `rope_factors_short.weight`, float32, one per rotary frequency (ConfigError naming both lengths otherwise)."""
-    import numpy as np
-
-    from .hparams import longrope_parameters, rotary_factor
-
-    rs = longrope_parameters(cfg)
-    if rs is None:
-        return {}
-    heads = int(cfg["num_attention_heads"])
-    head_dim = int(config_get(cfg, "head_dim", int(cfg["hidden_size"]) // heads))
-    want = int(rotary_factor(cfg) * head_dim) // 2
-    out = {}
-    for which in ("long", "short"):
-        f = np.asarray(rs.get(f"{which}_factor") or [], dtype=np.float32)
-        if f.shape != (want,):
-            raise ConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE {which}_factor has {f.size} values; "
-                              f"the {want * 2} rotary dimensions need {want}")
-        out[f"rope_factors_{which}.weight"] = WeightData.from_numpy(f, f"rope_factors_{which}.weight")
-    return out
 
 
 # sentence-transformers' pooling modes (the Pooling module's flags, or its one `pooling_mode` name) -> the names of

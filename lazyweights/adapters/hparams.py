@@ -33,6 +33,7 @@ from ..core.errors import GGUFConfigError
 from ..formats.gguf_keys import arch_key, template
 from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
 from .archs import CTX, FFN, KV, Arch, HParam
+from .rotary import rotary_factor
 
 # the `{arch}.*` keys every GGUF needs (HF -> GGUF refuses a config without them, GGUF -> HF a file)
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count")
@@ -45,19 +46,6 @@ def _put(cfg: dict, name: str, value) -> None:
         cfg.setdefault(outer, {})[inner] = value
     else:
         cfg[name] = value
-
-
-def rotary_factor(cfg: Mapping[str, Any]) -> float:
-    """The rotary fraction of each head: `rope_parameters.partial_rotary_factor` (where transformers 5 writes it,
-    e.g. Phi-4-mini's 0.75), else the top-level `partial_rotary_factor` / `rotary_pct`, else 1.
-
-    >>> rotary_factor({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}})
-    0.75
-    """
-    v = config_first(rope_parameters(cfg), ("partial_rotary_factor",))
-    if v is None:
-        v = config_first(cfg, ("partial_rotary_factor", "rotary_pct"))
-    return 1.0 if v is None else float(v)
 
 
 def _combined(cfg: Mapping[str, Any], names: Iterable[str], kind: str) -> int | None:
@@ -170,12 +158,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         md[K.Rope.DIMENSION_COUNT.format(arch=a)] = GGUFValue(int(rotary_factor(cfg) * head_dim), T.UINT32)
     elif rec.rope_permute:
         md[K.Rope.DIMENSION_COUNT.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
-    orig = config_first(cfg, ("original_max_position_embeddings",)) or \
-        config_first(rope_parameters(cfg), ("original_max_position_embeddings",))
-    if rec.orig_ctx and orig:
-        md[K.Rope.SCALING_ORIG_CTX_LEN.format(arch=a)] = GGUFValue(int(orig), T.UINT32)
-    if rec.longrope and longrope_parameters(cfg) is not None:
-        md[K.Rope.SCALING_ATTN_FACTOR.format(arch=a)] = GGUFValue(longrope_attn_factor(cfg), T.FLOAT32)
+    if rec.hooks.rope_to_gguf:  # the family's own RoPE keys (Phi-3's original context, LongRoPE's attn factor)
+        md.update(rec.hooks.rope_to_gguf(cfg, a))
     if rec.qpas_27b:
         _check_attention_scale(rec, cfg, hidden, heads, head_dim)
     if cfg.get("vocab_size") is not None and not rec.no_vocab:
@@ -407,43 +391,6 @@ def _ssm_config(rec: Arch, get, names: set[str] | None) -> dict:
         cfg["use_conv_bias"] = "blk.0.ssm_conv1d.bias" in names
         cfg["use_bias"] = "blk.0.ssm_in.bias" in names
     return cfg
-
-
-def longrope_parameters(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The LongRoPE (Phi-3 "longrope", formerly "su") parameters of a config: `rope_scaling` or
-    `rope_parameters` when its type says so and it holds long factors, else None.
-
-    >>> longrope_parameters({"rope_scaling": {"type": "su", "long_factor": [2.0], "short_factor": [1.0]}})["type"]
-    'su'
-    """
-    rs = cfg.get("rope_scaling")
-    rs = rs if isinstance(rs, Mapping) else rope_parameters(cfg)
-    kind = str(rs.get("rope_type") or rs.get("type") or "").lower()
-    return rs if kind in ("longrope", "su") and rs.get("long_factor") else None
-
-
-def longrope_attn_factor(cfg: Mapping[str, Any]) -> float:
-    """LongRoPE's attention (cos/sin) scale: the config's `attention_factor`, else as transformers and llama.cpp's
-    converter compute it, sqrt(1 + ln(s) / ln(original context)) with s = context / original context (1 if s <= 1).
-
-    >>> round(longrope_attn_factor({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
-    ...     "rope_parameters": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}), 4)
-    1.1902
-    """
-    import math
-
-    rs = longrope_parameters(cfg) or {}
-    if rs.get("attention_factor") is not None:
-        return float(rs["attention_factor"])
-    orig = config_first(rs, ("original_max_position_embeddings",)) or \
-        config_first(cfg, ("original_max_position_embeddings",))
-    ctx = config_first(cfg, ("max_position_embeddings", "n_positions"))
-    if not orig or not ctx:
-        raise GGUFConfigError(f"config.json ({cfg.get('model_type')}): LongRoPE needs max_position_embeddings and "
-                              f"original_max_position_embeddings, got {ctx} and {orig}",
-                              ["original_max_position_embeddings"])
-    scale = float(ctx) / float(orig)
-    return math.sqrt(1 + math.log(scale) / math.log(float(orig))) if scale > 1.0 else 1.0
 
 
 def _check_attention_scale(rec: Arch, cfg: Mapping[str, Any], hidden: int, heads: int, head_dim: int) -> None:
@@ -741,8 +688,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     if rec.window_always:
         window = get(K.Attention.SLIDING_WINDOW)
         cfg["sliding_window"] = int(window) if window else None
-    if rec.orig_ctx and get(K.Rope.SCALING_ORIG_CTX_LEN):
-        cfg["original_max_position_embeddings"] = int(get(K.Rope.SCALING_ORIG_CTX_LEN))
+    if rec.hooks.rope_to_hf:  # the family's own RoPE entries (Phi-3's original context)
+        cfg.update(rec.hooks.rope_to_hf(get))
     if rec.qpas_27b:  # the scale llama.cpp computes (see _check_attention_scale)
         cfg["query_pre_attn_scalar"] = hidden // heads if int(get(K.LLM.BLOCK_COUNT)) == rec.qpas_27b else head_dim
     if rec.swa_period:
