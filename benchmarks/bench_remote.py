@@ -341,8 +341,9 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
 def _run_sampled(commands: list[list[str]], env=None, every: float = 0.005) -> tuple[float, list[dict]]:
     """Start `commands` together and wait for all: (seconds from the first start until the last exit, and per
     process its returncode, stdout, stderr and peak RssAnon). Memory is sampled from here, every `every`
-    seconds, reading /proc/PID/status: a sampler inside the contestant would be a Python thread that takes the
-    GIL from its fetch threads (benchmarks/RESULTS.md, issue 35: it cost lazyweights 0.3 s, the floor nothing)."""
+    seconds, reading /proc/PID/status: a sampler inside the contestant would be a Python thread sharing its GIL
+    (the old in-process one cost lazyweights 0.6-0.8 s in two of four runs and nothing in the other two, the
+    floor nothing: benchmarks/RESULTS.md, issue 35), so nothing of the harness runs inside a contestant."""
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
     t = time.perf_counter()
     procs = [subprocess.Popen(c, stdout=o, stderr=e, text=True, env=env) for c, (o, e) in zip(commands, files)]
@@ -447,8 +448,8 @@ def main():
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cache", help=argparse.SUPPRESS)
     ap.add_argument("--inproc-sampler", action="store_true",
-                    help="sample memory with a thread inside each contestant (the old harness; costs lazyweights "
-                         "time: only to show that)")
+                    help="sample memory with a thread inside each contestant (the old harness, kept for the A/B; "
+                         "see NAME+sampler)")
     ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
     ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones); NAME+sampler "
                                    "runs NAME with the in-process sampler, beside NAME without it")
