@@ -1,5 +1,7 @@
 """Per-family hooks: the quirks one family alone has, kept on its record (`archs.Arch.hooks`) so the conversion
-engines (`hparams`, `gguf_names`) call them by role and hold no family names.
+engines (`hparams`, `gguf_names`, `hf_export`) call them by role and hold no family names
+(`tests/adapters/test_family_hooks.py` walks them for any).
+Each hook is called where the family branch it replaces was, so every key lands where it did before.
 
 A record without a quirk has `FamilyHooks()` (every hook None or False); an engine asks `rec.hooks.kv_heads`,
 never `rec.model_type == "falcon"`. The hooks, one job each:
