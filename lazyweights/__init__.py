@@ -16,12 +16,6 @@ Example:
 """
 from .adapters import registry
 from .adapters.registry import SupportedArchitecture
-from .api.gguf import save_gguf
-from .api.plan import Plan, plan
-from .api.shard import shard
-from .api.weight import Weight
-from .api.weight_data import WeightData, concat, from_numpy, split, stack
-from .api.weights import Weights, load_weights
 from .core import errors as _errors
 from .core.device import DeviceRef
 from .core.dtype import DType
@@ -34,6 +28,12 @@ from .formats.open import weights_format
 from .interop.check import CheckReport, check, check_unique_renames
 from .interop.module import LayerList, Module
 from .interop.torch_load import load_into_torch  # imports torch only when called
+from .lazy.gguf import save_gguf
+from .lazy.plan import Plan, plan
+from .lazy.shard import shard
+from .lazy.weight import Weight
+from .lazy.weight_data import WeightData, concat, from_numpy, split, stack
+from .lazy.weights import Weights, load_weights
 
 __all__ = [name for name in _errors.__all__ if name != "did_you_mean"] + [
     "DeviceRef", "DType", "Plan", "QuantizationEncoding", "shard",

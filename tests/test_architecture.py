@@ -24,7 +24,7 @@ LAYERS = {
     "compiler": 4,
     "run": 5,
     "render": 6,
-    "api": 7,
+    "lazy": 7,
     "interop": 8,
     "adapters": 9,
     "tools": 10,

@@ -47,7 +47,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..api.weight_data import WeightData
 from ..core.config_access import config_first, config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
@@ -58,6 +57,7 @@ from ..core.errors import (
     UnmappedTensorError,
 )
 from ..core.names import parse_block, parse_layer
+from ..lazy.weight_data import WeightData
 from . import names as _names
 from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
@@ -172,7 +172,7 @@ def _heads(config) -> tuple[int, int]:
 
 
 def _as_wd(value, name: str) -> WeightData:
-    from ..api.weight_data import as_weight_data
+    from ..lazy.weight_data import as_weight_data
 
     return as_weight_data(value, name)
 
@@ -494,7 +494,7 @@ def _join_qkvz(state: Mapping[str, Any], md, arch: str) -> dict[str, Any]:
     ([q, k, v, z] per key head); the key head count from `{arch}.ssm.group_count`."""
     from gguf.constants import Keys
 
-    from ..api.weight_data import concat
+    from ..lazy.weight_data import concat
 
     out = dict(state)
     for name in list(state):
@@ -616,7 +616,7 @@ def _oai_experts_to_hf(state: Mapping[str, Any], prefix: str, dequantize_to) -> 
     """The inverse of `_oai_experts_to_gguf`: (the other tensors, the Hugging Face expert and sink tensors).
     ggml MXFP4 gate and up go back as OCP `*_blocks` / `*_scales` (rows re-interleaved, bit for bit); other
     quantized experts are dequantized (to `dequantize_to`, float32 by default)."""
-    from ..api.weight_data import stack
+    from ..lazy.weight_data import stack
 
     rest: dict[str, Any] = {}
     found: dict[tuple[str, str, str], WeightData] = {}
@@ -674,7 +674,7 @@ def _oai_experts_to_hf(state: Mapping[str, Any], prefix: str, dequantize_to) -> 
 
 def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:
     """Llama 4's [n_expert, in, out] experts as llama.cpp's [n_expert, out, in] stacks (gate_up split in halves)."""
-    from ..api.weight_data import split
+    from ..lazy.weight_data import split
 
     layer = parse_layer(name)
     if layer is None or layer[0] != "model" or wd.ndim != 3 or (
@@ -692,7 +692,7 @@ def _experts_in_out_to_gguf(name: str, wd: WeightData) -> dict[str, WeightData]:
 
 def _experts_in_out_from_gguf(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """llama.cpp's stacked expert tensors back as Llama 4's [n_expert, in, out] gate_up_proj / down_proj."""
-    from ..api.weight_data import concat
+    from ..lazy.weight_data import concat
 
     def plain(n: str) -> WeightData:
         wd = _as_wd(out.pop(n), n)
@@ -741,7 +741,7 @@ def _split_pair(name: str, wd: WeightData, parts: tuple[str, str], axis: int = 0
     """A Hugging Face fused [first; second] tensor as llama.cpp's two tensors `blk.N.{parts[0]}` /
     `blk.N.{parts[1]}`, halves along `axis`: 0 for a 2-D [2 * ff, hidden] (GraniteMoeShared's shared [gate; up]),
     1 for stacked experts [n_expert, 2 * ff, hidden] (GraniteMoE's input_linear)."""
-    from ..api.weight_data import split
+    from ..lazy.weight_data import split
 
     m = re.search(r"\.(\d+)\.", name)
     if m is None or wd.ndim != axis + 2 or wd.shape[axis] % 2:
@@ -755,7 +755,7 @@ def _split_pair(name: str, wd: WeightData, parts: tuple[str, str], axis: int = 0
 def _join_pair(state: Mapping[str, Any], parts: tuple[str, str], hf_part: str, axis: int = 0) -> dict[str, Any]:
     """llama.cpp's `blk.N.{parts[0]}` / `blk.N.{parts[1]}` joined back along `axis` into the Hugging Face tensor
     `model.layers.N.{hf_part}.weight` (the inverse of `_split_pair`)."""
-    from ..api.weight_data import concat
+    from ..lazy.weight_data import concat
 
     out = dict(state)
     for name in list(state):
@@ -794,7 +794,7 @@ def _split_kv_b(name: str, wd: WeightData, config) -> dict[str, WeightData]:
 
 def _join_kv_b(state: Mapping[str, Any]) -> dict[str, Any]:
     """llama.cpp's attn_k_b / attn_v_b joined back into DeepSeek's kv_b_proj (the inverse of `_split_kv_b`)."""
-    from ..api.weight_data import concat
+    from ..lazy.weight_data import concat
 
     out = dict(state)
     for name in list(state):
@@ -852,7 +852,7 @@ _HF_EXPERT_RE = re.compile(r"^(?:model|backbone)\.layers\.(\d+)\.(.+)\.(\d+)\.([
 def _stack_experts(state: Mapping[str, Any], arch: str) -> dict:
     """Per-expert Hugging Face tensors stacked into llama.cpp's [n_expert, rows, cols] tensors, under their
     GGUF names; experts must be numbered 0..n-1 with no gaps (KeyError-style error naming the missing one)."""
-    from ..api.weight_data import stack
+    from ..lazy.weight_data import stack
 
     spec = EXPERTS.get(arch)
     if spec is None:

@@ -61,7 +61,6 @@ import json
 import os
 from typing import Any, Callable, Iterable, Mapping
 
-from ..api.weight_data import WeightData
 from ..core.config_access import config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
@@ -76,6 +75,7 @@ from ..formats.arch_identity import identity_for_config, identity_for_model_type
 from ..formats.gguf_keys import arch_key
 from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
+from ..lazy.weight_data import WeightData
 from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from .gguf_names import gguf_to_hf
 from .hparams import REQUIRED_KEYS, gguf_hparams, hf_config
@@ -600,7 +600,7 @@ def _source_folder(state_dict: Mapping[str, Any]) -> str | None:
     (`adapters.lora.merge_lora`) some tensors come from the adapter's folder, the majority from the base's)."""
     from collections import Counter
 
-    from ..api.weight_data import as_weight_data
+    from ..lazy.weight_data import as_weight_data
 
     folders: Counter[str] = Counter()
     for name, value in state_dict.items():
@@ -670,7 +670,7 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
     vocab = emb.shape[0] if emb is not None and getattr(emb, "shape", None) else None
     freqs = factors = None
     if isinstance(tensor_names, Mapping):  # the RoPE factor tensors, read on save
-        from ..api.weight_data import as_weight_data
+        from ..lazy.weight_data import as_weight_data
 
         def read(name):
             return as_weight_data(tensor_names[name], name).to_numpy()
@@ -707,7 +707,7 @@ def save_converted(adapted, path, *, format: str | None = None, **save_kwargs) -
         >>> [os.path.basename(f) for f in files]
         ['model.safetensors', 'config.json']
     """
-    from ..api.plan import plan
+    from ..lazy.plan import plan
 
     return plan(adapted).save(path, format=format, **save_kwargs)
 
@@ -722,7 +722,7 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
         >>> from lazyweights.adapters import export_hf_folder           # doctest: +SKIP
         >>> export_hf_folder("gemma-3-270m-q4_k_m.gguf", "gemma-hf/")   # doctest: +SKIP
     """
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
     from .gguf_names import gguf_to_hf
 
     w = load_weights([os.fspath(gguf_path)] if isinstance(gguf_path, (str, os.PathLike)) else gguf_path)
@@ -742,7 +742,7 @@ def export_gguf(hf_dir, out_path, *, tokenizer: bool = True, **save_kwargs) -> l
         >>> from lazyweights.adapters import export_gguf                # doctest: +SKIP
         >>> export_gguf("gemma-hf/", "gemma.gguf")                      # doctest: +SKIP
     """
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
 
     hf_dir = os.fspath(hf_dir)
     w = load_weights([hf_dir])

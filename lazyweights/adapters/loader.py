@@ -250,7 +250,7 @@ def call_adapter(fn: Callable, state_dict: Mapping[str, Any], **kwargs):
 
 def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
     """Open the checkpoint at `paths` lazily, run the adapter on it, return (adapted state dict, weights)."""
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
 
     allow_pickle = extra_kwargs.pop("allow_pickle", None)  # loader options, not adapter keywords
     remote = {k: extra_kwargs.pop(k) for k in ("storage_options", "cache") if k in extra_kwargs}

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from ..api.weight_data import WeightData
 from ..core.config_access import config_first, config_get
 from ..core.errors import ConfigError, GGUFConfigError
 from ..formats.rope_scaling import rope_parameters
+from ..lazy.weight_data import WeightData
 from .rotary import rotary_factor
 
 

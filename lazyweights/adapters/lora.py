@@ -41,10 +41,10 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from ..api.weight_data import WeightData, as_weight_data
 from ..core.errors import LoraError, did_you_mean
 from ..formats.json_files import read_json
 from ..graph.lora import lora_update
+from ..lazy.weight_data import WeightData, as_weight_data
 
 _PREFIX = "base_model.model."
 _CONFIG = "adapter_config.json"
@@ -163,7 +163,7 @@ def merge_lora(state_dict: Mapping[str, Any], lora_dir: str | os.PathLike | Sequ
 
 
 def _merge_one(state: dict[str, Any], lora_dir: str) -> dict[str, Any]:
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
 
     cfg = read_lora_config(lora_dir)
     path = os.path.join(lora_dir, _WEIGHTS)

@@ -39,7 +39,6 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple
 
-from ..api.weight_data import WeightData, as_weight_data
 from ..core.dtype import DType
 from ..core.errors import (
     MissingPreprocessorConfigError,
@@ -50,6 +49,7 @@ from ..core.errors import (
 )
 from ..core.names import parse_block
 from ..formats.json_files import json_beside, read_json
+from ..lazy.weight_data import WeightData, as_weight_data
 from .vision_archs import BLOCK_KEYS, VisionArch, VParam, vision_arch_for_model_type
 
 __all__ = ["MmprojConfig", "check_mmproj_config", "convert_hf_to_mmproj", "save_mmproj", "export_mmproj",
@@ -464,7 +464,7 @@ def mmproj_tensors(mc: MmprojConfig, state: Mapping[str, Any]) -> tuple[dict[str
 def _cls_row_last(name: str, wd: WeightData) -> WeightData:
     """A learned position embedding [1, 1 + patches, width] (or [1 + patches, width]) with its first (CLS) row moved
     last, for a graph that appends the CLS token after the patches (`VisionArch.cls_last`)."""
-    from ..api.weight_data import concat
+    from ..lazy.weight_data import concat
 
     axis = wd.ndim - 2
     if axis < 0 or wd.shape[axis] < 2:
@@ -539,7 +539,7 @@ def convert_hf_to_mmproj(state_dict: Mapping[str, Any], huggingface_config=None,
 def save_mmproj(adapted, path, **save_kwargs) -> list[str]:
     """Save `convert_hf_to_mmproj`'s result as one GGUF (atomic), its metadata as given (llama.cpp's file type
     is the source's float type, whatever the tensors it forces to float32 weigh). Returns the files written."""
-    from ..api.plan import Plan
+    from ..lazy.plan import Plan
 
     return list(Plan(dict(adapted)).save(os.fspath(path), format="gguf", metadata=adapted.gguf_metadata,
                                          **save_kwargs) or [])
@@ -552,7 +552,7 @@ def export_mmproj(hf_dir, out_path, **save_kwargs) -> list[str]:
         >>> from lazyweights.adapters.mmproj import export_mmproj          # doctest: +SKIP
         >>> export_mmproj("Qwen2.5-VL-3B-Instruct/", "mmproj.gguf")        # doctest: +SKIP
     """
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
 
     hf_dir = os.fspath(hf_dir)
     w = load_weights([hf_dir])
@@ -569,7 +569,7 @@ def export_gguf_with_mmproj(hf_dir, out_path, mmproj_path, *, tokenizer: bool = 
         >>> from lazyweights.adapters.mmproj import export_gguf_with_mmproj               # doctest: +SKIP
         >>> export_gguf_with_mmproj("gemma-3-4b-it/", "gemma-3-4b.gguf", "mmproj.gguf")   # doctest: +SKIP
     """
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
     from .hf_export import convert_hf_to_gguf, save_converted
 
     hf_dir = os.fspath(hf_dir)

@@ -39,9 +39,9 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from ..api.weight_data import WeightData, as_weight_data
 from ..core.dtype import DType
 from ..core.errors import MmprojMismatchError, UnknownProjectorError, UnmappedTensorError
+from ..lazy.weight_data import WeightData, as_weight_data
 from .vision_archs import VISION_ARCHS, VisionArch
 
 __all__ = ["HFFolder", "HF_FOLDERS", "hf_folder_for_projector", "convert_mmproj_to_hf",
@@ -260,7 +260,7 @@ def vision_tensors(rec: VisionArch, folder: HFFolder, state: Mapping[str, Any], 
             parts.setdefault(hf, {})[part] = wd
             continue
         out[hf] = wd
-    from ..api.weight_data import concat, stack
+    from ..lazy.weight_data import concat, stack
 
     for hf, got in parts.items():
         if hf == rec.temporal_patch:
@@ -391,8 +391,8 @@ def export_hf_folder_with_mmproj(text_gguf, mmproj, out_dir, *, dtype: Any = Non
         >>> from lazyweights.adapters.mmproj_hf import export_hf_folder_with_mmproj           # doctest: +SKIP
         >>> export_hf_folder_with_mmproj("gemma-3-4b.gguf", "mmproj.gguf", "gemma-3-4b-hf/")  # doctest: +SKIP
     """
-    from ..api.plan import plan
-    from ..api.weights import load_weights
+    from ..lazy.plan import plan
+    from ..lazy.weights import load_weights
 
     t = load_weights([os.fspath(text_gguf)])
     m = load_weights([os.fspath(mmproj)])

@@ -202,8 +202,8 @@ def adapt(arch: str | SupportedArchitecture | None, paths, **kwargs) -> dict:
 
     `arch`: a registered name, a `SupportedArchitecture`, or None to use config.json's "architectures".
     `kwargs` go to the adapter (e.g. `huggingface_config=...`). Reads no tensor bytes."""
-    from ..api.weight_data import as_weight_data
-    from ..api.weights import load_weights
+    from ..lazy.weight_data import as_weight_data
+    from ..lazy.weights import load_weights
 
     if arch is None:
         name = architecture_from_config(paths)

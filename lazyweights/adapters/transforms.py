@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import DTypeError, ShapeError
 from ..graph import ops
+from ..lazy.weight_data import WeightData
 
 
 def rope_permutation(rows: int, n_head: int, rot: int | None = None) -> np.ndarray:

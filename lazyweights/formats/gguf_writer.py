@@ -11,8 +11,8 @@ Three layers, so a scheduler can drive the writing:
   `commit()` checks every tensor was written completely, fsyncs, renames atomically to `path` and fsyncs
   the directory; `abort()` removes the temporary file. As a context manager it commits on success and
   aborts on an exception, so a failed conversion never leaves a half-written file under the final name.
-- `api/save.save_gguf_outputs` drives them from the block scheduler (`Plan.save(..., format="gguf")`);
-  `api/gguf.py` has the tensor-at-a-time `write_gguf`/`save_gguf` for adapted state dicts.
+- `lazy/save.save_gguf_outputs` drives them from the block scheduler (`Plan.save(..., format="gguf")`);
+  `lazy/gguf.py` has the tensor-at-a-time `write_gguf`/`save_gguf` for adapted state dicts.
 - `check_gguf_architecture`, `gguf_file_type` and `with_file_type` (below) check and complete the metadata
   a save writes.
 

@@ -41,13 +41,13 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..api.weight_data import WeightData
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, DTypeError, LazyWeightsError, LoadError, ShapeError, UsageError
 from ..core.names import fold_names, fold_numbers, fold_words, format_index_set, render, split_digits, suggest_all
 from ..core.quantization import QuantizationEncoding
 from ..core.torch_dtypes import import_torch, torch_dtype_table
 from ..graph.opcodes import Op
+from ..lazy.weight_data import WeightData
 
 __all__ = [
     "CheckReport", "Missing", "Unexpected", "Mismatch", "InvalidValue", "RenameCollision", "TensorSpec",

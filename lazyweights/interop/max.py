@@ -59,15 +59,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..api.plan import Plan
-from ..api.weight_data import WeightData, as_weight_data
-from ..api.weights import Weights, load_weights
 from ..core.device import DeviceRef
 from ..core.dtype import DType
 from ..core.errors import DependencyError, DTypeError, LoadError, UsageError, did_you_mean
 from ..core.quantization import QuantizationEncoding
 from ..graph.opcodes import Op
 from ..io.source import ByteSource
+from ..lazy.plan import Plan
+from ..lazy.weight_data import WeightData, as_weight_data
+from ..lazy.weights import Weights, load_weights
 
 __all__ = [
     "as_max_adapter", "to_max_state_dict", "load_max_module", "check_max_module", "reopen_lazily",

@@ -64,9 +64,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..api.weight import Weight
 from ..core.dtype import DType
 from ..core.errors import ArgumentTypeError, LoadError, UsageError
+from ..lazy.weight import Weight
 from .check import CheckReport, Slot, check, load_error_message, validate
 
 __all__ = ["Module", "LayerList", "aligned_empty"]
@@ -245,7 +245,7 @@ class Module:
         Raises LoadError (a ValueError) naming every problem; see the module docstring. Returns the
         CheckReport (with strict=False, its `missing` / `unexpected` say what was tolerated).
         `budget` / `scheduler` / `progress` are passed to `Plan.materialize`."""
-        from ..api.plan import Plan
+        from ..lazy.plan import Plan
 
         _check_alignment_arg(weight_alignment)
         report, resolved = validate(self._lw_slots(), state_dict,

@@ -182,7 +182,7 @@ def load_into_torch(torch_module, state_dict: Mapping[str, Any], strict: bool = 
         views[canonical] = view
         sources[canonical] = r.value
     if sources:
-        from ..api.plan import Plan
+        from ..lazy.plan import Plan
 
         with torch.no_grad():
             Plan(sources).materialize(out=views, budget=budget, scheduler=scheduler, progress=progress)

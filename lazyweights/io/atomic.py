@@ -8,7 +8,7 @@ temporary. `write_file_atomically` does that for bytes in memory.
 A folder: built under `staging_name(path)`, then put in place by `swap_directory`, which keeps the old folder
 whole through any failure.
 
-Every writer builds on it: safetensors shards and their index and sharded folders (`api/save.py`), GGUF
+Every writer builds on it: safetensors shards and their index and sharded folders (`lazy/save.py`), GGUF
 (`formats/gguf_writer.GGUFStreamWriter`), Hugging Face folders (`adapters/hf_export.save_converted`), plan
 pictures (`render/visualize.py`), verify manifests (`tools/verify.py`). It sits in `io`, below them all.
 

@@ -3,7 +3,7 @@
 For conversions that outgrow one machine. The unit of distribution is a group of whole outputs, not a
 block: each worker receives plan nodes (which pickle as file paths and offsets, never tensor bytes),
 re-opens the source files itself, and runs the local threaded executor on its part. (Saving sends each
-output shard to one worker, which writes that shard file itself: `api/save.py`.)
+output shard to one worker, which writes that shard file itself: `lazy/save.py`.)
 Workers must see the same file system paths as the client (a shared or local disk, or a LocalCluster).
 
 Example (not run here: it starts processes):

@@ -15,7 +15,7 @@ sure the cast kernels are loaded (the one place that decides whether to wait for
     "threads"     `workers` threads taking the tasks in order (the default); the kernels release the
                   GIL, so blocks really run in parallel
     "reference"   the op-at-a-time numpy specification (`run/reference.py`); front-ends dispatch it
-    Client        a dask.distributed Client; front-ends dispatch it (`run/distributed.py`, `api/save.py`)
+    Client        a dask.distributed Client; front-ends dispatch it (`run/distributed.py`, `lazy/save.py`)
 
 The budget bounds working memory: at most `workers` blocks are in flight and the compiler sized blocks so
 that many fit. The first failing block stops the rest; the error names the tensor (`name_error`).

@@ -191,7 +191,7 @@ def _json_object(text: str) -> dict:
 # --- plan / convert / check share: open, adapt, plan ------------------------------------------------------------
 def _adapted_plan(args):
     from ..adapters.loader import run_adapter
-    from ..api.plan import Plan
+    from ..lazy.plan import Plan
 
     extra = {}
     if getattr(args, "no_tokenizer", False):
@@ -422,8 +422,8 @@ def cmd_quantize(args) -> int:
     """`lazyweights quantize IN.gguf OUT.gguf PRESET`: requantize a bf16/f16/f32 GGUF as llama-quantize does, in one
     streaming pass.
     """
-    from ..api.plan import Plan
-    from ..api.weights import load_weights
+    from ..lazy.plan import Plan
+    from ..lazy.weights import load_weights
 
     if not str(args.input).endswith(".gguf"):
         raise UsageError(f"{args.input}: quantize reads a GGUF (.gguf); for a Hugging Face folder use "
@@ -631,7 +631,7 @@ def _compare(a, b, rtol: float, atol: float, chunk: int = 1 << 21) -> dict:
 
 def cmd_diff(args) -> int:
     """`lazyweights diff A B`: tensors added, removed and changed between two checkpoints; 1 when they differ."""
-    from ..api.weights import load_weights
+    from ..lazy.weights import load_weights
 
     opts = {"allow_pickle": args.allow_pickle, "storage_options": args.storage_options, "cache": args.cache}
     wa, wb = load_weights([args.a], **opts), load_weights([args.b], **opts)

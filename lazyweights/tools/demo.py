@@ -176,8 +176,8 @@ def eager_reference(ckpt_dir: str, cfg: dict) -> dict[str, np.ndarray]:
 
 def run_demo(workdir: str | None = None, layers: int = 2, budget: str = "64MB", quiet: bool = False) -> int:
     """Make the checkpoint, adapt it lazily, print the plan, save it, verify it. Returns an exit status."""
-    from ..api.plan import plan
-    from ..api.weights import load_weights
+    from ..lazy.plan import plan
+    from ..lazy.weights import load_weights
 
     workdir = workdir or tempfile.mkdtemp(prefix="lazyweights-demo-")
     ckpt, out_dir = os.path.join(workdir, "llama-small"), os.path.join(workdir, "converted")

@@ -42,12 +42,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ..api.plan import Plan
-from ..api.weights import load_weights
 from ..compiler.steps import outputs_of
 from ..core.dtype import DType
 from ..core.errors import ExecutionError, UsageError, VerifyError
 from ..io.atomic import write_file_atomically
+from ..lazy.plan import Plan
+from ..lazy.weights import load_weights
 from ..run.driver import execute, resolve_scheduler
 from ..run.reference import materialize_reference
 from ..run.sinks import WriterSink

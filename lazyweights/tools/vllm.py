@@ -150,7 +150,7 @@ def prepare_config_folder(source: str, options: Mapping[str, Any] | None = None,
     so, cache = options.get("storage_options"), options.get("cache")
     if source_kind(source) == "gguf":
         from ..adapters.hf_export import gguf_extra_files
-        from ..api.weights import load_weights
+        from ..lazy.weights import load_weights
 
         w = load_weights([source], storage_options=so, cache=cache)
         names = dict(w.items())
@@ -326,9 +326,9 @@ class ParameterSink:
 
     def copy(self, dst, lazy) -> None:
         """`dst.copy_(lazy)`: deferred when `dst` is a contiguous view of a parameter, else done now."""
-        from ..api.weight_data import WeightData  # noqa: F401
         from ..core.torch_dtypes import torch_dtype_to_dtype
         from ..interop.torch_load import numpy_view
+        from ..lazy.weight_data import WeightData  # noqa: F401
 
         if tuple(dst.shape) != tuple(lazy._wd.shape) and dst.numel() != int(np.prod(lazy._wd.shape)):
             raise UsageError(f"{lazy._wd.name}: vLLM copies shape {list(lazy._wd.shape)} into {list(dst.shape)}")
@@ -347,9 +347,9 @@ class ParameterSink:
 
     def materialize_wd(self, wd):
         """A real torch tensor with the value of the lazy `wd` (one plan)."""
-        from ..api.plan import Plan
         from ..core.torch_dtypes import dtype_to_torch
         from ..interop.torch_load import array_to_torch
+        from ..lazy.plan import Plan
 
         arr = Plan({"x": wd}).materialize(budget=self.budget)["x"]
         self.bytes_out += arr.nbytes
@@ -366,7 +366,7 @@ class ParameterSink:
         `populate_pages`)."""
         if not self.pending:
             return
-        from ..api.plan import Plan
+        from ..lazy.plan import Plan
 
         pending, self.pending, self.pending_bytes = self.pending, {}, 0
         out = {k: view for k, (_, view, _) in pending.items()}
@@ -380,8 +380,8 @@ def lazy_state_dict(source: str, options: Mapping[str, Any] | None = None, *, dt
     """(state dict name -> lazy WeightData in the names vLLM's models load, the opened `Weights`) for `source`
     with the options applied: a GGUF renamed to Hugging Face names and dequantized to `dtype` (a lazyweights
     DType), LoRA folders merged, the adapter applied. Reads headers only."""
-    from ..api.weights import load_weights
     from ..core.dtype import DType
+    from ..lazy.weights import load_weights
 
     options = parse_options(options)
     so = options.get("storage_options")
@@ -409,7 +409,7 @@ def lazy_state_dict(source: str, options: Mapping[str, Any] | None = None, *, dt
         state = fn(state, huggingface_config=getattr(w, "config", None))
         if not isinstance(state, Mapping):
             raise AdapterError(f"adapter {options['adapter']!r} returned {type(state).__name__}, not a state dict")
-    from ..api.weight_data import as_weight_data
+    from ..lazy.weight_data import as_weight_data
 
     return {k: as_weight_data(v, k) for k, v in state.items()}, w
 

@@ -24,9 +24,9 @@ from lazyweights.adapters import (  # noqa: E402
     rope_permutation,
     rope_unpermute,
 )
-from lazyweights.api.gguf import save_gguf  # noqa: E402
 from lazyweights.formats.config import GGUFConfig, HFConfig, config_from_metadata, load_hf_config  # noqa: E402
 from lazyweights.formats.source import TensorRecord  # noqa: E402
+from lazyweights.lazy.gguf import save_gguf  # noqa: E402
 
 RNG = np.random.default_rng(2)
 

@@ -28,7 +28,7 @@ class _Refusing:
 
 
 def test_no_route_names_the_tensor_and_every_reason(caplog):
-    caplog.set_level(logging.DEBUG, logger="lazyweights.api.weight_data")
+    caplog.set_level(logging.DEBUG, logger="lazyweights.lazy.weight_data")
     with pytest.raises(DTypeError) as info:
         lw.WeightData.from_numpy(_Refusing(), "model.embed.weight")
     message = str(info.value)

@@ -31,8 +31,8 @@ from lazyweights.adapters.hf_export import (  # noqa: E402
     convert_hf_to_gguf,
     save_converted,
 )
-from lazyweights.api.gguf import save_gguf, write_gguf  # noqa: E402
 from lazyweights.core.errors import GGUFConfigError  # noqa: E402
+from lazyweights.lazy.gguf import save_gguf, write_gguf  # noqa: E402
 
 _CORPUS = ("The quick brown fox jumps over the lazy dog. The capital of France is Paris. "
            "def f(x):\n    return x * 2  # numbers 12345 and more words, words, words.\n") * 20

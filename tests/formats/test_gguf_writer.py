@@ -19,7 +19,6 @@ from gguf import GGUFValueType as T  # noqa: E402
 
 import lazyweights as lw  # noqa: E402
 from lazyweights import DType, DTypeError, QuantizationEncoding, ShapeError, WeightData, WriteError  # noqa: E402
-from lazyweights.api.gguf import save_gguf, write_gguf  # noqa: E402
 from lazyweights.formats.gguf import read_gguf  # noqa: E402
 from lazyweights.formats.gguf_writer import (  # noqa: E402
     GGUFLayout,
@@ -27,6 +26,7 @@ from lazyweights.formats.gguf_writer import (  # noqa: E402
     GGUFValue,
     TensorMeta,
 )
+from lazyweights.lazy.gguf import save_gguf, write_gguf  # noqa: E402
 
 RNG = np.random.default_rng(1)
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import lazyweights as lw
-from lazyweights.api.weight_data import WeightData
 from lazyweights.core.errors import DTypeError, ShapeError
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import unary
 from lazyweights.graph.rewrites import merge_leading_axes, sink_slices
+from lazyweights.lazy.weight_data import WeightData
 from lazyweights.run.materialize import materialize
 from lazyweights.run.reference import materialize_reference
 

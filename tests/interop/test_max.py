@@ -133,7 +133,7 @@ def test_registered_on_a_max_architecture_and_called_the_way_max_pipelines_call_
 
 
 def test_whole_state_dict_is_one_plan(w1_ckpt, monkeypatch):
-    import lazyweights.api.plan as plan_mod
+    import lazyweights.lazy.plan as plan_mod
 
     calls = []
     real = plan_mod.Plan.materialize

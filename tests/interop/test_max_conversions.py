@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import lazyweights as lw
-from lazyweights.api.dlpack import export_dlpack
 from lazyweights.interop import max as lwmax
+from lazyweights.lazy.dlpack import export_dlpack
 
 
 class FakeDType(enum.Enum):  # MAX's max.dtype.DType: members named like ours, other values

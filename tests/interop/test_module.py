@@ -260,7 +260,7 @@ def test_buffers_are_aligned_and_numpy_values_accepted():
 
 
 def test_one_plan_fills_the_module_buffers(monkeypatch):
-    from lazyweights.api.plan import Plan
+    from lazyweights.lazy.plan import Plan
 
     calls = []
     real = Plan.materialize

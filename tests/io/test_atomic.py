@@ -273,7 +273,7 @@ def test_save_converted_failing_swap_is_a_write_error(tmp_path, monkeypatch):
 
 
 def test_a_new_sharded_folder_is_staged_under_a_unique_name_and_swapped_in(tmp_path, monkeypatch):
-    # api/save.py: a new folder is built under a staging_name sibling; a failed swap removes it
+    # lazy/save.py: a new folder is built under a staging_name sibling; a failed swap removes it
     p = lw.plan({f"w{i}": lw.from_numpy(np.full((64, 64), i, np.float32), f"w{i}") for i in range(3)})
     _fail_renames(monkeypatch, {1})
     with pytest.raises(lw.WriteError):

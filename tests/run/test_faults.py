@@ -361,7 +361,7 @@ def test_index_write_failure_removes_shards_from_existing_directory(st_ckpt, tmp
     def no_space(directory, doc):
         raise lw.WriteError(f"{directory}: index: No space left on device", path=directory)
 
-    import lazyweights.api.save as api_save
+    import lazyweights.lazy.save as api_save
 
     monkeypatch.setattr(api_save, "_write_index", no_space)
     with pytest.raises(lw.WriteError):

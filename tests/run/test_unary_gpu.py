@@ -7,9 +7,9 @@ import pytest
 from fake_gpu import NumpyDevice
 
 import lazyweights as lw
-from lazyweights.api.weight_data import WeightData
 from lazyweights.graph import ops
 from lazyweights.graph.elementwise import unary
+from lazyweights.lazy.weight_data import WeightData
 from lazyweights.run.gpu import materialize_gpu
 
 RNG = np.random.default_rng(27)

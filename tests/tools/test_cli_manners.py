@@ -16,8 +16,8 @@ import pytest
 from safetensors.numpy import load_file
 
 import lazyweights as lw
-from lazyweights.api import weights as weights_module
-from lazyweights.api.plan import Plan
+from lazyweights.lazy import weights as weights_module
+from lazyweights.lazy.plan import Plan
 from lazyweights.tools import cli
 
 W1 = "lazyweights.tools.demo:convert_safetensor_state_dict"
@@ -333,7 +333,7 @@ def test_gguf_to_hf_without_tokenizer_fails_before_any_tensor(capsys, counted, g
 def test_gguf_to_hf_from_python_builds_the_files_before_the_tensors(monkeypatch, gguf_without_tokenizer, tmp_path):
     """The same check on the library's path (`Plan.save` of a GGUF -> HF result, `export_hf_folder`): the
     folder's files are built before any shard is written, so the missing tokenizer costs no work."""
-    import lazyweights.api.save as save_module
+    import lazyweights.lazy.save as save_module
     from lazyweights.adapters import convert_gguf_state_dict, export_hf_folder
 
     shards = []

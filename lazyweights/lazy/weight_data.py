@@ -296,7 +296,7 @@ class WeightData:
         alignment check, then the inference session's load), which would otherwise be three
         materializations. Like MAX's eager `WeightData`, the object then holds its array: drop it to free
         the memory. A read-only view exported to a legacy consumer is copied once, here (see
-        `api.dlpack.exportable`)."""
+        `lazy.dlpack.exportable`)."""
         arr = self._exported if self._exported is not None else self.to_numpy()
         arr = exportable(arr, max_version=kwargs.get("max_version"), copy=kwargs.get("copy"))
         self._exported = arr

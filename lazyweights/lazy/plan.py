@@ -129,7 +129,7 @@ class Plan:
              quant_options: Mapping | None = None, workers: int | None = None,
              block_bytes: int | None = None, alignment: int | None = None,
              require_architecture: bool = True) -> list[str]:
-        """Stream the outputs to `path` (see `lazyweights.api.save`), the one save every output goes
+        """Stream the outputs to `path` (see `lazyweights.lazy.save`), the one save every output goes
         through; atomic; returns the files written.
 
         - `x.safetensors`: one file (`metadata`: its string header metadata).

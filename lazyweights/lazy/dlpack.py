@@ -21,7 +21,7 @@ BufferError. A versioned consumer (numpy >= 2, torch >= 2.4) shares the map with
 
 Example:
     >>> import numpy as np
-    >>> from lazyweights.api.dlpack import export_dlpack
+    >>> from lazyweights.lazy.dlpack import export_dlpack
     >>> np.from_dlpack(type("A", (), {"__dlpack__": lambda s, **k: export_dlpack(np.arange(3.0), **k),
     ...                               "__dlpack_device__": lambda s: (1, 0)})()).tolist()
     [0.0, 1.0, 2.0]
