@@ -86,22 +86,12 @@ class RangeSet:
         [(0, 5), (25, 30), (40, 45)]
         """
         cut = merge([r for r in ranges if r[1] > r[0]])
-        if not cut or not self.ranges:
-            return
-        out: list[tuple[int, int]] = []
-        j = 0
-        for s, e in self.ranges:
-            while j < len(cut) and cut[j][1] <= s:
-                j += 1
-            pos, k = s, j
-            while k < len(cut) and cut[k][0] < e:
-                if cut[k][0] > pos:
-                    out.append((pos, cut[k][0]))
-                pos = max(pos, cut[k][1])
-                k += 1
-            if pos < e:
-                out.append((pos, e))
-        self.ranges = out
+        if cut and self.ranges:
+            # what stays held is each held range less the cut: the cut's `missing_many` over the held ranges
+            # (the cut is merged already, so it becomes a RangeSet's list as it is)
+            released = RangeSet()
+            released.ranges = cut
+            self.ranges = released.missing_many(self.ranges)
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
         """The parts of [start, end) not held yet, in order (what a fetch of that range must still get)."""
