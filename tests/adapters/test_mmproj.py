@@ -830,6 +830,14 @@ def test_vision_config_mtmd_cannot_compute(family, override, message, tokenizer,
     assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
+def _update_json(path: str, **changes) -> None:
+    """Rewrite the JSON object in `path` with `changes` applied (a test's one edit to a config file)."""
+    with open(path) as fh:
+        doc = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(dict(doc, **changes), fh)
+
+
 @pytest.mark.parametrize("key,value,message", [
     ("vision_feature_select_strategy", "full", r"llava config.json vision_feature_select_strategy is 'full'; .* "
                                                r"only with vision_feature_select_strategy = 'default'"),
@@ -843,10 +851,7 @@ def test_llava_config_mtmd_cannot_compute(key, value, message, tokenizer, tmp_pa
     projector's linears, and reads hidden states 0..n in ascending order; anything else is named, nothing written."""
     hf = str(tmp_path / "hf")
     make_vl("llava", "float32", tokenizer, hf)
-    with open(os.path.join(hf, "config.json")) as fh:
-        cfg = json.load(fh)
-    with open(os.path.join(hf, "config.json"), "w") as fh:
-        json.dump(dict(cfg, **{key: value}), fh)
+    _update_json(os.path.join(hf, "config.json"), **{key: value})
     with pytest.raises(VisionConfigError, match=message):
         export_gguf_with_mmproj(hf, tmp_path / "t.gguf", tmp_path / "m.gguf")
     assert sorted(os.listdir(tmp_path)) == ["hf"]
@@ -902,11 +907,7 @@ def test_gemma3_pooling_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F811
     transformers: a disagreement (or a count that is not a square dividing the grid) is named."""
     hf = str(tmp_path / "hf")
     make_vl("gemma3", "float32", tokenizer, hf)
-    path = os.path.join(hf, "preprocessor_config.json")
-    with open(path) as fh:
-        pre = json.load(fh)
-    with open(path, "w") as fh:
-        json.dump(dict(pre, image_seq_length=256), fh)
+    _update_json(os.path.join(hf, "preprocessor_config.json"), image_seq_length=256)
     with pytest.raises(VisionConfigError, match=r"image_seq_length is 256 but config.json mm_tokens_per_image is 16"):
         export_mmproj(hf, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
@@ -917,11 +918,7 @@ def test_internvl_downsample_ratio_mtmd_cannot_compute(tokenizer, tmp_path):  # 
     whose inverse is not a whole number is named, nothing written."""
     hf = str(tmp_path / "hf")
     make_vl("internvl", "float32", tokenizer, hf)
-    path = os.path.join(hf, "config.json")
-    with open(path) as fh:
-        cfg = json.load(fh)
-    with open(path, "w") as fh:
-        json.dump(dict(cfg, downsample_ratio=0.3), fh)
+    _update_json(os.path.join(hf, "config.json"), downsample_ratio=0.3)
     with pytest.raises(VisionConfigError, match=r"internvl: downsample_ratio is 0.3; mtmd needs 1 / downsample_ratio "
                                                 r"a whole number \(clip.vision.projector.scale_factor\)"):
         export_mmproj(hf, tmp_path / "m.gguf")
@@ -937,11 +934,7 @@ def test_internvl_outer_config_mtmd_cannot_compute(key, value, tokenizer, tmp_pa
     otherwise is named, nothing written."""
     hf = str(tmp_path / "hf")
     make_vl("internvl", "float32", tokenizer, hf)
-    path = os.path.join(hf, "config.json")
-    with open(path) as fh:
-        cfg = json.load(fh)
-    with open(path, "w") as fh:
-        json.dump(dict(cfg, **{key: value}), fh)
+    _update_json(os.path.join(hf, "config.json"), **{key: value})
     with pytest.raises(VisionConfigError, match=rf"internvl config.json {key} is {value!r}; .* {key} = "):
         export_mmproj(hf, tmp_path / "m.gguf")
     assert sorted(os.listdir(tmp_path)) == ["hf"]
@@ -951,11 +944,7 @@ def test_lfm2_vl_projector_mtmd_cannot_compute(tokenizer, tmp_path):  # noqa: F8
     always normalizes, so it is named before any tensor is read, nothing written."""
     hf = str(tmp_path / "hf")
     make_vl("lfm2_vl", "float32", tokenizer, hf)
-    path = os.path.join(hf, "config.json")
-    with open(path) as fh:
-        cfg = json.load(fh)
-    with open(path, "w") as fh:
-        json.dump(dict(cfg, projector_use_layernorm=False), fh)
+    _update_json(os.path.join(hf, "config.json"), projector_use_layernorm=False)
     with pytest.raises(VisionConfigError, match=r"lfm2_vl config.json projector_use_layernorm is False; .* "
                                                 r"projector_use_layernorm = True"):
         export_mmproj(hf, tmp_path / "m.gguf")
