@@ -434,15 +434,22 @@ from safetensors.numpy import save_file
 src_dir, out, fmt, sched = sys.argv[1:5]
 src = os.path.join(src_dir, "src.safetensors")
 save_file({"a": np.ones((6400, 4096), np.float16), "b": np.full((6400, 4096), 2, np.float16)}, src)  # 100 MB
-import signal, threading
+import faulthandler, signal, threading
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack before it gives up on us
 # The signal is real (sent by the test to this process); the default handler raises KeyboardInterrupt in the
 # main thread. We also note it, so that blocks stalled below (to make sure it lands mid-save on any number of
-# cores) go on at full speed once it arrived.
-arrived = threading.Event()
+# cores) go on at full speed once it arrived. The note is a plain list item, polled: the handler runs in the
+# main thread between any two bytecodes, so it must take no lock. (It once called threading.Event.set(),
+# whose lock the main thread could hold inside Event.wait() right then: a self-deadlock, a 120 s hang in CI.)
+arrived = [False]
 def on_sigint(signum, frame):
-    arrived.set()
+    arrived[0] = True
     signal.default_int_handler(signum, frame)
 signal.signal(signal.SIGINT, on_sigint)
+def wait_for_sigint(limit):
+    deadline = time.monotonic() + limit
+    while not arrived[0] and time.monotonic() < deadline:
+        time.sleep(0.002)
 real = sinks.write_block
 count = [0]
 lock = threading.Lock()
@@ -453,7 +460,7 @@ def block(task):
     if n == 4:
         print("SAVING", flush=True)  # three blocks are written: we are mid-save
     if n >= 4:
-        arrived.wait(5.0)
+        wait_for_sigint(5.0)
     return real(task)
 sinks.write_block = block
 if fmt == "cli":
@@ -499,7 +506,14 @@ def test_real_sigint_mid_save(tmp_path, fmt, sched, name):
         partial = [f for f in os.listdir(out_parent)]
         assert partial, "mid-save, the temporary output exists"
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGUSR1)  # faulthandler: where every thread is stuck, for the failure
+            time.sleep(1)
+            p.kill()
+            out, err = p.communicate()
+            pytest.fail(f"no exit 120 s after SIGINT; stdout {out!r}; the threads' stacks:\n{err[-6000:]}")
     finally:
         if p.poll() is None:
             p.kill()
