@@ -14,13 +14,16 @@ Example:
 """
 from __future__ import annotations
 
+import contextvars
 import os
+import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
 from ..core.errors import FormatError, UsageError
 from ..core.units import paused_gc
-from ..io.remote import current_options, is_url, list_prefix, remote_options
+from ..io.remote import FIRST_READAHEAD, RemoteFile, current_options, is_url, list_prefix, remote_options
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from .source import SourceFile, TensorRecord, absolute_location
 
@@ -163,6 +166,56 @@ def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
         return _open_safetensors(files)
 
 
+# A remote checkpoint's shards are opened in one round of concurrent requests (issue 35): this many at once.
+OPEN_CONCURRENCY = 16
+# Header bytes a tensor takes beyond its name: 72-78 in compact JSON (DeepSeek-V3's and W1's shards), so 128
+# leaves room for spaced JSON and 12-digit offsets; plus the 8-byte length and 4 KiB for `__metadata__`.
+HEADER_BYTES_PER_TENSOR = 128
+HEADER_GUESS_CAP = 8 << 20
+
+
+def _header_guesses(index_map: dict[str, Path | str]) -> dict[str, int]:
+    """Bytes to read ahead when opening each remote shard the index names: its expected header (the names
+    the index places there, plus `HEADER_BYTES_PER_TENSOR` each), at least `FIRST_READAHEAD`, at most
+    `HEADER_GUESS_CAP`. A guess too small costs a second request, as without one.
+
+    >>> _header_guesses({"a.weight": "http://h/1.safetensors", "b" * 600: "http://h/2.safetensors"})
+    {'http://h/1.safetensors': 65536, 'http://h/2.safetensors': 65536}
+    >>> _header_guesses({f"layers.{i}.weight": "s3://b/m.safetensors" for i in range(1000)})
+    {'s3://b/m.safetensors': 148994}
+    """
+    sizes: dict[str, int] = {}
+    for name, where in index_map.items():
+        if isinstance(where, str):  # a URL (local shards are `Path`s: read_index)
+            sizes[where] = sizes.get(where, 8 + 4096) + len(name) + HEADER_BYTES_PER_TENSOR
+    return {url: min(HEADER_GUESS_CAP, max(FIRST_READAHEAD, n)) for url, n in sizes.items()}
+
+
+def _fetch_header(url: str, readahead: int) -> None:
+    """Open a remote shard and bring its whole safetensors header into memory (what `read_safetensors` then
+    parses without a request). A length it cannot use is left for `read_safetensors` to refuse."""
+    from .safetensors import MAX_HEADER_BYTES
+
+    f = RemoteFile.open(url, *current_options(), readahead=readahead)
+    if f.size >= 8:
+        (n,) = struct.unpack("<Q", f.read(0, 8))
+        if n <= MAX_HEADER_BYTES and 8 + n <= f.size:
+            f.ensure(8, n)
+
+
+def _open_remote(urls: list[str], guesses: dict[str, int]) -> dict[str, Future]:
+    """Start opening every remote shard at once (`OPEN_CONCURRENCY` in flight), each with its header guess;
+    the caller takes the results in index order, so the error it raises is the first shard's, as when the
+    shards were opened one after another. The threads run in copies of this context: the `remote_options`
+    block (storage options, cache, the load's revalidation token) reaches them."""
+    pool = ThreadPoolExecutor(min(OPEN_CONCURRENCY, len(urls)), thread_name_prefix="lazyweights-open")
+    try:
+        return {u: pool.submit(contextvars.copy_context().run, _fetch_header, u, guesses.get(u, FIRST_READAHEAD))
+                for u in urls}
+    finally:
+        pool.shutdown(wait=False)  # the workers exit once the queue is done (or cancelled)
+
+
 def _open_safetensors(files: list[Path | str]) -> Checkpoint:
     from .safetensors import read_safetensors
 
@@ -182,19 +235,28 @@ def _open_safetensors(files: list[Path | str]) -> Checkpoint:
     seen_files: list[str] = []
     # de-duplicated by absolute path, order kept: a shard named both through the index and by its own
     # (relative) path is read once.
-    for shard in dict.fromkeys(absolute_location(f) for f in shard_files):
-        recs, meta = read_safetensors(shard)
-        seen_files.append(recs[0].file.path if recs else shard)
-        if meta:
-            metadata.setdefault("files", {})[str(shard)] = meta
-            for k, v in meta.items():
-                metadata.setdefault(k, v)
-        for r in recs:
-            if r.name in records:
-                raise FormatError(
-                    f"tensor {r.name!r} appears in two shards: {records[r.name].file.path} and {r.file.path}"
-                )
-            records[r.name] = r
+    shards = list(dict.fromkeys(absolute_location(f) for f in shard_files))
+    urls = [s for s in shards if is_url(s)]
+    opening = _open_remote(urls, _header_guesses(index_map) if index_map else {}) if urls else {}
+    try:
+        for shard in shards:
+            if shard in opening:
+                opening[shard].result()  # this shard's open error, if any: the first in index order wins
+            recs, meta = read_safetensors(shard)
+            seen_files.append(recs[0].file.path if recs else shard)
+            if meta:
+                metadata.setdefault("files", {})[str(shard)] = meta
+                for k, v in meta.items():
+                    metadata.setdefault(k, v)
+            for r in recs:
+                if r.name in records:
+                    raise FormatError(
+                        f"tensor {r.name!r} appears in two shards: {records[r.name].file.path} and {r.file.path}"
+                    )
+                records[r.name] = r
+    finally:
+        for pending in opening.values():  # after an error: the shards not yet started are not opened
+            pending.cancel()
     if index_map is not None:
         located: dict = {}  # a shard's location, worked out once (not once per tensor)
         for name, where in index_map.items():

@@ -77,6 +77,7 @@ __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_option
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10  # GGUF metadata: a few requests, not one per field
 FIRST_READAHEAD = 64 << 10  # fetched with the object's identity: most safetensors headers fit
+METADATA_READAHEAD = 16 << 20  # a metadata file (an index, a config) in the request that opens it
 DEFAULT_PART_SIZE = 128 << 20  # fewer, longer requests: measured on W1 over nginx (benchmarks/RESULTS.md)
 PAGE = mmap.PAGESIZE
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
@@ -123,7 +124,7 @@ def list_prefix(url: str, storage_options: dict | None = None) -> list[str]:
 def fetch_small(url: str, limit: int = 64 << 20) -> bytes:
     """The whole object at `url` (an index JSON, a config), refusing objects over `limit` bytes; opened with
     the `remote_options` in force."""
-    f = RemoteFile.open(url, *current_options())
+    f = RemoteFile.open(url, *current_options(), readahead=min(limit, METADATA_READAHEAD))
     if f.size > limit:
         raise RemoteError(f"{url}: {f.size} bytes is too large for a metadata file (limit {limit})", url=url)
     return f.read(0, f.size)
@@ -196,7 +197,7 @@ class RemoteFile:
     _cache_lock = threading.Lock()
 
     def __init__(self, url: str, storage_options: dict | None = None, cache: str | None = None,
-                 identity: tuple[int, str | None] | None = None):
+                 identity: tuple[int, str | None] | None = None, readahead: int = FIRST_READAHEAD):
         self.path = url
         self.options = dict(storage_options or {})
         self.cache_dir = cache
@@ -216,8 +217,8 @@ class RemoteFile:
             self.size, self.etag = identity
         elif cache:  # the header's bytes may be in the cache already: a HEAD for the version is enough
             self.size, self.etag = self._retrying(self._backend.identity, "cannot open")
-        else:  # one GET gives the length, the ETag and the header's bytes
-            self.size, self.etag, head = self._retrying(self._backend.first_bytes, "cannot open", FIRST_READAHEAD)
+        else:  # one GET gives the length, the ETag and the header's bytes (`readahead` of them)
+            self.size, self.etag, head = self._retrying(self._backend.first_bytes, "cannot open", max(1, readahead))
         self.bytes_fetched = 0  # from the network
         self.bytes_from_cache = 0  # copied from a cache= directory
         self.requests = 0
@@ -252,10 +253,12 @@ class RemoteFile:
 
     @classmethod
     def open(cls, url: str, storage_options: dict | None = None, cache: str | None = None,
-             header: bool = True) -> RemoteFile:
+             header: bool = True, readahead: int = FIRST_READAHEAD) -> RemoteFile:
         """The shared RemoteFile for `url` with these options, revalidated once per load (`remote_options`
         block): an object whose length or ETag changed since it was opened is opened anew. A first open
-        fetches the object's first 64 KiB with its identity unless `header=False` (then a HEAD)."""
+        fetches the object's first `readahead` bytes (64 KiB) with its identity unless `header=False` (then a
+        HEAD); a caller that expects a longer header asks for it here, so the header comes in that one request
+        (`formats/open.py` sizes it from the index; tests/io/test_parallel_open.py)."""
         key = (url, json.dumps(storage_options or {}, sort_keys=True, default=str), cache)
         token = _OPTIONS.get()[2]
         with cls._cache_lock:
@@ -273,7 +276,7 @@ class RemoteFile:
             identity = _retrying(backend(url, options).identity, url, "cannot open", int(options.get("retries", 5)))
             fresh = cls(url, storage_options, cache, identity)
         else:
-            fresh = cls(url, storage_options, cache)
+            fresh = cls(url, storage_options, cache, readahead=readahead)
         fresh._token = token
         with cls._cache_lock:
             cls._cache[key] = fresh
