@@ -207,7 +207,16 @@ def _open_remote(urls: list[str], guesses: dict[str, int]) -> dict[str, Future]:
     """Start opening every remote shard at once (`OPEN_CONCURRENCY` in flight), each with its header guess;
     the caller takes the results in index order, so the error it raises is the first shard's, as when the
     shards were opened one after another. The threads run in copies of this context: the `remote_options`
-    block (storage options, cache, the load's revalidation token) reaches them."""
+    block (storage options, cache, the load's revalidation token) reaches them. One shard is opened on this
+    thread: there is nothing to overlap."""
+    if len(urls) == 1:
+        done: Future = Future()
+        try:
+            _fetch_header(urls[0], guesses.get(urls[0], FIRST_READAHEAD))
+            done.set_result(None)
+        except Exception as e:  # raised by the caller, as a pool's future would
+            done.set_exception(e)
+        return {urls[0]: done}
     pool = ThreadPoolExecutor(min(OPEN_CONCURRENCY, len(urls)), thread_name_prefix="lazyweights-open")
     try:
         return {u: pool.submit(contextvars.copy_context().run, _fetch_header, u, guesses.get(u, FIRST_READAHEAD))
