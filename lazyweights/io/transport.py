@@ -359,29 +359,118 @@ class HTTPBackend:
             raise _unreachable(self.url, e) or Transient(f"multi-range body failed: {e}") from None
 
     def _read_parts(self, raw, boundary: bytes, ranges, size: int, outs) -> None:
-        # The whole reply is received into this thread's warm buffer with readinto, then the part headers are
-        # found by one compiled regex and each part copied to its place: per-line Python parsing (readline
-        # per header) cost ~65 us a part, which made a rank's row slices slower than the whole tensor.
+        # The whole reply is received into this thread's warm buffer (`_receive_batched`: a wake-up per 64 KiB,
+        # not per part), then split by position: every part header of one reply is the same bytes but for
+        # its Content-Range numbers, so the header expected for each asked range is built and compared where
+        # the previous part ended (`_split_parts`). Per-line parsing (readline per header) cost ~65 us a
+        # part, a regex search per part and a socket wake-up per part ~19 us (benchmarks/RESULTS.md).
         fp = getattr(raw, "_fp", None)
         length = getattr(fp, "length", None)
         if fp is None or not hasattr(fp, "readinto") or length is None:
             raise Transient("multi-range reply without a length or a readable stream")
         body = _receive_buffer(length)
-        read_body(None, body, raw)
-        part = _part_header(boundary)
-        pos = 0
-        for (s, e), out in zip(ranges, outs):
-            m = part.search(body, pos)
+        _receive_batched(raw, body)
+        _split_parts(self.url, body, boundary, ranges, size, outs)
+
+
+def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> None:
+    r"""Check a whole `multipart/byteranges` body against the `ranges` asked for, in order, and copy each
+    part's payload into its `outs` entry.
+
+    Parts are found by position, never by searching payload bytes (a payload may hold the boundary): the
+    first part's header is parsed, the others must start exactly where the previous payload ended with
+    that header's bytes and their own Content-Range; a header that differs in anything else is parsed on
+    its own. After the last part the closing delimiter must follow. A part for other bytes (or another
+    object length) is a `SourceChangedError`; a misframed body (a part cut short or too long, an extra
+    part, no closing delimiter) is `Transient`, so it is asked again.
+
+    >>> b = b"--XY"
+    >>> body = (b"\r\n--XY\r\nContent-Type: a/b\r\nContent-Range: bytes 0-2/10\r\n\r\nabc"
+    ...         b"\r\n--XY\r\nContent-Type: a/b\r\nContent-Range: bytes 5-6/10\r\n\r\nfg\r\n--XY--\r\n")
+    >>> outs = [memoryview(bytearray(3)), memoryview(bytearray(2))]
+    >>> _split_parts("u", memoryview(body), b, [(0, 3), (5, 7)], 10, outs)
+    >>> bytes(outs[0]), bytes(outs[1])
+    (b'abc', b'fg')
+    >>> _split_parts("u", memoryview(body), b, [(0, 3)], 10, outs[:1])
+    Traceback (most recent call last):
+    ...
+    lazyweights.io.transport.Transient: malformed multi-range body: 1 part asked for, but byte 61 starts another part
+    """
+    part = _part_header(boundary)
+    pos, pre, mid = 0, b"", b""
+    for i, ((s, e), out) in enumerate(zip(ranges, outs)):
+        expected = b"%s%d-%d%s" % (pre, s, e - 1, mid) if i else b""
+        if i and body[pos:pos + len(expected)] == expected:
+            start = pos + len(expected)
+        else:
+            if i == 0:  # the first part may follow a preamble
+                m = part.search(body, 0)
+            else:
+                m = part.match(body, pos + 2) if body[pos:pos + 2] == b"\r\n" else None
             if m is None:
-                raise Transient(f"truncated multi-range body: no part for bytes [{s}, {e})")
+                if i and part.search(body, pos) is None:
+                    raise Transient(f"truncated multi-range body: no part for bytes [{s}, {e})")
+                raise Transient(f"malformed multi-range body: the part for bytes [{s}, {e}) does not start at byte "
+                                f"{pos}, where the part before it ended (a part header that lies about its length)")
             got = (int(m.group(1)), int(m.group(2)) + 1, int(m.group(3)) if m.group(3) != b"*" else -1)
             if got[:2] != (s, e) or got[2] not in (-1, size):
-                raise _changed(self.url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
+                raise _changed(url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
+            if i == 0:  # the template of every next part: the same header but for its first and last byte
+                pre = b"\r\n" + bytes(body[m.start():m.start(1)])
+                mid = bytes(body[m.end(2):m.end()])
             start = m.end()
-            if start + (e - s) > len(body):
-                raise Transient(f"truncated multi-range body: part [{s}, {e}) is cut short")
-            out[:] = body[start:start + (e - s)]
-            pos = start + (e - s)
+        stop = start + (e - s)
+        if stop > len(body):
+            raise Transient(f"truncated multi-range body: part [{s}, {e}) is cut short")
+        out[:] = body[start:stop]
+        pos = stop
+    closing = b"\r\n" + boundary + b"--"
+    if body[pos:pos + len(closing)] != closing:
+        if body[pos:pos + len(closing) - 2] == closing[:-2]:
+            raise Transient(f"malformed multi-range body: {len(ranges)} part{'s' if len(ranges) != 1 else ''} "
+                            f"asked for, but byte {pos} starts another part")
+        raise Transient(f"malformed multi-range body: the part for bytes [{ranges[-1][0]}, {ranges[-1][1]}) is "
+                        f"not followed by the closing boundary at byte {pos} (a part header that lies about its "
+                        "length)")
+
+
+RECEIVE_LOWAT = 64 << 10  # a multi-range body is received a wake-up per this many bytes (SO_RCVLOWAT)
+
+
+def _receive_batched(raw, body) -> None:
+    """`read_body` of a whole reply into `body`, asking the kernel (SO_RCVLOWAT) to wake the receiving thread
+    once `RECEIVE_LOWAT` bytes are queued instead of per TCP segment: a multi-range reply arrives a small part
+    per segment, and a wake-up per part cost more CPU than the parsing (benchmarks/RESULTS.md, issue 35).
+
+    Only on a socket with a timeout (its waits go through poll(), which also wakes under memory pressure),
+    and never for the reply's last bytes: the kernel must always be owed at least the low-water mark, or the
+    wait would last until the timeout. The bytes the file object may already buffer are counted as owed."""
+    import io
+    import socket
+
+    fp = getattr(raw, "_fp", None)
+    sock = getattr(getattr(getattr(fp, "fp", None), "raw", None), "_sock", None)
+    want = len(body)
+    margin = max(io.DEFAULT_BUFFER_SIZE, 8192) + RECEIVE_LOWAT  # what the file object may hold, + the mark
+    if (fp is None or not isinstance(sock, socket.socket) or not sock.gettimeout() or want <= 2 * margin
+            or not hasattr(socket, "SO_RCVLOWAT")):
+        read_body(None, body, raw)
+        return
+    pos = 0
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_LOWAT)
+        while want - pos > margin:
+            n = fp.readinto(body[pos:want - margin])
+            if not n:
+                raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+            pos += n
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+    while pos < want:
+        n = fp.readinto(body[pos:])
+        if not n:
+            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+        pos += n
 
 
 _RECEIVE = threading.local()
