@@ -2,6 +2,7 @@
 """A DeepSeek-V3-shaped plan at scale: open, adapt and compile 90,427 tensors, locally or over HTTP (issue 35).
 
   python benchmarks/bench_scale.py [--dir DIR] [--reps 3] [--http] [--layers 3-4]
+  python benchmarks/bench_scale.py --dir DIR --http --open-only [--as-is] [--before CHECKOUT] [--latency-ms MS]
 
 Builds (or reuses, in DIR) a checkpoint with DeepSeek-V3's Hugging Face names and shapes, written as *sparse*
 files: every safetensors header is real, then the file is `ftruncate`d to its full size, so the data are
@@ -31,6 +32,14 @@ bytes served (the log's `$body_bytes_sent`) and seconds.
 
 Set PYTHONPATH to another checkout to measure it (the "before" figures in benchmarks/RESULTS.md: `git archive`
 of the earlier commit, its compiled kernels copied in).
+
+`--open-only` measures the open alone (`load_weights`, locally and, with `--http`, over nginx: requests, requests
+per shard, bytes served, seconds); no adapter, steps or rank 0. `--as-is` opens DIR's checkpoint as it is (any
+sharded folder with an index, W1 for instance) instead of writing the DeepSeek-shaped one there.
+`--before CHECKOUT` runs each repetition twice, first with CHECKOUT on PYTHONPATH ("before"), then this
+checkout ("after"), alternating, and prints both medians and their ratio (taken within the one run).
+`--latency-ms MS` puts a proxy in front of nginx that holds each chunk a client sends (a request) MS
+milliseconds before passing it on: a network's round trip, which loopback does not have.
 """
 from __future__ import annotations
 
@@ -169,6 +178,14 @@ def _adapter():
 def contestant(name: str, source: str, layers: str) -> dict:
     import gc
 
+    if name == "open":  # the open alone (--open-only)
+        import lazyweights as lw
+
+        c0, t0 = time.process_time(), time.perf_counter()
+        weights = lw.load_weights([source])
+        c1, t1 = time.process_time(), time.perf_counter()
+        return {"lazyweights": os.path.dirname(lw.__file__), "tensors": len(weights.records), "open_s": t1 - t0,
+                "open_cpu_s": c1 - c0}
     convert = _adapter()
     import lazyweights as lw
 
@@ -232,9 +249,12 @@ def log_lines(log: str) -> list[list[str]]:
 
 
 # --- the driver ---------------------------------------------------------------------------------------------
-def once(name: str, source: str, layers: str, timeout: float) -> dict:
+def once(name: str, source: str, layers: str, timeout: float, pythonpath: str | None = None) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--contestant", name, source, "--layers", layers]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if r.returncode:
         raise SystemExit(f"{name} failed:\n{r.stdout}\n{r.stderr[-4000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -264,11 +284,21 @@ def main() -> int:
     ap.add_argument("--http", action="store_true", help="also over HTTP from nginx on 127.0.0.1")
     ap.add_argument("--layers", default="3-4", help="layers (inclusive range) rank 0 of 8 materializes over HTTP")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--open-only", action="store_true", help="measure the open alone (load_weights)")
+    ap.add_argument("--as-is", action="store_true", help="open DIR's sharded checkpoint as it is (do not write one)")
+    ap.add_argument("--before", metavar="CHECKOUT", help="with --open-only: alternate runs of CHECKOUT (first on "
+                                                         "PYTHONPATH) and this checkout, and print their ratio")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="with --open-only --http: add this much latency "
+                                                                   "to each request (a proxy before nginx)")
     ap.add_argument("--contestant", nargs=2, metavar=("NAME", "SOURCE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.contestant:
         print(json.dumps(contestant(*args.contestant, args.layers)))
         return 0
+    if args.as_is and not args.dir:
+        ap.error("--as-is needs --dir")
+    if args.open_only:
+        return open_only(args)
     folder = args.dir or tempfile.mkdtemp(prefix="bench-scale-")
     try:
         t = time.perf_counter()
@@ -313,6 +343,122 @@ def main() -> int:
         if not args.dir:
             shutil.rmtree(folder, ignore_errors=True)
     return 0
+
+
+def open_only(args) -> int:
+    """`--open-only`: the open alone, locally and (with --http) over nginx, before and after when asked."""
+    folder = args.dir or tempfile.mkdtemp(prefix="bench-scale-")
+    try:
+        if args.as_is:
+            with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+                weight_map = json.load(f)["weight_map"]
+            facts = {"tensors": len(weight_map), "shards": len(set(weight_map.values()))}
+        else:
+            facts = write_checkpoint(folder)
+        print(f"checkpoint {folder}: {facts['tensors']} tensors in {facts['shards']} shards")
+        who = [("before", args.before), ("after", None)] if args.before else [("this checkout", None)]
+        # as an installed package is: compiled once (with PYTHONDONTWRITEBYTECODE set, as on the development VMs,
+        # a checkout without fresh .pyc files would compile the modules the open imports inside its timer)
+        for checkout in [os.path.dirname(HERE)] + ([args.before] if args.before else []):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(checkout, "lazyweights")],
+                           check=False, env={k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+        proc = port = log = proxy = None
+        if args.http:
+            proc, port, log = start_nginx(folder)
+            if args.latency_ms:
+                proxy, port = start_delay_proxy(port, args.latency_ms / 1000), None
+                port = proxy.port
+        try:
+            for where in ["local"] + ([f"HTTP (+{args.latency_ms:g} ms a request)" if args.latency_ms else "HTTP"]
+                                      if args.http else []):
+                source = folder if where == "local" else f"http://127.0.0.1:{port}/model.safetensors.index.json"
+                runs: dict[str, list[dict]] = {label: [] for label, _ in who}
+                for _ in range(args.reps):
+                    for label, path in who:  # alternated: before, after, before, ...
+                        if log:
+                            open(log, "w").close()
+                        r = once("open", source, args.layers, args.timeout, pythonpath=path)
+                        if where != "local":
+                            time.sleep(0.2)  # nginx writes a request's log line after its reply
+                            lines = log_lines(log)
+                            r["requests"] = len(lines)
+                            r["requests_per_shard"] = len(lines) / facts["shards"]
+                            r["served_bytes"] = sum(int(x[3]) for x in lines if x[0] == "GET")
+                        runs[label].append(r)
+                print(f"\n{where}: open (load_weights) in a fresh process, median of {args.reps}")
+                keys = ["open_s", "open_cpu_s"] + (["requests", "requests_per_shard", "served_bytes"]
+                                                   if where != "local" else [])
+                for label, _ in who:
+                    print(f"  {label} (lazyweights from {runs[label][0]['lazyweights']})")
+                    for key in keys:
+                        vals = [r[key] for r in runs[label]]
+                        print(f"    {key:18s} {statistics.median(vals):>14,.3f}   runs: "
+                              f"{', '.join(f'{v:,.3f}' for v in vals)}")
+                if args.before:
+                    b, a = (statistics.median(r["open_s"] for r in runs[label]) for label in ("before", "after"))
+                    print(f"  open_s after/before {a / b:.3f} ({b / a:.2f}x faster)")
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            if proc is not None:
+                stop_nginx(proc)
+    finally:
+        if not args.dir:
+            shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def start_delay_proxy(target_port: int, delay: float):
+    """A TCP proxy on 127.0.0.1 (`.port`, `.stop()`) in front of `target_port` that holds each chunk a client
+    sends for `delay` seconds before passing it on (replies pass at once): one request, one round trip."""
+    import asyncio
+    import threading
+    import types
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict = {}
+
+    async def pump(reader, writer, hold: float):
+        try:
+            while data := await reader.read(1 << 16):
+                if hold:
+                    await asyncio.sleep(hold)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def handle(client_r, client_w):
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", target_port)
+        except OSError:
+            client_w.close()
+            return
+        await asyncio.gather(pump(client_r, server_w, delay), pump(server_r, client_w, 0.0))
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        box["port"] = server.sockets[0].getsockname()[1]
+        ready.set()
+        async with server:
+            try:
+                await server.serve_forever()
+            except asyncio.CancelledError:  # stop()
+                pass
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(10)
+
+    def stop():
+        for task in asyncio.all_tasks(loop):
+            loop.call_soon_threadsafe(task.cancel)
+        thread.join(5)
+
+    return types.SimpleNamespace(port=box["port"], stop=stop)
 
 
 if __name__ == "__main__":
