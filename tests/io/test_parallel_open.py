@@ -311,3 +311,34 @@ def test_a_guess_too_small_costs_a_second_request(tmp_path, nginx):
             for key in f.keys():
                 assert weights.records[key].shape == tuple(f.get_slice(key).get_shape())
                 np.testing.assert_array_equal(weights[key].data().to_numpy(), f.get_tensor(key))
+
+
+def test_an_s3_prefix_opens_its_shards_together(tmp_path, s3, monkeypatch):
+    """The same over S3 (moto's server): an `s3://` prefix with an index, its shards opened on the pool (each
+    with its own boto3 session: clients made on many threads at once), records and bytes as the local open's;
+    every shard object is asked for its first bytes once, with the read-ahead its index guess gives."""
+    from lazyweights.io import transport
+
+    names = _write_checkpoint(tmp_path / "ckpt", shards=6, tensors_per_shard=700, name_len=60)
+    assert all(_header_len(tmp_path / "ckpt" / n) > FIRST_READAHEAD for n in names)
+    s3.client.create_bucket(Bucket="parallel-open")
+    for f in os.listdir(tmp_path / "ckpt"):
+        s3.client.upload_file(str(tmp_path / "ckpt" / f), "parallel-open", f"m/{f}")
+    firsts: list[tuple[str, int, str]] = []
+    real_first = transport.S3Backend.first_bytes
+
+    def first_bytes(self, length):
+        firsts.append((self.key, length, threading.current_thread().name))
+        return real_first(self, length)
+
+    monkeypatch.setattr(transport.S3Backend, "first_bytes", first_bytes)
+    _fresh()
+    weights = lw.load_weights("s3://parallel-open/m", storage_options=s3.options)
+    local = lw.load_weights(str(tmp_path / "ckpt"))
+    assert list(weights.records) == list(local.records)
+    shard_opens = sorted((k, n) for k, n, _ in firsts if k.endswith(".safetensors"))
+    assert [k for k, _ in shard_opens] == sorted(f"m/{n}" for n in names)  # each once
+    assert all(n >= _header_len(tmp_path / "ckpt" / k[2:]) for k, n in shard_opens)  # the header fits the guess
+    assert {t for k, _, t in firsts if k.endswith(".safetensors")} != {threading.current_thread().name}
+    key = list(local.records)[-1]
+    np.testing.assert_array_equal(weights[key].data().to_numpy(), local[key].data().to_numpy())
