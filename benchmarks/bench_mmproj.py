@@ -262,15 +262,15 @@ sys.argv = ["convert_hf_to_gguf.py", {src!r}, "--mmproj", "--outtype", "bf16", "
 runpy.run_path({script!r}, run_name="__main__")
 """
 _MMPROJ = """
-from lazyweights.adapters.mmproj import export_mmproj
+from lazyweights.convert.mmproj import export_mmproj
 export_mmproj({src!r}, {out!r})
 """
 _BOTH = """
-from lazyweights.adapters.mmproj import export_gguf_with_mmproj
+from lazyweights.convert.mmproj import export_gguf_with_mmproj
 export_gguf_with_mmproj({src!r}, {text!r}, {out!r}, tokenizer=False)
 """
 _REVERSE = """
-from lazyweights.adapters.mmproj_hf import export_hf_folder_with_mmproj
+from lazyweights.convert.mmproj_to_hf import export_hf_folder_with_mmproj
 export_hf_folder_with_mmproj({text!r}, {mmproj!r}, {out!r}, tokenizer=False)
 """
 # the floor: the source bytes of the tower's tensors, read from the file into fresh memory and written out

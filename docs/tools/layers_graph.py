@@ -2,9 +2,10 @@
 
 The imports are read from the code with the same walk `tests/test_architecture.py` checks (`imports_of`, every
 import at any depth of a file, function-local ones included) and its `LAYERS` table, so the picture and the check
-cannot disagree. One node per top-level folder (the package root's `__init__`/`__main__` are one node), grouped
-by layer, lowest at the bottom; an edge A --> B with label N means N distinct (module of A, module of B) import
-pairs. Imports inside a folder are not drawn.
+cannot disagree. One node per top-level folder (the package root's `__init__`/`__main__` are one node, and the
+modules its `MODULE_LAYERS` puts above their folder one more: `adapters_upper`), grouped by layer, lowest at the
+bottom; an edge A --> B with label N means N distinct (module of A, module of B) import
+pairs. Imports inside a node are not drawn.
 
     python docs/tools/layers_graph.py          # rewrite the block between the markers in docs/architecture.md
     python docs/tools/layers_graph.py --check  # exit 1 if the committed block is not what the code gives now
@@ -35,11 +36,22 @@ def _architecture_test():
     return module
 
 
-def folder_of(module: str) -> str:
-    """`lazyweights.formats.gguf` -> `formats`; the package's own `__init__`/`__main__` -> the root node."""
+def folder_of(module: str, arch=None) -> str:
+    """`lazyweights.formats.gguf` -> `formats`; the package's own `__init__`/`__main__` -> the root node; a module
+    the architecture test layers above its folder (`MODULE_LAYERS`: adapters' registry) -> `<folder>_upper`."""
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else "__init__"
+    if arch is not None and module in arch.MODULE_LAYERS:
+        return f"{top}_upper"
     return ROOT_NODE if top in ("__init__", "__main__") else top
+
+
+def upper_label(arch, folder: str) -> str:
+    """The label of a folder's upper node: the folder and the modules in it (`adapters/ builtin, loader, ...`)."""
+    top = folder.removesuffix("_upper")
+    names = sorted(m.split(".")[2] if m.count(".") > 1 else "__init__"
+                   for m in arch.MODULE_LAYERS if m.split(".")[1] == top)
+    return f"{top}/ {', '.join(names)}"
 
 
 def folder_edges(arch=None) -> tuple[Counter, dict[str, int]]:
@@ -50,24 +62,32 @@ def folder_edges(arch=None) -> tuple[Counter, dict[str, int]]:
         for target, _line, _names in arch.imports_of(module):
             if target == "lazyweights":
                 target = "lazyweights.__init__"
-            a, b = folder_of(module), folder_of(target)
+            a, b = folder_of(module, arch), folder_of(target, arch)
             if a != b:
                 pairs.add((module, target))
-    edges = Counter((folder_of(m), folder_of(t)) for m, t in pairs)
+    edges = Counter((folder_of(m, arch), folder_of(t, arch)) for m, t in pairs)
     layers = {(ROOT_NODE if k in ("__init__", "__main__") else k): v for k, v in arch.LAYERS.items()}
+    layers.update({folder_of(m, arch): v for m, v in arch.MODULE_LAYERS.items()})
     return edges, layers
 
 
-def mermaid(edges: Counter, layers: dict[str, int]) -> str:
+def mermaid(edges: Counter, layers: dict[str, int], arch=None) -> str:
     """The flowchart's text (a ```mermaid fence), deterministic: layers top (highest) to bottom, names sorted."""
+    arch = arch or _architecture_test()
+
     def node(folder: str) -> str:
         return "n_" + folder.replace(" ", "_")  # a prefix: `graph` and `end` are Mermaid keywords
+
+    def label(folder: str) -> str:
+        if folder == ROOT_NODE:
+            return folder
+        return upper_label(arch, folder) if folder.endswith("_upper") else f"{folder}/"
 
     lines = ["```mermaid", "flowchart TB"]
     for layer in sorted(set(layers.values()), reverse=True):
         members = sorted(f for f, n in layers.items() if n == layer)
         lines.append(f'    subgraph L{layer}["layer {layer}"]')
-        lines += [f'        {node(f)}["{f}/"]' if f != ROOT_NODE else f'        {node(f)}["{f}"]' for f in members]
+        lines += [f'        {node(f)}["{label(f)}"]' for f in members]
         lines.append("    end")
     for (a, b), n in sorted(edges.items(), key=lambda e: (-layers[e[0][0]], e[0][0], -layers[e[0][1]], e[0][1])):
         lines.append(f"    {node(a)} -->|{n}| {node(b)}")

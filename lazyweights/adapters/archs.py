@@ -5,7 +5,7 @@ class, llama.cpp architecture `gguf`, `back_as`) is its row in `lazyweights.form
 record copies when it is built (`_arch`); a record says only
 
 - the hyperparameters: `HParam(gguf key, config.json names (current first, then legacy aliases), kind)`;
-- the value transforms llama.cpp's converter applies (`lazyweights.adapters.transforms`): the q/k RoPE row
+- the value transforms llama.cpp's converter applies (`lazyweights.convert.transforms`): the q/k RoPE row
   permutation, norms stored as `w + norm_shift`, Conv1D weights stored transposed, fused qkv rows regrouped
   from `[groups, q_per_group + 2, head_dim]` to `[q; k; v]`;
 - Hugging Face tensors llama.cpp has no use for (`dropped`), and the config.json entries the family fixes

@@ -101,8 +101,8 @@ def _checked(name: str, fn):
 def builtin_adapters() -> dict[str, dict]:
     """name -> {WeightsFormat: adapter} for every built-in architecture (`adapters/registry.py` registers
     them on first use; a user registration under the same name wins)."""
+    from ..convert.hf_export import convert_gguf_state_dict, convert_hf_to_gguf
     from ..formats.checkpoint import WeightsFormat
-    from .hf_export import convert_gguf_state_dict, convert_hf_to_gguf
 
     return {name: {WeightsFormat.gguf: _checked(name, convert_gguf_state_dict),
                    WeightsFormat.safetensors: _checked(name, convert_hf_to_gguf)} for name in BUILTIN}

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 from . import longrope as _longrope
-from .transforms import mup_scale
 
 Getter = Callable[..., Any]
 
@@ -195,6 +196,41 @@ def falcon_h1_mamba_to_hf(cfg: dict, get: Getter, names: set[str] | None) -> Non
         cfg["mamba_norm_before_gate"] = False
         cfg["mamba_conv_bias"] = any(n.endswith("ssm_conv1d.bias") for n in names)
         cfg["mamba_proj_bias"] = any(n.endswith("ssm_in.bias") for n in names)
+
+
+def mup_scale(hf_name: str, cfg) -> float | np.ndarray | None:
+    """Falcon-H1's muP multiplier for a Hugging Face weight, as llama.cpp's converter folds it in (None: none):
+    gate/down MLP multipliers, attention in (q, k, v; k also times key_multiplier) and out, the Mamba in/out
+    multipliers, the embedding and lm_head multipliers, and for `in_proj` one factor per output row (the five
+    `ssm_multipliers` over its z, x, B, C and dt rows). `cfg`: config.json's dict.
+
+    Example:
+        >>> mup_scale("model.layers.0.self_attn.k_proj.weight", {"key_multiplier": 2.0, "attention_in_multiplier": 0.5})
+        1.0
+    """
+    def g(key: str, default=1.0):
+        v = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+        return default if v is None else v
+
+    if hf_name.endswith("mamba.in_proj.weight"):
+        inner, gs = int(g("mamba_d_ssm")), int(g("mamba_n_groups")) * int(g("mamba_d_state"))
+        m = [float(x) for x in g("ssm_multipliers", [1.0] * 5)]
+        heads = int(g("mamba_n_heads"))
+        rows = np.concatenate([np.full(n, m[i], np.float64) for i, n in enumerate((inner, inner, gs, gs, heads))])
+        return rows * float(g("ssm_in_multiplier"))
+    table = (("feed_forward.gate_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[0])),
+             ("feed_forward.down_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[1])),
+             ("self_attn.k_proj.weight", float(g("key_multiplier")) * float(g("attention_in_multiplier"))),
+             ("self_attn.q_proj.weight", float(g("attention_in_multiplier"))),
+             ("self_attn.v_proj.weight", float(g("attention_in_multiplier"))),
+             ("self_attn.o_proj.weight", float(g("attention_out_multiplier"))),
+             ("mamba.out_proj.weight", float(g("ssm_out_multiplier"))),
+             ("lm_head.weight", float(g("lm_head_multiplier"))),
+             ("embed_tokens.weight", float(g("embedding_multiplier"))))
+    for suffix, scale in table:
+        if hf_name.endswith(suffix):
+            return scale
+    return None
 
 
 FALCON = FamilyHooks(kv_heads=falcon_kv_heads, hf_from_tensors=falcon_from_tensors)

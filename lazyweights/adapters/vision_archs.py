@@ -2,7 +2,7 @@
 
 The text half of a multimodal checkpoint is an `archs.Arch` record; the vision tower and its projector become
 llama.cpp's second file, the mmproj (`convert_hf_to_gguf.py --mmproj`, its `MmprojModel` classes;
-`lazyweights.adapters.mmproj` is the engine). Tensor names come from gguf-py's MMPROJ table (the one llama.cpp's
+`lazyweights.convert.mmproj` is the engine). Tensor names come from gguf-py's MMPROJ table (the one llama.cpp's
 converter uses); a record says only
 
 - which Hugging Face `model_type` / class it is and its projector (`clip.projector_type`, gguf-py's

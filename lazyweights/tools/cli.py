@@ -484,7 +484,7 @@ def cmd_convert(args) -> int:
         scheduler=args.scheduler, progress=not args.no_progress, workers=args.workers, **quant))
     files = list(files or [])
     if vision is not None:
-        from ..adapters.mmproj import save_mmproj
+        from ..convert.mmproj import save_mmproj
 
         files += _with_warnings(lambda: save_mmproj(vision, mmproj, budget=args.budget, scheduler=args.scheduler,
                                                     progress=not args.no_progress, workers=args.workers))
@@ -505,8 +505,8 @@ def _check_mmproj_output(mmproj: str, fmt: str, args) -> None:
 
 def _mmproj_to_hf(args, mmproj: str) -> int:
     """--mmproj with a text GGUF in and a folder out: both as one `...ForConditionalGeneration` Hugging Face folder
-    (`adapters.mmproj_hf`; the pair checked before anything is written)."""
-    from ..adapters.mmproj_hf import export_hf_folder_with_mmproj
+    (`convert.mmproj_to_hf`; the pair checked before anything is written)."""
+    from ..convert.mmproj_to_hf import export_hf_folder_with_mmproj
 
     if len(args.paths) != 1 or args.quant is not None or args.dry_run:
         raise UsageError(f"--mmproj {mmproj}: one text GGUF and its mmproj convert back into one Hugging Face "
@@ -522,8 +522,8 @@ def _mmproj_to_hf(args, mmproj: str) -> int:
 
 
 def _mmproj_of(args, weights):
-    """--mmproj: the vision tower and projector of the same lazily opened checkpoint (`adapters.mmproj`)."""
-    from ..adapters.mmproj import convert_hf_to_mmproj
+    """--mmproj: the vision tower and projector of the same lazily opened checkpoint (`convert.mmproj`)."""
+    from ..convert.mmproj import convert_hf_to_mmproj
     from ..formats.json_files import read_json
 
     cfg = None

@@ -192,7 +192,7 @@ def test_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
 
 
 def test_unknown_model_type_names_nearest():
-    from lazyweights.adapters.hf_export import gguf_metadata_from_hf
+    from lazyweights.convert.hf_export import gguf_metadata_from_hf
 
     with pytest.raises(UnsupportedArchitectureError, match="'gpt-2' is not supported; nearest supported: gpt2"):
         gguf_metadata_from_hf({"model_type": "gpt-2"})
@@ -258,7 +258,7 @@ def test_transformers5_names_and_legacy_aliases_give_the_same_keys():
     """Configs as transformers 5 writes them (rope_parameters, n_positions) and their legacy spellings
     (rotary_pct, rope_theta, n_ctx) give the same GGUF keys; llama.cpp's own converter fails on the former."""
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.convert.hparams import gguf_hparams
 
     def values(md):
         return {k: v.value for k, v in md.items()}
@@ -364,7 +364,7 @@ def test_record_rope_scaling_and_per_layer_lists():
     per-layer list hyperparameter (HunYuan's moe_topk) is taken when its values agree and refused by name
     when they vary (llama.cpp holds one value)."""
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.hparams import gguf_hparams, hf_config
+    from lazyweights.convert.hparams import gguf_hparams, hf_config
     from lazyweights.core.errors import GGUFConfigError
 
     base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,

@@ -264,7 +264,7 @@ def test_modernbert_legacy_config_names_give_the_same_keys():
     """ModernBERT's configs before transformers 5 (global_rope_theta, local_rope_theta, global_attn_every_n_layers)
     and transformers 5's (rope_parameters per layer type, layer_types) give the same GGUF keys."""
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.convert.hparams import gguf_hparams
 
     base = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=4, intermediate_size=96, norm_eps=1e-5,
                 max_position_embeddings=128, local_attention=8, hidden_activation="gelu")
@@ -284,7 +284,7 @@ def test_modernbert_legacy_config_names_give_the_same_keys():
 def test_roberta_position_rows_short_of_the_offset_name_the_tensor():
     """RoBERTa's positions start at pad_token_id + 1: a position table with no row past it is refused by name."""
     from lazyweights import WeightData
-    from lazyweights.adapters.gguf_names import hf_to_gguf
+    from lazyweights.convert.tensors import hf_to_gguf
     from lazyweights.core.errors import ShapeError
 
     pos = WeightData.from_numpy(np.zeros((2, 8), np.float32), "embeddings.position_embeddings.weight")
@@ -300,7 +300,7 @@ def test_nomic_remote_code_config_gives_the_keys_of_transformers5():
     max_trained_positions 2048, rotary_emb_base, layer_norm_epsilon) gives the GGUF keys transformers 5's native
     NomicBertConfig gives; the context is the trained 2048, as llama.cpp's converter writes it."""
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.convert.hparams import gguf_hparams
 
     remote = {"model_type": "nomic_bert", "n_embd": 768, "n_head": 12, "n_inner": 3072, "n_layer": 12,
               "n_positions": 8192, "max_trained_positions": 2048, "rotary_emb_base": 1000,

@@ -122,7 +122,7 @@ def test_config_llama_cpp_cannot_compute_is_refused(tokenizer, tmp_path):  # noq
     """A config whose value llama.cpp's graph hard-codes otherwise (AFMoE without muP's embedding scale; MiniCPM3
     with other muP scales) is a GGUFConfigError naming the key and its value, and nothing is written."""
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.hparams import gguf_hparams
+    from lazyweights.convert.hparams import gguf_hparams
     from lazyweights.core.errors import GGUFConfigError
 
     hf = tmp_path / "hf"
@@ -150,8 +150,8 @@ def test_layer_scalars_and_derived_rows():
     row (MiniCPM3's key length) comes back as its first name less the others."""
     from lazyweights import WeightData
     from lazyweights.adapters.archs import ARCHS
-    from lazyweights.adapters.gguf_names import scalars_from_metadata, scalars_to_metadata
-    from lazyweights.adapters.hparams import gguf_hparams, hf_config
+    from lazyweights.convert.hparams import gguf_hparams, hf_config
+    from lazyweights.convert.tensors import scalars_from_metadata, scalars_to_metadata
     from lazyweights.core.errors import MissingWeightError
 
     rec = ARCHS["apertus"]

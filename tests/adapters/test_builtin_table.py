@@ -14,8 +14,8 @@ from test_arch_identity import _tiny_config  # noqa: E402
 
 from lazyweights.adapters import builtin  # noqa: E402
 from lazyweights.adapters.archs import ARCHS  # noqa: E402
-from lazyweights.adapters.hf_export import _text_part, gguf_metadata_from_hf  # noqa: E402
 from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
+from lazyweights.convert.hf_export import _text_part, gguf_metadata_from_hf  # noqa: E402
 from lazyweights.core.errors import ConfigError  # noqa: E402
 from lazyweights.formats.arch_identity import IDENTITIES, identity_for_config  # noqa: E402
 from lazyweights.formats.config import GGUFConfig  # noqa: E402

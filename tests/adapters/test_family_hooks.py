@@ -11,11 +11,11 @@ import pytest
 
 from lazyweights.adapters.archs import ARCHS
 from lazyweights.adapters.family_hooks import FamilyHooks
-from lazyweights.adapters.hf_export import gguf_metadata_from_hf, hf_config_from_gguf
+from lazyweights.convert.hf_export import gguf_metadata_from_hf, hf_config_from_gguf
 from lazyweights.formats.arch_identity import IDENTITIES
 
-ENGINES = ("hparams.py", "gguf_names.py", "hf_export.py", "transforms.py")
-ADAPTERS = Path(__file__).resolve().parents[2] / "lazyweights" / "adapters"
+ENGINES = ("hparams.py", "tensors.py", "hf_export.py", "transforms.py", "shape_checks.py")
+CONVERT = Path(__file__).resolve().parents[2] / "lazyweights" / "convert"
 
 
 def _strings_outside_docstrings(tree: ast.AST) -> list[tuple[int, str]]:
@@ -34,7 +34,7 @@ def test_engines_name_no_family(module):
     """No `model_type` or GGUF architecture of any record appears as a string in an engine module."""
     names = {r.model_type for r in IDENTITIES.values()} | {r.gguf for r in IDENTITIES.values()}
     names |= {a.model_type for a in ARCHS.values()} | {a.gguf for a in ARCHS.values()}
-    tree = ast.parse((ADAPTERS / module).read_text())
+    tree = ast.parse((CONVERT / module).read_text())
     names -= {"mamba"}  # also a layer kind (hybrids' layer_types: "attention" / "mamba" / "mlp"), not a family test
     found = [(line, s) for line, s in _strings_outside_docstrings(tree) if s in names]
     assert not found, f"{module} names families {found}: make the quirk a hook on the record (family_hooks)"

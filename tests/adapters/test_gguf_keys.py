@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 from test_arch_identity import _tiny_config  # noqa: E402
 
 from lazyweights.adapters.archs import ARCHS, HParam  # noqa: E402
-from lazyweights.adapters.hf_export import gguf_metadata_from_hf  # noqa: E402
+from lazyweights.convert.hf_export import gguf_metadata_from_hf  # noqa: E402
 from lazyweights.core.errors import UnknownGGUFKeyError  # noqa: E402
 from lazyweights.formats.gguf_keys import LLAMA_CPP_ONLY, arch_key, template, templates  # noqa: E402
 
@@ -82,7 +82,7 @@ def test_an_unknown_key_is_named():
 
 
 def test_hparams_spells_no_arch_key_by_hand():
-    import lazyweights.adapters.hparams as hparams
+    import lazyweights.convert.hparams as hparams
 
     source = Path(hparams.__file__).read_text()
     hand = re.findall(r'f"\{(?:a|arch|rec\.gguf)\}\.[^"]*"', source)

@@ -44,7 +44,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from test_arch_round_trip import tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
-from lazyweights.adapters.mmproj import export_gguf_with_mmproj, export_mmproj  # noqa: E402
+from lazyweights.convert.mmproj import export_gguf_with_mmproj, export_mmproj  # noqa: E402
 from lazyweights.core.errors import (  # noqa: E402
     MissingPreprocessorConfigError,
     VisionConfigError,

@@ -34,13 +34,13 @@ from test_arch_round_trip import tokenizer  # noqa: E402,F401  (the shared tiny 
 from test_mmproj import CONVERTER, FAMILIES, _image, make_vl, qwen_patches  # noqa: E402
 
 from lazyweights import load_weights  # noqa: E402
-from lazyweights.adapters.mmproj import export_gguf_with_mmproj  # noqa: E402
-from lazyweights.adapters.mmproj_hf import (  # noqa: E402
+from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
+from lazyweights.convert.mmproj import export_gguf_with_mmproj  # noqa: E402
+from lazyweights.convert.mmproj_to_hf import (  # noqa: E402
     HF_FOLDERS,
     convert_mmproj_to_hf,
     export_hf_folder_with_mmproj,
 )
-from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
 from lazyweights.core.errors import MmprojMismatchError, UnknownProjectorError  # noqa: E402
 
 ROUND_TRIP = ["gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"]

@@ -26,7 +26,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import lazyweights as lw  # noqa: E402
-from lazyweights.adapters.hf_export import (  # noqa: E402
+from lazyweights.convert.hf_export import (  # noqa: E402
     convert_gguf_state_dict,
     convert_hf_to_gguf,
     save_converted,
@@ -174,7 +174,7 @@ def test_file_type_rule_is_the_converters(tmp_path):
     metadata given to `save` is written as given."""
     from gguf.constants import GGUFValueType as T
 
-    from lazyweights.adapters.hf_export import ConvertedStateDict
+    from lazyweights.convert.hf_export import ConvertedStateDict
     from lazyweights.formats.gguf_writer import GGUFValue
 
     def result(rule):

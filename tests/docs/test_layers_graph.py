@@ -54,31 +54,38 @@ def _code_only(text: str) -> str:
     return "".join(lines)
 
 
-def _scanned_folder_pairs() -> set[tuple[str, str]]:
+def _scanned_folder_pairs(upper: set[str]) -> set[tuple[str, str]]:
     """(from folder, to folder) for every `from ..x`/`from lazyweights.x`/`import lazyweights.x` in the package,
-    found by a regular expression over the source text (relative imports resolved by counting dots)."""
+    found by a regular expression over the source text (relative imports resolved by counting dots). A module in
+    `upper` (dotted names below the package, the architecture test's `MODULE_LAYERS`: `adapters.builtin`, and
+    `adapters` for its `__init__`) counts as its folder's `_upper` node, importer or imported."""
     pkg = ROOT / "lazyweights"
     pairs = set()
+
+    def node(parts: list[str]) -> str:
+        if parts and (".".join(parts[:2]) in upper or (len(parts) == 1 and parts[0] in upper)):
+            return parts[0] + "_upper"
+        return parts[0] if parts else ""
     pattern = re.compile(r"^\s*(?:from\s+(\.+|lazyweights\.?)([\w.]*)\s+import\s+([\w, ()]+)"
                          r"|import\s+lazyweights\.(\w+))", re.M)
     for path in pkg.rglob("*.py"):
         rel = path.relative_to(pkg).with_suffix("").parts
-        folder = rel[0] if len(rel) > 1 else "package_root"
+        folder = node([p for p in rel if p != "__init__"]) if len(rel) > 1 else "package_root"
         depth = len(rel) - 1  # folders between the package root and the file
         for dots, mod, names, plain in pattern.findall(_code_only(path.read_text(encoding="utf-8"))):
+            first = names.strip("() ").split(",")[0].strip()
             if plain:
                 target = plain
             elif dots.startswith("lazyweights"):
-                target = mod.split(".")[0] if mod else names.strip("() ").split(",")[0].strip()
+                target = node(mod.split(".") + [first] if mod else [first])
             else:
                 up = len(dots) - 1  # `.` is the file's own folder
                 if up > depth:
                     continue
                 here = list(rel[:-1])[: depth - up]
-                parts = here + (mod.split(".") if mod else [names.strip("() ").split(",")[0].strip()])
-                target = parts[0]
+                target = node(here + (mod.split(".") + [first] if mod else [first]))
             target = "package_root" if target in ("__init__", "__main__", "") else target
-            if not (pkg / target).is_dir() and target != "package_root":
+            if not (pkg / target.removesuffix("_upper")).is_dir() and target != "package_root":
                 target = "package_root"  # `from lazyweights import X`: a name of the package root
             if target != folder:
                 pairs.add((folder, target))
@@ -88,7 +95,8 @@ def _scanned_folder_pairs() -> set[tuple[str, str]]:
 def test_the_edges_are_the_imports_a_text_scan_finds(tool):
     drawn = _edges_of(tool.mermaid(*tool.folder_edges()))
     assert drawn and all(n > 0 for n in drawn.values())
-    assert set(drawn) == _scanned_folder_pairs()
+    upper = {m.removeprefix("lazyweights.") for m in tool._architecture_test().MODULE_LAYERS}
+    assert set(drawn) == _scanned_folder_pairs(upper)
 
 
 def test_every_drawn_edge_goes_down(tool):

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 import lazyweights as lw
 from lazyweights.adapters import gguf_to_hf, hf_to_gguf
-from lazyweights.adapters.gguf_names import gguf_metadata_from_config
+from lazyweights.convert.tensors import gguf_metadata_from_config
 
 
 @pytest.fixture(scope="module")

@@ -91,8 +91,8 @@ def test_load_hf_config_names_the_broken_config_and_the_missing_one(broken_check
 
 
 def test_converters_name_the_broken_config(tmp_path, write_safetensors):
-    from lazyweights.adapters.hf_export import convert_hf_to_gguf
-    from lazyweights.adapters.mmproj import convert_hf_to_mmproj
+    from lazyweights.convert.hf_export import convert_hf_to_gguf
+    from lazyweights.convert.mmproj import convert_hf_to_mmproj
 
     write_safetensors(tmp_path / "model.safetensors", {"w": np.zeros((2, 2), np.float32)})
     weights = lw.load_weights([str(tmp_path / "model.safetensors")])  # no config.json yet
@@ -119,8 +119,8 @@ def test_registry_and_lora_read_through_it(broken_checkpoint, tmp_path_factory):
 
 
 def test_mmproj_processor_and_tokenizer_configs(tmp_path):
-    from lazyweights.adapters.mmproj import _preprocessor_config, _token_ids
     from lazyweights.adapters.vision_archs import VISION_ARCHS
+    from lazyweights.convert.mmproj import _preprocessor_config, _token_ids
 
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5], "media_proc_cfg": {"a": 1}}))
     (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": {"image_std": [0.25]}}))

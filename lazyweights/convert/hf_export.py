@@ -11,7 +11,7 @@ builds every GGUF key from `config.json` and the tokenizer files alone (`gguf_me
 `tokenizer.*`.
 
 Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them), for every
-family from its record (`adapters/archs.py`, turned into keys by `adapters/hparams.py`); the common ones:
+family from its record (`adapters/archs.py`, turned into keys by `convert/hparams.py`); the common ones:
 
     {a}.context_length                  max_position_embeddings        (required)
     {a}.embedding_length                hidden_size                    (required)
@@ -48,7 +48,7 @@ A GGUF lacking a required key raises `GGUFConfigError` listing every missing key
 is not what config.json makes it raises `ShapeError` naming it and both shapes, before anything is written.
 
 Example:
-    >>> from lazyweights.adapters.hf_export import hf_config_from_gguf
+    >>> from lazyweights.convert.hf_export import hf_config_from_gguf
     >>> md = {"general.architecture": "qwen2", "qwen2.context_length": 32768, "qwen2.embedding_length": 64,
     ...       "qwen2.block_count": 2, "qwen2.attention.head_count": 4, "qwen2.feed_forward_length": 128}
     >>> cfg = hf_config_from_gguf(md, tensor_names=["token_embd.weight"], vocab_size=100)
@@ -61,6 +61,7 @@ import json
 import os
 from typing import Any, Callable, Iterable, Mapping
 
+from ..adapters.archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
 from ..core.config_access import config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
@@ -76,10 +77,9 @@ from ..formats.gguf_keys import arch_key
 from ..formats.json_files import json_beside, read_json
 from ..formats.rope_scaling import rope_scaling_of
 from ..lazy.weight_data import WeightData
-from .archs import ARCHS, GGUF_ARCHS, arch_for_gguf, unknown_architecture
-from .gguf_names import gguf_to_hf
 from .hparams import REQUIRED_KEYS, gguf_hparams, hf_config
 from .shape_checks import check_shapes
+from .tensors import gguf_to_hf
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the identity rows (formats.arch_identity)
 SUPPORTED: dict[str, tuple[str, str]] = {mt: (a.gguf, a.hf_class) for mt, a in ARCHS.items()}
@@ -449,7 +449,7 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         lazyweights convert lazyweights.adapters:convert_hf_to_gguf model-hf/ -o model.gguf
     """
     from ..formats.tokenizer_to_gguf import gguf_tokenizer_metadata
-    from .gguf_names import hf_to_gguf
+    from .tensors import hf_to_gguf
 
     if folder is None:
         folder = _source_folder(state_dict)
@@ -494,12 +494,12 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
         md = gguf_metadata_from_hf(cfg, file_type=ftype, quantized=quantized)
     except GGUFConfigError as e:  # one error naming everything to add, not one try per missing thing
         raise _what_to_add(e, folder, huggingface_config is None, tokenizer) from None
-    from .names import hf_to_gguf_name
+    from ..adapters.names import hf_to_gguf_name
 
     sources = {g: n for n in state if (g := hf_to_gguf_name(n, arch)) is not None}
     check_shapes(adapted, md, arch, sources, mt)
     if ARCHS[mt].layer_scalars:  # per-layer scalars llama.cpp keeps as metadata (Apertus's xIELU)
-        from .gguf_names import scalars_to_metadata
+        from .tensors import scalars_to_metadata
 
         md.update(scalars_to_metadata(ARCHS[mt], state, arch))
     if ARCHS[mt].embedding:
@@ -575,7 +575,7 @@ def expected_keys_for(config, state: Mapping[str, Any]):
     """The state-dict keys of the Hugging Face model a GGUF's metadata describes (its model_type from
     `hf_config_from_gguf`, its keys from the record's name table: `names.expected_hf_keys`, no transformers),
     which pick gguf-py's candidate names; None when that cannot be known."""
-    from .names import expected_hf_keys, layer_count
+    from ..adapters.names import expected_hf_keys, layer_count
 
     md = getattr(config, "metadata", None)
     if not isinstance(md, Mapping):
@@ -680,7 +680,7 @@ def with_hf_files(adapted: Mapping[str, Any], gguf_config, tensor_names: Iterabl
         if {"rope_factors_long.weight", "rope_factors_short.weight"} & set(names):
             factors = lambda: {w: read(f"rope_factors_{w}.weight") if f"rope_factors_{w}.weight" in names  # noqa: E731
                                else None for w in ("long", "short")}
-    from .gguf_names import MXFP4_QUANTIZATION_CONFIG
+    from .tensors import MXFP4_QUANTIZATION_CONFIG
 
     # gpt-oss experts kept as MXFP4 `*_blocks` / `*_scales` (gguf_names._oai_experts_to_hf) need the config to say so
     qcfg = MXFP4_QUANTIZATION_CONFIG if any(k.endswith("_proj_blocks") for k in adapted) else None
@@ -723,7 +723,7 @@ def export_hf_folder(gguf_path, out_dir, *, dtype="bfloat16", tokenizer: bool = 
         >>> export_hf_folder("gemma-3-270m-q4_k_m.gguf", "gemma-hf/")   # doctest: +SKIP
     """
     from ..lazy.weights import load_weights
-    from .gguf_names import gguf_to_hf
+    from .tensors import gguf_to_hf
 
     w = load_weights([os.fspath(gguf_path)] if isinstance(gguf_path, (str, os.PathLike)) else gguf_path)
     if getattr(w.format, "value", w.format) != "gguf":
@@ -756,7 +756,7 @@ def convert_gguf_state_dict(state_dict: Mapping[str, Any], huggingface_config=No
     """The MAX-style GGUF adapter (`WeightsFormat.gguf`): GGUF names to Hugging Face names, dequantized
     to bfloat16 (pass `dequantize_to=None` to keep quantized blocks). `huggingface_config` is the GGUF
     file's own config (`weights.config`) when none is given by the caller, as `lazyweights convert` does.
-    Saved to a folder (`lazyweights.adapters.hf_export.save_converted`, as `convert` does), the result is a complete
+    Saved to a folder (`lazyweights.convert.hf_export.save_converted`, as `convert` does), the result is a complete
     Hugging Face folder: config.json, generation_config.json and (unless `tokenizer=False`) the tokenizer.
 
     Example (the command line, on a GGUF file):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .archs import ARCHS
+from ..adapters.archs import ARCHS
 
 
 def expected_gguf_shapes(md: Mapping[str, Any], arch: str) -> dict[str, tuple[int, ...]]:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping
 
+from ..adapters.archs import CTX, FFN, KV, Arch, HParam
+from ..adapters.rotary import rotary_factor
 from ..core.config_access import config_first
 from ..core.errors import GGUFConfigError
 from ..formats.gguf_keys import arch_key, template
 from ..formats.rope_scaling import rope_parameters, rope_scaling_from_gguf, rope_scaling_to_gguf
-from .archs import CTX, FFN, KV, Arch, HParam
-from .rotary import rotary_factor
 
 # the `{arch}.*` keys every GGUF needs (HF -> GGUF refuses a config without them, GGUF -> HF a file)
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "attention.head_count")

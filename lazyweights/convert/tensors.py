@@ -11,7 +11,7 @@ What the engine does is chosen by the record's fields and hooks, never by a fami
 
 - names: gguf-py's own tables (`lazyweights.adapters.names`); GGUF -> HF picks, among gguf-py's candidates, the
   name the Hugging Face model declares (`expected_keys`, the records' generated `hf_names` table);
-- values (`lazyweights.adapters.transforms`): q/k rows permuted for llama.cpp's interleaved RoPE (`rope_permute`:
+- values (`lazyweights.convert.transforms`): q/k rows permuted for llama.cpp's interleaved RoPE (`rope_permute`:
   `LlamaModel.permute`, inverted as a row `take`, which keeps quantized blocks packed), norms stored as
   `w + norm_shift` (Gemma), Conv1D weights stored transposed (`transposed`), fused qkv regrouped
   (`qkv_groups`), Mamba's A and conv1d (`ssm`), the gated delta-net's fused projections (`gdn`, `v_reorder`),
@@ -21,7 +21,7 @@ What the engine does is chosen by the record's fields and hooks, never by a fami
   flat and [in, out] expert layouts (`flat_experts`, `experts_in_out`), per-layer scalars kept as metadata
   (`layer_scalars`).
 
-The hyperparameters are `adapters/hparams.py`'s; whole folders and files are `adapters/hf_export.py`'s.
+The hyperparameters are `convert/hparams.py`'s; whole folders and files are `convert/hf_export.py`'s.
 `rope_freqs.weight` (Llama 3's RoPE factors) has no Hugging Face tensor: its values become config.json's
 `rope_scaling` (`hf_export.llama3_rope_params`), and it is dropped here.
 
@@ -47,6 +47,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..adapters import names as _names
+from ..adapters.archs import ARCHS, Arch, arch_for_gguf
 from ..core.config_access import config_first, config_get, text_config
 from ..core.dtype import DType
 from ..core.errors import (
@@ -58,8 +60,6 @@ from ..core.errors import (
 )
 from ..core.names import parse_block, parse_layer
 from ..lazy.weight_data import WeightData
-from . import names as _names
-from .archs import ARCHS, Arch, arch_for_gguf
 from .transforms import add_scalar as _add_scalar
 from .transforms import (
     mxfp4_from_ggml,

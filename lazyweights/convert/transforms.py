@@ -13,7 +13,7 @@
 
 Example:
     >>> import numpy as np
-    >>> from lazyweights.adapters.transforms import qkv_regroup_rows
+    >>> from lazyweights.convert.transforms import qkv_regroup_rows
     >>> qkv_regroup_rows(n_head=2, n_kv=2, head_dim=1).tolist()   # rows q0 k0 v0 q1 k1 v1 -> q0 q1 k0 k1 v0 v1
     [0, 3, 1, 4, 2, 5]
 """
@@ -267,41 +267,6 @@ def ssm_to_hf(wd: WeightData, part: str, generation: int) -> WeightData:
             wd = wd.dequantize()
         return wd.reshape((wd.shape[0] * wd.shape[1],))
     return wd
-
-
-def mup_scale(hf_name: str, cfg) -> float | np.ndarray | None:
-    """Falcon-H1's muP multiplier for a Hugging Face weight, as llama.cpp's converter folds it in (None: none):
-    gate/down MLP multipliers, attention in (q, k, v; k also times key_multiplier) and out, the Mamba in/out
-    multipliers, the embedding and lm_head multipliers, and for `in_proj` one factor per output row (the five
-    `ssm_multipliers` over its z, x, B, C and dt rows). `cfg`: config.json's dict.
-
-    Example:
-        >>> mup_scale("model.layers.0.self_attn.k_proj.weight", {"key_multiplier": 2.0, "attention_in_multiplier": 0.5})
-        1.0
-    """
-    def g(key: str, default=1.0):
-        v = cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
-        return default if v is None else v
-
-    if hf_name.endswith("mamba.in_proj.weight"):
-        inner, gs = int(g("mamba_d_ssm")), int(g("mamba_n_groups")) * int(g("mamba_d_state"))
-        m = [float(x) for x in g("ssm_multipliers", [1.0] * 5)]
-        heads = int(g("mamba_n_heads"))
-        rows = np.concatenate([np.full(n, m[i], np.float64) for i, n in enumerate((inner, inner, gs, gs, heads))])
-        return rows * float(g("ssm_in_multiplier"))
-    table = (("feed_forward.gate_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[0])),
-             ("feed_forward.down_proj.weight", float(g("mlp_multipliers", [1.0, 1.0])[1])),
-             ("self_attn.k_proj.weight", float(g("key_multiplier")) * float(g("attention_in_multiplier"))),
-             ("self_attn.q_proj.weight", float(g("attention_in_multiplier"))),
-             ("self_attn.v_proj.weight", float(g("attention_in_multiplier"))),
-             ("self_attn.o_proj.weight", float(g("attention_out_multiplier"))),
-             ("mamba.out_proj.weight", float(g("ssm_out_multiplier"))),
-             ("lm_head.weight", float(g("lm_head_multiplier"))),
-             ("embed_tokens.weight", float(g("embedding_multiplier"))))
-    for suffix, scale in table:
-        if hf_name.endswith(suffix):
-            return scale
-    return None
 
 
 def scaled(wd: WeightData, scale: float | np.ndarray) -> WeightData:

@@ -1,6 +1,6 @@
 """mmproj GGUF -> Hugging Face: a text GGUF and its mmproj become one `...ForConditionalGeneration` folder.
 
-The reverse of `lazyweights.adapters.mmproj` (issue 39), driven by the same vision records (`vision_archs`): the
+The reverse of `lazyweights.convert.mmproj` (issue 39), driven by the same vision records (`vision_archs`): the
 mmproj's `clip.projector_type` picks the record, gguf-py's MMPROJ table (built for `clip.vision.block_count`)
 inverted and narrowed to the family's own spelling (`HFFolder.spelling`) names each tower tensor, and each of the
 record's transforms is undone lazily: fused qkv rows concatenated back (`VisionArch.qkv`), the two frames of a
@@ -22,7 +22,7 @@ Bad input is a named error before any tensor is read: an mmproj whose projector 
 spelling cannot name (`UnmappedTensorError`).
 
 Example:
-    >>> from lazyweights.adapters.mmproj_hf import hf_folder_for_projector
+    >>> from lazyweights.convert.mmproj_to_hf import hf_folder_for_projector
     >>> rec, folder = hf_folder_for_projector("qwen2.5vl_merger")
     >>> rec.hf_class, folder.vision_model_type
     ('Qwen2_5_VLForConditionalGeneration', 'qwen2_5_vl_vision')
@@ -39,10 +39,10 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from ..adapters.vision_archs import VISION_ARCHS, VisionArch
 from ..core.dtype import DType
 from ..core.errors import MmprojMismatchError, UnknownProjectorError, UnmappedTensorError
 from ..lazy.weight_data import WeightData, as_weight_data
-from .vision_archs import VISION_ARCHS, VisionArch
 
 __all__ = ["HFFolder", "HF_FOLDERS", "hf_folder_for_projector", "convert_mmproj_to_hf",
            "export_hf_folder_with_mmproj"]
@@ -337,8 +337,8 @@ def convert_mmproj_to_hf(text_state: Mapping[str, Any], text_config, mm_state: M
         >>> sd = convert_mmproj_to_hf(dict(t.items()), t.config, dict(m.items()), m.config)  # doctest: +SKIP
         >>> plan(sd).save("model-hf/")                                              # doctest: +SKIP
     """
-    from .gguf_names import gguf_to_hf
     from .hf_export import ConvertedStateDict, expected_keys_for, with_hf_files
+    from .tensors import gguf_to_hf
 
     mm_md, text_md = mm_config.metadata, text_config.metadata
     rec, folder, arch = _check(mm_md, text_md)
@@ -388,7 +388,7 @@ def export_hf_folder_with_mmproj(text_gguf, mmproj, out_dir, *, dtype: Any = Non
     checked before anything is written (atomic, as `Plan.save`). Returns the files written.
 
     Example:
-        >>> from lazyweights.adapters.mmproj_hf import export_hf_folder_with_mmproj           # doctest: +SKIP
+        >>> from lazyweights.convert.mmproj_to_hf import export_hf_folder_with_mmproj           # doctest: +SKIP
         >>> export_hf_folder_with_mmproj("gemma-3-4b.gguf", "mmproj.gguf", "gemma-3-4b-hf/")  # doctest: +SKIP
     """
     from ..lazy.plan import plan

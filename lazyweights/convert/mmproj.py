@@ -21,7 +21,7 @@ float32, the patch embedding in float32 (float16 in a float16 file), a record's 
 
 Example:
     >>> import json, os, tempfile
-    >>> from lazyweights.adapters.mmproj import check_mmproj_config
+    >>> from lazyweights.convert.mmproj import check_mmproj_config
     >>> d = tempfile.mkdtemp()
     >>> cfg = {"model_type": "qwen2_5_vl", "text_config": {"hidden_size": 64},
     ...        "vision_config": {"depth": 4, "window_size": 56, "fullatt_block_indexes": [1, 3]}}
@@ -39,6 +39,7 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple
 
+from ..adapters.vision_archs import BLOCK_KEYS, VisionArch, VParam, vision_arch_for_model_type
 from ..core.dtype import DType
 from ..core.errors import (
     MissingPreprocessorConfigError,
@@ -50,7 +51,6 @@ from ..core.errors import (
 from ..core.names import parse_block
 from ..formats.json_files import json_beside, read_json
 from ..lazy.weight_data import WeightData, as_weight_data
-from .vision_archs import BLOCK_KEYS, VisionArch, VParam, vision_arch_for_model_type
 
 __all__ = ["MmprojConfig", "check_mmproj_config", "convert_hf_to_mmproj", "save_mmproj", "export_mmproj",
            "export_gguf_with_mmproj"]
@@ -517,7 +517,7 @@ def convert_hf_to_mmproj(state_dict: Mapping[str, Any], huggingface_config=None,
 
     Example:
         >>> from lazyweights import load_weights                                   # doctest: +SKIP
-        >>> from lazyweights.adapters.mmproj import convert_hf_to_mmproj, save_mmproj  # doctest: +SKIP
+        >>> from lazyweights.convert.mmproj import convert_hf_to_mmproj, save_mmproj  # doctest: +SKIP
         >>> w = load_weights("gemma-3-4b-it/")                                      # doctest: +SKIP
         >>> save_mmproj(convert_hf_to_mmproj(dict(w.items())), "mmproj.gguf")      # doctest: +SKIP
     """
@@ -549,7 +549,7 @@ def export_mmproj(hf_dir, out_path, **save_kwargs) -> list[str]:
     """Convert a multimodal Hugging Face folder's vision tower into an mmproj GGUF.
 
     Example:
-        >>> from lazyweights.adapters.mmproj import export_mmproj          # doctest: +SKIP
+        >>> from lazyweights.convert.mmproj import export_mmproj          # doctest: +SKIP
         >>> export_mmproj("Qwen2.5-VL-3B-Instruct/", "mmproj.gguf")        # doctest: +SKIP
     """
     from ..lazy.weights import load_weights
@@ -566,7 +566,7 @@ def export_gguf_with_mmproj(hf_dir, out_path, mmproj_path, *, tokenizer: bool = 
     once. Returns the files written, the text model's first.
 
     Example:
-        >>> from lazyweights.adapters.mmproj import export_gguf_with_mmproj               # doctest: +SKIP
+        >>> from lazyweights.convert.mmproj import export_gguf_with_mmproj               # doctest: +SKIP
         >>> export_gguf_with_mmproj("gemma-3-4b-it/", "gemma-3-4b.gguf", "mmproj.gguf")   # doctest: +SKIP
     """
     from ..lazy.weights import load_weights
