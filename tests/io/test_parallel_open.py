@@ -123,8 +123,10 @@ class DelayServer:
                     with owner._lock:
                         owner.inflight -= 1
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        server_class = type("Server", (http.server.ThreadingHTTPServer,), {
+            "request_queue_size": 64,  # 16 connections at once: socketserver's backlog of 5 could drop a SYN
+            "daemon_threads": True})
+        self.httpd = server_class(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def url(self, name: str) -> str:
