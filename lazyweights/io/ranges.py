@@ -15,6 +15,9 @@ Example:
 from __future__ import annotations
 
 import bisect
+import itertools
+
+import numpy as np
 
 # nginx refuses request headers over 8 KB (large_client_header_buffers); ~22 characters a range
 RANGE_HEADER_CHARS = 6000
@@ -22,10 +25,56 @@ RANGE_HEADER_CHARS = 6000
 # a gap shorter than that costs fewer bytes fetched through than as a part boundary, and saves a part. It is
 # the smallest `part_gap` (`RemoteFile`'s cost model: what one more part costs, in bytes).
 PART_FRAMING = 128
+# A multi-range reply is received whole into the receiving thread's buffer, then its parts are copied into
+# place (io/transport.py): its bytes are kept small, so that buffer stays small and warm and several such
+# requests are in flight at once. A range worth a request of its own (`gap` bytes: a request's latency at the
+# bandwidth) is fetched alone, straight into place. Before, hulls of 8-23 MB shared 128 MB multi-range
+# requests: one connection each, every byte copied twice (W1 rank 0 of 4: 4 such requests, 2.9 s of wall).
+MULTI_RANGE_BYTES = 8 << 20
+# From this many ranges (asked plus held) on, the sweeps run in numpy: a rank's row-parallel slices are a
+# range per row (W1 rank 0 of 4: 90,112), and the Python sweeps cost ~1 us a range under the file's lock,
+# 1.1 s of a 3.4 s rank load (benchmarks/RESULTS.md, issue 35)
+NUMPY_FROM = 256
+_FAR = 1 << 62  # past any object's last byte
+
+
+def _array(ranges) -> np.ndarray:
+    """(n, 2) int64 starts and ends of a list of (start, end) pairs."""
+    return np.fromiter(itertools.chain.from_iterable(ranges), np.int64, 2 * len(ranges)).reshape(-1, 2)
+
+
+def _pairs(a: np.ndarray) -> list[tuple[int, int]]:
+    """The list of (start, end) pairs of an (n, 2) array."""
+    return list(zip(a[:, 0].tolist(), a[:, 1].tolist()))
+
+
+def _intersect(asked: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The non-empty pieces of each `asked` range (in order) inside the disjoint sorted intervals
+    [starts[i], ends[i]), each range's pieces in order: the sweeps below, vectorized."""
+    lo = np.searchsorted(ends, asked[:, 0], side="right")  # the first interval ending after the range starts
+    hi = np.searchsorted(starts, asked[:, 1], side="left")  # ... up to the last starting before it ends
+    count = np.maximum(hi - lo, 0)
+    which = np.repeat(np.arange(len(asked)), count)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    interval = lo[which] + within
+    out = np.stack([np.maximum(asked[which, 0], starts[interval]), np.minimum(asked[which, 1], ends[interval])], 1)
+    return out[out[:, 1] > out[:, 0]]
+
+
+def _merged(a: np.ndarray, gap: int = 0) -> np.ndarray:
+    """`merge` of an (n, 2) array (n > 0), as an array."""
+    a = a[np.lexsort((a[:, 1], a[:, 0]))]
+    reach = np.maximum.accumulate(a[:, 1])  # the end of the merged range so far
+    first = np.flatnonzero(np.concatenate([[True], a[1:, 0] > reach[:-1] + gap]))
+    last = np.concatenate([first[1:] - 1, [len(a) - 1]])
+    return np.stack([a[first, 0], reach[last]], 1)
 
 
 class RangeSet:
     """Disjoint, sorted, merged half-open byte ranges.
+
+    Kept as a list of pairs (`ranges`) and, once a sweep over many has run, as an (n, 2) array too: a rank
+    holds thousands of row runs, and converting them for every sweep cost more than the sweep.
 
     >>> r = RangeSet(); r.add(0, 10); r.add(20, 30); r.add(10, 15)
     >>> r.ranges, r.missing(5, 25)
@@ -35,22 +84,48 @@ class RangeSet:
     """
 
     def __init__(self, ranges=()):
-        self.ranges: list[tuple[int, int]] = []
+        self._list: list[tuple[int, int]] | None = []
+        self._arr: np.ndarray | None = None
         for s, e in ranges:
             self.add(s, e)
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The ranges as a sorted list of (start, end) pairs (do not modify it)."""
+        if self._list is None:
+            assert self._arr is not None
+            self._list = _pairs(self._arr)
+        return self._list
+
+    @ranges.setter
+    def ranges(self, value: list[tuple[int, int]]) -> None:
+        self._list, self._arr = value, None
+
+    def _count(self) -> int:
+        return len(self._list) if self._list is not None else len(self._arr)  # type: ignore[arg-type]
+
+    def _array(self) -> np.ndarray:
+        if self._arr is None:
+            self._arr = _array(self.ranges)
+        return self._arr
+
+    def _set_array(self, a: np.ndarray) -> None:
+        self._arr, self._list = a, None
 
     def add(self, start: int, end: int) -> None:
         """Mark [start, end) held, merging it with the ranges it touches or overlaps; an empty range is ignored."""
         if end <= start:
             return
-        i = bisect.bisect_left(self.ranges, (start, start))
-        if i and self.ranges[i - 1][1] >= start:
+        ranges = self.ranges
+        self._arr = None
+        i = bisect.bisect_left(ranges, (start, start))
+        if i and ranges[i - 1][1] >= start:
             i -= 1
         j = i
-        while j < len(self.ranges) and self.ranges[j][0] <= end:
-            start, end = min(start, self.ranges[j][0]), max(end, self.ranges[j][1])
+        while j < len(ranges) and ranges[j][0] <= end:
+            start, end = min(start, ranges[j][0]), max(end, ranges[j][1])
             j += 1
-        self.ranges[i:j] = [(start, end)]
+        ranges[i:j] = [(start, end)]
 
     def add_many(self, ranges: list[tuple[int, int]]) -> None:
         """Add many ranges in one merge (O(n + m)); `add` one by one would be O(n) each.
@@ -58,16 +133,24 @@ class RangeSet:
         >>> r = RangeSet([(0, 4)]); r.add_many([(10, 12), (2, 6), (12, 14)]); r.ranges
         [(0, 6), (10, 14)]
         """
+        if len(ranges) + self._count() >= NUMPY_FROM and ranges:
+            new = _array(ranges)
+            new = new[new[:, 1] > new[:, 0]]
+            if len(new):
+                self._set_array(_merged(np.concatenate([self._array(), new]) if self._count() else new))
+            return
         self.ranges = merge(self.ranges + [r for r in ranges if r[1] > r[0]])
 
     def remove(self, start: int, end: int) -> None:
         """Mark [start, end) no longer held (its bytes were released): only the ranges it touches are looked at."""
         if end <= start:
             return
-        i = max(0, bisect.bisect_left(self.ranges, (start, start)) - 1)
+        ranges = self.ranges
+        self._arr = None
+        i = max(0, bisect.bisect_left(ranges, (start, start)) - 1)
         j, keep = i, []
-        while j < len(self.ranges) and self.ranges[j][0] < end:
-            s, e = self.ranges[j]
+        while j < len(ranges) and ranges[j][0] < end:
+            s, e = ranges[j]
             if e <= start:
                 keep.append((s, e))
             else:
@@ -76,7 +159,7 @@ class RangeSet:
                 if e > end:
                     keep.append((end, e))
             j += 1
-        self.ranges[i:j] = keep
+        ranges[i:j] = keep
 
     def remove_many(self, ranges: list[tuple[int, int]]) -> None:
         """`remove` for many ranges in one sweep (O(n + m)): a rank's release of thousands of row runs, with
@@ -85,12 +168,22 @@ class RangeSet:
         >>> r = RangeSet([(0, 10), (20, 30), (40, 50)]); r.remove_many([(45, 60), (5, 25)]); r.ranges
         [(0, 5), (25, 30), (40, 45)]
         """
-        cut = merge([r for r in ranges if r[1] > r[0]])
-        if cut and self.ranges:
+        if not self._count():
+            return
+        if len(ranges) + self._count() >= NUMPY_FROM and ranges:
+            cut = _array(ranges)
+            cut = cut[cut[:, 1] > cut[:, 0]]
+            if len(cut):  # what stays held: the held ranges' pieces in the gaps of the (merged) cut
+                cut = _merged(cut)
+                self._set_array(_intersect(self._array(), np.concatenate([[-_FAR], cut[:, 1]]),
+                                           np.concatenate([cut[:, 0], [_FAR]])))
+            return
+        cut_list = merge([r for r in ranges if r[1] > r[0]])
+        if cut_list:
             # what stays held is each held range less the cut: the cut's `missing_many` over the held ranges
             # (the cut is merged already, so it becomes a RangeSet's list as it is)
             released = RangeSet()
-            released.ranges = cut
+            released.ranges = cut_list
             self.ranges = released.missing_many(self.ranges)
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
@@ -103,6 +196,11 @@ class RangeSet:
         >>> RangeSet([(0, 10), (20, 30)]).missing_many([(5, 12), (15, 25), (28, 40)])
         [(10, 12), (15, 20), (30, 40)]
         """
+        if len(ranges) + self._count() >= NUMPY_FROM and ranges:
+            have = self._array() if self._count() else np.zeros((0, 2), np.int64)
+            # what is missing is what lies in the gaps between held ranges (and before and after them)
+            return _pairs(_intersect(_array(ranges), np.concatenate([[-_FAR], have[:, 1]]),
+                                     np.concatenate([have[:, 0], [_FAR]])))
         out, have, i = [], self.ranges, 0
         for start, end in ranges:
             pos = start
@@ -124,6 +222,9 @@ class RangeSet:
         >>> RangeSet([(0, 10), (20, 30)]).held_many([(5, 25)])
         [(5, 10), (20, 25)]
         """
+        if len(ranges) + self._count() >= NUMPY_FROM and ranges and self._count():
+            have = self._array()
+            return _pairs(_intersect(_array(ranges), have[:, 0], have[:, 1]))
         out, have, i = [], self.ranges, 0
         for start, end in ranges:
             while i < len(have) and have[i][1] <= start:
@@ -136,7 +237,9 @@ class RangeSet:
 
     def total(self) -> int:
         """How many bytes are held (the sum of the ranges' lengths)."""
-        return sum(e - s for s, e in self.ranges)
+        if self._list is None:
+            return int((self._arr[:, 1] - self._arr[:, 0]).sum())  # type: ignore[index]
+        return sum(e - s for s, e in self._list)
 
 
 def merge(ranges: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
@@ -145,6 +248,8 @@ def merge(ranges: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
     >>> merge([(10, 20), (0, 5), (22, 30)], gap=2)
     [(0, 5), (10, 30)]
     """
+    if len(ranges) >= NUMPY_FROM and ranges:
+        return _pairs(_merged(_array(ranges), gap))
     out: list[tuple[int, int]] = []
     for s, e in sorted(ranges):
         if out and s <= out[-1][1] + gap:
@@ -164,20 +269,25 @@ def plan_requests(pieces: list[tuple[int, int]], *, gap: int, multi_range: bool,
     that is a request: `gap` bytes (the cost model's break-even, latency x bandwidth, see `RemoteFile`).
     With it, small ranges share requests, and a range costs one part: `part_gap` bytes. Ranges longer
     than `part_size` are cut, so a big tensor streams over several connections at once. With `multi_range`,
-    the remaining small ranges are packed into multi-range requests of at most `part_size` bytes and a Range
-    header nginx accepts; without it, each is its own request.
+    the remaining small ranges (shorter than `gap`) are packed into multi-range requests of at most
+    `MULTI_RANGE_BYTES` and a Range header nginx accepts; without it, each is its own request.
+
+    >>> plan_requests([(0, 100), (500, 600), (1000, 3000)], gap=1000, multi_range=True, part_gap=0)
+    [[(1000, 3000)], [(0, 100), (500, 600)]]
     """
     if multi_range:
         pieces = merge(pieces, max(PART_FRAMING, part_gap))  # in a multi-range request a range costs a part
     requests: list[list[tuple[int, int]]] = []
     batch: list[tuple[int, int]] = []
     batch_bytes = batch_chars = 0
+    alone = max(PART_FRAMING, min(gap, part_size // 2))  # a range this long pays for its own request
+    batch_limit = min(part_size, MULTI_RANGE_BYTES)
     for s, e in (pieces if multi_range else merge(pieces, gap)):
-        if e - s >= part_size // 2 or not multi_range:
+        if e - s >= alone or not multi_range:
             requests += [[(p, min(p + part_size, e))] for p in range(s, e, part_size)]
             continue
         chars = len(str(s)) + len(str(e)) + 2
-        if batch and (batch_bytes + e - s > part_size or batch_chars + chars > RANGE_HEADER_CHARS):
+        if batch and (batch_bytes + e - s > batch_limit or batch_chars + chars > RANGE_HEADER_CHARS):
             requests.append(batch)
             batch, batch_bytes, batch_chars = [], 0, 0
         batch.append((s, e))

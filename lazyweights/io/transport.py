@@ -149,7 +149,11 @@ def _consumed(r, nbytes: int) -> None:
         r._content_consumed = True
 
 
-_PARTS: dict[bytes, re.Pattern] = {}
+# A part header after its boundary line's `--boundary`: any headers, one of them Content-Range. One pattern for
+# every boundary (nginx picks a new boundary for every reply: a pattern per boundary was compiled per request)
+_PART_HEADER = re.compile(rb"\r\n(?:[^\r\n]*\r\n)*?Content-Range: *bytes (\d+)-(\d+)/(\d+|\*)\r\n"
+                          rb"(?:[^\r\n]*\r\n)*?\r\n", re.IGNORECASE)
+PREAMBLE_BYTES = 1 << 16  # how far into a multi-range body its first boundary is looked for
 
 
 def _unreachable(url: str, e: BaseException) -> RemoteError | None:
@@ -185,16 +189,6 @@ def _unreachable(url: str, e: BaseException) -> RemoteError | None:
         stack.extend([c.__cause__, c.__context__, getattr(c, "reason", None)])
         stack.extend(a for a in getattr(c, "args", ()) if isinstance(a, BaseException))
     return None
-
-
-def _part_header(boundary: bytes) -> re.Pattern:
-    """The compiled pattern of one multipart/byteranges part header (boundary, any headers, Content-Range)."""
-    pattern = _PARTS.get(boundary)
-    if pattern is None:
-        pattern = _PARTS[boundary] = re.compile(
-            re.escape(boundary) + rb"\r\n(?:[^\r\n]*\r\n)*?Content-Range: *bytes (\d+)-(\d+)/(\d+|\*)\r\n"
-            rb"(?:[^\r\n]*\r\n)*?\r\n", re.IGNORECASE)
-    return pattern
 
 
 class HTTPBackend:
@@ -396,19 +390,19 @@ def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> No
     ...
     lazyweights.io.transport.Transient: malformed multi-range body: 1 part asked for, but byte 61 starts another part
     """
-    part = _part_header(boundary)
-    pos, pre, mid = 0, b"", b""
+    pos, pre, mid, line = 0, b"", b"", b"\r\n" + boundary
     for i, ((s, e), out) in enumerate(zip(ranges, outs)):
         expected = b"%s%d-%d%s" % (pre, s, e - 1, mid) if i else b""
         if i and body[pos:pos + len(expected)] == expected:
             start = pos + len(expected)
         else:
             if i == 0:  # the first part may follow a preamble
-                m = part.search(body, 0)
+                at = bytes(body[:PREAMBLE_BYTES]).find(boundary)
+                m = _PART_HEADER.match(body, at + len(boundary)) if at >= 0 else None
             else:
-                m = part.match(body, pos + 2) if body[pos:pos + 2] == b"\r\n" else None
+                m = (_PART_HEADER.match(body, pos + len(line)) if body[pos:pos + len(line)] == line else None)
             if m is None:
-                if i and part.search(body, pos) is None:
+                if i and pos >= len(body) - len(boundary):
                     raise Transient(f"truncated multi-range body: no part for bytes [{s}, {e})")
                 raise Transient(f"malformed multi-range body: the part for bytes [{s}, {e}) does not start at byte "
                                 f"{pos}, where the part before it ended (a part header that lies about its length)")
@@ -416,7 +410,7 @@ def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> No
             if got[:2] != (s, e) or got[2] not in (-1, size):
                 raise _changed(url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
             if i == 0:  # the template of every next part: the same header but for its first and last byte
-                pre = b"\r\n" + bytes(body[m.start():m.start(1)])
+                pre = line + bytes(body[m.start():m.start(1)])
                 mid = bytes(body[m.end(2):m.end()])
             start = m.end()
         stop = start + (e - s)
