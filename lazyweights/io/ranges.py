@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import threading
+import time
 
 import numpy as np
 
@@ -197,10 +199,10 @@ class RangeSet:
         [(10, 12), (15, 20), (30, 40)]
         """
         if len(ranges) + self._count() >= NUMPY_FROM and ranges:
-            have = self._array() if self._count() else np.zeros((0, 2), np.int64)
+            held = self._array() if self._count() else np.zeros((0, 2), np.int64)
             # what is missing is what lies in the gaps between held ranges (and before and after them)
-            return _pairs(_intersect(_array(ranges), np.concatenate([[-_FAR], have[:, 1]]),
-                                     np.concatenate([have[:, 0], [_FAR]])))
+            return _pairs(_intersect(_array(ranges), np.concatenate([[-_FAR], held[:, 1]]),
+                                     np.concatenate([held[:, 0], [_FAR]])))
         out, have, i = [], self.ranges, 0
         for start, end in ranges:
             pos = start
@@ -223,8 +225,8 @@ class RangeSet:
         [(5, 10), (20, 25)]
         """
         if len(ranges) + self._count() >= NUMPY_FROM and ranges and self._count():
-            have = self._array()
-            return _pairs(_intersect(_array(ranges), have[:, 0], have[:, 1]))
+            held = self._array()
+            return _pairs(_intersect(_array(ranges), held[:, 0], held[:, 1]))
         out, have, i = [], self.ranges, 0
         for start, end in ranges:
             while i < len(have) and have[i][1] <= start:
@@ -296,3 +298,62 @@ def plan_requests(pieces: list[tuple[int, int]], *, gap: int, multi_range: bool,
     if batch:
         requests.append(batch)
     return requests
+
+
+class LinkMeter:
+    """The bandwidth one host's fetches observe in this process: bytes received over the time at least one
+    request to it was in flight (a request's latency is counted with its bytes: what a gap fetched through
+    costs in practice). `RemoteFile` prices gaps and multi-range parts with it under
+    `storage_options={"bandwidth": "auto"}`: on a network slower than the CPU, a rank then fetches exactly
+    its row runs once the link was measured. Not the default: where the client is CPU-bound (loopback,
+    2 cores shared with the server) what it observes is the CPU's pace, not the link's, and parts cost CPU
+    too (benchmarks/RESULTS.md, issue 35).
+
+    >>> m = LinkMeter(); m.start(); m.done(2 << 20); m.bandwidth() is None  # too little seen to trust
+    True
+    """
+
+    MIN_BYTES = 16 << 20  # seen before the estimate is used
+    _meters: dict[str, LinkMeter] = {}
+    _meters_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._since = 0.0
+        self.busy = 0.0  # seconds with a request in flight, up to the last time none was
+        self.bytes = 0
+
+    @classmethod
+    def of(cls, url: str) -> LinkMeter:
+        """The meter of `url`'s host (scheme, host and port), shared by every object on it."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        key = f"{parts.scheme}://{parts.netloc}".lower()
+        with cls._meters_lock:
+            meter = cls._meters.get(key)
+            if meter is None:
+                meter = cls._meters[key] = cls()
+            return meter
+
+    def start(self) -> None:
+        """A request to the host begins."""
+        with self._lock:
+            if not self._inflight:
+                self._since = time.perf_counter()
+            self._inflight += 1
+
+    def done(self, nbytes: int) -> None:
+        """A request ends, having received `nbytes` (0 for a failed one)."""
+        with self._lock:
+            self._inflight -= 1
+            self.bytes += nbytes
+            if not self._inflight:
+                self.busy += time.perf_counter() - self._since
+
+    def bandwidth(self) -> float | None:
+        """Bytes per second observed, or None until `MIN_BYTES` were received."""
+        with self._lock:
+            busy = self.busy + (time.perf_counter() - self._since if self._inflight else 0.0)
+            return self.bytes / busy if self.bytes >= self.MIN_BYTES and busy > 0 else None

@@ -66,7 +66,7 @@ import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
-from .ranges import RangeSet, merge, plan_requests
+from .ranges import LinkMeter, RangeSet, merge, plan_requests
 from .transport import Converting, S3Backend, Transient, backend
 
 _log = logging.getLogger(__name__)
@@ -188,8 +188,9 @@ class RemoteFile:
     `retries` (5), `max_concurrency` (requests in flight, 8), `part_size` (bytes per request, 128 MiB), and the
     cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3),
     `part_cost` (seconds one more part of a multi-range request costs, 20 us; 0 fetches exactly the bytes
-    asked for) and `bandwidth` (bytes per second, 1 GB/s): a gap between two needed ranges is fetched through
-    when its bytes cost less than another request or part; `claim_ttl` (seconds after which another host's
+    asked for) and `bandwidth` (bytes per second, 1 GB/s; `"auto"`: what this host's fetches observe, once
+    16 MiB came, `io/ranges.LinkMeter`): a gap between two needed ranges is fetched through when its bytes
+    cost less than another request or part; `claim_ttl` (seconds after which another host's
     claim in a shared `cache=` is broken, 60).
     """
 
@@ -207,11 +208,14 @@ class RemoteFile:
         self._backend = backend(url, self.options)
         s3 = isinstance(self._backend, S3Backend)
         latency = float(self.options.get("request_latency", 0.005 if s3 else 0.0005))
-        self.bandwidth = float(self.options.get("bandwidth", 1e9))
+        auto = self.options.get("bandwidth") == "auto"  # priced at what this host's fetches observe
+        self.bandwidth = 1e9 if auto else float(self.options.get("bandwidth", 1e9))
         self.gap = int(latency * self.bandwidth)  # break-even: a gap's bytes against one more request
-        # ... and against one more part of a multi-range request (server and client work per part: measured
-        # 20-40 us against nginx on loopback, benchmarks/RESULTS.md)
+        # ... and against one more part of a multi-range request (server and client work per part: ~20 us of
+        # wall a part on one connection against nginx on loopback, nginx 6-17 us of CPU, the client ~10 us,
+        # benchmarks/RESULTS.md issue 35)
         self.part_gap = int(float(self.options.get("part_cost", 20e-6)) * self.bandwidth)
+        self._latency, self._link = latency, (LinkMeter.of(url) if auto else None)
         head = None
         if identity is not None:
             self.size, self.etag = identity
@@ -389,8 +393,13 @@ class RemoteFile:
 
     def _fetch(self, pieces: list[tuple[int, int]]) -> None:
         """Fetch `pieces` from the network into the map: requests planned by cost, many in flight."""
-        requests = plan_requests(pieces, gap=self.gap, multi_range=self._multi_range, part_size=self.part_size,
-                                 part_gap=self.part_gap)
+        gap, part_gap = self.gap, self.part_gap
+        observed = self._link.bandwidth() if self._link is not None else None
+        if observed:
+            gap = int(self._latency * observed)
+            part_gap = int(float(self.options.get("part_cost", 20e-6)) * observed)
+        requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
+                                 part_gap=part_gap)
         if len(requests) == 1:
             self._request(requests[0])
             return
@@ -457,6 +466,18 @@ class RemoteFile:
         self._run_all(one, requests)
 
     def _request(self, ranges: list[tuple[int, int]], into=None) -> None:
+        if self._link is None:
+            self._request_unmetered(ranges, into)
+            return
+        self._link.start()
+        got = 0
+        try:
+            self._request_unmetered(ranges, into)
+            got = sum(e - s for s, e in ranges)
+        finally:
+            self._link.done(got)
+
+    def _request_unmetered(self, ranges: list[tuple[int, int]], into=None) -> None:
         # a failed attempt may leave some bytes received, but ranges are marked held only after success
         into = into or (lambda s, e: self._mem[s:e])
         if len(ranges) > 1 and self._multi_range:

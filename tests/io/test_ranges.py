@@ -86,3 +86,27 @@ def test_a_rank_of_row_runs_is_planned_into_small_multi_range_requests():
     assert all(sum(e - s for s, e in r) <= R.MULTI_RANGE_BYTES for r in multi)
     assert all(sum(len(f"{s}-{e - 1}") + 1 for s, e in r) <= R.RANGE_HEADER_CHARS for r in multi)
     assert sorted(x for r in multi for x in r) == rows
+
+
+def test_link_meter_counts_bytes_over_busy_time(monkeypatch):
+    """Overlapping requests count their common time once; idle time between them not at all."""
+    from lazyweights.io.ranges import LinkMeter
+
+    now = [0.0]
+    monkeypatch.setattr(R.time, "perf_counter", lambda: now[0])
+    m = LinkMeter()
+    m.start()  # t=0
+    now[0] = 1.0
+    m.start()  # a second request overlaps the first
+    now[0] = 2.0
+    m.done(10 << 20)
+    m.done(10 << 20)  # busy [0, 2]
+    now[0] = 10.0  # idle
+    m.start()
+    now[0] = 12.0
+    m.done(12 << 20)  # busy [10, 12]: 32 MiB over 4 s
+    assert m.bandwidth() == (32 << 20) / 4
+    m.start()
+    now[0] = 13.0
+    assert m.bandwidth() == (32 << 20) / 5  # a request in flight counts its time so far
+    assert LinkMeter().bandwidth() is None

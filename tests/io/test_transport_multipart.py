@@ -184,3 +184,33 @@ def test_load_of_a_rank_slice_over_nginx_is_exact(nginx, tmp_path):
     weights = lw.load_weights([nginx.url("rows.safetensors")], storage_options={"part_cost": 0})
     got = lw.plan({"w": weights.w.data()[:, 192:384]}).materialize()["w"]
     np.testing.assert_array_equal(got, w[:, 192:384])
+
+
+@pytest.mark.parametrize("observed, exact", [(50e6, True), (10e9, False)])
+def test_auto_bandwidth_prices_the_gaps_at_what_the_link_observed(nginx, observed, exact):
+    """`bandwidth="auto"`: a row slice's gaps are fetched through on a fast link and skipped on a slow one (the
+    host's meter primed as if that bandwidth had been observed); the bytes are the slice's either way."""
+    from safetensors.numpy import save_file
+
+    from lazyweights.io.ranges import LinkMeter
+
+    w = np.random.default_rng(2).standard_normal((512, 768)).astype(np.float32)
+    save_file({"w": w}, str(nginx.root / "auto.safetensors"))
+    RemoteFile._cache.clear()
+    url = nginx.url("auto.safetensors")
+    meter = LinkMeter.of(url)
+    meter.bytes, meter.busy = 1 << 30, (1 << 30) / observed
+    try:
+        weights = lw.load_weights([url], storage_options={"bandwidth": "auto"})
+        nginx.clear_log()
+        got = lw.plan({"w": weights.w.data()[:, 192:384]}).materialize()["w"]
+        served = nginx.bytes_sent()
+    finally:
+        LinkMeter._meters.clear()
+        RemoteFile._cache.clear()
+    np.testing.assert_array_equal(got, w[:, 192:384])
+    rows = 512 * 192 * 4  # the slice's bytes: one 768-byte run per 3072-byte row
+    if exact:
+        assert rows <= served < rows + 512 * 160  # the runs and each part's framing
+    else:
+        assert served > 3 * rows  # fetched through the gaps
