@@ -22,7 +22,7 @@ Every adapter only builds graph nodes; nothing is read until the result is mater
 Example:
     >>> from lazyweights.adapters import convert_hf_to_gguf, gguf_to_hf
     >>> convert_hf_to_gguf.__module__, gguf_to_hf.__module__
-    ('lazyweights.convert.hf_export', 'lazyweights.convert.tensors')
+    ('lazyweights.convert.to_gguf', 'lazyweights.convert.tensors')
 """
 from __future__ import annotations
 
@@ -38,10 +38,14 @@ __all__ = [*_TO_GGUF, *_TO_HF, *_TENSORS]
 
 def __getattr__(name: str) -> Any:
     """A re-exported adapter, imported from `lazyweights.convert` on first use (then kept in this module)."""
-    if name in _TO_GGUF or name in _TO_HF:
-        from ..convert import hf_export
+    if name in _TO_GGUF:
+        from ..convert import to_gguf
 
-        value = getattr(hf_export, name)
+        value = getattr(to_gguf, name)
+    elif name in _TO_HF:
+        from ..convert import to_hf
+
+        value = getattr(to_hf, name)
     elif name in _TENSORS:
         from ..convert import tensors
 

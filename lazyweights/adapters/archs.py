@@ -485,7 +485,7 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
     # jina-embeddings-v3: XLM-RoBERTa with RoPE and fused qkv (llama.cpp: XLMRobertaModel's converter, so the
     # context shrinks by pad_token_id + 1 too). Its remote-code folders say model_type xlm-roberta with
-    # lora_adaptations (hf_export reads them as this record) and hold parametrized weights; their LoRA task
+    # lora_adaptations (to_gguf reads them as this record) and hold parametrized weights; their LoRA task
     # adapters (llama.cpp: separate adapter GGUFs; not part of transformers' JinaEmbeddingsV3Model) are dropped
     _arch("jina_embeddings_v3",
          (CTX, EMB, BLK, FFN, HEAD, _ln("layer_norm_eps")), embedding=True, position_offset=True,
@@ -564,7 +564,7 @@ _RECORDS += (  # hybrids: attention and Mamba-2 layers (llama.cpp's conversion/g
                                     "ssm_multipliers": [1.0] * 5, "ssm_in_multiplier": 1.0,
                                     "ssm_out_multiplier": 1.0}),
     # Nemotron-H with MoE layers ("moe" in layers_block_type): llama.cpp's nemotron_h_moe (sigmoid router with a
-    # score bias, relu2 experts without a gate, a shared expert); hf_export reads such a config as this record
+    # score bias, relu2 experts without a gate, a shared expert); to_gguf reads such a config as this record
     _arch("nemotron_h_moe",
          (CTX, EMB, BLK, HEAD, KV, _ln("layer_norm_epsilon"), _p("ssm.conv_kernel", "conv_kernel"),
           _p("ssm.state_size", "ssm_state_size"), _p("ssm.group_count", "n_groups"),
@@ -609,7 +609,7 @@ _RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): L
          requires={"conv_bias": False, "use_expert_bias": True, "norm_topk_prob": True,
                    "routed_scaling_factor": 1.0}),
     # LFM2's embedding models (Lfm2Model, causal): llama.cpp's lfm2 with a pooling type from modules.json; config.json
-    # says model_type lfm2 with architectures Lfm2Model (hf_export reads it as this record)
+    # says model_type lfm2 with architectures Lfm2Model (to_gguf reads it as this record)
     _arch("lfm2_embed",
          (CTX, EMB, BLK, HEAD, KV, _p("attention.layer_norm_rms_epsilon", "norm_eps", "rms_norm_eps", kind="f32"),
           _p("shortconv.l_cache", "conv_L_cache")), tied=True, hybrid="layer_types", shortconv=True, embedding=True,

@@ -63,7 +63,7 @@ def _taken_as() -> dict[str, tuple[str, ...]]:
     return table
 
 
-# HF architecture class -> HF model_type(s) it accepts (see hf_export.SUPPORTED)
+# HF architecture class -> HF model_type(s) it accepts (see to_gguf.SUPPORTED)
 BUILTIN: dict[str, tuple[str, ...]] = _accepted_model_types()
 # HF architecture class -> the other families' rows its GGUF files read as (checked for GGUF checkpoints only)
 GGUF_TAKEN_AS: dict[str, tuple[str, ...]] = _taken_as()
@@ -101,7 +101,8 @@ def _checked(name: str, fn):
 def builtin_adapters() -> dict[str, dict]:
     """name -> {WeightsFormat: adapter} for every built-in architecture (`adapters/registry.py` registers
     them on first use; a user registration under the same name wins)."""
-    from ..convert.hf_export import convert_gguf_state_dict, convert_hf_to_gguf
+    from ..convert.to_gguf import convert_hf_to_gguf
+    from ..convert.to_hf import convert_gguf_state_dict
     from ..formats.checkpoint import WeightsFormat
 
     return {name: {WeightsFormat.gguf: _checked(name, convert_gguf_state_dict),

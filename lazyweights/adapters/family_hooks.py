@@ -1,5 +1,5 @@
 """Per-family hooks: the quirks one family alone has, kept on its record (`archs.Arch.hooks`) so the conversion
-engines (`hparams`, `gguf_names`, `hf_export`) call them by role and hold no family names
+engines (`lazyweights.convert`: `hparams`, `tensors`, `to_gguf`, `to_hf`) call them by role and hold no family names
 (`tests/adapters/test_family_hooks.py` walks them for any).
 Each hook is called where the family branch it replaces was, so every key lands where it did before.
 

@@ -270,5 +270,5 @@ def run_adapter(spec, paths, hf_config: str | None = None, **extra_kwargs):
         raise AdapterError(
             f"the adapter {spec if isinstance(spec, str) else getattr(spec, '__name__', spec)!r} returned a "
             f"{type(adapted).__name__}, expected a dict of name -> WeightData")
-    # A dict subclass keeps what it carries besides tensors (hf_export.ConvertedStateDict's metadata/files).
+    # A dict subclass keeps what it carries besides tensors (result.ConvertedStateDict's metadata/files).
     return (adapted if isinstance(adapted, dict) else dict(adapted)), weights

@@ -13,6 +13,39 @@ rows (ModernBERT's `hidden_activation`).
 GGUF -> HF: each row written back under its first name, `rope_parameters`, the record's `hf_extra`, and what
 the tensors say (`tie_word_embeddings`, the record's `bias_flag`).
 
+Config keys, both ways (`{a}` = the GGUF architecture; HF names as transformers' configs spell them), for every
+family from its record (`adapters/archs.py`, turned into keys here); the common ones:
+
+    {a}.context_length                  max_position_embeddings        (required)
+    {a}.embedding_length                hidden_size                    (required)
+    {a}.block_count                     num_hidden_layers              (required)
+    {a}.attention.head_count            num_attention_heads            (required)
+    {a}.feed_forward_length             intermediate_size              (required except for MoE)
+    {a}.attention.head_count_kv         num_key_value_heads            default: head_count
+    {a}.attention.key_length            head_dim                       default: embedding_length / head_count
+    {a}.attention.layer_norm_rms_epsilon rms_norm_eps
+    {a}.rope.freq_base                  rope_parameters.rope_theta (or rope_theta)
+    {a}.rope.dimension_count            head_dim x rope_parameters.partial_rotary_factor (phi3, partial rotary)
+    {a}.rope.scaling.type/factor/original_context_length   rope_parameters (linear, yarn)
+    rope_freqs.weight (tensor)          rope_parameters {"rope_type": "llama3", ...} (llama, `rope.llama3_rope_params`)
+    rope_factors_long/short.weight, {a}.rope.scaling.attn_factor   rope_parameters {"rope_type": "longrope"}
+                                        (phi3), with {a}.rope.scaling.original_context_length
+    {a}.attention.sliding_window        sliding_window
+    {a}.attention.sliding_window_pattern layer_types (gemma3 where not every 6th layer global; olmo3, cohere2)
+    {a}.rope.freq_base_swa              rope_parameters.sliding_attention.rope_theta (gemma3)
+    {a}.final_logit_softcapping / attn_logit_softcapping    same names (gemma2; gemma3 the first)
+    {a}.expert_count / expert_used_count                    num_local_experts / num_experts_per_tok (mixtral)
+    gemma4: {a}.attention.key_length / key_length_swa (and value_*), rope.dimension_count / _swa   the full
+                                        layers' head dim (global_head_dim or per_layer_config) / head_dim
+            {a}.attention.head_count_kv (per layer)  num_key_value_heads, and the full layers' own count
+            rope_freqs.weight (tensor)  rope_parameters.full_attention "proportional" (`rope.gemma4_rope_freqs`)
+            {a}.attention.shared_kv_layers / embedding_length_per_layer_input   num_kv_shared_layers /
+                                        hidden_size_per_layer_input; feed_forward_length per layer where
+                                        use_double_wide_mlp; expert_* from num_experts / top_k_experts /
+                                        moe_intermediate_size (enable_moe_block)
+    tokenizer.ggml.bos/eos/padding_token_id  bos/eos/pad_token_id
+    tie_word_embeddings                 true when the GGUF has no output.weight
+
 What one family alone does is a hook on its record (`family_hooks`: Falcon's kv heads, Granite 4.0's RoPE
 switch, ...), called here by role; this module names no family.
 
@@ -499,7 +532,7 @@ def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) ->
 def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) -> dict:
     """Gemma 4's config.json entries back from its keys: the sliding layers' head dim and kv heads as head_dim /
     num_key_value_heads, the full layers' in per_layer_config, layer_types, both RoPE entries (the full layers'
-    partial_rotary_factor comes from the rope_freqs tensor, `hf_export.gemma4_partial_rotary`)."""
+    partial_rotary_factor comes from the rope_freqs tensor, `rope.gemma4_partial_rotary`)."""
     from gguf.constants import Keys as K
 
     a = rec.gguf

@@ -521,7 +521,7 @@ def convert_hf_to_mmproj(state_dict: Mapping[str, Any], huggingface_config=None,
         >>> w = load_weights("gemma-3-4b-it/")                                      # doctest: +SKIP
         >>> save_mmproj(convert_hf_to_mmproj(dict(w.items())), "mmproj.gguf")      # doctest: +SKIP
     """
-    from .hf_export import ConvertedStateDict
+    from .result import ConvertedStateDict
 
     if folder is None:
         folder = _folder_of(state_dict)
@@ -570,7 +570,8 @@ def export_gguf_with_mmproj(hf_dir, out_path, mmproj_path, *, tokenizer: bool = 
         >>> export_gguf_with_mmproj("gemma-3-4b-it/", "gemma-3-4b.gguf", "mmproj.gguf")   # doctest: +SKIP
     """
     from ..lazy.weights import load_weights
-    from .hf_export import convert_hf_to_gguf, save_converted
+    from .result import save_converted
+    from .to_gguf import convert_hf_to_gguf
 
     hf_dir = os.fspath(hf_dir)
     w = load_weights([hf_dir])

@@ -7,7 +7,7 @@ record's transforms is undone lazily: fused qkv rows concatenated back (`VisionA
 temporal patch embedding stacked back into the Conv3d (`temporal_patch`), a norm stored w + 1 shifted back in
 float32 (`norm_shift`), the renames undone for the bare parameters that had one (`HFFolder.params`), every tensor
 cast to the folder's dtype (default: the mmproj's own float type, `general.file_type`). The text half is the text
-direction's (`gguf_names.gguf_to_hf`, `hf_config_from_gguf`), placed under the class's text prefix; config.json
+direction's (`tensors.gguf_to_hf`, `to_hf.hf_config_from_gguf`), placed under the class's text prefix; config.json
 gets the text config as `text_config`, the `clip.*` keys as `vision_config` (each `VParam` row written back to its
 first config name, or `HFFolder.config_names`' name), and `preprocessor_config.json` the image mean and std.
 
@@ -337,8 +337,9 @@ def convert_mmproj_to_hf(text_state: Mapping[str, Any], text_config, mm_state: M
         >>> sd = convert_mmproj_to_hf(dict(t.items()), t.config, dict(m.items()), m.config)  # doctest: +SKIP
         >>> plan(sd).save("model-hf/")                                              # doctest: +SKIP
     """
-    from .hf_export import ConvertedStateDict, expected_keys_for, with_hf_files
+    from .result import ConvertedStateDict
     from .tensors import gguf_to_hf
+    from .to_hf import expected_keys_for, with_hf_files
 
     mm_md, text_md = mm_config.metadata, text_config.metadata
     rec, folder, arch = _check(mm_md, text_md)

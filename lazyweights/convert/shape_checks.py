@@ -4,7 +4,7 @@ HF -> GGUF converts lazily: nothing is read until the save, so a checkpoint whos
 config.json would otherwise fail inside llama.cpp (`check_tensor_dims`) long after the file is written.
 `expected_gguf_shapes(md, arch)` says, from the GGUF hyperparameters, the (rows, cols) of the per-layer parts every
 family shapes alike (attention, the dense MLP, the embeddings); `check_shapes` raises `ShapeError` naming the
-first tensor (its Hugging Face and GGUF names) that differs, with both shapes. `hf_export.convert_hf_to_gguf`
+first tensor (its Hugging Face and GGUF names) that differs, with both shapes. `to_gguf.convert_hf_to_gguf`
 calls it on the adapted state dict.
 
 Example:

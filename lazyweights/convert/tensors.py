@@ -21,9 +21,9 @@ What the engine does is chosen by the record's fields and hooks, never by a fami
   flat and [in, out] expert layouts (`flat_experts`, `experts_in_out`), per-layer scalars kept as metadata
   (`layer_scalars`).
 
-The hyperparameters are `convert/hparams.py`'s; whole folders and files are `convert/hf_export.py`'s.
+The hyperparameters are `convert/hparams.py`'s; whole models are `convert/to_gguf.py`'s and `convert/to_hf.py`'s.
 `rope_freqs.weight` (Llama 3's RoPE factors) has no Hugging Face tensor: its values become config.json's
-`rope_scaling` (`hf_export.llama3_rope_params`), and it is dropped here.
+`rope_scaling` (`rope.llama3_rope_params`), and it is dropped here.
 
 Example:
     >>> import numpy as np
@@ -210,7 +210,7 @@ def gguf_to_hf(state: Mapping[str, Any], config=None, dequantize_to: DType | Non
     `rope_permuted`: whether q/k rows carry llama.cpp's permutation (default: the family's record; False for
     GGUFs converted from Mistral's native format). `strict`: unknown names raise; otherwise they pass
     through under their GGUF names. `expected_keys`: the Hugging Face model's state-dict keys, which choose
-    among gguf-py's candidate names (`names.expected_hf_keys`; `hf_export` passes the model the GGUF metadata
+    among gguf-py's candidate names (`names.expected_hf_keys`; `to_hf` passes the model the GGUF metadata
     describes); by default those of the family's model with transformers' default config.
     """
     arch = _arch_of(config, arch)

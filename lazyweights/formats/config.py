@@ -128,7 +128,7 @@ class GGUFConfig(_AttrConfig):
         values: dict[str, Any] = {}
         if isinstance(arch, str):
             values["architecture"] = arch
-            row = config_identity(arch, metadata)  # the family hf_export.hf_config_from_gguf writes
+            row = config_identity(arch, metadata)  # the family to_hf.hf_config_from_gguf writes
             values["model_type"] = arch if row is None else row.config_model_type
             values["architectures"] = [] if row is None else [row.hf_class]
             for attr, suffix in _ARCH_KEYS.items():

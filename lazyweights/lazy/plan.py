@@ -4,7 +4,7 @@
 collects the output nodes. Equal nodes are one node, so a tensor used twice (tied embeddings) is read
 once. Execution lives in `lazyweights.run.driver`; a plan can be inspected without running anything.
 
-A converter's result carries more than tensors (`convert.hf_export.ConvertedStateDict`): GGUF metadata,
+A converter's result carries more than tensors (`convert.result.ConvertedStateDict`): GGUF metadata,
 or the files of a Hugging Face folder (config.json, tokenizer). The plan keeps them (`Plan.metadata`,
 `Plan.extra_files`), every plan derived from it (`filter`, `quantize`) keeps them too, and `Plan.save` writes
 them: `lazyweights.plan(convert_hf_to_gguf(sd, cfg)).save("x.gguf")` is a GGUF llama.cpp loads.
@@ -46,7 +46,7 @@ class Plan:
     Example:
         >>> import numpy as np
         >>> from lazyweights import WeightData, plan
-        >>> from lazyweights.convert.hf_export import ConvertedStateDict
+        >>> from lazyweights.convert.result import ConvertedStateDict
         >>> sd = ConvertedStateDict(w=WeightData.from_numpy(np.ones((2, 2), np.float32), "w"))
         >>> sd.gguf_metadata = {"general.architecture": "llama"}
         >>> p = plan(sd)

@@ -149,7 +149,7 @@ def prepare_config_folder(source: str, options: Mapping[str, Any] | None = None,
     os.makedirs(folder, exist_ok=True)
     so, cache = options.get("storage_options"), options.get("cache")
     if source_kind(source) == "gguf":
-        from ..convert.hf_export import gguf_extra_files
+        from ..convert.to_hf import gguf_extra_files
         from ..lazy.weights import load_weights
 
         w = load_weights([source], storage_options=so, cache=cache)
@@ -389,7 +389,7 @@ def lazy_state_dict(source: str, options: Mapping[str, Any] | None = None, *, dt
     fmt = getattr(w.format, "value", w.format)
     state: dict = {k: v.data() for k, v in w.items()}
     if fmt == "gguf":
-        from ..convert.hf_export import convert_gguf_state_dict
+        from ..convert.to_hf import convert_gguf_state_dict
 
         state = dict(convert_gguf_state_dict(dict(w.items()), w.config, dequantize_to=dtype or DType.bfloat16,
                                              tokenizer=False))

@@ -192,7 +192,7 @@ def test_family_both_ways(name, tokenizer, tmp_path):  # noqa: F811
 
 
 def test_unknown_model_type_names_nearest():
-    from lazyweights.convert.hf_export import gguf_metadata_from_hf
+    from lazyweights.convert.to_gguf import gguf_metadata_from_hf
 
     with pytest.raises(UnsupportedArchitectureError, match="'gpt-2' is not supported; nearest supported: gpt2"):
         gguf_metadata_from_hf({"model_type": "gpt-2"})
@@ -289,7 +289,7 @@ def test_names_without_transformers_match_the_model(model_type):
     for k in sorted(keys):
         g = names.hf_to_gguf_name(k, a.gguf)
         if g is None or not names.gguf_to_hf_candidates(g, a.gguf):
-            continue  # per-expert tensors: stacked by gguf_names.EXPERTS
+            continue  # per-expert tensors: stacked by convert.tensors.EXPERTS
         assert names.gguf_to_hf_name(g, a.gguf, None, a.hf_prefer) == k, (g, k)
         assert names.gguf_to_hf_name(g, a.gguf, keys) == k, (g, k)
         checked += 1

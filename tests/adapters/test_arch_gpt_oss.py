@@ -263,7 +263,7 @@ def test_mxfp4_file_type_whatever_dominates():
     """llama.cpp's converter calls any file with MXFP4 experts MOSTLY_MXFP4_MOE (38): whether the experts hold most
     bytes (the real gpt-oss) or float tensors do (the tiny test model)."""
     from lazyweights import WeightData
-    from lazyweights.convert.hf_export import file_type_of
+    from lazyweights.convert.to_gguf import file_type_of
     from lazyweights.core.quantization import QuantizationEncoding
 
     def mx(rows):

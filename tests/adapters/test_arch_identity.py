@@ -18,7 +18,8 @@ gguf = pytest.importorskip("gguf")
 
 import lazyweights as lw  # noqa: E402
 from lazyweights.adapters.archs import ALIASES, ARCHS, arch_for_gguf, arch_for_model_type  # noqa: E402
-from lazyweights.convert.hf_export import gguf_metadata_from_hf, hf_config_from_gguf  # noqa: E402
+from lazyweights.convert.to_gguf import gguf_metadata_from_hf  # noqa: E402
+from lazyweights.convert.to_hf import hf_config_from_gguf  # noqa: E402
 from lazyweights.core.config_access import config_first, config_get, text_config  # noqa: E402
 from lazyweights.formats.arch_identity import (  # noqa: E402
     GGUF_ARCHS,

@@ -27,7 +27,8 @@ from test_arch_breadth import _kl, _logits, llama_cpp_logits  # noqa: E402
 from test_arch_round_trip import PROMPT, tokenizer  # noqa: E402,F401  (the shared tiny tokenizer fixture)
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
-from lazyweights.convert.hf_export import gguf_metadata_from_hf, hf_config_from_gguf  # noqa: E402
+from lazyweights.convert.to_gguf import gguf_metadata_from_hf  # noqa: E402
+from lazyweights.convert.to_hf import hf_config_from_gguf  # noqa: E402
 from lazyweights.core.errors import ConfigError, GGUFConfigError  # noqa: E402
 
 _TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -298,7 +298,7 @@ def test_quantized_gguf_to_hf_matches_transformers(name, tokenizer, tmp_path):
     which dequantizes with gguf-py (same values, same float32 graph: atol 1e-5)."""
     from lazyweights import load_weights
     from lazyweights.adapters import convert_hf_to_gguf
-    from lazyweights.convert.hf_export import save_converted
+    from lazyweights.convert.result import save_converted
     from lazyweights.core.quantization import QuantizationEncoding
 
     hf = str(tmp_path / "hf")

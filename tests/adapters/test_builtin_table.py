@@ -3,7 +3,7 @@
 with its judges: transformers' auto tables (the model_type transformers pairs with a class is accepted by the
 class) and llama.cpp's naming (a GGUF of every record, as `gguf_metadata_from_hf` writes it, is accepted by
 every class of the record, including the families llama.cpp writes as another: Mistral as llama, RoBERTa as
-bert). Also: the config.json picks (`ArchIdentity.config_when`) that `hf_export._text_part` uses."""
+bert). Also: the config.json picks (`ArchIdentity.config_when`) that `to_gguf._text_part` uses."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +15,7 @@ from test_arch_identity import _tiny_config  # noqa: E402
 from lazyweights.adapters import builtin  # noqa: E402
 from lazyweights.adapters.archs import ARCHS  # noqa: E402
 from lazyweights.adapters.vision_archs import VISION_ARCHS  # noqa: E402
-from lazyweights.convert.hf_export import _text_part, gguf_metadata_from_hf  # noqa: E402
+from lazyweights.convert.to_gguf import _text_part, gguf_metadata_from_hf  # noqa: E402
 from lazyweights.core.errors import ConfigError  # noqa: E402
 from lazyweights.formats.arch_identity import IDENTITIES, identity_for_config  # noqa: E402
 from lazyweights.formats.config import GGUFConfig  # noqa: E402

@@ -11,10 +11,12 @@ import pytest
 
 from lazyweights.adapters.archs import ARCHS
 from lazyweights.adapters.family_hooks import FamilyHooks
-from lazyweights.convert.hf_export import gguf_metadata_from_hf, hf_config_from_gguf
+from lazyweights.convert.to_gguf import gguf_metadata_from_hf
+from lazyweights.convert.to_hf import hf_config_from_gguf
 from lazyweights.formats.arch_identity import IDENTITIES
 
-ENGINES = ("hparams.py", "tensors.py", "hf_export.py", "transforms.py", "shape_checks.py")
+ENGINES = ("hparams.py", "tensors.py", "to_gguf.py", "to_hf.py", "rope.py", "result.py", "transforms.py",
+           "shape_checks.py")
 CONVERT = Path(__file__).resolve().parents[2] / "lazyweights" / "convert"
 
 

@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 from test_arch_identity import _tiny_config  # noqa: E402
 
 from lazyweights.adapters.archs import ARCHS, HParam  # noqa: E402
-from lazyweights.convert.hf_export import gguf_metadata_from_hf  # noqa: E402
+from lazyweights.convert.to_gguf import gguf_metadata_from_hf  # noqa: E402
 from lazyweights.core.errors import UnknownGGUFKeyError  # noqa: E402
 from lazyweights.formats.gguf_keys import LLAMA_CPP_ONLY, arch_key, template, templates  # noqa: E402
 

@@ -21,8 +21,12 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
 from lazyweights.adapters import export_gguf, export_hf_folder  # noqa: E402
-from lazyweights.convert.hf_export import GGUFConfigError, UnsupportedArchitectureError, hf_config_from_gguf  # noqa: E402
-from lazyweights.core.errors import MissingTokenizerError  # noqa: E402
+from lazyweights.convert.to_hf import hf_config_from_gguf  # noqa: E402
+from lazyweights.core.errors import (  # noqa: E402
+    GGUFConfigError,
+    MissingTokenizerError,  # noqa: E402
+    UnsupportedArchitectureError,
+)
 
 T = gguf.GGUFValueType
 
@@ -121,7 +125,7 @@ def test_gemma_round_trip_keeps_metadata(gemma_folder, tmp_path):
     src, folder = gemma_folder
     from lazyweights import load_weights
     from lazyweights.adapters import convert_hf_to_gguf
-    from lazyweights.convert.hf_export import save_converted
+    from lazyweights.convert.result import save_converted
 
     w = load_weights([folder])
     adapted = convert_hf_to_gguf(dict(w.items()), None, folder=folder)
@@ -334,7 +338,7 @@ def test_folder_without_tokenizer(llama_bpe, tmp_path):
 def test_gemma_attention_scale_follows_llama_cpp():
     """llama.cpp scales Gemma attention by 1/sqrt(head_dim), except for the 27B models (hidden / heads):
     config.json says the same, and a config llama.cpp cannot honour warns on export."""
-    from lazyweights.convert.hf_export import gguf_metadata_from_hf
+    from lazyweights.convert.to_gguf import gguf_metadata_from_hf
 
     def md(arch, layers, hidden, heads, head_dim):
         return {"general.architecture": arch, f"{arch}.context_length": 8192, f"{arch}.embedding_length": hidden,
@@ -350,7 +354,7 @@ def test_gemma_attention_scale_follows_llama_cpp():
 
 
 def test_llama3_rope_params_recovered_from_factors():
-    from lazyweights.convert.hf_export import llama3_rope_factors, llama3_rope_params
+    from lazyweights.convert.rope import llama3_rope_factors, llama3_rope_params
 
     real = llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)  # Llama 3.1 8B
     assert llama3_rope_params(real, 500000.0, 128) == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -389,7 +393,7 @@ def test_llama_family_records_keep_the_hand_written_key_order():
     """llama, mistral and mixtral write their GGUF keys from records (issue 27): the same keys, values and order
     as the hand-written code wrote them before the move (recorded from main at ab1a21e), so the GGUF header bytes
     are unchanged; a Mixtral config without expert counts is refused naming both."""
-    from lazyweights.convert.hf_export import gguf_metadata_from_hf
+    from lazyweights.convert.to_gguf import gguf_metadata_from_hf
 
     cfg = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
                max_position_embeddings=128, head_dim=32, rope_theta=1e6, sliding_window=4096, rms_norm_eps=1e-5,

@@ -304,7 +304,7 @@ def test_checkpoint_folder_is_the_base_not_the_adapter(llama):
     folder, but the folder is still the base's."""
     import os
 
-    from lazyweights.convert.hf_export import _source_folder
+    from lazyweights.convert.to_gguf import _source_folder
 
     d, base, a, _ = llama
     merged = merge_lora(dict(lw.load_weights([str(base)]).items()), str(a))

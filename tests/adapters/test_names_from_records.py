@@ -49,8 +49,9 @@ import test_arch_ssm as _ss  # noqa: E402
 from lazyweights import load_weights  # noqa: E402
 from lazyweights.adapters import names  # noqa: E402
 from lazyweights.convert import tensors as gguf_names  # noqa: E402
-from lazyweights.convert.hf_export import convert_hf_to_gguf, expected_keys_for, hf_config_from_gguf  # noqa: E402
 from lazyweights.convert.tensors import gguf_to_hf  # noqa: E402
+from lazyweights.convert.to_gguf import convert_hf_to_gguf  # noqa: E402
+from lazyweights.convert.to_hf import expected_keys_for, hf_config_from_gguf  # noqa: E402
 from lazyweights.formats.config import GGUFConfig  # noqa: E402
 
 _GGUF_BLOCK = re.compile(r"^blk\.(\d+)\.")

@@ -26,11 +26,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import lazyweights as lw  # noqa: E402
-from lazyweights.convert.hf_export import (  # noqa: E402
-    convert_gguf_state_dict,
-    convert_hf_to_gguf,
-    save_converted,
-)
+from lazyweights.convert.result import save_converted  # noqa: E402
+from lazyweights.convert.to_gguf import convert_hf_to_gguf  # noqa: E402
+from lazyweights.convert.to_hf import convert_gguf_state_dict  # noqa: E402
 from lazyweights.core.errors import GGUFConfigError  # noqa: E402
 from lazyweights.lazy.gguf import save_gguf, write_gguf  # noqa: E402
 
@@ -174,7 +172,7 @@ def test_file_type_rule_is_the_converters(tmp_path):
     metadata given to `save` is written as given."""
     from gguf.constants import GGUFValueType as T
 
-    from lazyweights.convert.hf_export import ConvertedStateDict
+    from lazyweights.convert.result import ConvertedStateDict
     from lazyweights.formats.gguf_writer import GGUFValue
 
     def result(rule):

@@ -91,8 +91,8 @@ def test_load_hf_config_names_the_broken_config_and_the_missing_one(broken_check
 
 
 def test_converters_name_the_broken_config(tmp_path, write_safetensors):
-    from lazyweights.convert.hf_export import convert_hf_to_gguf
     from lazyweights.convert.mmproj import convert_hf_to_mmproj
+    from lazyweights.convert.to_gguf import convert_hf_to_gguf
 
     write_safetensors(tmp_path / "model.safetensors", {"w": np.zeros((2, 2), np.float32)})
     weights = lw.load_weights([str(tmp_path / "model.safetensors")])  # no config.json yet

@@ -101,7 +101,7 @@ def _hf_like(values: np.ndarray):
 def test_save_converted_keeps_the_old_folder_through_a_failed_swap(tmp_path, monkeypatch):
     # Before io.atomic, save_converted renamed the old folder to .out.old-* and, when the second rename failed,
     # left it there with nothing under the final name: the old folder did not survive, as its docstring said.
-    from lazyweights.convert.hf_export import save_converted
+    from lazyweights.convert.result import save_converted
 
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     out = str(tmp_path / "out")
@@ -259,7 +259,7 @@ def test_no_backup_is_left_after_swaps(tmp_path):
 
 
 def test_save_converted_failing_swap_is_a_write_error(tmp_path, monkeypatch):
-    from lazyweights.convert.hf_export import save_converted
+    from lazyweights.convert.result import save_converted
 
     x = np.ones((2, 2), np.float32)
     out = str(tmp_path / "out")

@@ -327,7 +327,7 @@ def test_adapter_name_did_you_mean_lists_functions_only(ckpt):
     listed = line.split("(its functions: ", 1)[1].split(")", 1)[0].split(", ")
     assert "convert_gguf_state_dict" in listed and "convert_hf_to_gguf" in listed
     # classes, modules and constants of lazyweights.adapters are not offered
-    assert not {"SUPPORTED", "EXPERTS", "hf_export", "gguf_names", "ConvertedStateDict"} & set(listed)
+    assert not {"SUPPORTED", "EXPERTS", "archs", "names", "registry", "ConvertedStateDict"} & set(listed)
     proc = run("plan", "LlamaForCausalLm", ckpt)  # an architecture name with a typo
     assert_clean_error(proc, 1, "neither a registered architecture", "Did you mean 'LlamaForCausalLM'")
 
