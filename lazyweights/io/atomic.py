@@ -9,7 +9,7 @@ A folder: built under `staging_name(path)`, then put in place by `swap_directory
 whole through any failure.
 
 Every writer builds on it: safetensors shards and their index and sharded folders (`lazy/save.py`), GGUF
-(`formats/gguf_writer.GGUFStreamWriter`), Hugging Face folders (`adapters/hf_export.save_converted`), plan
+(`formats/gguf_writer.GGUFStreamWriter`), Hugging Face folders (`convert/result.save_converted`), plan
 pictures (`render/visualize.py`), verify manifests (`tools/verify.py`). It sits in `io`, below them all.
 
 Example:
