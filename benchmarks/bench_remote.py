@@ -30,6 +30,14 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   local save of the same plan).
 - `4proc-cache`: four `lazyweights` processes started together with one empty `cache=DIR`, as the ranks of
   one host would be: the wall time until the last finishes, and the bytes the server sent to all four.
+- `NAME@KEY=VALUE:KEY=VALUE`: a lazyweights contestant (`lazyweights`, `rank0of4`, `rank0of4-w1`) with these
+  `storage_options`, e.g. `rank0of4@part_cost=0` (exactly the slices' bytes), `rank0of4@bandwidth=3e8` (the
+  cost model priced for a 300 MB/s link) or `rank0of4@bandwidth=auto` (priced at what the fetches observe).
+
+`--link-rate RATE` (tc's units: `2500mbit`) runs the whole benchmark in a network namespace of its own
+(`unshare -rn`: no privilege needed, nothing outside it is slowed) whose loopback is limited to RATE by a
+token bucket (`tc qdisc ... tbf`): server and client as they would be across a network of that bandwidth
+(without its latency).
 
 With `--s3`, the same checkpoint is also read through the S3 protocol (path-style GetObject/HeadObject, served
 by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
@@ -221,6 +229,14 @@ def _mem(mem) -> dict:
     return {"base_anon": mem.base_anon, "peak_anon": peak}
 
 
+def _number(v: str):
+    """A storage option's value from the command line: a number where it is one (`3e8`), else the text (`auto`)."""
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
 def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sampler: bool = False) -> dict:
     """Run one contestant in this (fresh) process; its timer starts before the contestant's own imports
     (numpy for the floor, lazyweights for lazyweights) and stops once its bytes are in memory. Memory is sampled
@@ -229,6 +245,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
     index = json.load(open(os.path.join(ckpt, "model.safetensors.index.json")))
     shards = sorted(set(index["weight_map"].values()))
     out = None
+    name, _, opts = name.partition("@")
+    options = {k: _number(v) for k, v in (kv.split("=", 1) for kv in opts.split(":") if kv)} or None
     if inproc_sampler:
         sys.path.insert(0, BENCH)
         from memwatch import PeakMem
@@ -260,13 +278,13 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         if name == "rank0of4":
             import lazyweights as lw
 
-            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], storage_options=options)
             out = lw.plan(lw.shard({k: v.data() for k, v in weights.items()}, 0, 4)).materialize()
         elif name == "rank0of4-w1":
             import lazyweights as lw
             from lazyweights.tools import demo as w1
 
-            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"])
+            weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(lw.shard(sd, 0, 4)).materialize()
         elif name == "convert":
@@ -291,7 +309,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
             import lazyweights as lw
             from lazyweights.tools import demo as w1
 
-            options = _s3_fsspec_options() if name.startswith("s3-") else None
+            options = _s3_fsspec_options() if name.startswith("s3-") else options
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache,
                                       storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
@@ -453,8 +471,17 @@ def main():
     ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
     ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones); NAME+sampler "
                                    "runs NAME with the in-process sampler, beside NAME without it")
+    ap.add_argument("--link-rate", help="run in a network namespace whose loopback is limited to this rate (tc's "
+                                        "units, e.g. 2500mbit)")
     args = ap.parse_args()
     ckpt = os.path.abspath(args.ckpt)
+    if args.link_rate:
+        argv = [a for i, a in enumerate(sys.argv) if a != "--link-rate" and sys.argv[i - 1] != "--link-rate"
+                and not a.startswith("--link-rate=")]
+        shaped = (f"ip link set lo up && tc qdisc add dev lo root tbf rate {args.link_rate} burst 1mb latency 100ms "
+                  f"&& LAZYWEIGHTS_BENCH_LINK={args.link_rate} exec {sys.executable} "
+                  + " ".join(f"'{a}'" for a in argv))
+        os.execvp("unshare", ["unshare", "-rn", "sh", "-c", shaped])
     if args.contestant:
         start = time.perf_counter()
         r = contestant(args.contestant, args.url, ckpt, args.cache, args.inproc_sampler)
@@ -548,10 +575,10 @@ def main():
                         digest.update(chunk)
             references["convert"] = digest.hexdigest()
             shutil.rmtree(folder)
-        if "rank0of4" in chosen:
+        if any(n.partition("@")[0] == "rank0of4" for n in chosen):
             references["rank0of4"] = _digest(lw.plan(lw.shard({k: v.data() for k, v in lw.load_weights([ckpt]).items()},
                                                               0, 4)).materialize())
-        if "rank0of4-w1" in chosen:
+        if any(n.partition("@")[0] == "rank0of4-w1" for n in chosen):
             references["rank0of4-w1"] = _digest(lw.plan(lw.shard(w1.convert_safetensor_state_dict(
                 dict(lw.load_weights([ckpt]).items()), huggingface_config=_config(ckpt)), 0, 4)).materialize())
         for _ in range(args.reps):  # interleaved, so a noisy minute hurts every contestant alike
@@ -564,7 +591,7 @@ def main():
                     continue
                 else:
                     r = once(name)
-                want = references.get(name, reference)
+                want = references.get(name.partition("@")[0], reference)
                 if r["digest"] is not None and r["digest"] != want:
                     raise SystemExit(f"{name}: output differs from the local materialization")
                 results.setdefault(name, []).append(r)
@@ -587,7 +614,10 @@ def main():
     floor_name = min(floors, key=floors.__getitem__) if floors else None
     floor = floors[floor_name] if floor_name else float("nan")
     full = statistics.median(r["seconds"] for r in results["lazyweights"]) if "lazyweights" in results else None
-    print(f"W1 over HTTP (nginx on 127.0.0.1), {total / 1e9:.2f} GB in shards, medians of {args.reps}, warm memory; "
+    link = os.environ.get("LAZYWEIGHTS_BENCH_LINK")
+    link = f", loopback limited to {link}" if link else ""
+    print(f"W1 over HTTP (nginx on 127.0.0.1{link}), {total / 1e9:.2f} GB in shards, medians of {args.reps}, "
+          "warm memory; "
           f"'x floor' against {floor_name} (the faster plain download)")
     floor_process = (statistics.median(r["process_seconds"] for r in results[floor_name]) if floor_name
                      else float("nan"))
