@@ -344,3 +344,33 @@ def test_an_s3_prefix_opens_its_shards_together(tmp_path, s3, monkeypatch):
     assert {t for k, _, t in firsts if k.endswith(".safetensors")} != {threading.current_thread().name}
     key = list(local.records)[-1]
     np.testing.assert_array_equal(weights[key].data().to_numpy(), local[key].data().to_numpy())
+
+
+# --- the vLLM loader's config files ---------------------------------------------------------------------------
+def test_vllm_config_files_are_fetched_in_one_round(tmp_path, delay_server):
+    """`tools/vllm.prepare_config_folder` fetches the config and tokenizer files beside a remote folder
+    together: with each reply held 0.3 s, the ten requests (most of them 404s) overlap, and the folder holds
+    exactly the files that exist, byte for byte. A missing config.json is still the error, named."""
+    from lazyweights.tools.vllm import CONFIG_FILES, prepare_config_folder
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    present = {"config.json": b'{"model_type": "llama"}', "tokenizer.json": b'{"version": "1.0"}',
+               "generation_config.json": b'{"do_sample": false}'}
+    for name, data in present.items():
+        (folder / name).write_bytes(data)
+    delay = 0.3
+    server = delay_server(tmp_path, lambda path: delay)
+    _fresh()
+    t = time.perf_counter()
+    out = prepare_config_folder(server.url("llama/model.safetensors.index.json"), folder=str(tmp_path / "out"))
+    elapsed = time.perf_counter() - t
+    assert {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)} == present
+    assert sorted(p for m, p, _ in server.requests if m == "GET") == sorted(f"/llama/{n}" for n in CONFIG_FILES)
+    assert server.max_inflight >= len(CONFIG_FILES) // 2, server.max_inflight
+    assert elapsed < 4 * delay, f"took {elapsed:.2f} s; one delay is {delay} s, one after another would be 3"
+
+    (folder / "config.json").unlink()
+    _fresh()
+    with pytest.raises(RemoteError, match=r"config\.json.*404"):
+        prepare_config_folder(server.url("llama/"), folder=str(tmp_path / "out2"))
