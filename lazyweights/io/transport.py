@@ -436,9 +436,10 @@ def _receive_batched(raw, body) -> None:
     once `RECEIVE_LOWAT` bytes are queued instead of per TCP segment: a multi-range reply arrives a small part
     per segment, and a wake-up per part cost more CPU than the parsing (benchmarks/RESULTS.md, issue 35).
 
-    Only on a socket with a timeout (its waits go through poll(), which also wakes under memory pressure),
-    and never for the reply's last bytes: the kernel must always be owed at least the low-water mark, or the
-    wait would last until the timeout. The bytes the file object may already buffer are counted as owed."""
+    Only on a plain TCP socket with a timeout (its waits go through poll(), which also wakes under memory
+    pressure), and never for the reply's last bytes: the kernel must always be owed at least the low-water
+    mark, or the wait would last until the timeout. The bytes the file object may already buffer are counted
+    as owed. Not under TLS: OpenSSL's own buffering would make what the kernel is owed unknowable."""
     import io
     import socket
 
@@ -446,7 +447,7 @@ def _receive_batched(raw, body) -> None:
     sock = getattr(getattr(getattr(fp, "fp", None), "raw", None), "_sock", None)
     want = len(body)
     margin = max(io.DEFAULT_BUFFER_SIZE, 8192) + RECEIVE_LOWAT  # what the file object may hold, + the mark
-    if (fp is None or not isinstance(sock, socket.socket) or not sock.gettimeout() or want <= 2 * margin
+    if (fp is None or type(sock) is not socket.socket or not sock.gettimeout() or want <= 2 * margin
             or not hasattr(socket, "SO_RCVLOWAT")):
         read_body(None, body, raw)
         return
