@@ -155,14 +155,21 @@ def test_a_hostile_reply_is_retried_then_named(crafted):
 
 
 def test_lowat_is_left_at_one_after_a_reply(blob, monkeypatch):
-    """The low-water mark is set for a large body only, and put back, so the next reply's headers are read as
-    soon as they come."""
+    """A large body is read with the low-water mark set, its last bytes without it, and the mark is put back,
+    so the next reply's headers are read as soon as they come."""
     url, data = blob
-    marks = []
+    marks, during = [], []
     real = transport._receive_batched
 
     def spy(raw, body):
         sock = raw._fp.fp.raw._sock  # http.client lets go of its file once the body is read
+        readinto = raw._fp.readinto
+
+        def watched(b):  # the mark in effect as each piece of the body is read
+            during.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+            return readinto(b)
+
+        raw._fp.readinto = watched
         real(raw, body)
         marks.append((sock.gettimeout(), sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)))
 
@@ -172,6 +179,7 @@ def test_lowat_is_left_at_one_after_a_reply(blob, monkeypatch):
     ranges = _runs(size, 300, 1024, 4096)
     assert be.get_many(ranges, size, etag, [memoryview(bytearray(e - s)) for s, e in ranges])
     assert marks == [(30.0, 1)]
+    assert during[0] == transport.RECEIVE_LOWAT and during[-1] == 1  # batched, then the tail at the default
 
 
 def test_load_of_a_rank_slice_over_nginx_is_exact(nginx, tmp_path):
