@@ -50,11 +50,11 @@ def _features(a) -> list[str]:
         f.append("M-RoPE sections")
     if a.sliding or a.window_always or a.window_flag or a.window_hf:
         f.append("sliding window")
-    if a.rope_swa:
+    if a.hooks.sliding_to_gguf:  # Gemma 3's and ModernBERT's, a hook on the record
         f.append("RoPE base for sliding layers")
     if a.rope_freqs:
         f.append("Llama 3 RoPE as `rope_freqs.weight`")
-    if a.hooks.gguf_tensors:  # Phi-3's, a hook on its record (adapters/family_hooks.py)
+    if a.hooks.rope_from_tensors:  # Phi-3's, a hook on its record (adapters/family_hooks.py)
         f.append("LongRoPE factor tensors")
     if a.ssm:
         f.append(f"Mamba-{a.ssm} layers")

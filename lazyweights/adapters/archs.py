@@ -15,11 +15,12 @@ record copies when it is built (`_arch`); a record says only
 
 Adding an architecture is a row in `formats/arch_identity.py`, a record here and a line in the test's table. Every
 family is a record both ways, the first ten included: a fact only some families have is a field (Llama 3's
-`rope_freqs` tensor, Gemma's `qpas_27b` attention scale, `swa_period` /
-`swa_keys` layer types and sliding-window RoPE base, `late` softcapping rows), and `hparams` turns them into keys.
-A quirk one family alone has (Falcon's and GPT-BigCode's kv heads, StableLM's residual read back from the
-tensors, Granite 4.0's RoPE switch, Falcon-H1's muP, Phi-3's LongRoPE) is a hook on its record (`hooks`:
-`family_hooks.FamilyHooks`), which the engines call by role: no engine names a family.
+`rope_freqs` tensor, Gemma's `qpas_27b` attention scale, `swa_period` layer types, `late` softcapping rows), and
+`hparams` turns them into keys. A quirk one family alone has (Falcon's and GPT-BigCode's kv heads, StableLM's
+residual read back from the tensors, Granite 4.0's RoPE switch, Falcon-H1's muP, Phi-3's LongRoPE and head dim
+keys, Gemma 3's and ModernBERT's sliding-layer keys, Gemma 4's per-layer sizes, gpt-oss's YaRN `truncate`) is a
+hook on its record (`hooks`: `family_hooks.FamilyHooks`), which the engines call by role: no engine names a
+family, and no boolean field of `Arch` is set by one record alone (`tests/adapters/test_family_hooks.py`).
 
 Example:
     >>> from lazyweights.adapters.archs import arch_for_model_type
@@ -107,14 +108,10 @@ class Arch(NamedTuple):
     window_always: bool = False         # attention.sliding_window whenever the config sets one (no flag)
     tail: tuple[HParam, ...] = ()       # required rows written after the RoPE keys (Mixtral's expert counts)
     no_vocab: bool = False              # no {arch}.vocab_size key (llama.cpp's Gemma 2/3 converter writes none)
-    odd_head_dim: bool = False          # key_length/value_length after rope.freq_base, only where head_dim is not
-                                        # hidden / heads (Phi-3)
     rope_freqs: bool = False            # Llama 3's "llama3" RoPE scaling as the rope_freqs.weight tensor, both ways
     qpas_27b: int = 0                   # Gemma: query_pre_attn_scalar is head_dim, or hidden / heads at this block
                                         # count (llama.cpp's 27B); a config saying otherwise warns
     swa_period: int = 0                 # Gemma: layer_types back from a GGUF = every Nth layer global
-    swa_keys: bool = False              # Gemma 3: sliding_window_pattern (where layer_types is not the default)
-                                        # and rope.freq_base_swa <-> rope_parameters.sliding_attention
     late: tuple[HParam, ...] = ()       # optional rows written last, None back when absent (Gemma's softcapping)
     fused_gate_up_shexp: str = ""       # HF shared-expert tensor holding [gate; up] rows (GraniteMoeShared's
                                         # shared_mlp.input_linear), split into ffn_gate_shexp / ffn_up_shexp
@@ -134,12 +131,9 @@ class Arch(NamedTuple):
     position_offset: bool = False       # RoBERTa: position rows start at pad_token_id + 1; llama.cpp's converter
                                         # drops the rows before (and the context length shrinks by as many)
     window_hf: str = ""                 # config.json's name of the sliding window (ModernBERT: local_attention)
-    rope_swa: bool = False              # sliding layers' own RoPE base: rope.freq_base_swa <->
-                                        # rope_parameters.sliding_attention (ModernBERT)
     oai_experts: str = ""               # gpt-oss's fused experts under this prefix: gate_up_proj [E, in, 2 * ff]
                                         # (gate/up interleaved), down_proj [E, ff, out], their biases, or the
                                         # MXFP4 `*_blocks`/`*_scales` kept packed; `self_attn.sinks` too
-    yarn_truncate: bool | None = None   # config.json's rope_parameters.truncate back from a GGUF (gpt-oss: False)
     ssm: int = 0                        # Mamba state-space layers, generation 1 or 2 (`transforms.ssm_to_gguf`):
                                         # A stored as -exp(A_log), conv1d squeezed to 2-D; 2: A/D as [n_head, 1],
                                         # the gated norm as [n_group, d_inner / n_group]
@@ -151,9 +145,6 @@ class Arch(NamedTuple):
     shortconv: bool = False             # LFM2's gated short-convolution layers (layer_types "conv"; 0 kv heads
                                         # for llama.cpp): conv weight [d, 1, L] stored [d, L] in float32, the
                                         # feed-forward width after LFM2's auto-adjust (2/3, multiplier, multiple_of)
-    gemma4: bool = False                # Gemma 4: per-layer head dims / kv heads (sliding vs full), key_length_swa,
-                                        # rope dimension counts, the "proportional" full-layer RoPE as rope_freqs
-                                        # (1 on rotated pairs, 1e30 on the rest), shared kv layers
     gdn: bool = False                   # Qwen's gated delta-net layers (layer_types "linear_attention"): A as
                                         # -exp(A_log), conv1d squeezed, in_proj_qkvz split into llama.cpp's
                                         # attn_qkv ([q; k; v] over heads) and attn_gate (z), recurrent_layers;
@@ -240,11 +231,11 @@ _RECORDS: tuple[Arch, ...] = (
          window_always=True, no_vocab=True, qpas_27b=46, swa_period=2, late=_SOFTCAP,
          hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
     _arch("gemma3_text", _LLAMA_LIKE, norm_shift=1.0, tied=True, head_dims=True,
-         window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, swa_keys=True, late=_SOFTCAP[:1],
-         hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+         window_always=True, no_vocab=True, qpas_27b=62, swa_period=6, late=_SOFTCAP[:1],
+         hf_prefer=_QK_NORM, hf_extra={"hidden_activation": "gelu_pytorch_tanh"}, hooks=_hooks.GEMMA3),
     # Phi-3: partial rotary (transformers 5 writes the factor inside rope_parameters), LongRoPE (factor tensors,
-    # original context, attention factor)
-    _arch("phi3", _LLAMA_LIKE, partial_rotary=True, odd_head_dim=True,
+    # original context, attention factor), key_length only for an odd head dim: its hooks
+    _arch("phi3", _LLAMA_LIKE, partial_rotary=True,
          window_always=True, hf_prefer=(".gate_up_proj.", ".qkv_proj."), hooks=_hooks.PHI3,
          hf_extra={"hidden_act": "silu"}),
     # record-driven families
@@ -478,8 +469,8 @@ _RECORDS += (  # encoders (nomic-bert, RoBERTa family, ...): llama.cpp embedding
     _arch("modernbert",
          (CTX, EMB, BLK, FFN, HEAD, _ln("norm_eps"), _p("hidden_activation", "hidden_activation", "hidden_act",
                                                        kind="str")),
-         embedding=True, sliding=True, window_hf="local_attention", rope_swa=True,
-         gguf_fixed={"attention.causal": False}),
+         embedding=True, sliding=True, window_hf="local_attention",
+         gguf_fixed={"attention.causal": False}, hooks=_hooks.MODERNBERT),
     # EuroBERT: a bidirectional Llama (GQA, RMSNorm, SwiGLU, RoPE without llama.cpp's q/k permutation)
     _arch("eurobert", _LLAMA_LIKE, embedding=True,
          gguf_fixed={"attention.causal": False}, hf_extra={"hidden_act": "silu"}),
@@ -498,7 +489,8 @@ _RECORDS += (  # gpt-oss: MXFP4 experts repacked for ggml (never dequantized), a
          (*_LLAMA_LIKE, _p("expert_count", "num_local_experts", "num_experts"),
           _p("expert_used_count", "num_experts_per_tok", "experts_per_token"),  # the latter: OpenAI's own name
           _p("expert_feed_forward_length", "intermediate_size")),
-         sliding=True, oai_experts="mlp.experts", yarn_truncate=False, bias_flag="attention_bias"),
+         sliding=True, oai_experts="mlp.experts", bias_flag="attention_bias",
+         hooks=_hooks.GPT_OSS),  # rope_parameters.truncate False back from a GGUF
 )
 _SSM = (_p("embedding_length", "hidden_size", "d_model"), BLK, _p("ssm.conv_kernel", "conv_kernel", "d_conv"),
         _p("ssm.state_size", "state_size", "d_state"),
@@ -592,10 +584,10 @@ _RECORDS += (  # LFM2 (Liquid AI): short-convolution and attention layers (llama
 _RECORDS += (  # gemma4
     # Gemma 4 (dense, E2B-style per-layer embeddings, MoE): no norm shift, attention scale 1, full layers with
     # their own head dim / kv heads and a "proportional" RoPE (llama.cpp: the rope_freqs tensor), the per-layer
-    # output scalar; the rest in `hparams._gemma4_hparams` / `_gemma4_config`
+    # output scalar; the rest in its hooks (`adapters/gemma4.py`)
     _arch("gemma4_text", _LLAMA_LIKE, tied=True, window_always=True, no_vocab=True,
-         swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM), gemma4=True,
-         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}),
+         swa_period=0, late=_SOFTCAP[:1], hf_prefer=(".router.proj.", *_QK_NORM),
+         hf_extra={"hidden_activation": "gelu_pytorch_tanh"}, hooks=_hooks.GEMMA4),
 )
 _RECORDS += (  # lfm2: LFM2-MoE (llama.cpp's conversion/lfm2.py LFM2MoeModel): LFM2's conv / attention layers, dense
     # lead layers, then per-expert w1/w2/w3 stacked under a sigmoid router with a selection bias (expert_bias);

@@ -19,6 +19,16 @@ never `rec.model_type == "falcon"`. The hooks, one job each:
 - `rope_to_gguf(cfg, a)` / `rope_to_hf(get)`: a family's own RoPE keys and config.json entries;
   `gguf_tensors(cfg)`: tensors llama.cpp reads that the family makes from config.json; `rope_from_tensors(md,
   arch, factors)`: `rope_parameters` back from them (Phi-3's LongRoPE, `longrope`, all four).
+- `late_head_dim(head_dim, default)`: key_length/value_length are written after rope.freq_base, and only where
+  this says so (Phi-3: where head_dim is not hidden / heads); None: where config.json has a head_dim.
+- `sliding_to_gguf(cfg, rec)` / `sliding_to_hf(cfg, get, rope, rec)`: the sliding layers' own keys and
+  config.json entries (Gemma 3's per-layer pattern, its and ModernBERT's RoPE base: `sliding`).
+- `layers_to_gguf(cfg, rec, head_dim, n)` / `layers_to_hf(cfg, get, rope, rec, names)`: per-layer head dims,
+  kv heads and widths, both ways, with `per_layer_rows` (the rows whose per-layer lists `layers_to_hf` reads
+  itself) and `rope_freqs_to_hf(cfg, rope_freqs)`: RoPE entries back from the `rope_freqs.weight` tensor
+  (Gemma 4, `gemma4`, all four, with `gguf_tensors`).
+- `rope_scaling_to_hf(scaling)`: entries the family adds to a linear / yarn `rope_parameters` read back
+  (gpt-oss's `truncate`).
 
 Example:
     >>> from lazyweights.adapters.archs import ARCHS
@@ -33,7 +43,9 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from . import gemma4 as _gemma4
 from . import longrope as _longrope
+from . import sliding as _sliding
 
 Getter = Callable[..., Any]
 
@@ -53,6 +65,14 @@ class FamilyHooks(NamedTuple):
     rope_to_hf: Callable[[Getter], dict] | None = None
     gguf_tensors: Callable[[Any], dict] | None = None
     rope_from_tensors: Callable[[Any, str, Any], dict] | None = None
+    late_head_dim: Callable[[int, int], bool] | None = None
+    sliding_to_gguf: Callable[[Any, Any], dict] | None = None
+    sliding_to_hf: Callable[[dict, Getter, dict, Any], None] | None = None
+    layers_to_gguf: Callable[[Any, Any, int, int], dict] | None = None
+    layers_to_hf: Callable[[dict, Getter, dict, Any, set[str] | None], None] | None = None
+    per_layer_rows: tuple[str, ...] = ()
+    rope_freqs_to_hf: Callable[[dict, Any], None] | None = None
+    rope_scaling_to_hf: Callable[[dict], dict] | None = None
 
 
 # --- kv heads (HF -> GGUF) ----------------------------------------------------------------------------------------
@@ -233,6 +253,26 @@ def mup_scale(hf_name: str, cfg) -> float | np.ndarray | None:
     return None
 
 
+# --- Phi-3's head dim keys, gpt-oss's YaRN entry ------------------------------------------------------------------
+def odd_head_dim(head_dim: int, default: int) -> bool:
+    """Phi-3: llama.cpp's converter writes key_length/value_length (after rope.freq_base) only where head_dim
+    is not hidden / heads.
+
+    >>> odd_head_dim(96, 96), odd_head_dim(64, 96)
+    (False, True)
+    """
+    return head_dim != default
+
+
+def yarn_truncate(scaling: dict) -> dict:
+    """gpt-oss: config.json's rope_parameters.truncate (False) beside a YaRN scaling read back from a GGUF.
+
+    >>> yarn_truncate({"rope_type": "yarn", "factor": 32.0}), yarn_truncate({"rope_type": "linear"})
+    ({'truncate': False}, {})
+    """
+    return {"truncate": False} if scaling["rope_type"] == "yarn" else {}
+
+
 FALCON = FamilyHooks(kv_heads=falcon_kv_heads, hf_from_tensors=falcon_from_tensors)
 GPT_BIGCODE = FamilyHooks(kv_heads=multi_query_kv_heads, hf_from_tensors=multi_query_from_tensors)
 QK_NORM = FamilyHooks(hf_from_tensors=qk_norm_from_tensors)
@@ -241,4 +281,12 @@ GRANITE = FamilyHooks(ignores_head_dim=True)
 GRANITE_HYBRID = FamilyHooks(hybrid_to_gguf=granite_rope_to_gguf, hybrid_to_hf=granite_rope_to_hf)
 FALCON_H1 = FamilyHooks(check_config=falcon_h1_check, weight_scale=mup_scale, mamba_to_hf=falcon_h1_mamba_to_hf)
 PHI3 = FamilyHooks(rope_to_gguf=_longrope.rope_to_gguf, rope_to_hf=_longrope.rope_to_hf,
-                   gguf_tensors=_longrope.longrope_tensors, rope_from_tensors=_longrope.longrope_from_gguf)
+                   gguf_tensors=_longrope.longrope_tensors, rope_from_tensors=_longrope.longrope_from_gguf,
+                   late_head_dim=odd_head_dim)
+GEMMA3 = FamilyHooks(sliding_to_gguf=_sliding.gemma3_sliding_to_gguf, sliding_to_hf=_sliding.gemma3_sliding_to_hf)
+MODERNBERT = FamilyHooks(sliding_to_gguf=_sliding.modernbert_sliding_to_gguf,
+                         sliding_to_hf=_sliding.modernbert_sliding_to_hf)
+GEMMA4 = FamilyHooks(layers_to_gguf=_gemma4.gemma4_layers_to_gguf, layers_to_hf=_gemma4.gemma4_layers_to_hf,
+                     per_layer_rows=_gemma4.PER_LAYER_ROWS, gguf_tensors=_gemma4.gemma4_tensors,
+                     rope_freqs_to_hf=_gemma4.gemma4_rope_freqs_to_hf)
+GPT_OSS = FamilyHooks(rope_scaling_to_hf=yarn_truncate)

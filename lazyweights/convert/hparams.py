@@ -38,7 +38,8 @@ family from its record (`adapters/archs.py`, turned into keys here); the common 
     gemma4: {a}.attention.key_length / key_length_swa (and value_*), rope.dimension_count / _swa   the full
                                         layers' head dim (global_head_dim or per_layer_config) / head_dim
             {a}.attention.head_count_kv (per layer)  num_key_value_heads, and the full layers' own count
-            rope_freqs.weight (tensor)  rope_parameters.full_attention "proportional" (`rope.gemma4_rope_freqs`)
+            rope_freqs.weight (tensor)  rope_parameters.full_attention "proportional" (all four: the gemma4
+                                        record's hooks, `adapters/gemma4.py`)
             {a}.attention.shared_kv_layers / embedding_length_per_layer_input   num_kv_shared_layers /
                                         hidden_size_per_layer_input; feed_forward_length per layer where
                                         use_double_wide_mlp; expert_* from num_experts / top_k_experts /
@@ -59,10 +60,11 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from ..adapters.archs import CTX, FFN, KV, Arch, HParam
 from ..adapters.rotary import rotary_factor
+from ..adapters.sliding import every_nth
 from ..core.config_access import config_first
 from ..core.errors import GGUFConfigError
 from ..formats.gguf_keys import arch_key, template
@@ -173,8 +175,8 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     head_dim = hidden // heads
     if cfg.get("head_dim") is not None and not rec.hooks.ignores_head_dim:  # llama.cpp's Granite ignores head_dim
         head_dim = int(cfg["head_dim"])
-        # a row's own value wins (MiniCPM3); Phi-3 writes them later, and only for an odd head_dim
-        if not rec.head_dims and not rec.odd_head_dim and K.Attention.KEY_LENGTH.format(arch=a) not in md:
+        # a row's own value wins (MiniCPM3); a `late_head_dim` hook's family writes them later, where it says
+        if not rec.head_dims and not rec.hooks.late_head_dim and K.Attention.KEY_LENGTH.format(arch=a) not in md:
             md[K.Attention.KEY_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
             md[K.Attention.VALUE_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
     theta = config_first(cfg, ("rope_theta", "global_rope_theta"))
@@ -184,7 +186,7 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
         theta = cfg.get("rotary_emb_base")  # remote-code spelling (nomic-bert, old GPT-NeoX configs)
     if theta is not None:
         md[K.Rope.FREQ_BASE.format(arch=a)] = GGUFValue(float(theta), T.FLOAT32)
-    if rec.head_dims or (rec.odd_head_dim and head_dim != hidden // heads):
+    if rec.head_dims or (rec.hooks.late_head_dim and rec.hooks.late_head_dim(head_dim, hidden // heads)):
         md[K.Attention.KEY_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
         md[K.Attention.VALUE_LENGTH.format(arch=a)] = GGUFValue(head_dim, T.UINT32)
     if rec.partial_rotary:
@@ -215,14 +217,10 @@ def gguf_hparams(rec: Arch, cfg: Mapping[str, Any]) -> dict:
     if rec.sliding and cfg.get(window_hf) is not None:
         md[K.Attention.SLIDING_WINDOW.format(arch=a)] = GGUFValue(int(cfg[window_hf]), T.UINT32)
         md[K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)] = GGUFValue(_sliding_pattern(cfg), T.ARRAY, T.BOOL)
-    if rec.rope_swa:
-        swa = _swa_theta(cfg)
-        if swa is not None:
-            md[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(swa), T.FLOAT32)
-    if rec.swa_keys:
-        md.update(_swa_keys(rec, cfg))
-    if rec.gemma4:
-        md.update(_gemma4_hparams(rec, cfg, head_dim, int(found["block_count"])))
+    if rec.hooks.sliding_to_gguf:  # the sliding layers' own keys (Gemma 3's pattern, its and ModernBERT's RoPE base)
+        md.update(rec.hooks.sliding_to_gguf(cfg, rec))
+    if rec.hooks.layers_to_gguf:  # per-layer head dims, kv heads, widths (Gemma 4's)
+        md.update(rec.hooks.layers_to_gguf(cfg, rec, head_dim, int(found["block_count"])))
     md.update(_rows(rec, rec.late, {hp.key: config_first(cfg, hp.hf) for hp in rec.late}))
     md.update(_rows(rec, rec.tail, found))
     if rec.hybrid:
@@ -438,159 +436,6 @@ def _check_attention_scale(rec: Arch, cfg: Mapping[str, Any], hidden: int, heads
                       f"for this model ({want}); the GGUF will compute a different attention scale", stacklevel=3)
 
 
-def _swa_keys(rec: Arch, cfg: Mapping[str, Any]) -> dict:
-    """Gemma 3's sliding-window keys: the per-layer pattern where layer_types is not every `swa_period`-th layer
-    global (llama.cpp's default), and `rope.freq_base_swa` where the sliding layers' theta is not 10000."""
-    from gguf.constants import GGUFValueType as T
-    from gguf.constants import Keys as K
-
-    from ..formats.gguf_writer import GGUFValue
-
-    a, out = rec.gguf, {}
-    types, n = cfg.get("layer_types"), int(cfg.get("num_hidden_layers") or 0)
-    if isinstance(types, list) and types != _every_nth(n, rec.swa_period):
-        out[K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)] = GGUFValue([t == "sliding_attention" for t in types],
-                                                                 T.ARRAY, T.BOOL)
-    local = _swa_theta(cfg)
-    if local is not None and float(local) != 10000.0:
-        out[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(local), T.FLOAT32)
-    return out
-
-
-def gemma4_full(cfg: Mapping[str, Any], key: str, global_key: str):
-    """Gemma 4's full-attention layers' `key` (head_dim, num_key_value_heads): `global_key` (global_head_dim,
-    num_global_key_value_heads), else the first full layer's entry of per_layer_config, else None."""
-    v = cfg.get(global_key)
-    types = cfg.get("layer_types") or []
-    per_layer = cfg.get("per_layer_config") or {}
-    if v is None and isinstance(per_layer, Mapping):
-        for i, layer in sorted(per_layer.items(), key=lambda kv: int(kv[0])):
-            if int(i) < len(types) and types[int(i)] == "full_attention" and key in layer:
-                return layer[key]
-    return v
-
-
-def _gemma4_hparams(rec: Arch, cfg: Mapping[str, Any], head_dim: int, n: int) -> dict:
-    """Gemma 4's keys as llama.cpp's converter writes them: the full layers' head dim as key/value_length (and
-    rope.dimension_count: their partial RoPE is the rope_freqs tensor), the sliding layers' as *_swa, the
-    per-layer pattern, kv heads per layer where the full layers differ, shared kv layers, per-layer input width,
-    the sliding layers' theta."""
-    from gguf.constants import GGUFValueType as T
-    from gguf.constants import Keys as K
-
-    from ..formats.gguf_writer import GGUFValue
-
-    a = rec.gguf
-    per_layer_width = int(cfg.get("hidden_size_per_layer_input") or 0)
-    pl_vocab = cfg.get("vocab_size_per_layer_input")
-    if per_layer_width and pl_vocab is not None and int(pl_vocab) != int(cfg.get("vocab_size") or 0):
-        raise GGUFConfigError(f"config.json ({rec.model_type}): vocab_size_per_layer_input {pl_vocab} is not "
-                              f"vocab_size {cfg.get('vocab_size')}; llama.cpp's per-layer embedding has n_vocab "
-                              "rows", [K.LLM.EMBD_LENGTH_PER_LAYER_INP.format(arch=a)])
-    shared = int(cfg.get("num_kv_shared_layers") or 0)
-    types = cfg.get("layer_types")
-    if not isinstance(types, list) or len(types) != n:
-        raise GGUFConfigError(f"config.json ({rec.model_type}): layer_types {types!r} is not a list of {n} layer "
-                              "types", [K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)])
-    swa = [t == "sliding_attention" for t in types]
-    full = int(gemma4_full(cfg, "head_dim", "global_head_dim") or head_dim)
-    out = {K.Attention.KEY_LENGTH.format(arch=a): GGUFValue(full, T.UINT32),
-           K.Attention.VALUE_LENGTH.format(arch=a): GGUFValue(full, T.UINT32),
-           K.Attention.KEY_LENGTH_SWA.format(arch=a): GGUFValue(head_dim, T.UINT32),
-           K.Attention.VALUE_LENGTH_SWA.format(arch=a): GGUFValue(head_dim, T.UINT32),
-           K.Attention.SHARED_KV_LAYERS.format(arch=a): GGUFValue(shared, T.UINT32),
-           K.LLM.EMBD_LENGTH_PER_LAYER_INP.format(arch=a): GGUFValue(per_layer_width, T.UINT32),
-           K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a): GGUFValue(swa, T.ARRAY, T.BOOL),
-           K.Rope.DIMENSION_COUNT.format(arch=a): GGUFValue(full, T.UINT32)}
-    swa_params = (cfg.get("rope_parameters") or {}).get("sliding_attention") or {}
-    out[K.Rope.DIMENSION_COUNT_SWA.format(arch=a)] = GGUFValue(int(head_dim * float(swa_params.get(
-        "partial_rotary_factor", 1.0))), T.UINT32)
-    kv_full, kv = gemma4_full(cfg, "num_key_value_heads", "num_global_key_value_heads"), cfg.get("num_key_value_heads")
-    if kv_full is not None and kv is not None and int(kv_full) != int(kv):
-        out[K.Attention.HEAD_COUNT_KV.format(arch=a)] = GGUFValue([int(kv) if s else int(kv_full) for s in swa],
-                                                        T.ARRAY, T.UINT32)
-    if cfg.get("enable_moe_block"):  # experts beside the dense MLP in every layer
-        moe = {K.LLM.EXPERT_COUNT.format(arch=a): cfg.get("num_experts"),
-               K.LLM.EXPERT_USED_COUNT.format(arch=a): cfg.get("top_k_experts"),
-               K.LLM.EXPERT_FEED_FORWARD_LENGTH.format(arch=a): config_first(cfg, ("moe_intermediate_size",
-                                                                                 "expert_intermediate_size"))}
-        lacking = [k for k, v in moe.items() if v is None]
-        if lacking:
-            raise GGUFConfigError(f"config.json ({rec.model_type}): enable_moe_block without num_experts / "
-                                  "top_k_experts / moe_intermediate_size", lacking)
-        out.update({k: GGUFValue(int(v), T.UINT32) for k, v in moe.items()})
-    if cfg.get("use_double_wide_mlp"):  # the kv-sharing layers' MLP is twice as wide
-        ff = int(cfg["intermediate_size"])
-        out[K.LLM.FEED_FORWARD_LENGTH.format(arch=a)] = GGUFValue([ff if i < n - shared else 2 * ff for i in range(n)],
-                                                    T.ARRAY, T.UINT32)
-    local = _swa_theta(cfg)
-    if local is not None:
-        out[K.Rope.FREQ_BASE_SWA.format(arch=a)] = GGUFValue(float(local), T.FLOAT32)
-    return out
-
-
-def _gemma4_config(rec: Arch, get: Callable[..., Any], rope: Mapping[str, Any]) -> dict:
-    """Gemma 4's config.json entries back from its keys: the sliding layers' head dim and kv heads as head_dim /
-    num_key_value_heads, the full layers' in per_layer_config, layer_types, both RoPE entries (the full layers'
-    partial_rotary_factor comes from the rope_freqs tensor, `rope.gemma4_partial_rotary`)."""
-    from gguf.constants import Keys as K
-
-    a = rec.gguf
-    pattern = get(K.Attention.SLIDING_WINDOW_PATTERN)
-    n = int(get(K.LLM.BLOCK_COUNT))
-    if not isinstance(pattern, list) or len(pattern) != n:
-        raise GGUFConfigError(f"GGUF ({a}): attention.sliding_window_pattern {pattern!r} is not {n} booleans",
-                              [K.Attention.SLIDING_WINDOW_PATTERN.format(arch=a)])
-    shared = int(get(K.Attention.SHARED_KV_LAYERS, 0) or 0)
-    ff = get(K.LLM.FEED_FORWARD_LENGTH)
-    ff_list = ff if isinstance(ff, list) else [ff] * n
-    double = [int(ff_list[0]) if i < n - shared else 2 * int(ff_list[0]) for i in range(n)]
-    if isinstance(ff, list) and [int(x) for x in ff] not in (double, [int(ff[0])] * n):
-        raise GGUFConfigError(f"GGUF ({a}): feed_forward_length {ff} is neither one width nor Gemma 4's double-wide "
-                              f"MLP on the last {shared} (kv-sharing) layers",
-                              [K.LLM.FEED_FORWARD_LENGTH.format(arch=a)])
-    full, swa_dim = int(get(K.Attention.KEY_LENGTH)), int(get(K.Attention.KEY_LENGTH_SWA))
-    kv = get(K.Attention.HEAD_COUNT_KV, get(K.Attention.HEAD_COUNT))
-    kv_list = kv if isinstance(kv, list) else [kv] * n
-    kv_swa = next((int(k) for k, s in zip(kv_list, pattern) if s), int(kv_list[0]))
-    per_layer: dict[str, dict[str, int]] = {}
-    for i, (k, s) in enumerate(zip(kv_list, pattern)):
-        if not s:
-            per_layer[str(i)] = {"head_dim": full, **({"num_key_value_heads": int(k)} if int(k) != kv_swa else {})}
-    theta_swa = float(get(K.Rope.FREQ_BASE_SWA, 10000.0))
-    n_rot_swa = int(get(K.Rope.DIMENSION_COUNT_SWA, swa_dim))
-    swa_rope: dict[str, Any] = {"rope_type": "default", "rope_theta": theta_swa}
-    if n_rot_swa != swa_dim:
-        swa_rope["partial_rotary_factor"] = n_rot_swa / swa_dim
-    return {"head_dim": swa_dim, "num_key_value_heads": kv_swa, "per_layer_config": per_layer,
-            "layer_types": ["sliding_attention" if s else "full_attention" for s in pattern],
-            "hidden_size_per_layer_input": int(get(K.LLM.EMBD_LENGTH_PER_LAYER_INP, 0) or 0),
-            "num_kv_shared_layers": shared, "attention_k_eq_v": False, "intermediate_size": int(ff_list[0]),
-            "use_double_wide_mlp": isinstance(ff, list) and ff != [ff[0]] * n,
-            "enable_moe_block": bool(get(K.LLM.EXPERT_COUNT)), "num_experts": get(K.LLM.EXPERT_COUNT),
-            "top_k_experts": get(K.LLM.EXPERT_USED_COUNT),
-            "moe_intermediate_size": get(K.LLM.EXPERT_FEED_FORWARD_LENGTH),
-            "rope_parameters": {"sliding_attention": swa_rope,
-                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
-                                                   "rope_theta": float(rope["rope_theta"])}}}
-
-
-def _swa_theta(cfg: Mapping[str, Any]):
-    """The sliding-window layers' own RoPE base: `rope_parameters.sliding_attention.rope_theta` (transformers 5)
-    or the older top-level names (`rope_local_base_freq`: Gemma 3, `local_rope_theta`: ModernBERT); None if
-    the config has none."""
-    v = config_first(cfg, ("local_rope_theta", "rope_local_base_freq"))
-    params = cfg.get("rope_parameters")
-    if v is None and isinstance(params, Mapping) and isinstance(params.get("sliding_attention"), Mapping):
-        v = params["sliding_attention"].get("rope_theta")
-    return v
-
-
-def _every_nth(n: int, period: int) -> list[str]:
-    """layer_types with every `period`-th layer global, the rest sliding (Gemma 2: 2, Gemma 3: 6)."""
-    return ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n)]
-
-
 def _rows(rec: Arch, rows: Iterable[HParam], found: Mapping[str, Any]) -> dict:
     """The rows' keys (gguf-py's templates, `HParam.template`) and values from what the config holds (`found`);
     a per-layer list must repeat one value (GGUFConfigError otherwise)."""
@@ -670,7 +515,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         v = get(hp.template)
         if isinstance(v, list) and rec.hybrid:  # a hybrid's per-layer kv heads / MLP sizes: `_hybrid_config`
             continue
-        if isinstance(v, list) and rec.gemma4 and hp in (KV, FFN):  # per-layer: `_gemma4_config`
+        if isinstance(v, list) and hp.key in rec.hooks.per_layer_rows:  # per-layer: the `layers_to_hf` hook's
             continue
         if isinstance(v, list):  # per-layer values (head_count_kv): one config.json value when all are equal
             if not v or any(x != v[0] for x in v):
@@ -703,8 +548,8 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     scaling = rope_scaling_from_gguf(md, a)
     if scaling is not None and scaling["rope_type"] in ("linear", "yarn") and "factor" in scaling:
         rope.update(scaling)
-        if scaling["rope_type"] == "yarn" and rec.yarn_truncate is not None:
-            rope["truncate"] = rec.yarn_truncate
+        if rec.hooks.rope_scaling_to_hf:  # the family's own entries (gpt-oss's YaRN truncate)
+            rope.update(rec.hooks.rope_scaling_to_hf(scaling))
     if rec.window_flag:
         window = get(K.Attention.SLIDING_WINDOW)
         cfg[rec.window_flag] = bool(window)
@@ -726,9 +571,7 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
     if rec.qpas_27b:  # the scale llama.cpp computes (see _check_attention_scale)
         cfg["query_pre_attn_scalar"] = hidden // heads if int(get(K.LLM.BLOCK_COUNT)) == rec.qpas_27b else head_dim
     if rec.swa_period:
-        pattern = get(K.Attention.SLIDING_WINDOW_PATTERN) if rec.swa_keys else None
-        cfg["layer_types"] = (["sliding_attention" if p else "full_attention" for p in pattern]
-                              if isinstance(pattern, list) else _every_nth(int(get(K.LLM.BLOCK_COUNT)), rec.swa_period))
+        cfg["layer_types"] = every_nth(int(get(K.LLM.BLOCK_COUNT)), rec.swa_period)  # a pattern: `sliding_to_hf`
     for hp in rec.late:
         v = get(hp.template)
         cfg[hp.hf[0]] = float(v) if v else None
@@ -743,21 +586,12 @@ def hf_config(rec: Arch, md: Mapping[str, Any], names: set[str] | None, vocab: i
         pad = md.get("tokenizer.ggml.padding_token_id")
         if rec.position_offset and pad is not None and get(K.LLM.CONTEXT_LENGTH) is not None:
             cfg[CTX.hf[0]] = int(get(K.LLM.CONTEXT_LENGTH)) + int(pad) + 1  # RoBERTa's positions from pad + 1
-    if rec.swa_keys:  # Gemma 3: the sliding layers' own theta
-        cfg["rope_parameters"] = {"sliding_attention": {"rope_type": "default",
-                                                        "rope_theta": float(get(K.Rope.FREQ_BASE_SWA, 10000.0))},
-                                  "full_attention": rope}
-    elif not rec.embedding or get(K.Rope.FREQ_BASE) is not None:  # encoders with RoPE (nomic-bert) too
+    if not rec.embedding or get(K.Rope.FREQ_BASE) is not None:  # encoders with RoPE (nomic-bert) too
         cfg["rope_parameters"] = rope
-    if rec.rope_swa:
-        swa = dict(rope, rope_theta=float(get(K.Rope.FREQ_BASE_SWA, rope["rope_theta"])))
-        cfg["rope_parameters"] = {"full_attention": rope, "sliding_attention": swa}
-    if rec.gemma4:
-        cfg.update(_gemma4_config(rec, get, rope), vocab_size_per_layer_input=cfg["vocab_size"])
-        if names is not None:  # the full layers' k projection doubles as v (the 31B's, 26B-A4B's)
-            full = [i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"
-                    and i < int(get(K.LLM.BLOCK_COUNT)) - cfg["num_kv_shared_layers"]]
-            cfg["attention_k_eq_v"] = bool(full) and all(f"blk.{i}.attn_v.weight" not in names for i in full)
+    if rec.hooks.sliding_to_hf:  # rope_parameters per layer type (Gemma 3's pattern too, ModernBERT's)
+        rec.hooks.sliding_to_hf(cfg, get, rope, rec)
+    if rec.hooks.layers_to_hf:  # per-layer head dims, kv heads, widths (Gemma 4's)
+        rec.hooks.layers_to_hf(cfg, get, rope, rec, names)
     cfg.update(rec.hf_extra, **rec.requires)
     if names is not None:
         cfg["tie_word_embeddings"] = "output.weight" not in names

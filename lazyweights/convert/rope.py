@@ -2,9 +2,8 @@
 
 Llama 3.1's "llama3" scaling: llama.cpp reads it only from `rope_freqs.weight`, whose values
 `llama3_rope_factors` computes as llama.cpp's converter does (HF -> GGUF, `to_gguf`) and `llama3_rope_params`
-fits back into a `rope_parameters` dict (GGUF -> HF, `to_hf`). Gemma 4's "proportional" RoPE of its
-full-attention layers, the same way: `gemma4_rope_freqs` writes it, `gemma4_partial_rotary` reads it back.
-(Phi-3's LongRoPE factors are its record's hooks: `adapters/longrope.py`.)
+fits back into a `rope_parameters` dict (GGUF -> HF, `to_hf`). (Phi-3's LongRoPE factors and Gemma 4's
+"proportional" RoPE are their records' hooks: `adapters/longrope.py`, `adapters/gemma4.py`.)
 
 Example:
     >>> f = llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)
@@ -12,8 +11,6 @@ Example:
     ((64,), 8.0)
 """
 from __future__ import annotations
-
-from typing import Any, Mapping
 
 from ..core.errors import GGUFConfigError
 
@@ -38,48 +35,6 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
             smooth = (original_max_position_embeddings / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(out, dtype=np.float32)
-
-
-def gemma4_rope_freqs(cfg: Mapping[str, Any]):
-    """Gemma 4's "proportional" RoPE of the full-attention layers as llama.cpp's converter writes it: per pair of
-    the full head dim, 1 where it rotates (the first `partial_rotary_factor` share) and 1e30 (no rotation) after.
-
-    Example:
-        >>> f = gemma4_rope_freqs({"global_head_dim": 16, "rope_parameters": {"full_attention": {
-        ...     "rope_type": "proportional", "partial_rotary_factor": 0.25}}})
-        >>> f.tolist()[:3], f.dtype.name
-        ([1.0, 1.0, 1.0000000150474662e+30], 'float32')
-    """
-    import numpy as np
-
-    from .hparams import gemma4_full
-
-    full = (cfg.get("rope_parameters") or {}).get("full_attention") or {}
-    if full.get("rope_type", "proportional") != "proportional":
-        raise GGUFConfigError(f"config.json (gemma4): full-attention rope_type {full.get('rope_type')!r}; llama.cpp's "
-                              "converter writes only the proportional one", ["rope_freqs.weight"])
-    head_dim = int(gemma4_full(cfg, "head_dim", "global_head_dim") or cfg["head_dim"])
-    n_rot = int(head_dim * float(full.get("partial_rotary_factor", 1.0)) / 2)
-    return np.array([1.0] * n_rot + [1e30] * (head_dim // 2 - n_rot), dtype=np.float32)
-
-
-def gemma4_partial_rotary(rope_freqs, per_layer: Mapping[str, Any]) -> float:
-    """The full layers' `partial_rotary_factor` a Gemma 4 GGUF's `rope_freqs.weight` stands for: the share of
-    leading 1s (rotated pairs) before the 1e30s (unrotated ones); GGUFConfigError for any other values.
-
-    Example:
-        >>> gemma4_partial_rotary([1.0, 1.0, 1e30, 1e30, 1e30, 1e30, 1e30, 1e30], {"1": {"head_dim": 16}})
-        0.25
-    """
-    import numpy as np
-
-    r = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
-    n_rot = int((r == 1.0).sum())
-    head_dim = int(next(iter(per_layer.values()))["head_dim"]) if per_layer else 2 * r.size
-    if r.size != head_dim // 2 or not (r[:n_rot] == 1.0).all() or not (r[n_rot:] >= 1e29).all():
-        raise GGUFConfigError(f"rope_freqs.weight ({r.size} values, first {r[:4].tolist()}) is not Gemma 4's "
-                              f"proportional RoPE for head_dim {head_dim} (1s, then 1e30s)", ["rope_freqs.weight"])
-    return 2 * n_rot / head_dim
 
 
 def llama3_rope_params(rope_freqs, theta: float, head_dim: int) -> dict | None:

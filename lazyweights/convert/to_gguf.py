@@ -33,7 +33,7 @@ from ..formats.rope_scaling import rope_scaling_of
 from ..lazy.weight_data import WeightData
 from .hparams import gguf_hparams
 from .result import ConvertedStateDict, save_converted
-from .rope import gemma4_rope_freqs, llama3_rope_factors
+from .rope import llama3_rope_factors
 from .shape_checks import check_shapes
 
 # Hugging Face model_type -> (GGUF architecture, HF architecture class), from the identity rows (formats.arch_identity)
@@ -209,10 +209,8 @@ def convert_hf_to_gguf(state_dict: Mapping[str, Any], huggingface_config=None, *
                                       float(rs.get("original_max_position_embeddings", 8192)))
         adapted["rope_freqs.weight"] = WeightData.from_numpy(factors, "rope_freqs.weight")
     made = ARCHS[mt].hooks.gguf_tensors  # tensors the family's llama.cpp graph reads, made from config.json
-    if made is not None:
+    if made is not None:  # (Phi-3's LongRoPE factors, Gemma 4's rope_freqs)
         adapted.update(made(cfg_text))
-    if ARCHS[mt].gemma4:
-        adapted["rope_freqs.weight"] = WeightData.from_numpy(gemma4_rope_freqs(cfg_text), "rope_freqs.weight")
     # tied as transformers ties: a multimodal class reads its own (outer) config's value before its text_config's
     # (Qwen3-VL MoE: text_config true, the outer config false, lm_head.weight saved and used)
     if cfg.get("tie_word_embeddings", cfg_text.get("tie_word_embeddings", ARCHS[mt].tied)):

@@ -30,7 +30,7 @@ from ..formats.gguf_keys import arch_key
 from ..lazy.weight_data import WeightData
 from .hparams import REQUIRED_KEYS, hf_config
 from .result import ConvertedStateDict, save_converted
-from .rope import gemma4_partial_rotary, llama3_rope_params
+from .rope import llama3_rope_params
 from .tensors import gguf_to_hf
 
 
@@ -85,9 +85,8 @@ def hf_config_from_gguf(metadata: Mapping[str, Any], tensor_names: Iterable[str]
             rope.update(scaling)
     if rec.hooks.rope_from_tensors and rope_factors:  # Phi-3's LongRoPE factor tensors
         rope.update(rec.hooks.rope_from_tensors(md, arch, rope_factors))
-    if rec.gemma4 and rope_freqs is not None:
-        full = out["rope_parameters"]["full_attention"]
-        full["partial_rotary_factor"] = gemma4_partial_rotary(rope_freqs, out["per_layer_config"])
+    if rec.hooks.rope_freqs_to_hf and rope_freqs is not None:  # the family's own reading (Gemma 4's partial RoPE)
+        rec.hooks.rope_freqs_to_hf(out, rope_freqs)
     for attr, key in (("bos_token_id", Keys.Tokenizer.BOS_ID), ("eos_token_id", Keys.Tokenizer.EOS_ID),
                       ("pad_token_id", Keys.Tokenizer.PAD_ID)):
         if key in md:

@@ -155,8 +155,8 @@ def test_gemma4_configs_llama_cpp_cannot_run_are_named():
     """A full-attention RoPE other than "proportional" (llama.cpp's converter writes only that one as rope_freqs)
     and a MoE block without its sizes are GGUFConfigErrors naming the config entries."""
     from lazyweights.adapters.archs import ARCHS
+    from lazyweights.adapters.gemma4 import gemma4_rope_freqs
     from lazyweights.convert.hparams import gguf_hparams
-    from lazyweights.convert.rope import gemma4_rope_freqs
     from lazyweights.core.errors import GGUFConfigError
 
     cfg = transformers.Gemma4TextConfig(**_DENSE).to_dict()

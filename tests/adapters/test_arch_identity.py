@@ -93,7 +93,7 @@ def _tiny_config(rec) -> dict:
         cfg[rec.hybrid] = _HYBRID_LAYERS.get(rec.hybrid, kinds)
         if rec.hybrid == "attn_layer_period":
             cfg.update(attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1)
-    if rec.gemma4:
+    if rec.hooks.layers_to_gguf:  # Gemma 4: a layer_types list of block_count entries
         cfg["layer_types"] = ["sliding_attention"] * 3 + ["full_attention"]
     if rec.sliding:
         cfg[rec.window_hf or "sliding_window"] = 8
