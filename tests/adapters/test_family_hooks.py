@@ -107,3 +107,72 @@ def test_granite_hybrid_rope_switch_both_ways():
         assert value is finetuned
         back = rec.hooks.hybrid_to_hf({"{arch}.rope.scaling.finetuned": value}.get)
         assert back == {"position_embedding_type": "rope" if finetuned else None}
+
+
+def _lonely_flags(cls, records) -> dict[str, list[str]]:
+    """The boolean fields of the NamedTuple `cls` (bool or bool | None) that fewer than two of `records` set away
+    from the field's default, each with the model_types that do."""
+    from typing import get_type_hints
+
+    hints = get_type_hints(cls)
+    lonely = {}
+    for f in cls._fields:
+        if hints[f] not in (bool, bool | None):
+            continue
+        default = cls._field_defaults.get(f)
+        users = sorted(r.model_type for r in records if getattr(r, f) != default)
+        if len(users) < 2:
+            lonely[f] = users
+    return lonely
+
+
+def test_no_boolean_field_of_arch_is_one_familys_switch():
+    """Every boolean field of `Arch` is set by at least two records: a switch one family alone turns on is a
+    branch on that family inside the engines, which issue 38 makes a hook on its record instead."""
+    from lazyweights.adapters.archs import Arch
+
+    lonely = _lonely_flags(Arch, ARCHS.values())
+    assert not lonely, (f"boolean fields of Arch set by one record alone: {lonely}; write a hook on FamilyHooks "
+                        "(adapters/family_hooks.py) that the engines call by role, and remove the field")
+
+
+def test_one_record_flag_fails_the_check():
+    """The check above can fail: a record type with a boolean only one record sets (the way `Arch.gemma4` was)
+    is reported with that record; one two records set, or a non-boolean field, is not."""
+    from typing import NamedTuple
+
+    class _Rec(NamedTuple):
+        model_type: str
+        shared: bool = False
+        lonely: bool = False
+        maybe: bool | None = None
+        data: str = ""
+
+    recs = [_Rec("a", shared=True, lonely=True, maybe=False, data="x"), _Rec("b", shared=True), _Rec("c")]
+    assert _lonely_flags(_Rec, recs) == {"lonely": ["a"], "maybe": ["a"]}
+
+
+def test_moved_hooks_agree_with_their_families():
+    """The hooks issue 38 made from one-family flags: Phi-3 writes key_length late and only for an odd head dim,
+    gpt-oss reads YaRN back with truncate False, Gemma 3 and ModernBERT read the sliding layers' RoPE base back per
+    layer type, Gemma 4 makes and reads back its rope_freqs tensor; records without them have none."""
+    oss = ARCHS["gpt_oss"]
+    base = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 96,
+            "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 1e4, "vocab_size": 32}
+    keys = list(gguf_metadata_from_hf({**base, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}))
+    assert "phi3.attention.key_length" not in keys
+    keys = list(gguf_metadata_from_hf({**base, "head_dim": 8, "model_type": "phi3",
+                                       "architectures": ["Phi3ForCausalLM"]}))
+    assert keys.index("phi3.attention.key_length") > keys.index("phi3.rope.freq_base")
+    assert oss.hooks.rope_scaling_to_hf({"rope_type": "yarn"}) == {"truncate": False}
+    for mt in ("gemma3_text", "modernbert"):
+        assert ARCHS[mt].hooks.sliding_to_gguf and ARCHS[mt].hooks.sliding_to_hf
+    g4 = ARCHS["gemma4_text"].hooks
+    cfg = {"head_dim": 8, "global_head_dim": 16, "layer_types": ["sliding_attention", "full_attention"],
+           "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25}}}
+    freqs = g4.gguf_tensors(cfg)["rope_freqs.weight"].data
+    back = {"rope_parameters": {"full_attention": {}}, "per_layer_config": {"1": {"head_dim": 16}}}
+    g4.rope_freqs_to_hf(back, freqs)
+    assert back["rope_parameters"]["full_attention"]["partial_rotary_factor"] == 0.25
+    assert not any((ARCHS["llama"].hooks.late_head_dim, ARCHS["llama"].hooks.sliding_to_gguf,
+                    ARCHS["llama"].hooks.layers_to_gguf, ARCHS["llama"].hooks.rope_scaling_to_hf))
