@@ -29,6 +29,11 @@ never `rec.model_type == "falcon"`. The hooks, one job each:
   (Gemma 4, `gemma4`, all four, with `gguf_tensors`).
 - `rope_scaling_to_hf(scaling)`: entries the family adds to a linear / yarn `rope_parameters` read back
   (gpt-oss's `truncate`).
+- `hf_name_to_gguf(name, table, shared)` / `gguf_name_candidates(base, candidates)`: tensor names the family
+  spells its own way (`adapters/names.py`, looked up from the GGUF architecture): HF -> GGUF in place of the
+  shared rules (`table(hf_name)`: gguf-py's table alone; `shared(hf_name)`: the shared rules), and GGUF -> HF
+  candidates for `base` (the GGUF name in block 0; `candidates(base)`: gguf-py's, moved to the tensor's block)
+  (Gemma 4's MoE router scales and bare stacked experts, `gemma4`).
 
 Example:
     >>> from lazyweights.adapters.archs import ARCHS
@@ -48,6 +53,7 @@ from . import longrope as _longrope
 from . import sliding as _sliding
 
 Getter = Callable[..., Any]
+NameLookup = Callable[[str], str | None]  # a Hugging Face tensor name -> its GGUF name, or None
 
 
 class FamilyHooks(NamedTuple):
@@ -73,6 +79,8 @@ class FamilyHooks(NamedTuple):
     per_layer_rows: tuple[str, ...] = ()
     rope_freqs_to_hf: Callable[[dict, Any], None] | None = None
     rope_scaling_to_hf: Callable[[dict], dict] | None = None
+    hf_name_to_gguf: Callable[[str, NameLookup, NameLookup], str | None] | None = None
+    gguf_name_candidates: Callable[[str, Callable[[str], tuple[str, ...]]], tuple[str, ...]] | None = None
 
 
 # --- kv heads (HF -> GGUF) ----------------------------------------------------------------------------------------
@@ -288,5 +296,7 @@ MODERNBERT = FamilyHooks(sliding_to_gguf=_sliding.modernbert_sliding_to_gguf,
                          sliding_to_hf=_sliding.modernbert_sliding_to_hf)
 GEMMA4 = FamilyHooks(layers_to_gguf=_gemma4.gemma4_layers_to_gguf, layers_to_hf=_gemma4.gemma4_layers_to_hf,
                      per_layer_rows=_gemma4.PER_LAYER_ROWS, gguf_tensors=_gemma4.gemma4_tensors,
-                     rope_freqs_to_hf=_gemma4.gemma4_rope_freqs_to_hf)
+                     rope_freqs_to_hf=_gemma4.gemma4_rope_freqs_to_hf,
+                     hf_name_to_gguf=_gemma4.gemma4_hf_name_to_gguf,
+                     gguf_name_candidates=_gemma4.gemma4_gguf_name_candidates)
 GPT_OSS = FamilyHooks(rope_scaling_to_hf=yarn_truncate)

@@ -8,7 +8,9 @@ the full layers' "proportional" RoPE as the `rope_freqs.weight` tensor (`gemma4_
 rotated pairs, 1e30 on the rest). GGUF -> HF (`gemma4_layers_to_hf`, `layers_to_hf`): config.json's head dims,
 kv heads, `per_layer_config`, `layer_types`, both RoPE entries and `attention_k_eq_v`; the per-layer kv head and
 feed-forward rows are read here, not by the engine (`per_layer_rows`); the full layers' `partial_rotary_factor`
-from the `rope_freqs.weight` tensor (`gemma4_rope_freqs_to_hf`, `rope_freqs_to_hf`).
+from the `rope_freqs.weight` tensor (`gemma4_rope_freqs_to_hf`, `rope_freqs_to_hf`). Tensor names, both ways
+(`gemma4_hf_name_to_gguf`, `hf_name_to_gguf`; `gemma4_gguf_name_candidates`, `gguf_name_candidates`): the MoE's
+router scales as llama.cpp's converter names them (`.scale`) and the bare stacked experts.
 
 Example:
     >>> f = gemma4_rope_freqs({"global_head_dim": 8, "rope_parameters": {"full_attention": {
@@ -18,6 +20,7 @@ Example:
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Mapping
 
 from ..core.config_access import config_first
@@ -215,3 +218,55 @@ def gemma4_partial_rotary(rope_freqs, per_layer: Mapping[str, Any]) -> float:
         raise GGUFConfigError(f"rope_freqs.weight ({r.size} values, first {r[:4].tolist()}) is not Gemma 4's "
                               f"proportional RoPE for head_dim {head_dim} (1s, then 1e30s)", ["rope_freqs.weight"])
     return 2 * n_rot / head_dim
+
+
+# --- tensor names (`adapters/names.py` calls these through `hf_name_to_gguf` / `gguf_name_candidates`) -----------
+# Gemma 4's MoE: the router's input scale and per-expert output scale as llama.cpp's converter names them (`.scale`
+# beside the module's weight), and the bare stacked expert tensors
+GEMMA4_SCALES = ((".router.scale", ".router.proj"), (".router.per_expert_scale", ".experts.down_proj"))
+GEMMA4_BARE = (".experts.gate_up_proj", ".experts.down_proj")
+GEMMA4_MOE = re.compile(r"^model\.layers\.\d+\.(experts|router)\.")  # its spelling among gguf-py's candidates
+
+
+def gemma4_hf_name_to_gguf(name: str, table: Callable[[str], str | None],
+                           shared: Callable[[str], str | None]) -> str | None:
+    """The GGUF name of a Gemma 4 Hugging Face tensor: the MoE scales are `.scale` beside the weight of the module
+    gguf-py's `table` names (`GEMMA4_SCALES`); the bare stacked experts are looked up with `.weight`; every other
+    name goes to the `shared` rules.
+
+    Example:
+        >>> from lazyweights.adapters.names import hf_to_gguf_name
+        >>> hf_to_gguf_name("model.layers.2.router.scale", "gemma4")
+        'blk.2.ffn_gate_inp.scale'
+        >>> hf_to_gguf_name("model.layers.2.experts.gate_up_proj", "gemma4")
+        'blk.2.ffn_gate_up_exps.weight'
+    """
+    if name.endswith(GEMMA4_BARE):
+        name += ".weight"
+    for hf, module in GEMMA4_SCALES:
+        if name.endswith(hf):
+            got = table(name[: -len(hf)] + module + ".weight")
+            return got and got[: -len(".weight")] + ".scale"
+    return shared(name)
+
+
+def gemma4_gguf_name_candidates(base: str, candidates: Callable[[str], tuple[str, ...]]) -> tuple[str, ...]:
+    """The Hugging Face names of a Gemma 4 GGUF tensor (`base`: its name in block 0; `candidates(base)`: gguf-py's
+    names for it, moved to the tensor's block): the MoE scales (`GEMMA4_SCALES`) from their modules' weights, the
+    stacked experts without `.weight`, both among the Gemma 4 spellings (`GEMMA4_MOE`); other names as gguf-py's.
+
+    Example:
+        >>> from lazyweights.adapters.names import gguf_to_hf_candidates
+        >>> gguf_to_hf_candidates("blk.2.ffn_down_exps.scale", "gemma4")
+        ('model.layers.2.router.per_expert_scale',)
+        >>> gguf_to_hf_candidates("blk.2.ffn_gate_up_exps.weight", "gemma4")
+        ('model.layers.2.experts.gate_up_proj',)
+    """
+    if base.endswith(".scale"):  # the MoE scales
+        stem = base[: -len(".scale")] + ".weight"
+        return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in GEMMA4_SCALES
+                     for c in candidates(stem) if c.endswith(module + ".weight") and GEMMA4_MOE.match(c))
+    if base.endswith("_exps.weight"):  # the stacked experts are bare parameters
+        bare = tuple(b + ".weight" for b in GEMMA4_BARE)
+        return tuple(c[: -len(".weight")] for c in candidates(base) if c.endswith(bare) and GEMMA4_MOE.match(c))
+    return candidates(base)

@@ -25,6 +25,8 @@ from typing import Any, Iterable, Mapping
 
 from ..core.errors import UnsupportedArchitectureError
 from ..core.names import block_template, parse_block
+from .archs import arch_for_gguf
+from .family_hooks import FamilyHooks
 
 _SUFFIXES = (".weight", ".bias")
 
@@ -32,11 +34,6 @@ _SUFFIXES = (".weight", ".bias")
 _SCORE_BIAS = ("e_score_correction_bias", "e_score_correction.bias")
 _EXPERT_BIAS = ("mlp.expert_bias", "feed_forward.expert_bias")  # AFMoE's, LFM2-MoE's router bias: bare in gguf-py
 _LAYER_SCALAR = (".layer_scalar", ".layer_scalar.weight")  # Gemma 4's bare per-layer output scale
-# Gemma 4's MoE: the router's input scale and per-expert output scale as llama.cpp's converter names them
-# (`.scale` beside the module's weight), and the bare stacked expert tensors
-_GEMMA4_SCALES = ((".router.scale", ".router.proj"), (".router.per_expert_scale", ".experts.down_proj"))
-_GEMMA4_BARE = (".experts.gate_up_proj", ".experts.down_proj")
-_GEMMA4_MOE = re.compile(r"^model\.layers\.\d+\.(experts|router)\.")  # its spelling among gguf-py's candidates
 _DT_BIAS = (".dt_bias", ".dt_proj.bias")  # Mamba-2's dt_bias: llama.cpp's converter names it dt_proj.bias
 _HF_BID = re.compile(r"(?:^|(?<=\.))(\d+)(?=\.)")
 
@@ -53,6 +50,17 @@ def _name_map(arch: str):
 
 
 @functools.lru_cache(maxsize=64)
+def _hooks(arch: str) -> FamilyHooks:
+    """The hooks of the record a GGUF file of architecture `arch` is without metadata (`archs.arch_for_gguf`: the
+    architecture's default record): a family's own tensor spellings (`hf_name_to_gguf`, `gguf_name_candidates`);
+    none for an architecture no record has (gguf-py's tables name more)."""
+    try:
+        return arch_for_gguf(arch).hooks
+    except UnsupportedArchitectureError:  # no record: gguf-py's table alone (its own error, if any, comes later)
+        return FamilyHooks()
+
+
+@functools.lru_cache(maxsize=64)
 def _inverse(arch: str) -> dict[str, tuple[str, ...]]:
     inv: dict[str, list[str]] = {}
     for hf, (_, gg) in _name_map(arch).mapping.items():
@@ -63,17 +71,23 @@ def _inverse(arch: str) -> dict[str, tuple[str, ...]]:
 
 def hf_to_gguf_name(name: str, arch: str) -> str | None:
     """The GGUF name gguf-py gives a Hugging Face tensor name (`.weight`/`.bias` kept), or None. The first
-    number in the name is the block."""
+    number in the name is the block. Names a family spells its own way are its record's hook's
+    (`family_hooks`: `hf_name_to_gguf`)."""
     if name.endswith(_SCORE_BIAS[0]):  # DeepSeek-style routers' parameter, a bias in gguf-py's table
         name = name[: -len(_SCORE_BIAS[0])] + _SCORE_BIAS[1]
     if name.endswith(_DT_BIAS[0]):
         name = name[: -len(_DT_BIAS[0])] + _DT_BIAS[1]
-    if name.endswith(_LAYER_SCALAR[0]) or (arch == "gemma4" and name.endswith(_GEMMA4_BARE)):
+    if name.endswith(_LAYER_SCALAR[0]):
         name += ".weight"
-    for hf, module in _GEMMA4_SCALES if arch == "gemma4" else ():
-        if name.endswith(hf):
-            got = _hf_to_gguf_name(name[: -len(hf)] + module + ".weight", arch)
-            return got and got[: -len(".weight")] + ".scale"
+    own = _hooks(arch).hf_name_to_gguf
+    if own is not None:  # the family's own spellings first (its record's hook), the shared rules for the rest
+        return own(name, functools.partial(_hf_to_gguf_name, arch=arch), functools.partial(_shared_rules, arch=arch))
+    return _shared_rules(name, arch)
+
+
+def _shared_rules(name: str, arch: str) -> str | None:
+    """`hf_to_gguf_name` after the renamings and a family's own spellings: gguf-py's table, with the prefixes
+    some of its entries lack."""
     if name.endswith(_EXPERT_BIAS):
         return _hf_to_gguf_name(name, arch) and f"{_hf_to_gguf_name(name, arch)}.bias"
     got = _hf_to_gguf_name(name, arch)
@@ -97,18 +111,14 @@ def _hf_to_gguf_name(name: str, arch: str) -> str | None:
 
 def gguf_to_hf_candidates(name: str, arch: str) -> tuple[str, ...]:
     """Every Hugging Face name gguf-py maps to this GGUF name, in gguf-py's order (a name with no
-    `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`)."""
+    `.weight`/`.bias`, as Mamba's `blk.N.ssm_a`, maps to parameters without one: `mixer.A_log`). Names a family
+    spells its own way are its record's hook's (`family_hooks`: `gguf_name_candidates`)."""
     block = parse_block(name)
     base = "blk.0." + block[1] if block else name
     bid = str(block[0]) if block else None
-    if arch == "gemma4" and name.endswith(".scale"):  # the MoE scales (`_GEMMA4_SCALES`)
-        stem = base[: -len(".scale")] + ".weight"
-        return tuple(c[: -len(module) - len(".weight")] + hf for hf, module in _GEMMA4_SCALES
-                     for c in _candidates(stem, bid, arch) if c.endswith(module + ".weight") and _GEMMA4_MOE.match(c))
-    if arch == "gemma4" and base.endswith("_exps.weight"):  # the stacked experts are bare parameters
-        bare = tuple(b + ".weight" for b in _GEMMA4_BARE)
-        return tuple(c[: -len(".weight")] for c in _candidates(base, bid, arch)
-                     if c.endswith(bare) and _GEMMA4_MOE.match(c))
+    own = _hooks(arch).gguf_name_candidates
+    if own is not None:  # a family's own spellings (its record's hook) pick among, or respell, gguf-py's
+        return own(base, functools.partial(_candidates, bid=bid, arch=arch))
     return _candidates(base, bid, arch)
 
 
