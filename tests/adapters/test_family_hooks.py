@@ -15,9 +15,10 @@ from lazyweights.convert.to_gguf import gguf_metadata_from_hf
 from lazyweights.convert.to_hf import hf_config_from_gguf
 from lazyweights.formats.arch_identity import IDENTITIES
 
-ENGINES = ("hparams.py", "tensors.py", "to_gguf.py", "to_hf.py", "rope.py", "result.py", "transforms.py",
-           "shape_checks.py")
-CONVERT = Path(__file__).resolve().parents[2] / "lazyweights" / "convert"
+PACKAGE = Path(__file__).resolve().parents[2] / "lazyweights"
+ENGINES = tuple(f"convert/{m}" for m in ("hparams.py", "tensors.py", "to_gguf.py", "to_hf.py", "rope.py", "result.py",
+                                         "transforms.py", "shape_checks.py"))
+ENGINES += ("adapters/names.py",)  # gguf-py's name tables both ways: a family's own spellings are its hooks
 
 
 def _strings_outside_docstrings(tree: ast.AST) -> list[tuple[int, str]]:
@@ -31,15 +32,51 @@ def _strings_outside_docstrings(tree: ast.AST) -> list[tuple[int, str]]:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
 
 
-@pytest.mark.parametrize("module", ENGINES)
-def test_engines_name_no_family(module):
-    """No `model_type` or GGUF architecture of any record appears as a string in an engine module."""
+def _family_strings(source: str) -> list[tuple[int, str]]:
+    """(line, string) for every `model_type` or GGUF architecture of a record held as a string in `source`."""
     names = {r.model_type for r in IDENTITIES.values()} | {r.gguf for r in IDENTITIES.values()}
     names |= {a.model_type for a in ARCHS.values()} | {a.gguf for a in ARCHS.values()}
-    tree = ast.parse((CONVERT / module).read_text())
     names -= {"mamba"}  # also a layer kind (hybrids' layer_types: "attention" / "mamba" / "mlp"), not a family test
-    found = [(line, s) for line, s in _strings_outside_docstrings(tree) if s in names]
+    return [(line, s) for line, s in _strings_outside_docstrings(ast.parse(source)) if s in names]
+
+
+@pytest.mark.parametrize("module", ENGINES)
+def test_engines_name_no_family(module):
+    """No `model_type` or GGUF architecture of any record appears as a string in an engine module (the converters
+    and `adapters/names.py`)."""
+    found = _family_strings((PACKAGE / module).read_text())
     assert not found, f"{module} names families {found}: make the quirk a hook on the record (family_hooks)"
+
+
+def test_family_branch_fails_the_walk():
+    """The walk can fail: names.py with its old Gemma 4 branch (`arch == "gemma4"`) back is reported at that
+    line; a family named in a docstring or comment is not."""
+    source = (PACKAGE / "adapters" / "names.py").read_text()
+    assert not _family_strings(source)
+    fn = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "hf_to_gguf_name")
+    line = fn.body[1].lineno  # its first statement after the docstring
+    lines = source.splitlines()
+    lines.insert(line - 1, '    if arch == "gemma4":  # Gemma 4\n        pass')
+    assert _family_strings("\n".join(lines)) == [(line, "gemma4")]
+
+
+def test_name_hooks_reached_from_the_gguf_architecture():
+    """names.py finds Gemma 4's name hooks from the GGUF architecture alone, and they give llama.cpp's names for
+    its MoE tensors both ways; a record without them keeps gguf-py's (the same GGUF names are no candidates)."""
+    from lazyweights.adapters.names import gguf_to_hf_candidates, hf_to_gguf_name
+
+    g4 = ARCHS["gemma4_text"]
+    assert g4.gguf == "gemma4" and g4.hooks.hf_name_to_gguf and g4.hooks.gguf_name_candidates
+    assert sum(bool(a.hooks.hf_name_to_gguf or a.hooks.gguf_name_candidates) for a in ARCHS.values()) == 1
+    pairs = {"model.layers.3.router.scale": "blk.3.ffn_gate_inp.scale",
+             "model.layers.3.router.per_expert_scale": "blk.3.ffn_down_exps.scale",
+             "model.layers.3.experts.gate_up_proj": "blk.3.ffn_gate_up_exps.weight",
+             "model.layers.3.experts.down_proj": "blk.3.ffn_down_exps.weight"}
+    for hf, gg in pairs.items():
+        assert hf_to_gguf_name(hf, "gemma4") == gg
+        assert gguf_to_hf_candidates(gg, "gemma4") == (hf,)
+    assert hf_to_gguf_name("model.layers.3.router.scale", "qwen3moe") is None
+    assert "model.layers.3.experts.down_proj" not in gguf_to_hf_candidates("blk.3.ffn_down_exps.weight", "qwen3moe")
 
 
 def test_hooks_are_family_hooks():
