@@ -12,7 +12,7 @@ Example:
     >>> from lazyweights.adapters.archs import ARCHS
     >>> rec = ARCHS["modernbert"]
     >>> md = rec.hooks.sliding_to_gguf({"rope_parameters": {"sliding_attention": {"rope_theta": 1e4}}}, rec)
-    >>> md["modernbert.rope.freq_base_swa"].value
+    >>> md["modern-bert.rope.freq_base_swa"].value  # llama.cpp names the architecture modern-bert
     10000.0
     >>> every_nth(4, 2)
     ['sliding_attention', 'full_attention', 'sliding_attention', 'full_attention']
