@@ -451,21 +451,12 @@ def _receive_batched(raw, body) -> None:
             or not hasattr(socket, "SO_RCVLOWAT")):
         read_body(None, body, raw)
         return
-    pos = 0
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, RECEIVE_LOWAT)
-        while want - pos > margin:
-            n = fp.readinto(body[pos:want - margin])
-            if not n:
-                raise Transient(f"truncated body: {pos} of {want} bytes arrived")
-            pos += n
+        read_body(None, body[:want - margin], raw)
     finally:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-    while pos < want:
-        n = fp.readinto(body[pos:])
-        if not n:
-            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
-        pos += n
+    read_body(None, body[want - margin:], raw)  # the last bytes at the default mark
 
 
 _RECEIVE = threading.local()
