@@ -210,12 +210,9 @@ class RemoteFile:
         latency = float(self.options.get("request_latency", 0.005 if s3 else 0.0005))
         auto = self.options.get("bandwidth") == "auto"  # priced at what this host's fetches observe
         self.bandwidth = 1e9 if auto else float(self.options.get("bandwidth", 1e9))
-        self.gap = int(latency * self.bandwidth)  # break-even: a gap's bytes against one more request
-        # ... and against one more part of a multi-range request (server and client work per part: ~20 us of
-        # wall a part on one connection against nginx on loopback, nginx 6-17 us of CPU, the client ~10 us,
-        # benchmarks/RESULTS.md issue 35)
-        self.part_gap = int(float(self.options.get("part_cost", 20e-6)) * self.bandwidth)
-        self._latency, self._link = latency, (LinkMeter.of(url) if auto else None)
+        self._latency, self._part_cost = latency, float(self.options.get("part_cost", 20e-6))
+        self.gap, self.part_gap = self._gaps(self.bandwidth)
+        self._link = LinkMeter.of(url) if auto else None
         head = None
         if identity is not None:
             self.size, self.etag = identity
@@ -391,13 +388,17 @@ class RemoteFile:
             if from_cache:
                 self.bytes_from_cache += sum(e - s for s, e in ranges)
 
+    def _gaps(self, bandwidth: float) -> tuple[int, int]:
+        """The break-even gaps at `bandwidth` (bytes/s): a gap's bytes against one more request, and against
+        one more part of a multi-range request (server and client work per part: ~20 us of wall a part on one
+        connection against nginx on loopback, nginx 6-17 us of CPU, the client ~10 us; benchmarks/RESULTS.md,
+        issue 35)."""
+        return int(self._latency * bandwidth), int(self._part_cost * bandwidth)
+
     def _fetch(self, pieces: list[tuple[int, int]]) -> None:
         """Fetch `pieces` from the network into the map: requests planned by cost, many in flight."""
-        gap, part_gap = self.gap, self.part_gap
         observed = self._link.bandwidth() if self._link is not None else None
-        if observed:
-            gap = int(self._latency * observed)
-            part_gap = int(float(self.options.get("part_cost", 20e-6)) * observed)
+        gap, part_gap = self._gaps(observed) if observed else (self.gap, self.part_gap)
         requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
                                  part_gap=part_gap)
         if len(requests) == 1:
