@@ -63,6 +63,12 @@ def _intersect(asked: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
     return out[out[:, 1] > out[:, 0]]
 
 
+def _gaps_between(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The starts and ends of the intervals between the disjoint sorted ranges of `a` ((n, 2), n >= 0), the
+    one before the first and the one after the last included: what `a` does not cover."""
+    return np.concatenate([[-_FAR], a[:, 1]]), np.concatenate([a[:, 0], [_FAR]])
+
+
 def _merged(a: np.ndarray, gap: int = 0) -> np.ndarray:
     """`merge` of an (n, 2) array (n > 0), as an array."""
     a = a[np.lexsort((a[:, 1], a[:, 0]))]
@@ -177,8 +183,7 @@ class RangeSet:
             cut = cut[cut[:, 1] > cut[:, 0]]
             if len(cut):  # what stays held: the held ranges' pieces in the gaps of the (merged) cut
                 cut = _merged(cut)
-                self._set_array(_intersect(self._array(), np.concatenate([[-_FAR], cut[:, 1]]),
-                                           np.concatenate([cut[:, 0], [_FAR]])))
+                self._set_array(_intersect(self._array(), *_gaps_between(cut)))
             return
         cut_list = merge([r for r in ranges if r[1] > r[0]])
         if cut_list:
@@ -201,8 +206,7 @@ class RangeSet:
         if len(ranges) + self._count() >= NUMPY_FROM and ranges:
             held = self._array() if self._count() else np.zeros((0, 2), np.int64)
             # what is missing is what lies in the gaps between held ranges (and before and after them)
-            return _pairs(_intersect(_array(ranges), np.concatenate([[-_FAR], held[:, 1]]),
-                                     np.concatenate([held[:, 0], [_FAR]])))
+            return _pairs(_intersect(_array(ranges), *_gaps_between(held)))
         out, have, i = [], self.ranges, 0
         for start, end in ranges:
             pos = start
