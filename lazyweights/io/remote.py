@@ -66,8 +66,9 @@ import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
+from .http_backend import HTTPBackend
 from .ranges import LinkMeter, RangeSet, merge, plan_requests
-from .transport import Converting, S3Backend, Transient, backend
+from .transport import Converting, S3Backend, Transient
 
 _log = logging.getLogger(__name__)
 
@@ -149,6 +150,11 @@ def url_exists(url: str) -> bool:
             return False
         raise
     return True
+
+
+def backend(url: str, options: dict) -> Any:
+    """The transport for `url`: S3 (boto3) for `s3://`, HTTP(S) (urllib3) otherwise."""
+    return S3Backend(url, options) if url.lower().startswith("s3://") else HTTPBackend(url, options)
 
 
 def _anonymous_map(size: int) -> mmap.mmap:

@@ -1,4 +1,5 @@
-"""One validated ranged GET, from the socket into the caller's memory: HTTP(S) through `requests`, S3 through `boto3`.
+"""One validated ranged GET, from the socket into the caller's memory: HTTP(S) through urllib3
+(`io/http_backend.py`), S3 through `boto3`; and what both share (body reads, multi-range parsing, errors).
 
 A backend answers two questions: `identity()`, the object's (length, ETag) (`first_bytes` gives the same
 with the object's first bytes, in one request), and `get(start, end, size, etag, out)`, which receives
@@ -14,22 +15,7 @@ Why not fsspec or obstore for the bytes: fsspec's HTTP `cat_file` accepts a full
 s3fs cannot send `IfMatch`, and neither receives into the caller's buffer; obstore returns its own buffers
 (one more copy of every byte) and was measured against this path in benchmarks/bench_transport.py.
 
-Example (a local HTTP server; nothing here is specific to it):
-    >>> import http.server, threading, tempfile, os, functools
-    >>> root = tempfile.mkdtemp(); open(os.path.join(root, "blob"), "wb").write(bytes(range(256)) * 64)
-    16384
-    >>> class Quiet(http.server.SimpleHTTPRequestHandler):
-    ...     def log_message(self, *a): pass
-    >>> srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
-    >>> threading.Thread(target=srv.serve_forever, daemon=True).start()
-    >>> http_ = backend(f"http://127.0.0.1:{srv.server_port}/blob", {})
-    >>> http_.identity()[0]
-    16384
-    >>> http_.get(250, 258, 16384, None, memoryview(bytearray(8)))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    lazyweights.core.errors.RemoteError: http://127.0.0.1:.../blob: bytes [250, 258): the server ignored the ...
-    >>> srv.shutdown()
+The HTTP(S) backend is `io/http_backend.HTTPBackend`; `io/remote.backend(url, options)` picks one for a URL.
 """
 from __future__ import annotations
 
@@ -55,7 +41,7 @@ def content_range(value: str | None) -> tuple[int, int, int] | None:
     return int(m.group(1)), int(m.group(2)) + 1, (int(m.group(3)) if m.group(3) != "*" else -1)
 
 
-def _changed(url: str, what: str) -> SourceChangedError:
+def changed_error(url: str, what: str) -> SourceChangedError:
     return SourceChangedError(f"{url}: the object changed after it was opened ({what}). Reload it with load_weights().")
 
 
@@ -116,7 +102,7 @@ def _read_converting(read, fp, dest: Converting) -> None:
 def read_body(read, out, stream=None) -> None:
     """Receive exactly `len(out)` body bytes into `out` (a writable memoryview, or a `Converting` destination).
 
-    `stream`: the urllib3 response under it (requests' `r.raw`, botocore's `Body._raw_stream`). Where it has
+    `stream`: the urllib3 response under it (the HTTP backend's reply, botocore's `Body._raw_stream`). Where it has
     http.client's response underneath and nothing was read yet, the bytes go from the socket into `out` with
     `readinto`: one copy, no allocation. Otherwise `read` returns fresh chunks that are copied in."""
     pos, want = 0, len(out)
@@ -141,14 +127,6 @@ def read_body(read, out, stream=None) -> None:
         pos += len(chunk)
 
 
-def _consumed(r, nbytes: int) -> None:
-    """Tell requests a body read past its back (`readinto` on the socket) is done, when the reply had exactly
-    `nbytes`: then closing the response returns its keep-alive connection to the pool instead of closing it
-    (a new TCP connection per request cost about 2 ms on loopback, more across a network)."""
-    if r.headers.get("Content-Length") == str(nbytes) and not r.headers.get("Transfer-Encoding"):
-        r._content_consumed = True
-
-
 # A part header after its boundary line's `--boundary`: any headers, one of them Content-Range. One pattern for
 # every boundary (nginx picks a new boundary for every reply: a pattern per boundary was compiled per request)
 _PART_HEADER = re.compile(rb"\r\n(?:[^\r\n]*\r\n)*?Content-Range: *bytes (\d+)-(\d+)/(\d+|\*)\r\n"
@@ -156,16 +134,16 @@ _PART_HEADER = re.compile(rb"\r\n(?:[^\r\n]*\r\n)*?Content-Range: *bytes (\d+)-(
 PREAMBLE_BYTES = 1 << 16  # how far into a multi-range body its first boundary is looked for
 
 
-def _unreachable(url: str, e: BaseException) -> RemoteError | None:
+def unreachable_error(url: str, e: BaseException) -> RemoteError | None:
     """A RemoteError for a connection no retry can fix: refused (nothing listens at the host and port) or a host
     name that does not resolve; None for anything else (a dropped or timed-out connection is retried).
     Refused connections fail on the first attempt: waiting seconds for a server that is not there helps nobody.
 
     >>> import socket
     >>> err = OSError("wrapped"); err.__cause__ = ConnectionRefusedError(111, "Connection refused")
-    >>> print(_unreachable("http://127.0.0.1:9/m", err))  # doctest: +ELLIPSIS
+    >>> print(unreachable_error("http://127.0.0.1:9/m", err))  # doctest: +ELLIPSIS
     http://127.0.0.1:9/m: connection refused: nothing listens on 127.0.0.1:9; start the server or fix the host ...
-    >>> _unreachable("http://h/m", TimeoutError()) is None
+    >>> unreachable_error("http://h/m", TimeoutError()) is None
     True
     """
     import socket
@@ -191,183 +169,7 @@ def _unreachable(url: str, e: BaseException) -> RemoteError | None:
     return None
 
 
-class HTTPBackend:
-    """Ranged GETs over HTTP(S) with `requests`, one session per thread (connections are reused)."""
-
-    def __init__(self, url: str, options: dict):
-        self.url = url
-        self.timeout = float(options.get("timeout", 30))
-        self.headers = dict(options.get("headers", {}))
-        self._local = threading.local()
-
-    def _session(self):
-        import requests
-
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = self._local.session = requests.Session()
-            s.headers.update(self.headers)
-        return s
-
-    def _status_error(self, r, what: str) -> RemoteError:
-        return RemoteError(f"{self.url}: {what}: HTTP {r.status_code} {r.reason}", url=self.url, status=r.status_code)
-
-    def identity(self) -> tuple[int, str | None]:
-        """(length, ETag) from a HEAD request."""
-        import requests
-
-        try:
-            r = self._session().head(self.url, allow_redirects=True, timeout=self.timeout)
-        except requests.Timeout:
-            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
-        except requests.ConnectionError as e:
-            raise _unreachable(self.url, e) or Transient(f"connection failed: {e}") from None
-        if r.status_code >= 500:
-            raise Transient(f"HTTP {r.status_code} {r.reason}")
-        if r.status_code != 200:
-            raise self._status_error(r, "cannot open")
-        try:
-            size = int(r.headers["Content-Length"])
-        except (KeyError, ValueError):
-            raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size is unknown",
-                              url=self.url) from None
-        return size, r.headers.get("ETag")
-
-    def first_bytes(self, length: int) -> tuple[int, str | None, bytes | None]:
-        """(object length, ETag, its first `length` bytes) from one ranged GET: opening a checkpoint costs one
-        request, not a HEAD and then a read of its header. The bytes are None where the server ignored the
-        Range header with an object larger than `length` (its body is not read; ranged reads will refuse it)."""
-        import requests
-        import urllib3
-
-        try:
-            with self._request(f"0-{length - 1}", None) as r:
-                if r.status_code >= 500:
-                    raise Transient(f"HTTP {r.status_code} {r.reason}")
-                etag = r.headers.get("ETag")
-                if r.status_code == 416:  # an empty object has no byte 0
-                    return 0, etag, b""
-                if r.status_code == 206:
-                    got = content_range(r.headers.get("Content-Range"))
-                    if got is None or got[0] != 0 or got[2] < 0:
-                        raise RemoteError(f"{self.url}: asked for bytes [0, {length}) but the reply's Content-Range "
-                                          f"is {r.headers.get('Content-Range')!r}", url=self.url)
-                    size, want = got[2], got[1]
-                elif r.status_code == 200:
-                    try:
-                        size = want = int(r.headers["Content-Length"])
-                    except (KeyError, ValueError):
-                        raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size "
-                                          "is unknown", url=self.url) from None
-                    if size > length:
-                        return size, etag, None
-                else:
-                    raise self._status_error(r, "cannot open")
-                buf = bytearray(want)
-                read_body(r.raw.read, memoryview(buf), r.raw)
-                _consumed(r, want)
-                return size, etag, bytes(buf)
-        except requests.Timeout:
-            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise _unreachable(self.url, e) or Transient(f"connection failed: {e}") from None
-        except (RemoteError, SourceChangedError, Transient):
-            raise
-        except (OSError, urllib3.exceptions.HTTPError) as e:
-            raise Transient(f"truncated body: {e}") from None
-
-    def _request(self, ranges: str, etag: str | None):
-        headers = {"Range": "bytes=" + ranges, "Accept-Encoding": "identity"}
-        if etag and not etag.startswith("W/"):
-            headers["If-Match"] = etag
-        return self._session().get(self.url, headers=headers, stream=True, timeout=self.timeout)
-
-    def _check_common(self, r, etag: str | None, what: str) -> None:
-        if r.status_code in (412, 416):
-            raise _changed(self.url, f"HTTP {r.status_code} for {what}, ETag {etag}")
-        if r.status_code >= 500:
-            raise Transient(f"HTTP {r.status_code} {r.reason}")
-        reply_etag = r.headers.get("ETag")
-        if etag and reply_etag and reply_etag != etag:
-            raise _changed(self.url, f"ETag {etag} became {reply_etag}")
-
-    def get(self, start: int, end: int, size: int, etag: str | None, out) -> None:
-        """Bytes [start, end) of the `size`-byte object with `etag`, received into `out` (a memoryview, or a
-        `Converting` destination)."""
-        import requests
-        import urllib3
-
-        what = f"bytes [{start}, {end})"
-        try:
-            with self._request(f"{start}-{end - 1}", etag) as r:
-                self._check_common(r, etag, f"{what} of the {size}-byte object")
-                if r.status_code == 200:
-                    if not (start == 0 and end == size):
-                        raise RemoteError(
-                            f"{self.url}: {what}: the server ignored the Range header (status 200 with the whole "
-                            f"{r.headers.get('Content-Length', '?')}-byte object); serve the checkpoint from a "
-                            "server that supports range requests", url=self.url, status=200)
-                elif r.status_code != 206:
-                    raise self._status_error(r, what)
-                else:
-                    got = content_range(r.headers.get("Content-Range"))
-                    if got is None or got[:2] != (start, end):
-                        raise RemoteError(f"{self.url}: asked for {what} but the reply's Content-Range is "
-                                          f"{r.headers.get('Content-Range')!r}", url=self.url)
-                    if got[2] not in (-1, size):
-                        raise _changed(self.url, f"its length changed from {size} to {got[2]} bytes")
-                read_body(r.raw.read, out, r.raw)
-                _consumed(r, len(out))
-        except requests.Timeout:
-            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as e:
-            raise _unreachable(self.url, e) or Transient(f"connection dropped: {e}") from None
-        except (RemoteError, SourceChangedError, Transient):
-            raise
-        except (OSError, urllib3.exceptions.HTTPError) as e:  # ProtocolError / IncompleteRead: a body cut short
-            raise Transient(f"truncated body: {e}") from None
-
-    def get_many(self, ranges: list[tuple[int, int]], size: int, etag: str | None, outs: list[memoryview]) -> bool:
-        """Several ranges in one multi-range request (`multipart/byteranges`), each part checked against what
-        was asked and received into its `outs` entry as it streams in. False (nothing received) when the
-        server does not do multi-range: the caller then asks range by range."""
-        import requests
-        import urllib3
-
-        try:
-            with self._request(",".join(f"{s}-{e - 1}" for s, e in ranges), etag) as r:
-                self._check_common(r, etag, f"{len(ranges)} ranges")
-                kind = r.headers.get("Content-Type", "")
-                if r.status_code != 206 or not kind.startswith("multipart/byteranges"):
-                    return False  # a whole object, or only a single range: not multi-range capable
-                boundary = b"--" + kind.split("boundary=", 1)[1].strip().strip('"').encode()
-                self._read_parts(r.raw, boundary, ranges, size, outs)
-                r._content_consumed = True  # the whole body was read: the connection goes back to the pool
-                return True
-        except requests.Timeout:
-            raise Transient(f"timed out after {self.timeout:g} s (storage_options['timeout'])") from None
-        except (RemoteError, SourceChangedError, Transient):
-            raise
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, OSError,
-                urllib3.exceptions.HTTPError) as e:
-            raise _unreachable(self.url, e) or Transient(f"multi-range body failed: {e}") from None
-
-    def _read_parts(self, raw, boundary: bytes, ranges, size: int, outs) -> None:
-        # The whole reply is received into this thread's warm buffer (`_receive_batched`: a wake-up per 64 KiB,
-        # not per part), then split by position: every part header of one reply is the same bytes but for
-        # its Content-Range numbers, so the header expected for each asked range is built and compared where
-        # the previous part ended (`_split_parts`). Per-line parsing (readline per header) cost ~65 us a
-        # part, a regex search per part and a socket wake-up per part ~19 us (benchmarks/RESULTS.md).
-        fp = getattr(raw, "_fp", None)
-        length = getattr(fp, "length", None)
-        if fp is None or not hasattr(fp, "readinto") or length is None:
-            raise Transient("multi-range reply without a length or a readable stream")
-        body = _receive_buffer(length)
-        _receive_batched(raw, body)
-        _split_parts(self.url, body, boundary, ranges, size, outs)
-
-
-def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> None:
+def split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> None:
     r"""Check a whole `multipart/byteranges` body against the `ranges` asked for, in order, and copy each
     part's payload into its `outs` entry.
 
@@ -382,10 +184,10 @@ def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> No
     >>> body = (b"\r\n--XY\r\nContent-Type: a/b\r\nContent-Range: bytes 0-2/10\r\n\r\nabc"
     ...         b"\r\n--XY\r\nContent-Type: a/b\r\nContent-Range: bytes 5-6/10\r\n\r\nfg\r\n--XY--\r\n")
     >>> outs = [memoryview(bytearray(3)), memoryview(bytearray(2))]
-    >>> _split_parts("u", memoryview(body), b, [(0, 3), (5, 7)], 10, outs)
+    >>> split_parts("u", memoryview(body), b, [(0, 3), (5, 7)], 10, outs)
     >>> bytes(outs[0]), bytes(outs[1])
     (b'abc', b'fg')
-    >>> _split_parts("u", memoryview(body), b, [(0, 3)], 10, outs[:1])
+    >>> split_parts("u", memoryview(body), b, [(0, 3)], 10, outs[:1])
     Traceback (most recent call last):
     ...
     lazyweights.io.transport.Transient: malformed multi-range body: 1 part asked for, but byte 61 starts another part
@@ -408,7 +210,7 @@ def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> No
                                 f"{pos}, where the part before it ended (a part header that lies about its length)")
             got = (int(m.group(1)), int(m.group(2)) + 1, int(m.group(3)) if m.group(3) != b"*" else -1)
             if got[:2] != (s, e) or got[2] not in (-1, size):
-                raise _changed(url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
+                raise changed_error(url, f"a multi-range part for bytes [{s}, {e}) came back as {got}")
             if i == 0:  # the template of every next part: the same header but for its first and last byte
                 pre = line + bytes(body[m.start():m.start(1)])
                 mid = bytes(body[m.end(2):m.end()])
@@ -431,7 +233,7 @@ def _split_parts(url: str, body, boundary: bytes, ranges, size: int, outs) -> No
 RECEIVE_LOWAT = 64 << 10  # a multi-range body is received a wake-up per this many bytes (SO_RCVLOWAT)
 
 
-def _receive_batched(raw, body) -> None:
+def receive_batched(raw, body) -> None:
     """`read_body` of a whole reply into `body`, asking the kernel (SO_RCVLOWAT) to wake the receiving thread
     once `RECEIVE_LOWAT` bytes are queued instead of per TCP segment: a multi-range reply arrives a small part
     per segment, and a wake-up per part cost more CPU than the parsing (benchmarks/RESULTS.md, issue 35).
@@ -462,7 +264,7 @@ def _receive_batched(raw, body) -> None:
 _RECEIVE = threading.local()
 
 
-def _receive_buffer(nbytes: int) -> memoryview:
+def receive_buffer(nbytes: int) -> memoryview:
     """This thread's reusable receive buffer, at least `nbytes` long: allocated once and grown rarely, so it
     stays warm (fresh memory is slow to fault in on some VMs)."""
     buf = getattr(_RECEIVE, "buf", None)
@@ -500,12 +302,12 @@ class S3Backend:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "InvalidRange") or status in (412, 416):
-                return _changed(self.url, f"{what}: {code}")
+                return changed_error(self.url, f"{what}: {code}")
             if status and status >= 500:
                 return Transient(f"S3 {status} {code}")
             return RemoteError(f"{self.url}: {what}: S3 {status} {code}", url=self.url, status=status)
         endpoint = self.client.meta.endpoint_url
-        unreachable = _unreachable(endpoint, e)
+        unreachable = unreachable_error(endpoint, e)
         if unreachable is not None:  # named by the endpoint's URL, which is where nothing listens
             return RemoteError(f"{self.url}: {what}: {unreachable} (storage_options['endpoint_url'])", url=self.url)
         return Transient(f"{type(e).__name__}: {e}")
@@ -555,10 +357,10 @@ class S3Backend:
             if got is None and not (start == 0 and end == size):
                 raise RemoteError(f"{self.url}: bytes [{start}, {end}): the reply has no Content-Range", url=self.url)
             if got is not None and (got[:2] != (start, end) or got[2] not in (-1, size)):
-                raise _changed(self.url, f"asked for bytes [{start}, {end}) of {size} but got "
+                raise changed_error(self.url, f"asked for bytes [{start}, {end}) of {size} but got "
                                          f"{r.get('ContentRange')!r}")
             if etag and r.get("ETag") and r["ETag"] != etag:
-                raise _changed(self.url, f"ETag {etag} became {r['ETag']}")
+                raise changed_error(self.url, f"ETag {etag} became {r['ETag']}")
             read_body(r["Body"].read, out, getattr(r["Body"], "_raw_stream", None))
         except OSError as e:
             raise Transient(f"reading the body failed: {e}") from None
@@ -575,8 +377,3 @@ class S3Backend:
         except Exception as e:
             raise self._error(e, "cannot list the prefix") from None
         return sorted(out)
-
-
-def backend(url: str, options: dict):
-    """The backend for `url`: S3 for `s3://`, HTTP otherwise."""
-    return S3Backend(url, options) if url.lower().startswith("s3://") else HTTPBackend(url, options)

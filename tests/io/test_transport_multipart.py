@@ -13,9 +13,10 @@ import pytest
 
 import lazyweights as lw
 from lazyweights.core.errors import RemoteError, SourceChangedError
-from lazyweights.io import transport
+from lazyweights.io import http_backend, transport
+from lazyweights.io.http_backend import HTTPBackend
 from lazyweights.io.remote import RemoteFile
-from lazyweights.io.transport import HTTPBackend, Transient
+from lazyweights.io.transport import Transient
 
 BOUNDARY = "00000000000000000042"
 
@@ -159,7 +160,7 @@ def test_lowat_is_left_at_one_after_a_reply(blob, monkeypatch):
     so the next reply's headers are read as soon as they come."""
     url, data = blob
     marks, during = [], []
-    real = transport._receive_batched
+    real = transport.receive_batched
 
     def spy(raw, body):
         sock = raw._fp.fp.raw._sock  # http.client lets go of its file once the body is read
@@ -173,7 +174,7 @@ def test_lowat_is_left_at_one_after_a_reply(blob, monkeypatch):
         real(raw, body)
         marks.append((sock.gettimeout(), sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)))
 
-    monkeypatch.setattr(transport, "_receive_batched", spy)
+    monkeypatch.setattr(http_backend, "receive_batched", spy)
     be = HTTPBackend(url, {})
     size, etag = be.identity()
     ranges = _runs(size, 300, 1024, 4096)
