@@ -172,12 +172,14 @@ def fetch_views(steps) -> ViewFetch | None:
 
 
 def receive_target(step, out: np.ndarray) -> tuple | None:
-    """(file, start, end) when `step`'s remote bytes can be received straight into its output `out`: the
-    step is a copy, or a cast between dtypes of one width, of one contiguous run of a remote source's bytes
-    (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly. Then a cast is done as the
-    bytes arrive (`receive_into`) and each byte is written once, as a plain download would. None otherwise
-    (the bytes go through the source's map), and for a source that shares a `cache=` directory (its writer
-    reads the bytes after they arrive, and an in-place cast would change them under it)."""
+    """(file, start, end, rows) when `step`'s remote bytes can be received straight into its output `out`:
+    the step is a copy, or a cast between dtypes of one width, of one contiguous run of a remote source's bytes
+    (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly (`rows` None), or of a whole
+    tensor whose rows reach `out` in another order (`rows`: the output row of each source row; a RoPE q/k
+    permutation, `source_row_order`). Then a cast is done as the bytes arrive (`receive_into`) and each byte is
+    written once, as a plain download would. None otherwise (the bytes go through the source's map), and for a
+    source that shares a `cache=` directory (its writer reads the bytes after they arrive, and an in-place
+    cast would change them under it)."""
     node = step.node
     if not node.shape or not out.flags.c_contiguous or out.nbytes == 0:
         return None
@@ -187,33 +189,133 @@ def receive_target(step, out: np.ndarray) -> tuple | None:
         if src.dtype.size_in_bytes != node.dtype.size_in_bytes:
             return None
     leaf = src
-    while leaf.op in GroupOp.View:
+    while leaf.op in GroupOp.View or leaf.op is Op.TAKE:
         leaf = leaf.srcs[0]
     if leaf.op is not Op.SOURCE or not _is_remote(leaf.arg) or getattr(leaf.arg.file, "shares_cache", True):
         return None
+    if any(n.op is Op.TAKE for n in _layout_chain(src)):  # not a numpy view: rows in another order, or none
+        rows = source_row_order(src)
+        if rows is None or leaf.arg.nbytes != out.nbytes or leaf.shape[-1] * src.dtype.size_in_bytes > ROW_MAX:
+            return None
+        return leaf.arg.file, leaf.arg.offset, leaf.arg.offset + leaf.arg.nbytes, rows
     v = view_of(src, _unfetched_base, {})
-    if v is None or not v.flags.c_contiguous:
+    if v is None:
         return None
     ranges = view_byte_ranges(v, leaf.arg.file.whole_view())
     if len(ranges) != 1 or ranges[0][1] - ranges[0][0] != out.nbytes:
         return None
-    return leaf.arg.file, ranges[0][0], ranges[0][1]
+    if v.flags.c_contiguous:
+        return leaf.arg.file, ranges[0][0], ranges[0][1], None
+    rows = source_row_order(src)
+    if rows is None or leaf.shape[-1] * src.dtype.size_in_bytes > ROW_MAX:
+        return None
+    return leaf.arg.file, ranges[0][0], ranges[0][1], rows
+
+
+ROW_MAX = 256 << 10  # a row received whole into the receiving thread's 1 MiB buffer (`io/transport.Converting`)
+
+
+def _layout_chain(node: Node) -> list[Node]:
+    """The layout ops from `node` down to its first other op, top first."""
+    chain = []
+    while node.op in GroupOp.Layout:
+        chain.append(node)
+        node = node.srcs[0]
+    return chain
+
+
+def source_row_order(node: Node) -> np.ndarray | None:
+    """For layout ops over a SOURCE that move whole rows (last-axis runs) and keep every row once, each
+    output row's destination: `order[r]` is where source row r (in the source's row-major order) lands in
+    `node`'s rows. None when an op moves elements within a row, or rows are dropped or repeated.
+
+    >>> from types import SimpleNamespace
+    >>> from lazyweights.graph import ops
+    >>> from lazyweights.core.dtype import DType
+    >>> from lazyweights.formats.source import TensorRecord
+    >>> w = ops.source(TensorRecord(SimpleNamespace(size=24, path="w.bin"), "w", 0, 24, DType.bfloat16, (4, 3)))
+    >>> halves = ops.reshape(ops.take(ops.reshape(w, (2, 2, 3)), [1, 0], 1), (4, 3))  # swap the rows of each pair
+    >>> source_row_order(halves).tolist()
+    [1, 0, 3, 2]
+    >>> source_row_order(ops.permute(w, (1, 0))) is None  # a transpose moves elements within rows
+    True
+    """
+    chain = _layout_chain(node)
+    leaf = chain[-1].srcs[0] if chain else node
+    if leaf.op is not Op.SOURCE or len(leaf.shape) < 2:
+        return None
+    width = leaf.shape[-1]
+    ids = np.arange(int(np.prod(leaf.shape[:-1])), dtype=np.int64).reshape(leaf.shape[:-1])
+    for n in reversed(chain):
+        if not n.shape or n.shape[-1] != width:
+            return None
+        if n.op is Op.RESHAPE:
+            ids = ids.reshape(n.shape[:-1])
+        elif n.op is Op.PERMUTE:
+            if n.arg[-1] != len(n.arg) - 1:
+                return None
+            ids = ids.transpose(n.arg[:-1])
+        elif n.op is Op.TAKE:
+            axis, index = n.arg
+            if axis >= len(n.shape) - 1:
+                return None
+            ids = np.take(ids, index.array, axis=axis)
+        else:  # a slice drops rows (and may cut into them)
+            return None
+    ids = ids.reshape(-1)
+    order = np.full(ids.size, -1, np.int64)
+    order[ids] = np.arange(ids.size, dtype=np.int64)
+    if ids.size != order.size or (order < 0).any():
+        return None
+    return order
 
 
 def receive_into(step, out: np.ndarray, cache: dict) -> bool:
     """Arrange for `step`'s bytes to be received straight into `out` (see `receive_target`); True when they
     will. A cast is done as the bytes arrive, on the thread receiving them (`RemoteFile.receive`'s `convert`):
     each piece goes from the socket into that thread's cache-sized buffer and is cast (or copied) from there
-    into `out`, so the blocks of the step have nothing left to do."""
+    into `out`, so the blocks of the step have nothing left to do. Rows that land in another order are
+    received a whole row at a time and put in their places (`_rows_from_pieces`)."""
     target = receive_target(step, out)
     if target is None:
         return False
-    if step.node.op is Op.CAST:
-        convert, unit = _cast_from_pieces(step.node.srcs[0].dtype.to_numpy(), out), out.itemsize
+    file, start, end, rows = target
+    src_dtype = (step.node.srcs[0] if step.node.op is Op.CAST else step.node).dtype.to_numpy()
+    if rows is not None:
+        convert, unit = _rows_from_pieces(src_dtype, out, rows), out.shape[-1] * out.itemsize
+    elif step.node.op is Op.CAST:
+        convert, unit = _cast_from_pieces(src_dtype, out), out.itemsize
     else:  # a copy goes through the same warm buffer: faster here than readinto straight into a large array
         convert, unit = _copy_from_pieces(out), 1
-    cache[RECEIVE] = target + (out.reshape(-1).view(np.uint8).data, convert, unit)
+    cache[RECEIVE] = (file, start, end, out.reshape(-1).view(np.uint8).data, convert, unit)
     return True
+
+
+def _rows_from_pieces(src_dtype: np.dtype, out: np.ndarray, order: np.ndarray):
+    """convert(piece, offset) for `RemoteFile.receive`: `piece` holds whole source rows from byte `offset` of
+    the tensor; each is cast (or copied) into output row `order[r]`, through a piece-sized scratch."""
+    from ..kernels.casts import cast_into
+
+    table = out.reshape(-1, out.shape[-1])
+    width = table.shape[1]
+    row_bytes = width * np.dtype(src_dtype).itemsize
+
+    def convert(piece, offset: int) -> None:
+        first, n = offset // row_bytes, len(piece) // row_bytes
+        src = np.frombuffer(piece, src_dtype).reshape(n, width)
+        if src.dtype != table.dtype:
+            tmp = getattr(_ROWS, "buf", None)
+            if tmp is None or tmp.size < src.size or tmp.dtype != table.dtype:
+                tmp = _ROWS.buf = np.empty(max(src.size, BOUNCE_ELEMENTS), table.dtype)
+            src = tmp[:src.size].reshape(n, width)
+            cast_into(np.frombuffer(piece, src_dtype).reshape(n, width), src)
+        table[order[first:first + n]] = src
+
+    return convert
+
+
+_ROWS = threading.local()  # each receiving thread's cast scratch for `_rows_from_pieces` (kept warm)
+BOUNCE_ELEMENTS = 1 << 19
 
 
 def _copy_from_pieces(out: np.ndarray):

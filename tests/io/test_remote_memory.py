@@ -60,8 +60,8 @@ def test_no_disk_file_without_cache_and_casts_receive_into_the_result(nginx, big
     local = lw.plan(_w1([str(big)])).materialize()
     for k in local:
         assert np.asarray(got[k]).tobytes() == np.asarray(local[k]).tobytes(), k
-    f16 = [k for k, v in local.items() if np.asarray(v).dtype == np.float16 and "q_proj" not in k and "k_proj" not in k]
-    assert len(received) >= len(f16)  # every plain cast took the direct path (the RoPE-permuted q/k do not)
+    f16 = [k for k, v in local.items() if np.asarray(v).dtype == np.float16]
+    assert len(received) == len(f16)  # every cast took the direct path, the RoPE-permuted q/k too
     assert _files()
     fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
            if os.path.exists(f"/proc/self/fd/{fd}")]
@@ -141,6 +141,48 @@ def test_a_cast_received_in_pieces_equals_astype_from_any_start(nginx):
     read_body(lambda k: next(chunks, b""), Converting(fetch._cast_from_pieces(np.dtype(ml_dtypes.bfloat16), out2),
                                                       2 * n, 2))
     assert out2.view(np.uint16).tobytes() == want.view(np.uint16).tobytes()
+
+
+def test_rows_in_another_order_are_received_into_their_places(nginx, monkeypatch):
+    """A cast of a whole tensor whose rows are reordered (W1's RoPE q/k permutation: a take along a leading
+    axis) is received straight into the result, each row cast into its place as it arrives: nothing is held
+    in the map, each byte is served once, and the result equals numpy's. The 64 KiB the open fetched ends
+    inside a row: that row is fetched again, never cast from part of it.
+    A transpose (elements move within a row) is not a row order: it goes through the map, equal as well."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    _fresh()
+    rng = np.random.default_rng(5)
+    heads, dim, width = 6, 16, 1000  # rows of 2000 bytes: pieces of the 1 MiB buffer end inside rows
+    w = rng.standard_normal((heads * dim, width)).astype(ml_dtypes.bfloat16)
+    save_file({"w": w}, str(nginx.root / "rows_order.safetensors"))
+    weights = lw.load_weights([nginx.url("rows_order.safetensors")])
+    f = _files()[0]
+    start = weights.w.data().node.arg.offset
+    row = width * 2
+    assert start < 64 << 10 < start + w.nbytes and (65536 - start) % row
+
+    def permuted(x):  # interleaved -> half-split rows within each head, as the W1 adapter does
+        return x.reshape(heads, dim // 2, 2, width).transpose(0, 2, 1, 3).reshape(heads * dim, width)
+
+    lazy = weights.w.data()
+    perm = np.concatenate([np.arange(0, dim, 2), np.arange(1, dim, 2)])
+    sd = {"q": lazy.reshape(heads, dim, width)[:, perm].reshape(heads * dim, width).astype(lw.DType.float16),
+          "t": lazy.transpose(1, 0).astype(lw.DType.float16)}
+    held = []
+    real = RemoteFile.ensure_ranges
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", lambda self, r: (held.append(list(r)), real(self, r)))
+    nginx.clear_log()
+    got = lw.plan({"q": sd["q"]}).materialize()["q"]
+    assert got.tobytes() == permuted(w).astype(np.float16).tobytes()
+    assert not held  # received, never fetched into the map
+    assert f.held_bytes() == 64 << 10  # still only what the open fetched
+    first_missing_row = start + (65536 - start) // row * row  # the row the open's bytes end inside, again
+    assert nginx.bytes_sent() == start + w.nbytes - first_missing_row
+    got_t = lw.plan({"t": sd["t"]}).materialize()["t"]
+    assert got_t.tobytes() == w.T.astype(np.float16).tobytes()
+    assert held  # the transpose read its bytes through the map
 
 
 def test_a_copy_into_the_callers_buffers_is_received_there(nginx, big, monkeypatch):
