@@ -112,6 +112,48 @@ class RangeSet:
     def _count(self) -> int:
         return len(self._list) if self._list is not None else len(self._arr)  # type: ignore[arg-type]
 
+    def _covers(self, start: int, end: int) -> bool:
+        """Whether one held range contains all of [start, end) (a binary search, no conversion)."""
+        if self._list is not None:
+            i = bisect.bisect_right(self._list, (start, _FAR)) - 1
+            return i >= 0 and self._list[i][1] >= end
+        a = self._arr
+        assert a is not None
+        i = int(np.searchsorted(a[:, 0], start, side="right")) - 1
+        return i >= 0 and int(a[i, 1]) >= end
+
+    def _touches(self, start: int, end: int) -> bool:
+        """Whether any held range overlaps [start, end) (a binary search, no conversion)."""
+        if self._list is not None:
+            i = bisect.bisect_left(self._list, (end, end))  # the ranges before i start before `end`
+            # sorted and disjoint: of the ranges starting before `end`, only the last can reach past `start`
+            return i > 0 and self._list[i - 1][1] > start
+        a = self._arr
+        assert a is not None
+        i = int(np.searchsorted(a[:, 0], end, side="left"))
+        return i > 0 and int(a[i - 1, 1]) > start
+
+    def __len__(self) -> int:
+        """How many disjoint ranges are held, in whichever form they are (a rank's slice holds thousands of
+        row runs: turning the array into a list of pairs just to test for emptiness cost more than the sweeps).
+
+        >>> r = RangeSet([(0, 4), (8, 9)]); len(r), bool(RangeSet())
+        (2, False)
+        """
+        return self._count()
+
+    def first(self) -> tuple[int, int] | None:
+        """The lowest range, or None when nothing is held (without converting the other ranges).
+
+        >>> r = RangeSet(); r.add_many([(30, 40), (5, 10)]); r.first(), RangeSet().first()
+        ((5, 10), None)
+        """
+        if self._list is not None:
+            return self._list[0] if self._list else None
+        a = self._arr
+        assert a is not None
+        return (int(a[0, 0]), int(a[0, 1])) if len(a) else None
+
     def _array(self) -> np.ndarray:
         if self._arr is None:
             self._arr = _array(self.ranges)
@@ -203,6 +245,10 @@ class RangeSet:
         >>> RangeSet([(0, 10), (20, 30)]).missing_many([(5, 12), (15, 25), (28, 40)])
         [(10, 12), (15, 20), (30, 40)]
         """
+        if ranges and self._covers(ranges[0][0], ranges[-1][1]):
+            return []  # the common look before a fetch: a rank's thousands of runs, all held in one span
+        if ranges and not self._touches(ranges[0][0], ranges[-1][1]):
+            return [r for r in ranges if r[1] > r[0]]  # the first look: none of it held yet
         if len(ranges) + self._count() >= NUMPY_FROM and ranges:
             held = self._array() if self._count() else np.zeros((0, 2), np.int64)
             # what is missing is what lies in the gaps between held ranges (and before and after them)
@@ -228,6 +274,8 @@ class RangeSet:
         >>> RangeSet([(0, 10), (20, 30)]).held_many([(5, 25)])
         [(5, 10), (20, 25)]
         """
+        if ranges and self._covers(ranges[0][0], ranges[-1][1]):
+            return [r for r in ranges if r[1] > r[0]]
         if len(ranges) + self._count() >= NUMPY_FROM and ranges and self._count():
             held = self._array()
             return _pairs(_intersect(_array(ranges), held[:, 0], held[:, 1]))

@@ -172,6 +172,26 @@ def _anonymous_map(size: int) -> mmap.mmap:
             os.close(fd)
 
 
+def _whole_pages(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The whole pages inside each of the sorted disjoint `ranges` (their edges may share a page with bytes
+    still held), runs of adjacent pages joined: one madvise per run, not one per row run of a rank's slice.
+
+    >>> P = PAGE; _whole_pages([(1, 3 * P), (3 * P, 5 * P + 7), (6 * P + 1, 6 * P + 9)]) == [(P, 5 * P)]
+    True
+    """
+    if not ranges:
+        return []
+    a = np.asarray(ranges, np.int64)
+    lo, hi = -(-a[:, 0] // PAGE) * PAGE, a[:, 1] // PAGE * PAGE
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    if not len(lo):
+        return []
+    breaks = np.flatnonzero(lo[1:] > hi[:-1]) + 1  # a run ends where the next one does not start at its end
+    starts, ends = lo[np.r_[0, breaks]], hi[np.r_[breaks - 1, len(hi) - 1]]
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
 def _retrying(call, url: str, what: str, retries: int, *args):
     """`call(*args)`, retried with exponential backoff on `Transient` failures; then a `RemoteError`."""
     delay = 0.1
@@ -314,7 +334,7 @@ class RemoteFile:
         ranges = [(s, min(e, self.size)) for s, e in ranges if min(e, self.size) > s]
         while True:
             with self._lock:
-                if self._releasing.ranges:  # wanted again before the writer dropped them: keep them
+                if self._releasing:  # wanted again before the writer dropped them: keep them
                     for s, e in self._releasing.held_many(ranges):
                         self._releasing.remove(s, e)
                 missing = self._have.missing_many(ranges)
@@ -325,12 +345,16 @@ class RemoteFile:
                 # A hull is conservative: a piece inside another caller's hull waits, then is re-checked.
                 free: list[tuple[int, int]] = []
                 waiting: set[threading.Event] = set()
-                for s, e in missing:
-                    busy = [c for c in self._inflight if c[0] < e and c[1] > s]
-                    if busy:
-                        waiting.update(c[2] for c in busy)
-                    else:
-                        free.append((s, e))
+                lo, hi = missing[0][0], missing[-1][1]
+                if not any(c[0] < hi and c[1] > lo for c in self._inflight):
+                    free = missing  # nothing in flight overlaps: no test run by run
+                else:
+                    for s, e in missing:
+                        busy = [c for c in self._inflight if c[0] < e and c[1] > s]
+                        if busy:
+                            waiting.update(c[2] for c in busy)
+                        else:
+                            free.append((s, e))
                 mine = (free[0][0], free[-1][1], threading.Event()) if free else None
                 if mine is not None:
                     self._inflight.append(mine)
@@ -350,8 +374,7 @@ class RemoteFile:
         from whichever of the cache and the network has them first (see `io/host_cache.py`)."""
         host = self._host
         if host is None:
-            self._fetch(pieces)
-            self._mark_held(pieces)
+            self._mark_held(self._fetch(pieces))
             return
         delay = 0.001
         while pieces:
@@ -376,11 +399,11 @@ class RemoteFile:
                     host.unclaim(claimed)
                     continue
                 try:
-                    self._fetch(ours)
+                    fetched = self._fetch(ours)
                 except BaseException:
                     host.unclaim(claimed)
                     raise
-                self._mark_held(ours)
+                self._mark_held(fetched)
                 host.publish(self._mem, ours, claimed)  # written and logged off the critical path
                 pieces = span.missing_many(pieces)
                 delay = 0.001
@@ -401,16 +424,19 @@ class RemoteFile:
         issue 35)."""
         return int(self._latency * bandwidth), int(self._part_cost * bandwidth)
 
-    def _fetch(self, pieces: list[tuple[int, int]]) -> None:
-        """Fetch `pieces` from the network into the map: requests planned by cost, many in flight."""
+    def _fetch(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Fetch `pieces` from the network into the map: requests planned by cost, many in flight. Returns
+        what arrived, sorted: `pieces` with the gaps the plan fetched through (a rank's thousands of row runs
+        are then held as a few spans, and every later look at what is held stays cheap)."""
         observed = self._link.bandwidth() if self._link is not None else None
         gap, part_gap = self._gaps(observed) if observed else (self.gap, self.part_gap)
         requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
                                  part_gap=part_gap)
         if len(requests) == 1:
             self._request(requests[0])
-            return
-        self._run_all(self._request, requests)
+        else:
+            self._run_all(self._request, requests)
+        return merge([r for request in requests for r in request])
 
     def _run_all(self, call, requests: list) -> None:
         """`call(request)` for every request on the fetch pool (`max_concurrency` in flight); every one is
@@ -589,16 +615,14 @@ class RemoteFile:
             return
         with self._lock:
             ranges = self._have.held_many(merge(ranges))
-            if self._pinned.ranges:
+            if self._pinned:
                 ranges = self._pinned.missing_many(ranges)
             if self._leases and ranges:
                 ranges = self._lease_union().missing_many(ranges)
             self._have.remove_many(ranges)  # one sweep: thousands of row runs may be held and released
-            for s, e in ranges:
-                lo, hi = -(-s // PAGE) * PAGE, e // PAGE * PAGE  # whole pages only: the edges may be shared
-                if hi > lo:
-                    self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            first = self._have.ranges[0] if self._have.ranges else (0, 0)
+            for lo, hi in _whole_pages(ranges):
+                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            first = self._have.first() or (0, 0)
             self._prefix_end = first[1] if first[0] == 0 else 0
 
     @property
@@ -620,7 +644,7 @@ class RemoteFile:
             end = min(self.size, -(-(offset + length) // HEADER_READAHEAD) * HEADER_READAHEAD)
             self.ensure(offset, end - offset)
         with self._lock:
-            first = self._have.ranges[0] if self._have.ranges else (0, 0)
+            first = self._have.first() or (0, 0)
             self._prefix_end = first[1] if first[0] == 0 else 0
 
     # --- the SourceFile interface ------------------------------------------------------------------------
