@@ -53,7 +53,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from ..core.dtype import DType
 from ..core.errors import DTypeError, FormatError, UsageError
 from ..core.quantization import QuantizationEncoding
-from ..io.remote import is_url
+from ..io.remote import HEADER_READAHEAD, RemoteFile, current_options, is_url, open_all
 from .source import SourceFile, TensorRecord, absolute_location, location_exists
 
 GGUF_MAGIC = b"GGUF"
@@ -518,6 +518,11 @@ def _record(f: SourceFile, info: _Info, data_start: int, alignment: int) -> Tens
 
 
 # --- checkpoints (single and split) --------------------------------------------------------------------------
+def _open_part(url: str) -> None:
+    """Open a remote part of a split GGUF with its metadata's first `HEADER_READAHEAD` bytes."""
+    RemoteFile.open(url, *current_options(), readahead=HEADER_READAHEAD)
+
+
 def _split_siblings(path: str) -> list[str] | None:
     """All part paths for a split-named file, or None when the name is not `...-0000k-of-0000n.gguf`."""
     d, base = (path.rsplit("/", 1) if is_url(path) else os.path.split(os.path.abspath(path)))
@@ -553,9 +558,15 @@ def read_gguf_checkpoint(files: list[str]):
         siblings = _split_siblings(p)
         if not siblings or len(siblings) != count:
             continue  # not named like gguf-split's output: every part must be given (checked below)
+        # parts behind URLs are opened (identity and the metadata's first bytes) all at once, then parsed in
+        # order: a failed open is left for that part's own turn, which names it as before
+        opening = open_all([s for s in siblings if s not in parsed and is_url(s)], _open_part) \
+            if any(is_url(s) for s in siblings) else {}
         for i, sib in enumerate(siblings):
             if sib in parsed:
                 continue
+            if sib in opening:
+                opening[sib].exception()  # waited for; its error (if any) comes from the calls below
             if not location_exists(sib):
                 raise FormatError(f"{sib}: missing part {i + 1} of {count} of the split GGUF {p}")
             parsed[sib] = read_gguf(sib)

@@ -14,16 +14,15 @@ Example:
 """
 from __future__ import annotations
 
-import contextvars
 import os
 import struct
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterable
 
 from ..core.errors import FormatError, UsageError
 from ..core.units import paused_gc
-from ..io.remote import FIRST_READAHEAD, RemoteFile, current_options, is_url, list_prefix, remote_options
+from ..io.remote import FIRST_READAHEAD, RemoteFile, current_options, is_url, list_prefix, open_all, remote_options
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
 from .source import SourceFile, TensorRecord, absolute_location
 
@@ -166,8 +165,7 @@ def _open_checkpoint(paths, allow_pickle) -> Checkpoint:
         return _open_safetensors(files)
 
 
-# A remote checkpoint's shards are opened in one round of concurrent requests (issue 35): this many at once.
-OPEN_CONCURRENCY = 16
+# A remote checkpoint's shards are opened in one round of concurrent requests (issue 35; `io/remote.open_all`).
 # Header bytes a tensor takes beyond its name: 72-78 in compact JSON (DeepSeek-V3's and W1's shards), so 128
 # leaves room for spaced JSON and 12-digit offsets; plus the 8-byte length and 4 KiB for `__metadata__`.
 HEADER_BYTES_PER_TENSOR = 128
@@ -204,25 +202,8 @@ def _fetch_header(url: str, readahead: int) -> None:
 
 
 def _open_remote(urls: list[str], guesses: dict[str, int]) -> dict[str, Future]:
-    """Start opening every remote shard at once (`OPEN_CONCURRENCY` in flight), each with its header guess;
-    the caller takes the results in index order, so the error it raises is the first shard's, as when the
-    shards were opened one after another. The threads run in copies of this context: the `remote_options`
-    block (storage options, cache, the load's revalidation token) reaches them. One shard is opened on this
-    thread: there is nothing to overlap."""
-    if len(urls) == 1:
-        done: Future = Future()
-        try:
-            _fetch_header(urls[0], guesses.get(urls[0], FIRST_READAHEAD))
-            done.set_result(None)
-        except Exception as e:  # raised by the caller, as a pool's future would
-            done.set_exception(e)
-        return {urls[0]: done}
-    pool = ThreadPoolExecutor(min(OPEN_CONCURRENCY, len(urls)), thread_name_prefix="lazyweights-open")
-    try:
-        return {u: pool.submit(contextvars.copy_context().run, _fetch_header, u, guesses.get(u, FIRST_READAHEAD))
-                for u in urls}
-    finally:
-        pool.shutdown(wait=False)  # the workers exit once the queue is done (or cancelled)
+    """Start opening every remote shard at once (`io/remote.open_all`), each with its header guess."""
+    return open_all(urls, lambda u: _fetch_header(u, guesses.get(u, FIRST_READAHEAD)))
 
 
 def _open_safetensors(files: list[Path | str]) -> Checkpoint:

@@ -73,7 +73,7 @@ from .transport import Converting, S3Backend, Transient
 _log = logging.getLogger(__name__)
 
 __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_options", "list_prefix", "fetch_small",
-           "sibling_options", "url_exists"]
+           "sibling_options", "url_exists", "open_all"]
 
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10  # GGUF metadata: a few requests, not one per field
@@ -155,6 +155,31 @@ def url_exists(url: str) -> bool:
 def backend(url: str, options: dict) -> Any:
     """The transport for `url`: S3 (boto3) for `s3://`, HTTP(S) (urllib3) otherwise."""
     return S3Backend(url, options) if url.lower().startswith("s3://") else HTTPBackend(url, options)
+
+
+OPEN_CONCURRENCY = 16  # objects opened at once by `open_all` (a checkpoint's shards, a split GGUF's parts)
+
+
+def open_all(urls: list[str], prepare, concurrency: int = OPEN_CONCURRENCY) -> dict:
+    """Start `prepare(url)` for every URL at once (`concurrency` in flight): {url: Future}. The caller takes
+    the results in its own order, so the error it raises is the one it would have met opening the objects
+    one after another. The threads run in copies of this context: the `remote_options` block (storage
+    options, cache, the load's revalidation token) reaches them. One URL runs on this thread: there is
+    nothing to overlap."""
+    from concurrent.futures import Future
+
+    if len(urls) == 1:
+        done: Future = Future()
+        try:
+            done.set_result(prepare(urls[0]))
+        except Exception as e:  # raised by the caller, as a pool's future would
+            done.set_exception(e)
+        return {urls[0]: done}
+    pool = ThreadPoolExecutor(min(concurrency, len(urls)), thread_name_prefix="lazyweights-open")
+    try:
+        return {u: pool.submit(contextvars.copy_context().run, prepare, u) for u in urls}
+    finally:
+        pool.shutdown(wait=False)  # the workers exit once the queue is done (or cancelled)
 
 
 def _anonymous_map(size: int) -> mmap.mmap:

@@ -374,3 +374,53 @@ def test_vllm_config_files_are_fetched_in_one_round(tmp_path, delay_server):
     _fresh()
     with pytest.raises(RemoteError, match=r"config\.json.*404"):
         prepare_config_folder(server.url("llama/"), folder=str(tmp_path / "out2"))
+
+
+def _write_split_gguf(folder, parts: int) -> list[str]:
+    """A split GGUF (gguf-py's writer, llama.cpp's naming: m-0000k-of-0000n.gguf), one tensor per part."""
+    import gguf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(folder / "m.gguf"), "llama", split_max_tensors=1)
+    w.add_block_count(1)
+    for i in range(parts):
+        w.add_tensor(f"t{i}", np.arange(i, i + 24, dtype=np.float32).reshape(4, 6))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    names = sorted(p.name for p in folder.glob("m-*-of-*.gguf"))
+    assert len(names) == parts
+    return names
+
+
+def test_split_gguf_parts_open_in_one_concurrent_round(tmp_path, delay_server):
+    """A split GGUF over HTTP, given by its first part: the other parts are opened together (one GET each,
+    all in flight at once), so the open takes a few delays where one part after another took one or more
+    each. The records and values equal the local files' (read_gguf_checkpoint)."""
+    names = _write_split_gguf(tmp_path / "split", parts=6)
+    delay = 0.4
+    server = delay_server(tmp_path, lambda path: delay if path.endswith(".gguf") else 0.0)
+    _fresh()
+    t = time.perf_counter()
+    weights = lw.load_weights(server.url(f"split/{names[0]}"))
+    elapsed = time.perf_counter() - t
+    assert server.max_inflight >= len(names) - 1, server.max_inflight
+    assert sorted(set(server.gets(".gguf"))) == sorted(f"/split/{n}" for n in names)
+    assert len(server.gets(".gguf")) == len(names)  # one request a part: the metadata came with its identity
+    assert elapsed < 4 * delay, f"open took {elapsed:.2f} s; one delay is {delay} s, sequential would be {len(names)}"
+    local = lw.load_weights(str(tmp_path / "split" / names[0]))
+    assert list(weights.records) == list(local.records) == [f"t{i}" for i in range(len(names))]
+    for key in local.records:
+        np.testing.assert_array_equal(weights[key].data().to_numpy(), local[key].data().to_numpy())
+
+
+def test_a_missing_split_gguf_part_is_named(tmp_path, delay_server):
+    """A part of the split that the server does not have: the same FormatError as when parts were opened one
+    after another, naming the missing part and its number."""
+    names = _write_split_gguf(tmp_path / "split_gap", parts=4)
+    os.remove(tmp_path / "split_gap" / names[2])
+    server = delay_server(tmp_path)
+    _fresh()
+    with pytest.raises(FormatError, match=rf"{names[2]}: missing part 3 of 4 of the split GGUF"):
+        lw.load_weights(server.url(f"split_gap/{names[0]}"))
