@@ -29,7 +29,7 @@ import os
 from typing import Any
 
 from ..core.errors import JSONFileError, RemoteError
-from ..io.remote import fetch_small, is_url, remote_options, sibling_options, url_exists
+from ..io.remote import fetch_small, is_url, options_of, url_exists
 
 
 def beside(path: Any, name: str) -> str:
@@ -58,7 +58,7 @@ def read_json(path: Any, *, expect: type = dict, options_from: str | None = None
     path = os.fspath(path)
     try:
         if is_url(path):
-            with remote_options(*sibling_options(options_from or path)):
+            with options_of(options_from or path):
                 if not url_exists(path):
                     return None
                 doc = json.loads(fetch_small(path).decode("utf-8"))

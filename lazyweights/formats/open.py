@@ -20,10 +20,20 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Iterable
 
-from ..core.errors import FormatError, UsageError
+from ..core.errors import FormatError, RemoteError, UsageError
 from ..core.units import paused_gc
-from ..io.remote import FIRST_READAHEAD, RemoteFile, current_options, is_url, list_prefix, open_all, remote_options
+from ..io.remote import (
+    FIRST_READAHEAD,
+    METADATA_READAHEAD,
+    RemoteFile,
+    current_options,
+    is_url,
+    list_prefix,
+    open_all,
+    remote_options,
+)
 from .checkpoint import Checkpoint, PathLike, WeightsFormat, read_index
+from .json_files import beside
 from .source import SourceFile, TensorRecord, absolute_location
 
 
@@ -133,12 +143,12 @@ def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, 
 
     A compressed-tensors folder (config.json's `quantization_config`) comes back as lazy dense weights
     (`formats/compressed_tensors.py`) unless `decompress=False`."""
-    with remote_options(storage_options, cache):
-        checkpoint = _open_checkpoint(paths, allow_pickle)
-    if decompress and checkpoint.format is WeightsFormat.safetensors:
-        from .compressed_tensors import decompress_checkpoint
+    with remote_options(storage_options, cache):  # (one block: config.json, fetched with the shards, is read
+        checkpoint = _open_checkpoint(paths, allow_pickle)  # by the decompression check without a request)
+        if decompress and checkpoint.format is WeightsFormat.safetensors:
+            from .compressed_tensors import decompress_checkpoint
 
-        checkpoint = decompress_checkpoint(checkpoint)
+            checkpoint = decompress_checkpoint(checkpoint)
     return checkpoint
 
 
@@ -202,8 +212,22 @@ def _fetch_header(url: str, readahead: int) -> None:
 
 
 def _open_remote(urls: list[str], guesses: dict[str, int]) -> dict[str, Future]:
-    """Start opening every remote shard at once (`io/remote.open_all`), each with its header guess."""
-    return open_all(urls, lambda u: _fetch_header(u, guesses.get(u, FIRST_READAHEAD)))
+    """Start opening every remote shard at once (`io/remote.open_all`), each with its header guess, and the
+    config.json beside them in the same round (the compressed-tensors check reads it right after the open;
+    `_fetch_beside`)."""
+    beside_first = beside(urls[0], "config.json")
+    return open_all(urls + [beside_first], lambda u: _fetch_beside(u) if u == beside_first else
+                    _fetch_header(u, guesses.get(u, FIRST_READAHEAD)))
+
+
+def _fetch_beside(url: str) -> None:
+    """Open a small file beside the shards with its bytes (`METADATA_READAHEAD`). A failure here is no
+    error: the file may not exist, and whoever reads it later (`formats/json_files.read_json`) reports
+    what it meets then."""
+    try:
+        RemoteFile.open(url, *current_options(), readahead=METADATA_READAHEAD)
+    except RemoteError:
+        pass
 
 
 def _open_safetensors(files: list[Path | str]) -> Checkpoint:

@@ -73,7 +73,7 @@ from .transport import Converting, S3Backend, Transient
 _log = logging.getLogger(__name__)
 
 __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_options", "list_prefix", "fetch_small",
-           "sibling_options", "url_exists", "open_all"]
+           "sibling_options", "url_exists", "open_all", "options_of"]
 
 URL_SCHEMES = ("http://", "https://", "s3://")
 HEADER_READAHEAD = 256 << 10  # GGUF metadata: a few requests, not one per field
@@ -109,6 +109,21 @@ def remote_options(storage_options: dict | None = None, cache: str | None = None
         yield
     finally:
         _OPTIONS.reset(token)
+
+
+@contextlib.contextmanager
+def options_of(url: str) -> Iterator[None]:
+    """Within the block, remote files are opened with the options `url` was opened with (`sibling_options`):
+    how a file beside a checkpoint (its config.json) is read. Inside the load that opened `url` with those
+    same options the load's own block stays in force, so what that load opened and revalidated (the
+    config.json it fetched beside the shards) is used without another request."""
+    options, cache = sibling_options(url)
+    current, current_cache, token = _OPTIONS.get()
+    if token is not None and options == current and cache == current_cache:
+        yield
+        return
+    with remote_options(options, cache):
+        yield
 
 
 def current_options() -> tuple[dict, str | None]:

@@ -67,6 +67,7 @@ class DelayServer:
         self.root, self.delay = str(root), delay
         self.requests: list[tuple[str, str, dict]] = []
         self.inflight = self.max_inflight = 0
+        self.started: list[tuple[str, str, int]] = []  # (method, path, requests in flight as it arrived)
         self._lock = threading.Lock()
         owner = self
 
@@ -88,6 +89,7 @@ class DelayServer:
                     owner.requests.append((self.command, path, dict(self.headers)))
                     owner.inflight += 1
                     owner.max_inflight = max(owner.max_inflight, owner.inflight)
+                    owner.started.append((self.command, path, owner.inflight))
                 try:
                     time.sleep(owner.delay(path))
                     file = os.path.join(owner.root, path.lstrip("/"))
@@ -424,3 +426,21 @@ def test_a_missing_split_gguf_part_is_named(tmp_path, delay_server):
     _fresh()
     with pytest.raises(FormatError, match=rf"{names[2]}: missing part 3 of 4 of the split GGUF"):
         lw.load_weights(server.url(f"split_gap/{names[0]}"))
+
+
+def test_config_json_comes_in_the_round_of_the_shards(tmp_path, delay_server):
+    """The config.json beside the shards (which the compressed-tensors check reads right after the open) is
+    fetched in the same round as the shards, with them in flight, and read once: one GET, no HEAD. The open
+    is two rounds (the index, then the shards and config.json), where it was three."""
+    names = _write_checkpoint(tmp_path / "cfg", shards=3, tensors_per_shard=4)
+    (tmp_path / "cfg" / "config.json").write_text('{"model_type": "llama"}')
+    delay = 0.4
+    server = delay_server(tmp_path, lambda path: delay)
+    _fresh()
+    t = time.perf_counter()
+    lw.load_weights(server.url("cfg/model.safetensors.index.json"))
+    elapsed = time.perf_counter() - t
+    config = [(m, n) for m, p, n in server.started if p == "/cfg/config.json"]
+    assert [m for m, _ in config] == ["GET"], server.started
+    assert config[0][1] >= 2, server.started  # the shards' requests were in flight beside it
+    assert elapsed < 2.75 * delay, f"open took {elapsed:.2f} s: more than two rounds of {delay} s"
