@@ -250,13 +250,16 @@ def source_row_order(node: Node) -> np.ndarray | None:
     [1, 0, 3, 2]
     >>> source_row_order(ops.permute(w, (1, 0))) is None  # a transpose moves elements within rows
     True
+    >>> source_row_order(ops.take(w, [0, 2], 0)) is None  # rows dropped
+    True
     """
     chain = _layout_chain(node)
     leaf = chain[-1].srcs[0] if chain else node
     if leaf.op is not Op.SOURCE or len(leaf.shape) < 2:
         return None
     width = leaf.shape[-1]
-    ids = np.arange(int(np.prod(leaf.shape[:-1])), dtype=np.int64).reshape(leaf.shape[:-1])
+    rows = int(np.prod(leaf.shape[:-1]))
+    ids: np.ndarray = np.arange(rows, dtype=np.int64).reshape(leaf.shape[:-1])
     for n in reversed(chain):
         if not n.shape or n.shape[-1] != width:
             return None
@@ -274,9 +277,11 @@ def source_row_order(node: Node) -> np.ndarray | None:
         else:  # a slice drops rows (and may cut into them)
             return None
     ids = ids.reshape(-1)
-    order = np.full(ids.size, -1, np.int64)
-    order[ids] = np.arange(ids.size, dtype=np.int64)
-    if ids.size != order.size or (order < 0).any():
+    if ids.size != rows:  # rows dropped or repeated
+        return None
+    order = np.full(rows, -1, np.int64)
+    order[ids] = np.arange(rows, dtype=np.int64)
+    if (order < 0).any():  # some rows repeated, so others missing
         return None
     return order
 

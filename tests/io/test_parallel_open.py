@@ -432,7 +432,7 @@ def test_config_json_comes_in_the_round_of_the_shards(tmp_path, delay_server):
     """The config.json beside the shards (which the compressed-tensors check reads right after the open) is
     fetched in the same round as the shards, with them in flight, and read once: one GET, no HEAD. The open
     is two rounds (the index, then the shards and config.json), where it was three."""
-    names = _write_checkpoint(tmp_path / "cfg", shards=3, tensors_per_shard=4)
+    _write_checkpoint(tmp_path / "cfg", shards=3, tensors_per_shard=4)
     (tmp_path / "cfg" / "config.json").write_text('{"model_type": "llama"}')
     delay = 0.4
     server = delay_server(tmp_path, lambda path: delay)
