@@ -227,7 +227,7 @@ def _fetch_beside(url: str) -> None:
     try:
         RemoteFile.open(url, *current_options(), readahead=METADATA_READAHEAD)
     except RemoteError:
-        pass
+        pass  # absent or refused: read_json meets it again when (and if) the file is read, and says so
 
 
 def _open_safetensors(files: list[Path | str]) -> Checkpoint:

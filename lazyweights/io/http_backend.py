@@ -64,7 +64,7 @@ def _ca_bundle() -> str | None:
     try:
         import certifi
     except ImportError:
-        return None
+        return None  # urllib3 then verifies against the system's CA store
     return certifi.where()
 
 
@@ -100,7 +100,7 @@ def _netrc_authorization(url: str) -> str | None:
     try:
         found = netrc.netrc(path).authenticators(urlsplit(url).hostname or "")
     except (netrc.NetrcParseError, OSError):
-        return None
+        return None  # as requests does: a netrc it cannot read gives no credentials, and no error
     if not found:
         return None
     login, _, password = found

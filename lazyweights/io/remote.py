@@ -414,7 +414,8 @@ class RemoteFile:
         from whichever of the cache and the network has them first (see `io/host_cache.py`)."""
         host = self._host
         if host is None:
-            self._mark_held(self._fetch(pieces))
+            self._fetch(pieces)
+            self._mark_held(pieces)
             return
         delay = 0.001
         while pieces:
@@ -439,11 +440,11 @@ class RemoteFile:
                     host.unclaim(claimed)
                     continue
                 try:
-                    fetched = self._fetch(ours)
+                    self._fetch(ours)
                 except BaseException:
                     host.unclaim(claimed)
                     raise
-                self._mark_held(fetched)
+                self._mark_held(ours)
                 host.publish(self._mem, ours, claimed)  # written and logged off the critical path
                 pieces = span.missing_many(pieces)
                 delay = 0.001
@@ -464,10 +465,10 @@ class RemoteFile:
         issue 35)."""
         return int(self._latency * bandwidth), int(self._part_cost * bandwidth)
 
-    def _fetch(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Fetch `pieces` from the network into the map: requests planned by cost, many in flight. Returns
-        what arrived, sorted: `pieces` with the gaps the plan fetched through (a rank's thousands of row runs
-        are then held as a few spans, and every later look at what is held stays cheap)."""
+    def _fetch(self, pieces: list[tuple[int, int]]) -> None:
+        """Fetch `pieces` from the network into the map: requests planned by cost, many in flight. Only the
+        pieces count as held afterwards, not the gaps fetched through: a gap's bytes may belong to a record
+        no run leases, which no release would ever give back."""
         observed = self._link.bandwidth() if self._link is not None else None
         gap, part_gap = self._gaps(observed) if observed else (self.gap, self.part_gap)
         requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
@@ -476,7 +477,6 @@ class RemoteFile:
             self._request(requests[0])
         else:
             self._run_all(self._request, requests)
-        return merge([r for request in requests for r in request])
 
     def _run_all(self, call, requests: list) -> None:
         """`call(request)` for every request on the fetch pool (`max_concurrency` in flight); every one is

@@ -42,6 +42,11 @@ def content_range(value: str | None) -> tuple[int, int, int] | None:
 
 
 def changed_error(url: str, what: str) -> SourceChangedError:
+    """The `SourceChangedError` for an object found changed since it was opened (`what` says how).
+
+    >>> print(changed_error("http://h/m.safetensors", "ETag \\"a\\" became \\"b\\""))
+    http://h/m.safetensors: the object changed after it was opened (ETag "a" became "b"). Reload it with load_weights().
+    """
     return SourceChangedError(f"{url}: the object changed after it was opened ({what}). Reload it with load_weights().")
 
 
