@@ -183,6 +183,8 @@ def open_all(urls: list[str], prepare, concurrency: int = OPEN_CONCURRENCY) -> d
     nothing to overlap."""
     from concurrent.futures import Future
 
+    if not urls:  # (every part of a split already parsed, say): nothing to open, and a pool of 0 is refused
+        return {}
     if len(urls) == 1:
         done: Future = Future()
         try:

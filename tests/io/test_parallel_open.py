@@ -444,3 +444,15 @@ def test_config_json_comes_in_the_round_of_the_shards(tmp_path, delay_server):
     assert [m for m, _ in config] == ["GET"], server.started
     assert config[0][1] >= 2, server.started  # the shards' requests were in flight beside it
     assert elapsed < 2.75 * delay, f"open took {elapsed:.2f} s: more than two rounds of {delay} s"
+
+
+def test_every_split_gguf_part_given_as_a_url(tmp_path, delay_server):
+    """All parts named (URLs, in any order): each is parsed once, none is opened twice, and the records equal
+    the local files' (the second part's turn finds every sibling parsed already: nothing left to open)."""
+    names = _write_split_gguf(tmp_path / "split_all", parts=3)
+    server = delay_server(tmp_path)
+    _fresh()
+    weights = lw.load_weights([server.url(f"split_all/{n}") for n in reversed(names)])
+    local = lw.load_weights(str(tmp_path / "split_all" / names[0]))
+    assert list(weights.records) == list(local.records)
+    assert len(server.gets(".gguf")) == len(names)
