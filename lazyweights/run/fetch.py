@@ -422,8 +422,14 @@ class RemoteReads:
             self._lease(step)
         ranges = self._step_ranges(step)
         for file, rs in ranges.items():
-            file.ensure_ranges(rs)
+            file.ensure_ranges(rs, within=self._leased_spans(step, file))
         self._account(step, ranges)
+
+    def _leased_spans(self, step, file) -> list[tuple[int, int]]:
+        """The records of `file` that `step` reads and this run leases (sorted): the gaps fetched through
+        inside them are held with them and go back with their release (`RemoteFile.ensure_ranges`)."""
+        with self._cond:
+            return [(s, e) for f, s, e in self._records.get(id(step), ()) if f is file and (f, s, e) in self._leased]
 
     def _lease(self, step) -> None:
         """Lease the records `step` reads that this run does not lease yet, before any is fetched or looked
@@ -535,7 +541,7 @@ class RemoteReads:
                 return
             try:
                 for file, rs in ranges.items():
-                    file.ensure_ranges(rs)
+                    file.ensure_ranges(rs, within=self._leased_spans(step, file))
                 self._account(step, ranges)
             except Exception as e:  # reported by the block that needs these bytes
                 _log.debug("prefetch of %s stopped: %s", step.outputs, e)

@@ -190,8 +190,8 @@ def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, mo
     peak = [0]
     real_ensure = RemoteFile.ensure_ranges
 
-    def watched(self, ranges):
-        real_ensure(self, ranges)
+    def watched(self, ranges, within=None):
+        real_ensure(self, ranges, within)
         peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
 
     monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
@@ -290,8 +290,8 @@ def test_the_blocks_in_flight_fetch_within_the_window_too(nginx, burst, monkeypa
     peak = [0]
     real_ensure = RemoteFile.ensure_ranges
 
-    def watched(self, ranges):
-        real_ensure(self, ranges)
+    def watched(self, ranges, within=None):
+        real_ensure(self, ranges, within)
         peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
 
     monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)

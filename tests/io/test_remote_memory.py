@@ -76,8 +76,8 @@ def test_a_save_releases_what_it_read_and_stays_within_the_budget(nginx, big, tm
     peak = [0]
     real = RemoteFile.ensure_ranges
 
-    def watched(self, ranges):
-        real(self, ranges)
+    def watched(self, ranges, within=None):
+        real(self, ranges, within)
         peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
 
     monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
@@ -172,7 +172,7 @@ def test_rows_in_another_order_are_received_into_their_places(nginx, monkeypatch
           "t": lazy.transpose(1, 0).astype(lw.DType.float16)}
     held = []
     real = RemoteFile.ensure_ranges
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", lambda self, r: (held.append(list(r)), real(self, r)))
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", lambda self, r, within=None: (held.append(list(r)), real(self, r, within)))
     nginx.clear_log()
     got = lw.plan({"q": sd["q"]}).materialize()["q"]
     assert got.tobytes() == permuted(w).astype(np.float16).tobytes()
@@ -296,10 +296,10 @@ def test_a_run_never_reads_bytes_another_run_released(shared, monkeypatch, reade
     fetched_by_b: list[int] = []
     real_ensure, real_done = RemoteFile.ensure_ranges, fetch.RemoteReads.task_done
 
-    def ensure_ranges(self, ranges):
+    def ensure_ranges(self, ranges, within=None):
         who = threading.current_thread().name
         before = self.bytes_fetched
-        real_ensure(self, ranges)
+        real_ensure(self, ranges, within)
         if who == "run-a":
             a_fetched.set()
         elif who != "MainThread" and not who.startswith("lazyweights-open"):  # run B, or a thread it started
@@ -414,9 +414,9 @@ def test_a_failed_run_leaves_nothing_held_but_headers(nginx, big, tmp_path, monk
     real = RemoteFile.ensure_ranges
     calls = [0]
 
-    def ensure_ranges(self, ranges):
+    def ensure_ranges(self, ranges, within=None):
         if threading.current_thread().name.startswith("lazyweights-prefetch"):
-            return real(self, ranges)
+            return real(self, ranges, within)
         calls[0] += 1
         if calls[0] == 4:
             deadline = time.monotonic() + 10  # let the prefetchers fetch ahead first
@@ -424,7 +424,7 @@ def test_a_failed_run_leaves_nothing_held_but_headers(nginx, big, tmp_path, monk
                 time.sleep(0.01)
             assert sum(f.held_bytes() for f in _files()) >= 1 << 20
             raise lw.RemoteError(f"{self.path}: bytes {ranges[0]}: connection reset (injected)", url=self.path)
-        return real(self, ranges)
+        return real(self, ranges, within)
 
     monkeypatch.setattr(RemoteFile, "ensure_ranges", ensure_ranges)
     with pytest.raises(lw.RemoteError, match="connection reset"):
@@ -621,7 +621,7 @@ def test_remote_reads_prefetch_waits_for_the_window():
         def held(self):
             return self.have.total()
 
-        def ensure_ranges(self, ranges):
+        def ensure_ranges(self, ranges, within=None):
             self.have.add_many(ranges)
             self.peak = max(self.peak, self.held)
 
@@ -674,7 +674,7 @@ def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full(
         def __init__(self):
             self.have, self.peak = RangeSet(), 0
 
-        def ensure_ranges(self, ranges):
+        def ensure_ranges(self, ranges, within=None):
             self.have.add_many(ranges)
             self.peak = max(self.peak, self.have.total())
 
@@ -728,3 +728,82 @@ def test_options_reach_the_files_and_no_etag_means_no_shared_cache():
     with remote.remote_options({"timeout": 3}, "~/x"):
         opts, cache = remote.current_options()
         assert opts == {"timeout": 3} and cache == os.path.expanduser("~/x")
+
+
+# --- pages: strided slices go back whole, big fetches may take huge pages ------------------------------------
+def _resident(f) -> int:
+    """Bytes of `f`'s map the kernel holds in memory (mincore, page by page), whatever `f` believes it holds."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    pages = -(-f.size // mmap.PAGESIZE)
+    vec = np.zeros(pages, np.uint8)
+    assert libc.mincore(f._buffer.ctypes.data, f.size, vec.ctypes.data) == 0, ctypes.get_errno()
+    return int((vec & 1).sum()) * mmap.PAGESIZE
+
+
+def _vmas(f) -> list[tuple[int, int, list[str]]]:
+    """[(first offset, end offset, VmFlags), ...]: the VMAs of /proc/self/smaps over `f`'s map (clipped to it;
+    the kernel may merge a map with its neighbours, so flags, not sizes, are what to read here)."""
+    base = f._buffer.ctypes.data
+    end = base + f.size
+    vmas, cur = [], None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and ":" not in head[0]:  # a VMA's first line: "lo-hi perms offset ..."
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                cur = (max(lo, base) - base, min(hi, end) - base) if lo < end and hi > base else None
+            elif cur is not None and head[0] == "VmFlags:":
+                vmas.append((cur[0], cur[1], head[1:]))
+    return vmas
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore over an anonymous map")
+def test_a_rank_slice_fetched_through_its_gaps_gives_its_pages_back(nginx, big):
+    """Rank 0 of 4 of a row-parallel matrix is a short run per row; on loopback the cost model fetches the
+    gaps between them too. Those gaps lie inside the record the run leases, so they are held with it and
+    released with it: afterwards the maps keep only the opens' first bytes and a page or two per tensor.
+    (Before, only the runs counted as held: no page lay inside one, so no page was ever given back.)"""
+    _fresh()
+    url = nginx.url("big/model.safetensors.index.json")
+    got = lw.plan(lw.shard(_w1([url]), 0, 4)).materialize()
+    local = lw.plan(lw.shard(_w1([str(big)]), 0, 4)).materialize()
+    assert {k: np.asarray(v).tobytes() for k, v in got.items()} == {k: np.asarray(v).tobytes()
+                                                                     for k, v in local.items()}
+    files = _files()
+    gaps = sum(f.bytes_fetched for f in files) - sum(np.asarray(v).nbytes for v in got.values())
+    assert gaps > 1 << 20  # the down_proj slices' gaps were fetched (what this test is about)
+    assert not _only_headers_held(files)
+    rss = sum(_resident(f) for f in files)
+    tensors = len(dict(lw.load_weights([url]).items()))
+    assert rss <= len(files) * remote.FIRST_READAHEAD + tensors * 2 * remote.PAGE, (rss, gaps)
+
+
+@pytest.mark.skipif(getattr(__import__("mmap"), "MADV_HUGEPAGE", None) is None or not sys.platform.startswith("linux"),
+                    reason="MADV_HUGEPAGE and /proc/self/smaps")
+def test_a_big_fetch_into_the_map_may_take_huge_pages_a_small_one_never(nginx, write_safetensors):
+    """The whole 2 MB pages inside a fetch of at least 4 MB are advised for huge pages (one fault per 2 MB);
+    the open's first bytes and a small tensor are not, so a small read never takes 2 MB of memory."""
+    folder = nginx.root / "hugepages"
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(3)
+    write_safetensors(str(folder / "model.safetensors"),
+                      {"a.small": rng.standard_normal(3000).astype(np.float32),
+                       "b.big": rng.standard_normal((1536, 2048)).astype(np.float32)})  # 12 MB
+    _fresh()
+    w = lw.load_weights([nginx.url("hugepages/model.safetensors")])
+    (f,) = _files()
+    small, big_ = w["a.small"].data().node.arg, w["b.big"].data().node.arg
+    f.ensure_ranges([(small.offset, small.offset + small.nbytes)])
+    f.ensure_ranges([(big_.offset, big_.offset + big_.nbytes)])
+    assert f.held_bytes() >= big_.nbytes
+    vmas = _vmas(f)
+    advised = [(lo, hi) for lo, hi, flags in vmas if "hg" in flags]
+    assert advised, vmas
+    assert all(big_.offset <= lo and hi <= big_.offset + big_.nbytes for lo, hi in advised), (advised, vmas)
+    assert sum(hi - lo for lo, hi in advised) >= big_.nbytes - 2 * remote.HUGE_PAGE
+    assert np.frombuffer(f._mem[big_.offset:big_.offset + big_.nbytes], np.float32).tobytes() == \
+        np.asarray(w["b.big"].data().to_numpy()).tobytes()
