@@ -329,6 +329,8 @@ class RemoteFile:
         self._pinned = RangeSet()  # handed out by `view`: a caller's array aliases them, never released
         # (start, end) -> how many leases readers hold on it (`acquire`): no release drops a leased byte
         self._leases: dict[tuple[int, int], int] = {}
+        # released by a run while another reader's lease kept them: dropped when that lease ends (`_leased`)
+        self._doomed = RangeSet()
         self._inflight: list[tuple[int, int, threading.Event]] = []
         self._prefix_end = 0  # bytes [0, _prefix_end) are known to be present
         self._multi_range = not s3  # S3 has no multi-range GET; an HTTP server may turn out not to either
@@ -671,6 +673,9 @@ class RemoteFile:
         finally:
             with self._lock:
                 self._unlease(ranges)
+                doomed = self._doomed.held_many(merge(ranges)) if self._doomed else []
+            if doomed:  # a run released them while this block read: they are no one's hint any more
+                self._drop(doomed)
 
     def leased_bytes(self) -> int:
         """Bytes of the object some reader holds a lease on (0 once every run has ended, failed ones too)."""
@@ -716,7 +721,14 @@ class RemoteFile:
             if self._pinned:
                 ranges = self._pinned.missing_many(ranges)
             if self._leases and ranges:
-                ranges = self._lease_union().missing_many(ranges)
+                union = self._lease_union()
+                # Kept for a reader's lease: a run's lease goes back through here again, but a block's
+                # (`_leased`: a receive, a read) does not, so it drops them when it ends. Else a record
+                # released while another run received from it stayed held for good.
+                self._doomed.add_many(union.held_many(ranges))
+                ranges = union.missing_many(ranges)
+            if self._doomed and ranges:
+                self._doomed.remove_many(ranges)
             self._have.remove_many(ranges)  # one sweep: thousands of row runs may be held and released
             for lo, hi in _whole_pages(ranges):
                 self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

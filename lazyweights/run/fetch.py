@@ -11,6 +11,7 @@ A source under anything else is fetched whole. What a step reads is therefore ex
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import numpy as np
@@ -25,11 +26,21 @@ _log = logging.getLogger(__name__)
 _DONE = "remote sources fetched"
 _LOCK = "remote sources lock"
 _READS = "remote reads"
-# Steps fetched ahead at once: W1 over nginx, 4 against 1 (benchmarks/RESULTS.md). 3 on this 2-core VM took
-# 2.24 s / 2.68 s CPU against 4's 2.34 s / 2.98 s, but 3 made tests/io/test_remote_memory.py's concurrent-runs
-# check leave a record's bytes held after every run ended (2 runs in 40; 0 in 60 with 4): a release race
-# that a different interleaving exposes, to be found before the count goes down (issue 35's closing note).
-PREFETCH_THREADS = 4
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: every core counts
+        return os.cpu_count() or 1
+
+
+# Steps fetched ahead at once: each thread receives and casts (CPU work), so a core each plus one to cover
+# the request gaps, up to 4. W1 over nginx: 4 against 1 (benchmarks/RESULTS.md); on 2 cores 3 against 4 took
+# 2.24 s / 2.68 s CPU against 2.34 s / 2.98 s (medians of 8). (3 once exposed a release race, since fixed:
+# `RemoteFile._doomed`.)
+PREFETCH_THREADS = min(4, _usable_cores() + 1)
 RECEIVE = "receive into the output"  # a step cache key: (file, start, end, output bytes, convert, unit)
 
 

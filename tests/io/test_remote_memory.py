@@ -807,3 +807,31 @@ def test_a_big_fetch_into_the_map_may_take_huge_pages_a_small_one_never(nginx, w
     assert sum(hi - lo for lo, hi in advised) >= big_.nbytes - 2 * remote.HUGE_PAGE
     assert np.frombuffer(f._mem[big_.offset:big_.offset + big_.nbytes], np.float32).tobytes() == \
         np.asarray(w["b.big"].data().to_numpy()).tobytes()
+
+
+def test_a_record_released_while_another_run_receives_from_it_goes_when_the_receive_ends(nginx, big):
+    """Run A fetched a record into the map and releases it while run B is receiving from it (a cast straight
+    into B's result, copying what the map holds). B's lease keeps the bytes while B reads; when B's receive
+    ends they go. Before, they stayed held for good with no lease (found with 3 prefetch threads: the
+    concurrent-runs test above failed 2 times in 30)."""
+    _fresh()
+    w = lw.load_weights([nginx.url("big/model.safetensors.index.json")])
+    rec = w["model.embed_tokens.weight"].data().node.arg
+    f, span = rec.file, [(rec.offset, rec.offset + rec.nbytes)]
+    f.acquire(span)  # run A: lease, fetch into the map
+    f.ensure_ranges(span, within=span)
+    assert f.held_bytes() >= rec.nbytes
+    out = np.empty(rec.nbytes, np.uint8)
+    during = []
+
+    def convert(piece, offset):  # run B copies from the map; run A releases meanwhile
+        if not during:
+            f.release(span)
+            during.append(f.held_bytes())
+        out[offset:offset + len(piece)] = np.frombuffer(piece, np.uint8)
+
+    f.receive(span[0][0], span[0][1], memoryview(out), convert, 1)
+    assert during[0] >= rec.nbytes  # kept while B read
+    local = lw.load_weights([str(big)])["model.embed_tokens.weight"].data().to_numpy()
+    assert out.tobytes() == np.asarray(local).tobytes()
+    assert f.held_bytes() <= remote.FIRST_READAHEAD and not f.leased_bytes(), f._have.ranges
