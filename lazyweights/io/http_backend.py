@@ -195,7 +195,11 @@ class HTTPBackend:
                                   "unknown", url=self.url) from None
             return size, r.headers.get("ETag")
         finally:
-            self._discard(r)  # a HEAD has no body; closing costs a reconnect only after a HEAD
+            # A reply to HEAD has no body (RFC 9110 9.3.2; http.client reads none): reading it marks the reply
+            # complete and the connection goes back to the pool. A reload revalidates each of a checkpoint's
+            # shards (158 for DeepSeek-V3) with a HEAD: one connection for all of them, not one each.
+            r.drain_conn()
+            self._finish(r)
 
     def first_bytes(self, length: int) -> tuple[int, str | None, bytes | None]:
         """(object length, ETag, its first `length` bytes) from one ranged GET: opening a checkpoint costs one

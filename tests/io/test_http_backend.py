@@ -128,6 +128,17 @@ def test_ranged_gets_share_keep_alive_connections_across_threads_and_files(serve
     assert 1 <= server.connections <= 8
 
 
+def test_heads_reuse_one_connection(server):
+    """A reload revalidates every shard with a HEAD: 50 of them, one after another, over one connection (a
+    HEAD's reply has no body, so nothing is left to drain). Closing after each HEAD fails it (50)."""
+    for k in range(50):
+        assert HTTPBackend(server.url(f"/model-{k:05d}.safetensors"), {}).identity() == (len(DATA), '"v1"')
+    assert len(server.requests) == 50
+    assert server.connections == 1
+    assert _get(HTTPBackend(server.url(), {}), 10, 20) == DATA[10:20]  # and a GET after them on it
+    assert server.connections == 1
+
+
 def test_a_redirect_is_followed_and_credentials_stay_with_their_host(server):
     """A hub's resolve/ URL answers 302 with its CDN's: the bytes come from the target, and an Authorization
     header meant for the first host is not sent to the second (as requests does)."""
