@@ -98,6 +98,9 @@ def _w1_numpy(tensors, ckpt) -> dict:
     numpy/ml_dtypes over (name, torch tensor) pairs."""
     import ml_dtypes
     import torch
+
+    if BENCH not in sys.path:  # the shared workload's names (a contestant runs in its own process)
+        sys.path.insert(0, BENCH)
     from workload import adapt_name, rope_perm, target_dtype
 
     cfg = _config(ckpt)
