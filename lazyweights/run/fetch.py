@@ -511,11 +511,32 @@ class RemoteReads:
         for file, ranges in by_file.items():
             file.release(sorted(ranges))
 
+    def prefetch_order(self) -> list:
+        """The steps in the order the prefetchers take them: step order, except that the steps received
+        straight into their outputs (no map bytes, so no window to keep) fill their places largest first.
+        Longest first keeps the streams busy to the end: in step order W1's 131 MB lm_head came last and was
+        fetched alone, 0.14 s of a 1.9-2.9 s load with one request in flight (benchmarks/RESULTS.md).
+
+        >>> from types import SimpleNamespace as NS
+        >>> steps = [NS(name=n, node=NS(nbytes=b)) for n, b in [("a", 1), ("m", 9), ("b", 5), ("c", 3)]]
+        >>> reads = RemoteReads.__new__(RemoteReads)
+        >>> reads._steps = steps
+        >>> reads._caches = {id(st): ({} if st.name == "m" else {RECEIVE: ()}) for st in steps}
+        >>> [st.name for st in reads.prefetch_order()]
+        ['b', 'm', 'c', 'a']
+        """
+        caches = getattr(self, "_caches", {})
+        received = [i for i, st in enumerate(self._steps) if RECEIVE in caches.get(id(st), ())]
+        order = list(self._steps)
+        for i, st in zip(received, sorted((self._steps[i] for i in received), key=lambda st: -st.node.nbytes)):
+            order[i] = st
+        return order
+
     def start_prefetch(self, threads: int = PREFETCH_THREADS) -> None:
-        """Fetch ahead, in step order, on `threads` background threads taking the steps in turn (stopped by
-        `stop`): most tensors are one request, so one thread would keep one request in flight."""
+        """Fetch ahead, in `prefetch_order`, on `threads` background threads taking the steps in turn
+        (stopped by `stop`): most tensors are one request, so one thread would keep one request in flight."""
         if self._steps:
-            order = iter(self._steps)  # next() on it is atomic under the GIL: each step goes to one thread
+            order = iter(self.prefetch_order())  # next() on it is atomic under the GIL: each step goes to one thread
             for k in range(max(1, min(threads, len(self._steps)))):
                 t = threading.Thread(target=self._prefetch, args=(order,), daemon=True,
                                      name=f"lazyweights-prefetch-{k}")

@@ -11,6 +11,7 @@ import threading
 import time
 import types
 
+import ml_dtypes
 import numpy as np
 import pytest
 from test_remote import _checkpoint  # tests/io is on sys.path (pytest's rootdir insertion)
@@ -835,3 +836,34 @@ def test_a_record_released_while_another_run_receives_from_it_goes_when_the_rece
     local = lw.load_weights([str(big)])["model.embed_tokens.weight"].data().to_numpy()
     assert out.tobytes() == np.asarray(local).tobytes()
     assert f.held_bytes() <= remote.FIRST_READAHEAD and not f.leased_bytes(), f._have.ranges
+
+
+def test_the_prefetchers_take_the_largest_received_tensor_first(nginx, write_safetensors, monkeypatch):
+    """Tensors received straight into their outputs (casts here) are prefetched largest first, whatever the
+    step order: the largest one, last in the file, no longer ends the load as the only request in flight.
+    The results are the casts numpy makes."""
+    folder = nginx.root / "largest-first"
+    folder.mkdir(exist_ok=True)
+    rng = np.random.default_rng(5)
+    tensors = {f"{name}.weight": (rng.standard_normal(shape) + 0.5).astype(np.float32).astype(ml_dtypes.bfloat16)
+               for name, shape in [("a", (64, 64)), ("b", (256, 256)), ("c", (128, 64)), ("z", (512, 512))]}
+    write_safetensors(str(folder / "model.safetensors"), tensors)
+    _fresh()
+    taken: list[str] = []  # the steps in the order the prefetcher takes them (one prefetch thread: no race)
+    real_start, real_prefetch = fetch.RemoteReads.start_prefetch, fetch.RemoteReads._prefetch
+
+    def prefetch(self, order):
+        def tap():
+            for step in order:
+                taken.append(step.outputs[0])
+                yield step
+        return real_prefetch(self, tap())
+
+    monkeypatch.setattr(fetch.RemoteReads, "start_prefetch", lambda self: real_start(self, 1))
+    monkeypatch.setattr(fetch.RemoteReads, "_prefetch", prefetch)
+    w = lw.load_weights([nginx.url("largest-first/model.safetensors")])
+    got = lw.plan({k: w[k].data().astype(lw.DType.float16) for k in tensors}).materialize()
+    for k, v in tensors.items():
+        assert np.asarray(got[k]).tobytes() == v.astype(np.float32).astype(np.float16).tobytes(), k
+    # (the run may end, and stop the prefetcher, before it takes the last)
+    assert taken and taken == ["z.weight", "b.weight", "c.weight", "a.weight"][:len(taken)], taken
