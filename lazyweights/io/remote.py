@@ -506,13 +506,29 @@ class RemoteFile:
         issue 35)."""
         return int(self._latency * bandwidth), int(self._part_cost * bandwidth)
 
+    def footprint(self, ranges: list[tuple[int, int]]) -> int:
+        """Bytes a fetch of the sorted `ranges` brings into the map: the ranges and the gaps the cost model
+        would fetch through between them (held with their records until released, see `ensure_ranges`).
+        What a run's fetch window counts for them: a rank's row-parallel slice fetched through its gaps holds
+        its whole matrix, four times its runs' bytes at 4 ranks."""
+        if len(ranges) < 2:
+            return sum(e - s for s, e in ranges)
+        gap, part_gap = self._current_gaps()
+        requests = plan_requests(ranges, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
+                                 part_gap=part_gap)
+        return sum(e - s for request in requests for s, e in request)
+
+    def _current_gaps(self) -> tuple[int, int]:
+        """The break-even gaps in force: at the observed bandwidth where it is measured (`"auto"`)."""
+        observed = self._link.bandwidth() if self._link is not None else None
+        return self._gaps(observed) if observed else (self.gap, self.part_gap)
+
     def _fetch(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Fetch `pieces` from the network into the map: requests planned by cost, many in flight. Returns the
         spans fetched (the pieces and the gaps fetched through). The caller marks the pieces held, and of the
         gaps only those inside a record it leases (`_fill`'s `within`): a gap's bytes may belong to a record
         no run leases, which no release would ever give back."""
-        observed = self._link.bandwidth() if self._link is not None else None
-        gap, part_gap = self._gaps(observed) if observed else (self.gap, self.part_gap)
+        gap, part_gap = self._current_gaps()
         requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
                                  part_gap=part_gap)
         self._advise_huge([r for request in requests for r in request])

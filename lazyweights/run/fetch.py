@@ -366,6 +366,13 @@ def _cast_from_pieces(src_dtype: np.dtype, out: np.ndarray):
     return convert
 
 
+def _footprint(file, ranges: list[tuple[int, int]]) -> int:
+    """Bytes fetching `ranges` of `file` holds: its `footprint` (the gaps it fetches through count); a source
+    without a cost model holds exactly what it is asked for."""
+    footprint = getattr(file, "footprint", None)
+    return footprint(ranges) if footprint is not None else sum(e - s for s, e in ranges)
+
+
 class RemoteReads:
     """The remote bytes a run's block tasks read: fetched ahead in step order within `window` bytes, and
     released (`RemoteFile.release`) as soon as no unfinished task reads them, so a remote checkpoint of any
@@ -406,6 +413,7 @@ class RemoteReads:
             for rec in records:
                 self._uses[rec] = self._uses.get(rec, 0) + 1
         self._ranges: dict[int, dict] = {}
+        self._needs: dict[int, int] = {}  # step -> map bytes its fetch holds (`_step_need`)
         self._held: dict[int, int] = {}  # step -> remote bytes fetched for it and not yet released
         self._started: set[int] = set()  # steps a worker has begun fetching: the prefetcher leaves them
         self._leased: set[tuple] = set()  # records this run holds a lease on (`RemoteFile.acquire`)
@@ -461,7 +469,7 @@ class RemoteReads:
             if self._stop.is_set() or self._left.get(id(step), 0) == 0 or id(step) in self._held \
                     or id(step) in self._started:
                 return
-        need = sum(e - s for rs in self._step_ranges(step).values() for s, e in rs)
+        need = self._step_need(step)
         with self._cond:
             full = bool(self._held) and sum(self._held.values()) + need > self.window
         if full:
@@ -472,10 +480,18 @@ class RemoteReads:
             self._started.add(id(step))  # the prefetchers leave it: the block fetches for itself
             self._held[id(step)] = need
 
+    def _step_need(self, step) -> int:
+        """The map bytes fetching `step` holds (`RemoteFile.footprint`: its ranges and the gaps fetched through
+        between them), computed once."""
+        need = self._needs.get(id(step))
+        if need is None:
+            need = self._needs[id(step)] = sum(_footprint(f, rs) for f, rs in self._step_ranges(step).items())
+        return need
+
     def _account(self, step, ranges: dict) -> None:
         with self._cond:
             if id(step) not in self._held and self._left.get(id(step), 0) > 0:
-                self._held[id(step)] = sum(e - s for rs in ranges.values() for s, e in rs)
+                self._held[id(step)] = self._step_need(step)
 
     def task_done(self, task) -> None:
         """One of `task`'s step's tasks finished; after its last, release what no other step still reads."""
@@ -557,7 +573,7 @@ class RemoteReads:
                 continue
             try:
                 ranges = self._step_ranges(step)
-                need = sum(e - s for rs in ranges.values() for s, e in rs)
+                need = self._step_need(step)
                 with self._cond:
                     while (not self._stop.is_set() and self._left.get(id(step), 0) > 0 and self._held
                            and sum(self._held.values()) + need > self.window):

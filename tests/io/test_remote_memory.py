@@ -22,6 +22,7 @@ from lazyweights.io.host_cache import HostCache
 from lazyweights.io.ranges import RangeSet, plan_requests
 from lazyweights.io.remote import RemoteFile
 from lazyweights.run import fetch
+from lazyweights.run.sinks import MemorySink
 from lazyweights.tools import demo as w1
 
 CFG = types.SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=512)
@@ -867,3 +868,38 @@ def test_the_prefetchers_take_the_largest_received_tensor_first(nginx, write_saf
         assert np.asarray(got[k]).tobytes() == v.astype(np.float32).astype(np.float16).tobytes(), k
     # (the run may end, and stop the prefetcher, before it takes the last)
     assert taken and taken == ["z.weight", "b.weight", "c.weight", "a.weight"][:len(taken)], taken
+
+
+@pytest.fixture(scope="module")
+def deep(nginx, write_safetensors):
+    """`big` with 6 layers: six 1 MB down_proj matrices, each a row-parallel slice for a rank."""
+    folder = nginx.root / "deep"
+    _checkpoint(folder, write_safetensors, layers=6, hidden=512, vocab=2000)
+    return folder
+
+
+def test_a_rank_fetched_through_its_gaps_stays_within_the_budget(nginx, deep, monkeypatch):
+    """A row-parallel slice fetched through its gaps holds its whole matrix in the map until released, so the
+    window counts what the fetch brings in (the slice's runs and the gaps between them), not the runs alone:
+    rank 0 of 4 with a 1 MiB budget, one worker and prefetchers running ahead of it, never holds more than the
+    budget plus the step in hand. (Counting the runs, the window let four 1 MB matrices in at once.)"""
+    _fresh()
+    sd = lw.shard(_w1([nginx.url("deep/model.safetensors.index.json")]), 0, 4)
+    peak = [0]
+    real = RemoteFile.ensure_ranges
+
+    def watched(self, ranges, within=None):
+        real(self, ranges, within)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    real_block = MemorySink.run_block
+    # a slow worker, so the prefetchers run as far ahead as the window lets them
+    monkeypatch.setattr(MemorySink, "run_block", lambda self, task: (time.sleep(0.03), real_block(self, task))[1])
+    budget = 1 << 20
+    got = lw.plan(sd).materialize(budget=budget, workers=1)
+    largest = 512 * 1024 * 2  # a down_proj, fetched whole through its gaps: the biggest step's bytes
+    assert 0 < peak[0] <= budget + largest + 4 * remote.FIRST_READAHEAD, peak[0]
+    local = lw.plan(lw.shard(_w1([str(deep)]), 0, 4)).materialize()
+    assert {k: np.asarray(v).tobytes() for k, v in got.items()} == {k: np.asarray(v).tobytes()
+                                                                     for k, v in local.items()}
