@@ -510,7 +510,16 @@ class RemoteFile:
         """Bytes a fetch of the sorted `ranges` brings into the map: the ranges and the gaps the cost model
         would fetch through between them (held with their records until released, see `ensure_ranges`).
         What a run's fetch window counts for them: a rank's row-parallel slice fetched through its gaps holds
-        its whole matrix, four times its runs' bytes at 4 ranks."""
+        its whole matrix, four times its runs' bytes at 4 ranks.
+
+        >>> f = RemoteFile.__new__(RemoteFile)  # a rank's three 2 KB runs, 6 KB apart
+        >>> f._link, f.gap, f._multi_range, f.part_size, f.part_gap = None, 500_000, True, 128 << 20, 20_000
+        >>> f.footprint([(0, 2048), (8192, 10240), (16384, 18432)])  # a part costs more: through the gaps
+        18432
+        >>> f.part_gap = 0  # `part_cost=0`: exactly the runs
+        >>> f.footprint([(0, 2048), (8192, 10240), (16384, 18432)])
+        6144
+        """
         if len(ranges) < 2:
             return sum(e - s for s, e in ranges)
         gap, part_gap = self._current_gaps()
