@@ -493,7 +493,7 @@ class RemoteFile:
                 delay = min(delay * 2, 0.02)
 
     def _mark_held(self, ranges: list[tuple[int, int]], from_cache: bool = False,
-                   fetched: list[tuple[int, int]] = ()) -> None:
+                   fetched: list[tuple[int, int]] | None = None) -> None:
         with self._lock:
             self._have.add_many(merge(sorted(list(ranges) + list(fetched))) if fetched else ranges)
             if from_cache:

@@ -174,7 +174,8 @@ def test_rows_in_another_order_are_received_into_their_places(nginx, monkeypatch
           "t": lazy.transpose(1, 0).astype(lw.DType.float16)}
     held = []
     real = RemoteFile.ensure_ranges
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", lambda self, r, within=None: (held.append(list(r)), real(self, r, within)))
+    monkeypatch.setattr(RemoteFile, "ensure_ranges",
+                        lambda self, r, within=None: (held.append(list(r)), real(self, r, within)))
     nginx.clear_log()
     got = lw.plan({"q": sd["q"]}).materialize()["q"]
     assert got.tobytes() == permuted(w).astype(np.float16).tobytes()
