@@ -48,6 +48,19 @@ def _files():
     return list(RemoteFile._cache.values())
 
 
+def _watch_held_peak(monkeypatch) -> list[int]:
+    """[peak]: the most bytes the remote files held together after any fetch, updated as the run goes."""
+    peak = [0]
+    real = RemoteFile.ensure_ranges
+
+    def watched(self, ranges, within=None):
+        real(self, ranges, within)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    return peak
+
+
 # --- memory, not disk --------------------------------------------------------------------------------------
 def test_no_disk_file_without_cache_and_casts_receive_into_the_result(nginx, big, monkeypatch):
     """Without cache= nothing is written to disk: a remote object's map is anonymous memory. A cast between
@@ -75,14 +88,7 @@ def test_a_save_releases_what_it_read_and_stays_within_the_budget(nginx, big, tm
     and nothing once it is done: a remote checkpoint larger than RAM streams through."""
     _fresh()
     sd = _w1([nginx.url("big/model.safetensors.index.json")])
-    peak = [0]
-    real = RemoteFile.ensure_ranges
-
-    def watched(self, ranges, within=None):
-        real(self, ranges, within)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    peak = _watch_held_peak(monkeypatch)
     budget = 1 << 20
     files = lw.plan(sd).save(tmp_path / "out", max_shard_size="1MB", budget=budget)
     largest = 2000 * 512 * 2  # the embedding, the biggest single step
@@ -886,14 +892,7 @@ def test_a_rank_fetched_through_its_gaps_stays_within_the_budget(nginx, deep, mo
     budget plus the step in hand. (Counting the runs, the window let four 1 MB matrices in at once.)"""
     _fresh()
     sd = lw.shard(_w1([nginx.url("deep/model.safetensors.index.json")]), 0, 4)
-    peak = [0]
-    real = RemoteFile.ensure_ranges
-
-    def watched(self, ranges, within=None):
-        real(self, ranges, within)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    peak = _watch_held_peak(monkeypatch)
     real_block = MemorySink.run_block
     # a slow worker, so the prefetchers run as far ahead as the window lets them
     monkeypatch.setattr(MemorySink, "run_block", lambda self, task: (time.sleep(0.03), real_block(self, task))[1])
