@@ -495,7 +495,7 @@ class RemoteFile:
     def _mark_held(self, ranges: list[tuple[int, int]], from_cache: bool = False,
                    fetched: list[tuple[int, int]] | None = None) -> None:
         with self._lock:
-            self._have.add_many(merge(sorted(list(ranges) + list(fetched))) if fetched else ranges)
+            self._have.add_many(merge(list(ranges) + list(fetched)) if fetched else ranges)
             if from_cache:
                 self.bytes_from_cache += sum(e - s for s, e in ranges)
 
@@ -540,12 +540,13 @@ class RemoteFile:
         gap, part_gap = self._current_gaps()
         requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
                                  part_gap=part_gap)
-        self._advise_huge([r for request in requests for r in request])
+        spans = [r for request in requests for r in request]
+        self._advise_huge(spans)
         if len(requests) == 1:
             self._request(requests[0])
         else:
             self._run_all(self._request, requests)
-        return [r for request in requests for r in request]
+        return spans
 
     def _advise_huge(self, spans: list[tuple[int, int]]) -> None:
         """Let huge pages back the whole 2 MB pages of the address space inside `spans`, about to be fetched
