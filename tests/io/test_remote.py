@@ -55,6 +55,19 @@ def served(nginx, write_safetensors):
     return folder
 
 
+def _watch_held_peak(monkeypatch) -> list[int]:
+    """[peak]: the most bytes the remote files held together after any fetch, updated as the run goes."""
+    peak = [0]
+    real = RemoteFile.ensure_ranges
+
+    def watched(self, ranges, within=None):
+        real(self, ranges, within)
+        peak[0] = max(peak[0], sum(f.held_bytes() for f in RemoteFile._cache.values()))
+
+    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    return peak
+
+
 def _fresh():
     """Forget every remote file opened so far, as a new process would."""
     RemoteFile._cache.clear()

@@ -15,7 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from test_remote import CFG, _checkpoint, _fresh
+from test_remote import CFG, _checkpoint, _fresh, _watch_held_peak
 
 import lazyweights as lw
 from lazyweights import DType
@@ -187,14 +187,7 @@ def test_gpu_load_of_a_remote_checkpoint_holds_at_most_the_budget(nginx, big, mo
     want = lw.plan(_adapted([str(big)])).materialize()
     _fresh()
     plan = lw.plan(_adapted([nginx.url("gpu-big/model.safetensors.index.json")]))
-    peak = [0]
-    real_ensure = RemoteFile.ensure_ranges
-
-    def watched(self, ranges, within=None):
-        real_ensure(self, ranges, within)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    peak = _watch_held_peak(monkeypatch)
     checked = _release_only_after_the_copy(monkeypatch, want)
     budget = 1 << 20
     backend = NumpyDevice(seed=5)
@@ -287,14 +280,7 @@ def test_the_blocks_in_flight_fetch_within_the_window_too(nginx, burst, monkeypa
     are all there is and the bound is exact."""
     _fresh()
     remote = lw.load_weights([nginx.url("gpu-burst.safetensors")])
-    peak = [0]
-    real_ensure = RemoteFile.ensure_ranges
-
-    def watched(self, ranges, within=None):
-        real_ensure(self, ranges, within)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _remote_files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
+    peak = _watch_held_peak(monkeypatch)
     monkeypatch.setattr(fetch.RemoteReads, "start_prefetch", lambda self, threads=0: None)
     big = 2048 * 512 * 2
     header = 8 + int.from_bytes(burst.read_bytes()[:8], "little")

@@ -14,7 +14,7 @@ import types
 import ml_dtypes
 import numpy as np
 import pytest
-from test_remote import _checkpoint  # tests/io is on sys.path (pytest's rootdir insertion)
+from test_remote import _checkpoint, _watch_held_peak  # tests/io is on sys.path (pytest's rootdir insertion)
 
 import lazyweights as lw
 from lazyweights.io import remote
@@ -46,19 +46,6 @@ def _w1(paths, **kw):
 
 def _files():
     return list(RemoteFile._cache.values())
-
-
-def _watch_held_peak(monkeypatch) -> list[int]:
-    """[peak]: the most bytes the remote files held together after any fetch, updated as the run goes."""
-    peak = [0]
-    real = RemoteFile.ensure_ranges
-
-    def watched(self, ranges, within=None):
-        real(self, ranges, within)
-        peak[0] = max(peak[0], sum(f.held_bytes() for f in _files()))
-
-    monkeypatch.setattr(RemoteFile, "ensure_ranges", watched)
-    return peak
 
 
 # --- memory, not disk --------------------------------------------------------------------------------------
