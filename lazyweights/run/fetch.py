@@ -442,7 +442,7 @@ class RemoteReads:
         ranges = self._step_ranges(step)
         for file, rs in ranges.items():
             file.ensure_ranges(rs, within=self._leased_spans(step, file))
-        self._account(step, ranges)
+        self._account(step)
 
     def _leased_spans(self, step, file) -> list[tuple[int, int]]:
         """The records of `file` that `step` reads and this run leases (sorted): the gaps fetched through
@@ -488,7 +488,7 @@ class RemoteReads:
             need = self._needs[id(step)] = sum(_footprint(f, rs) for f, rs in self._step_ranges(step).items())
         return need
 
-    def _account(self, step, ranges: dict) -> None:
+    def _account(self, step) -> None:
         with self._cond:
             if id(step) not in self._held and self._left.get(id(step), 0) > 0:
                 self._held[id(step)] = self._step_need(step)
@@ -590,7 +590,7 @@ class RemoteReads:
             try:
                 for file, rs in ranges.items():
                     file.ensure_ranges(rs, within=self._leased_spans(step, file))
-                self._account(step, ranges)
+                self._account(step)
             except Exception as e:  # reported by the block that needs these bytes
                 _log.debug("prefetch of %s stopped: %s", step.outputs, e)
                 return
