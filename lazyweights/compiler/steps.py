@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Sequence, cast
 
 from ..core.dtype import DType
 from ..core.errors import BudgetError
@@ -36,6 +36,7 @@ from ..graph.node import Node, toposort
 from ..graph.opcodes import GroupOp, Op, OpTable
 from ..graph.rewrites import merge_leading_axes, sink_casts, sink_slices
 from ..io.source import SourceRecord
+from .row_blocks import RowBlocks
 
 DEFAULT_BUDGET = 512 << 20
 DEFAULT_BLOCK_BYTES = 4 << 20  # output bytes per block: big enough to amortise overhead, small enough for L2/L3
@@ -56,7 +57,7 @@ class Step:
     node: Node
     kind: str
     nodes: list[Node]
-    blocks: list[range] = field(default_factory=list)
+    blocks: Sequence[range] = field(default_factory=list)  # a list, or `RowBlocks` (made as they are walked)
     work_per_row: int = 0
     whole: bool = False  # the chain needs whole inputs (so it runs as one block)
     streams: bool = False  # no value op below the root: blocks may be STREAM_BLOCK_BYTES
@@ -79,9 +80,12 @@ class Step:
     @property
     def block_bytes(self) -> int:
         """Working bytes of this step's largest block."""
-        if not self.blocks:
+        blocks = self.blocks
+        if not blocks:
             return 0
-        return max(len(b) for b in self.blocks) * self.work_per_row
+        if type(blocks) is RowBlocks:
+            return blocks.longest * self.work_per_row
+        return max(len(b) for b in blocks) * self.work_per_row
 
     def order_key(self):
         """Sort key that orders steps by where they read: (file, offset of the first source, first output).
@@ -274,10 +278,7 @@ def _cut_blocks(step: Step, per_worker: int, target: int, budget: int) -> None:
         )
     rows = max(1, min(target // out_row, per_worker // max(1, step.work_per_row)))
     rows = max(align, rows // align * align)
-    starts = range(0, nrows, rows)
-    blocks = list(map(range, starts[:-1], starts[1:]))
-    blocks.append(range(starts[-1], nrows))
-    step.blocks = blocks
+    step.blocks = RowBlocks(nrows, rows)
 
 
 def _work_per_row(step: Step, view_cache) -> int:

@@ -174,6 +174,9 @@ _NUMPY: dict[DType, np.dtype] = {
     DType.float4_e2m1fn: np.dtype(ml_dtypes.float4_e2m1fn),
 }
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
+# Bytes per element by DType, for the hot paths that would otherwise go through the `size_in_bytes` property
+# (`Node.nbytes`: a DeepSeek-V3-sized plan asks it about a million times while compiling its steps).
+ITEMSIZE: dict[DType, int] = {d: t.itemsize for d, t in _NUMPY.items()}
 _FLOATS = frozenset(d for d in DType if d.name.startswith(("float", "bfloat")))
 _SHORT = {
     DType.bool: "bool", DType.int8: "i8", DType.int16: "i16", DType.int32: "i32", DType.int64: "i64",

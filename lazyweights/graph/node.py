@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..core.dtype import DType
+from ..core.dtype import ITEMSIZE, DType
 from ..core.errors import ArgumentTypeError, ImatrixShapeError, UsageError
 from .opcodes import Op
 
@@ -416,7 +416,7 @@ class Node(_NodeSlots):
     @property
     def nbytes(self) -> int:
         """Bytes of the node's value (`size * dtype.size_in_bytes`)."""
-        return math.prod(self.shape) * self.dtype.size_in_bytes
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
     @property
     def ndim(self) -> int:
