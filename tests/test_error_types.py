@@ -53,6 +53,8 @@ BUILTIN_SITES = {
     ("io/host_cache.py", "OSError"): "a truncated cache data file",
     # gather_cast_into: a row index out of range is an IndexError, as numpy's take raises (documented doctest).
     ("kernels/casts.py", "IndexError"): "numpy's take convention",
+    # RowBlocks is a Sequence: an index out of range is an IndexError, as for the list of ranges it stands for.
+    ("compiler/row_blocks.py", "IndexError"): "a Sequence's out-of-range index",
 }
 
 

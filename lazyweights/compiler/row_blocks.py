@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from ..core.errors import UsageError
+
 
 class RowBlocks(Sequence):
     """Rows `[0, nrows)` cut into blocks of `rows` (the last one shorter), as `range`s: a read-only sequence
@@ -25,7 +27,7 @@ class RowBlocks(Sequence):
 
     def __init__(self, nrows: int, rows: int):
         if nrows < 1 or rows < 1:
-            raise ValueError(f"RowBlocks needs at least one row and a block of at least one row, got nrows="
+            raise UsageError(f"RowBlocks needs at least one row and a block of at least one row, got nrows="
                              f"{nrows}, rows={rows}")
         self.nrows, self.rows = nrows, rows
 
@@ -60,7 +62,8 @@ class RowBlocks(Sequence):
             return list(self) == list(other)
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  (equal to a list, which has no hash)
+    # Equal to a list, which has no hash, so no hash either.
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"RowBlocks(nrows={self.nrows}, rows={self.rows})"

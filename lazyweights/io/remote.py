@@ -264,7 +264,8 @@ def _free_pages(released: list[tuple[int, int]], busy: list[tuple[int, int]]) ->
     exact row runs (1-3 KB, one in each page of a row-parallel matrix) never cover a page, so without this
     none went back until the file was closed (0.5 GB of W1's rank 0 of 4 at 1 Gbit/s).
 
-    >>> P = PAGE; _free_pages([(10, 20), (P + 10, P + 20), (3 * P, 3 * P + 1)], [(P + 100, P + 101)]) == [(0, P), (3 * P, 4 * P)]
+    >>> P = PAGE
+    >>> _free_pages([(10, 20), (P + 10, P + 20), (3 * P, 3 * P + 1)], [(P + 100, P + 101)]) == [(0, P), (3 * P, 4 * P)]
     True
     """
     pages = _pages_around(released)

@@ -6,6 +6,7 @@ import pytest
 from lazyweights import DType, WeightData, plan
 from lazyweights.compiler.row_blocks import RowBlocks
 from lazyweights.compiler.steps import compile_steps
+from lazyweights.core.errors import UsageError
 
 
 def as_list(nrows: int, rows: int) -> list[range]:
@@ -37,7 +38,7 @@ def test_not_equal_to_other_cuts():
 
 @pytest.mark.parametrize("nrows,rows", [(0, 1), (5, 0), (-1, 2)])
 def test_refuses_empty_cuts(nrows, rows):
-    with pytest.raises(ValueError, match="at least one row"):
+    with pytest.raises(UsageError, match="at least one row"):
         RowBlocks(nrows, rows)
 
 
