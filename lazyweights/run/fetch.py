@@ -48,7 +48,8 @@ def _unfetched_base(node: Node) -> np.ndarray:
     return node.arg.array(check=False, fetch=False) if node.op is Op.SOURCE else node.arg.array
 
 
-def _is_remote(record: SourceRecord) -> bool:
+def is_remote_record(record: SourceRecord) -> bool:
+    """Whether `record`'s bytes come over a network (its file is a remote object)."""
     return is_remote(record.file)
 
 
@@ -99,7 +100,7 @@ def remote_ranges(node: Node) -> dict:
         seen.add(n)
         src = leaf(n)
         if src.op is Op.SOURCE:
-            if not _is_remote(src.arg):
+            if not is_remote_record(src.arg):
                 return
             v = view_of(n, _unfetched_base, cache)
             if v is not None:
@@ -118,7 +119,7 @@ def remote_ranges(node: Node) -> dict:
 
 def fetch_step_sources(step, cache: dict | None) -> None:
     """Fetch the remote bytes `step` reads, once per step (the blocks of a step share `cache`)."""
-    if not any(_is_remote(r) for r in step.sources):
+    if not any(is_remote_record(r) for r in step.sources):
         return
     if cache is None:
         cache = {}
@@ -166,7 +167,7 @@ def fetch_views(steps) -> ViewFetch | None:
     step would wait for each tensor's round trip in turn."""
     by_file: dict = {}
     for step in steps:
-        if any(_is_remote(r) for r in step.sources):
+        if any(is_remote_record(r) for r in step.sources):
             for file, ranges in remote_ranges(step.node).items():
                 by_file.setdefault(file, []).extend(ranges)
     if not by_file:
@@ -206,7 +207,7 @@ def receive_target(step, out: np.ndarray) -> tuple | None:
     leaf = src
     while leaf.op in GroupOp.View or leaf.op is Op.TAKE:
         leaf = leaf.srcs[0]
-    if leaf.op is not Op.SOURCE or not _is_remote(leaf.arg) or getattr(leaf.arg.file, "shares_cache", True):
+    if leaf.op is not Op.SOURCE or not is_remote_record(leaf.arg) or getattr(leaf.arg.file, "shares_cache", True):
         return None
     if any(n.op is Op.TAKE for n in _layout_chain(src)):  # not a numpy view: rows in another order, or none
         rows = source_row_order(src)
@@ -407,7 +408,7 @@ class RemoteReads:
         self._uses: dict[tuple, int] = {}
         self._records: dict[int, list[tuple]] = {}
         for step in self._steps:
-            records = sorted({(r.file, r.offset, r.offset + r.nbytes) for r in step.sources if _is_remote(r)},
+            records = sorted({(r.file, r.offset, r.offset + r.nbytes) for r in step.sources if is_remote_record(r)},
                              key=lambda x: (id(x[0]), x[1]))
             self._records[id(step)] = records
             for rec in records:
@@ -615,9 +616,9 @@ class RemoteReads:
 
 def remote_reads(tasks, window: int) -> RemoteReads | None:
     """A `RemoteReads` for these block tasks, attached and prefetching; None when no source is remote."""
-    if not any(_is_remote(r) for task in tasks for r in task[0].sources):
+    if not any(is_remote_record(r) for task in tasks for r in task[0].sources):
         return None
-    reads = RemoteReads([t for t in tasks if any(_is_remote(r) for r in t[0].sources)], window)
+    reads = RemoteReads([t for t in tasks if any(is_remote_record(r) for r in t[0].sources)], window)
     reads.attach(tasks)
     reads.start_prefetch()
     return reads

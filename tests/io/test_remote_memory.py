@@ -641,9 +641,9 @@ def test_remote_reads_prefetch_waits_for_the_window():
 
     steps = [Step(i) for i in range(10)]
     tasks = [(s, range(1), None, {}) for s in steps]
-    orig_ranges, orig_remote = fetch.remote_ranges, fetch._is_remote
+    orig_ranges, orig_remote = fetch.remote_ranges, fetch.is_remote_record
     fetch.remote_ranges = lambda node: {f: [(node * 100, node * 100 + 100)]}
-    fetch._is_remote = lambda r: True
+    fetch.is_remote_record = lambda r: True
     try:
         reads = fetch.RemoteReads(tasks, window=250)
         reads.attach(tasks)
@@ -657,7 +657,7 @@ def test_remote_reads_prefetch_waits_for_the_window():
         assert f.held == 0 and f.peak <= 350
         assert sorted(f.released) == [(i * 100, i * 100 + 100) for i in range(10)]
     finally:
-        fetch.remote_ranges, fetch._is_remote = orig_ranges, orig_remote
+        fetch.remote_ranges, fetch.is_remote_record = orig_ranges, orig_remote
 
 
 def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full():
@@ -692,9 +692,9 @@ def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full(
             self.sources, self.node = [Rec(i)], i
 
     tasks = [(Step(i), range(1), None, {}) for i in range(8)]
-    orig_ranges, orig_remote = fetch.remote_ranges, fetch._is_remote
+    orig_ranges, orig_remote = fetch.remote_ranges, fetch.is_remote_record
     fetch.remote_ranges = lambda node: {f: [(node * 100, node * 100 + 100)]}
-    fetch._is_remote = lambda r: True
+    fetch.is_remote_record = lambda r: True
     try:
         reads = fetch.RemoteReads(tasks, window=250)
         reads.attach(tasks)
@@ -716,7 +716,7 @@ def test_remote_reads_admit_drains_the_blocks_in_flight_when_the_window_is_full(
         assert drains[:-1] == [2, 2, 2], drains  # two steps fit the window; the third drains them
         assert f.peak <= 250 and f.have.total() == 0  # here the window is never passed: 100-byte steps
     finally:
-        fetch.remote_ranges, fetch._is_remote = orig_ranges, orig_remote
+        fetch.remote_ranges, fetch.is_remote_record = orig_ranges, orig_remote
 
 
 def test_options_reach_the_files_and_no_etag_means_no_shared_cache():
@@ -898,3 +898,23 @@ def test_a_rank_fetched_through_its_gaps_stays_within_the_budget(nginx, deep, mo
     local = lw.plan(lw.shard(_w1([str(deep)]), 0, 4)).materialize()
     assert {k: np.asarray(v).tobytes() for k, v in got.items()} == {k: np.asarray(v).tobytes()
                                                                      for k, v in local.items()}
+
+
+def test_results_of_a_remote_load_are_faulted_in_at_once_a_local_loads_are_not(nginx, big, monkeypatch):
+    """A remote load writes its results over seconds, as bytes arrive: they are faulted in up front, from another
+    thread (`run/prefault.py`). A local load writes them at memory speed, and is left alone."""
+    from lazyweights.run import sinks
+
+    seen: list[list[int]] = []
+    real = sinks.prefault_in_background
+    monkeypatch.setattr(sinks, "prefault_in_background",
+                        lambda arrays: seen.append([a.nbytes for a in arrays]) or real(arrays))
+    _fresh()
+    url = nginx.url("big/model.safetensors.index.json")
+    got = lw.plan(_w1([url])).materialize()
+    local = lw.plan(_w1([str(big)])).materialize()
+    assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in local.items()}
+    remote_sizes, local_sizes = seen
+    assert local_sizes == []
+    # every result the remote load computed (not the zero-copy views of the map) was handed over
+    assert sorted(remote_sizes) == sorted(v.nbytes for v in got.values() if v.flags.owndata)
