@@ -257,20 +257,21 @@ def _pages_around(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return merge(list(zip((a[:, 0] // PAGE * PAGE).tolist(), (-(-a[:, 1] // PAGE) * PAGE).tolist())))
 
 
-def _free_pages(released: list[tuple[int, int]], busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The pages `released` touches that no range of `busy` touches (page-aligned runs, adjacent ones joined).
+def _free_pages(pages: list[tuple[int, int]], busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of `pages` (page-aligned runs: `_pages_around` of what was released) on no page that a range of
+    `busy` touches.
 
     A page that holds nothing anyone needs may go back whole even where no released range covers it: a rank's
     exact row runs (1-3 KB, one in each page of a row-parallel matrix) never cover a page, so without this
     none went back until the file was closed (0.5 GB of W1's rank 0 of 4 at 1 Gbit/s).
 
     >>> P = PAGE
-    >>> _free_pages([(10, 20), (P + 10, P + 20), (3 * P, 3 * P + 1)], [(P + 100, P + 101)]) == [(0, P), (3 * P, 4 * P)]
+    >>> pages = _pages_around([(10, 20), (P + 10, P + 20), (3 * P, 3 * P + 1)])
+    >>> _free_pages(pages, [(P + 100, P + 101)]) == [(0, P), (3 * P, 4 * P)]
     True
     """
-    pages = _pages_around(released)
     if busy and pages:
-        pages = RangeSet(_pages_around(busy)).missing_many(pages)
+        return RangeSet(_pages_around(busy)).missing_many(pages)
     return pages
 
 
@@ -783,7 +784,7 @@ class RemoteFile:
         if self._pinned:
             busy += self._pinned.held_many(pages)
         busy += [(s, e) for s, e, _ in self._inflight]
-        return _free_pages(released, busy)
+        return _free_pages(pages, busy)
 
     @property
     def shares_cache(self) -> bool:

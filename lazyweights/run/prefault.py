@@ -6,8 +6,8 @@ memory back (a VM with free page reporting: these development VMs hand it back a
 it), pages touched late cost 10-40x more than pages touched at once, and even elsewhere the zeroing runs on the
 threads that receive. `prefault_in_background` asks the kernel to fault the results in from one thread
 (`MADV_POPULATE_WRITE`: page tables made writable as if each page were written, the contents untouched), so the
-receiving threads find them present. W1 over HTTP in a fresh process: 2.58 s and 3.54 s of CPU without, 1.95 s
-and 2.58 s with (benchmarks/RESULTS.md, issue 35).
+receiving threads find them present. W1 over HTTP in a fresh process, 9 alternated pairs: 2.79 s and 3.76 s of
+CPU without, 2.08 s and 2.66 s with (benchmarks/RESULTS.md, issue 35).
 
 A hint: where the kernel (before Linux 5.14) or the platform has no `MADV_POPULATE_WRITE`, nothing happens.
 Safe while other threads write the arrays: populating never changes a byte, and a page already present is
@@ -58,9 +58,9 @@ def _page_interior(array: np.ndarray) -> tuple[int, int] | None:
 def prefault_in_background(arrays: Iterable[np.ndarray]) -> threading.Thread | None:
     """Start a daemon thread that faults in the pages of `arrays` (each at least `PREFAULT_MIN_BYTES`, owning
     its memory), in the order given; returns it, or None when there is nothing to do or no way to do it."""
-    global _unsupported
     if _unsupported or not sys.platform.startswith("linux"):
         return None
+    arrays = list(arrays)
     spans = []
     for a in arrays:
         if a.nbytes >= PREFAULT_MIN_BYTES and a.flags.owndata:
@@ -69,7 +69,7 @@ def prefault_in_background(arrays: Iterable[np.ndarray]) -> threading.Thread | N
                 spans.append(span)
     if not spans:
         return None
-    keep = list(arrays)  # held until the thread ends: no page is given back under it
+    keep = arrays  # held until the thread ends: no page is given back under it
 
     def run() -> None:
         global _unsupported
