@@ -63,7 +63,7 @@ class MemorySink:
         """One task per block of every step; results are allocated (or taken from `out`) before any block runs,
         and view steps are answered at once with a zero-copy view.
         """
-        out, tasks, allocated = self.out, [], []
+        out, tasks, remote_results = self.out, [], []
         # a remote map holds only what was fetched: the views' bytes are fetched all together, kept for good,
         # while the blocks run; `result()` waits for them
         self._views = fetch_views([s for s in steps if s.kind == "view" and not any(n in out for n in s.outputs)])
@@ -84,7 +84,7 @@ class MemorySink:
             else:
                 primary = np.empty(step.node.shape, step.node.dtype.to_numpy())
                 if any(map(is_remote_record, step.sources)):
-                    allocated.append(primary)
+                    remote_results.append(primary)
             # (step.node may have the output's leading axes merged: the same bytes, so a reshape is a view)
             shape = self.outputs[step.outputs[0]].shape
             shaped = primary if primary.shape == shape else primary.reshape(shape)
@@ -95,7 +95,7 @@ class MemorySink:
             receive_into(step, primary, cache)  # a remote copy or cast: bytes straight into the result
             tasks += [BlockTask(step, rows, (primary, extra), cache) for rows in step.blocks]
         # Results written as remote bytes arrive are faulted in at once, from another thread (`run/prefault`)
-        prefault_in_background(allocated)
+        prefault_in_background(remote_results)
         return tasks
 
     def run_block(self, task: BlockTask) -> int:
