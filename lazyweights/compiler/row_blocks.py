@@ -56,9 +56,7 @@ class RowBlocks(Sequence):
         return min(self.rows, self.nrows)
 
     def __eq__(self, other) -> bool:
-        if isinstance(other, RowBlocks):
-            return list(self) == list(other)
-        if isinstance(other, (list, tuple)):
+        if isinstance(other, (RowBlocks, list, tuple)):
             return list(self) == list(other)
         return NotImplemented
 
