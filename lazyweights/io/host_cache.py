@@ -49,6 +49,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 
 from ..core.errors import CacheWriteWarning, WriteError
 from .ranges import RangeSet
@@ -56,6 +57,15 @@ from .ranges import RangeSet
 _logger = logging.getLogger(__name__)
 
 CLAIM_CHUNK = 8 << 20
+WRITER_LINGER = 0.5  # seconds the writer thread waits for more work before it stops
+
+
+def _close_descriptors(stem: str, fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError as e:  # closed already: nothing left to lose
+            _logger.debug("cache %s: close failed: %s", stem, e)
 
 
 def _alive(pid: int) -> bool:
@@ -83,6 +93,9 @@ class HostCache:
         self._drop_other_versions(key)
         self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)  # grows sparse as written
         self._log = os.open(self.stem + ".log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        # The owner (a RemoteFile) has no close of its own: the descriptors go when this object does. The
+        # writer thread holds the object only while it has work, so that is soon after the last publish.
+        self._close_files = weakref.finalize(self, _close_descriptors, self.stem, (self._data, self._log))
         self._claims = self.stem + ".claims"
         os.makedirs(self._claims, exist_ok=True)
         self.held = RangeSet()
@@ -201,21 +214,21 @@ class HostCache:
     def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks) -> None:
         """Write `ranges` of `mirror` (the object's bytes at their offsets) into the cache in the background,
         then log them and release `chunks`' claims. `flush` waits for it (before the mirror drops them)."""
-        with self._lock:
-            self._pending += 1
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True, name="lazyweights-cache")
-                self._writer.start()
-        self._queue.put((mirror, ranges, list(chunks)))
+        self._enqueue((mirror, ranges, list(chunks)))
 
     def after_writes(self, call) -> None:
         """Run `call()` on the writer thread once everything published so far is written (or given up)."""
+        self._enqueue(call)
+
+    def _enqueue(self, item) -> None:
+        # Put and start under the lock the writer takes to decide it may stop: an item is never left queued
+        # with no writer.
         with self._lock:
             self._pending += 1
+            self._queue.put(item)
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, daemon=True, name="lazyweights-cache")
                 self._writer.start()
-        self._queue.put(call)
 
     def flush(self) -> None:
         """Wait until everything published so far is written (or the writer has given up)."""
@@ -224,8 +237,17 @@ class HostCache:
                 self._idle.wait()
 
     def _write_loop(self) -> None:
+        # The writer stops after WRITER_LINGER idle seconds (the next publish starts another): a thread kept
+        # for ever would keep this cache, its queue and its descriptors alive for the life of the process.
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=WRITER_LINGER)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._writer = None
+                        return
+                continue
             if callable(item):
                 try:
                     item()
@@ -259,10 +281,6 @@ class HostCache:
             warnings.warn(str(self.error), CacheWriteWarning, stacklevel=2)
 
     def close(self) -> None:
-        """Wait for the writer, then close the files."""
+        """Wait for the writer, then close the files (done anyway when the cache is garbage collected)."""
         self.flush()
-        for fd in (self._data, self._log):
-            try:
-                os.close(fd)
-            except OSError as e:  # closing after the writer stopped: nothing left to lose
-                _logger.debug("cache %s: close failed: %s", self.stem, e)
+        self._close_files()
