@@ -8,7 +8,7 @@ Workers must see the same file system paths as the client (a shared or local dis
 
 Example (not run here: it starts processes):
     from dask.distributed import Client, LocalCluster
-    with Client(LocalCluster(n_workers=2, threads_per_worker=1)) as client:
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         plan.save("out_dir", max_shard_size="2GB", scheduler=client)
 """
 from __future__ import annotations

@@ -163,8 +163,9 @@ def test_distributed_matches_local(ckpt, tmp_path):
     plan = lw.plan(adapters(lw.load_weights(d), cfg))
     plan.tensors.pop("const")  # in-memory constants travel too, but keep the comparison to file-backed work
     local = plan.materialize(scheduler="sync")
-    with distributed.Client(distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                                     dashboard_address=None)) as client:
+    # (the cluster has a `with` of its own: closing a Client does not close a cluster it was handed)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         remote = plan.materialize(scheduler=client)
         for name in local:
             assert remote[name].tobytes() == local[name].tobytes(), name

@@ -405,8 +405,9 @@ def test_dask_distributed_conversion_reads_from_the_object_store(nginx, served, 
     _fresh()
     url = nginx.url("ckpt/model.safetensors.index.json")
     remote_plan = lw.plan(_adapted([url]))
-    with distributed.Client(distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                                     dashboard_address=None)) as client:
+    # (the cluster has a `with` of its own: closing a Client does not close a cluster it was handed)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         nginx.clear_log()
         files_d = remote_plan.save(tmp_path / "dist", max_shard_size="1MB", scheduler=client)
         served_bytes = nginx.bytes_sent()
