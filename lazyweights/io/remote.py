@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import mmap
@@ -245,6 +246,21 @@ def _clip(spans: list[tuple[int, int]], within: list[tuple[int, int]] | None) ->
     return RangeSet(merge(within)).held_many(merge(spans))
 
 
+def _grouped(pieces: list[tuple[int, int]], fence: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """`pieces` (sorted) split by the `fence` span (sorted, disjoint) each lies in.
+
+    >>> _grouped([(0, 5), (8, 9), (20, 30)], [(0, 10), (20, 40)])
+    [[(0, 5), (8, 9)], [(20, 30)]]
+    """
+    groups: dict[int, list[tuple[int, int]]] = {}
+    i = 0
+    for s, e in pieces:
+        while fence[i][1] <= s:
+            i += 1
+        groups.setdefault(i, []).append((s, e))
+    return list(groups.values())
+
+
 def _pages_around(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Every page each of `ranges` touches, as merged page-aligned runs.
 
@@ -336,6 +352,7 @@ class RemoteFile:
         self._lock = threading.Lock()
         self._have = RangeSet()
         self._releasing = RangeSet()  # released, but the cache writer still has to write them
+        self._unwritten = RangeSet()  # fetched through a gap, held by no one, not yet in the cache's file
         self._pinned = RangeSet()  # handed out by `view`: a caller's array aliases them, never released
         # (start, end) -> how many leases readers hold on it (`acquire`): no release drops a leased byte
         self._leases: dict[tuple[int, int], int] = {}
@@ -449,7 +466,7 @@ class RemoteFile:
                     self._inflight.append(mine)
             try:
                 if mine is not None:
-                    self._fill(free, within)
+                    self._fill(free, within, mine)
             finally:
                 if mine is not None:
                     with self._lock:
@@ -458,7 +475,8 @@ class RemoteFile:
             for ev in waiting:
                 ev.wait()
 
-    def _fill(self, pieces: list[tuple[int, int]], within: list[tuple[int, int]] | None = None) -> None:
+    def _fill(self, pieces: list[tuple[int, int]], within: list[tuple[int, int]] | None = None,
+              claim: tuple | None = None) -> None:
         """Bring `pieces` (claimed in this process) into the map: from the network, or, with a shared cache,
         from whichever of the cache and the network has them first (see `io/host_cache.py`). What else was
         fetched inside the leased spans `within` (`ensure_ranges`) is held as well."""
@@ -490,17 +508,38 @@ class RemoteFile:
                     host.unclaim(claimed)
                     continue
                 try:
-                    fetched = self._fetch(ours)
+                    # Never through a gap into a chunk we did not claim: another process is fetching it.
+                    fetched = self._fetch(ours, fence=span.ranges)
                 except BaseException:
                     host.unclaim(claimed)
                     raise
-                self._mark_held(ours, fetched=_clip(fetched, within))  # only `ours` goes to the cache
-                host.publish(self._mem, ours, claimed)  # written and logged off the critical path
+                held_gaps = _clip(fetched, within)
+                self._mark_held(ours, fetched=held_gaps)
+                # Everything fetched goes to the cache, the gaps too: a byte in our gap may be what another
+                # process waits for. The gaps nobody here holds keep their pages until they are written.
+                unheld = RangeSet(merge(ours + held_gaps)).missing_many(merge(fetched))
+                if unheld:
+                    with self._lock:
+                        self._unwritten.add_many(unheld)
+                host.publish(self._mem, merge(fetched), claimed)  # written and logged off the critical path
+                if unheld:
+                    host.after_writes(functools.partial(self._written, unheld, claim))
                 pieces = span.missing_many(pieces)
                 delay = 0.001
             else:  # every chunk we need is being fetched by another process: wait for its log lines
                 time.sleep(delay)
                 delay = min(delay * 2, 0.02)
+
+    def _written(self, unheld: list[tuple[int, int]], claim: tuple | None) -> None:
+        """The cache writer wrote `unheld` (gap bytes no one here holds): their pages may go back now. `claim`,
+        the in-flight entry of the fill that fetched them, may still be listed (the writer can be that quick):
+        it does not keep them, as what that fill fetches later lies in other claim chunks, so other pages."""
+        with self._lock:
+            self._unwritten.remove_many(unheld)
+            if self._map is None:
+                return
+            for lo, hi in self._unneeded_pages(unheld, claim):
+                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def _mark_held(self, ranges: list[tuple[int, int]], from_cache: bool = False,
                    fetched: list[tuple[int, int]] | None = None) -> None:
@@ -542,14 +581,20 @@ class RemoteFile:
         observed = self._link.bandwidth() if self._link is not None else None
         return self._gaps(observed) if observed else (self.gap, self.part_gap)
 
-    def _fetch(self, pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def _fetch(self, pieces: list[tuple[int, int]], fence: list[tuple[int, int]] | None = None
+               ) -> list[tuple[int, int]]:
         """Fetch `pieces` from the network into the map: requests planned by cost, many in flight. Returns the
         spans fetched (the pieces and the gaps fetched through). The caller marks the pieces held, and of the
         gaps only those inside a record it leases (`_fill`'s `within`): a gap's bytes may belong to a record
-        no run leases, which no release would ever give back."""
+        no run leases, which no release would ever give back.
+
+        `fence`: sorted, disjoint spans holding every piece; no gap fetched through leaves the span it is in
+        (a shared cache's claimed chunks)."""
         gap, part_gap = self._current_gaps()
-        requests = plan_requests(pieces, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
-                                 part_gap=part_gap)
+        requests = []
+        for group in (_grouped(pieces, fence) if fence else [pieces]):
+            requests += plan_requests(group, gap=gap, multi_range=self._multi_range, part_size=self.part_size,
+                                      part_gap=part_gap)
         spans = [r for request in requests for r in request]
         self._advise_huge(spans)
         if len(requests) == 1:
@@ -771,7 +816,7 @@ class RemoteFile:
             first = self._have.first() or (0, 0)
             self._prefix_end = first[1] if first[0] == 0 else 0
 
-    def _unneeded_pages(self, released: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    def _unneeded_pages(self, released: list[tuple[int, int]], done: tuple | None = None) -> list[tuple[int, int]]:
         """The pages around `released` (just removed from what is held) that hold no byte still held, leased,
         pinned or being fetched (an in-flight claim's hull: its bytes land after this look, under no lock), so
         giving them back loses nothing anyone needs (under `_lock`)."""
@@ -783,7 +828,9 @@ class RemoteFile:
             busy += self._lease_union().held_many(pages)
         if self._pinned:
             busy += self._pinned.held_many(pages)
-        busy += [(s, e) for s, e, _ in self._inflight]
+        if self._unwritten:
+            busy += self._unwritten.held_many(pages)
+        busy += [(c[0], c[1]) for c in self._inflight if c is not done]
         return _free_pages(pages, busy)
 
     @property

@@ -37,7 +37,7 @@ def _wait_for(port: int, proc: subprocess.Popen | None = None, seconds: float = 
 
 
 class Nginx(types.SimpleNamespace):
-    """A running nginx: `root` (the served folder), `url(name)`, `log()` and `bytes_sent()`."""
+    """A running nginx: `root` (the served folder), `url(name)`, `log()`, `bytes_sent()` and `overfetched()`."""
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{name}"
@@ -68,6 +68,31 @@ class Nginx(types.SimpleNamespace):
             time.sleep(0.005)
         time.sleep(0.01)  # the other worker process's line, if it served a request just before
         open(self.access_log, "w").close()
+        open(self.ranges_log, "w").close()
+
+    def overfetched(self) -> dict[str, int]:
+        """Bytes of each object that GET replies (ranged ones, as the Range header asked) sent more than once
+        since the log was last cleared: where a "fetched once" assertion failed, and by how much."""
+        spans: dict[str, list[tuple[int, int]]] = {}
+        with open(self.ranges_log) as f:
+            for line in f:
+                method, uri, status, rng = line.split(maxsplit=3)
+                rng = rng.strip().strip('"')
+                if method != "GET" or status != "206" or not rng.startswith("bytes="):
+                    continue
+                for part in rng[len("bytes="):].split(","):
+                    lo, hi = part.split("-")
+                    spans.setdefault(uri, []).append((int(lo), int(hi) + 1))
+        twice = {}
+        for uri, ranges in spans.items():
+            ranges.sort()
+            extra, reach = 0, 0
+            for lo, hi in ranges:
+                extra += max(0, min(hi, reach) - lo)
+                reach = max(reach, hi)
+            if extra:
+                twice[uri] = extra
+        return twice
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +117,8 @@ events {{ worker_connections 256; }}
 http {{
     log_format counted '$request_method $uri $status $body_bytes_sent';
     access_log {base}/access.log counted;
+    log_format ranged '$request_method $uri $status "$http_range"';
+    access_log {base}/ranges.log ranged;
     client_body_temp_path {base}/body; proxy_temp_path {base}/proxy; fastcgi_temp_path {base}/fcgi;
     uwsgi_temp_path {base}/uwsgi; scgi_temp_path {base}/scgi;
     types {{ application/octet-stream safetensors gguf; application/json json; }}
@@ -105,7 +132,7 @@ http {{
     proc = subprocess.Popen([exe, "-c", str(conf), "-p", str(base)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_for(port, proc)
-        yield Nginx(root=root, port=port, access_log=base / "access.log")
+        yield Nginx(root=root, port=port, access_log=base / "access.log", ranges_log=base / "ranges.log")
     finally:
         proc.terminate()
         proc.wait(10)

@@ -2,6 +2,7 @@
 share a `cache=` directory fetch each byte once. Judged by nginx's byte count and by local reads."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -542,7 +543,8 @@ def test_four_processes_sharing_a_cache_fetch_the_checkpoint_once(nginx, big, tm
         assert p.returncode == 0, err[-2000:]
         assert json.loads(out.strip().splitlines()[-1]) == local
     checkpoint = sum(os.path.getsize(p) for p in big.glob("*.safetensors"))
-    assert nginx.bytes_sent("GET") <= 1.05 * checkpoint + 4 * 2000, (nginx.bytes_sent("GET"), checkpoint)
+    assert nginx.bytes_sent("GET") <= 1.05 * checkpoint + 4 * 2000, (nginx.bytes_sent("GET"), checkpoint,
+                                                                      nginx.overfetched())
 
 
 def test_a_claim_of_a_dead_process_or_an_expired_one_is_broken(tmp_path):
@@ -558,6 +560,82 @@ def test_a_claim_of_a_dead_process_or_an_expired_one_is_broken(tmp_path):
     assert not cache.claim(1)
     time.sleep(0.6)
     assert cache.claim(1)  # expired
+
+
+def test_the_cache_writer_stops_when_idle_and_the_files_close_with_the_cache(tmp_path):
+    """The writer thread ends once it has nothing to write (a publish starts another), so a cache nobody
+    uses any more is collected and its two descriptors closed: a process that loads many URLs keeps
+    neither threads nor files for them."""
+    from lazyweights.io import host_cache
+
+    def writers():
+        return [t for t in threading.enumerate() if t.name == "lazyweights-cache"]
+
+    before = len(writers())
+    cache = HostCache(str(tmp_path), "http://x/m", 1 << 20, '"e"')
+    payload = memoryview(bytes(range(256)) * 4096)
+    for rnd in range(2):  # the second publish comes after the first writer stopped: it must start a new one
+        assert cache.claim(0)
+        cache.publish(payload, [(rnd * 1000, rnd * 1000 + 500)], [0])
+        cache.flush()
+        deadline = time.monotonic() + 10 * host_cache.WRITER_LINGER + 5
+        while len(writers()) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(writers()) == before, writers()
+    assert cache.held.ranges == [(0, 500), (1000, 1500)]
+    with open(cache.stem + ".data", "rb") as f:
+        data = f.read()
+    assert data[1000:1500] == payload[1000:1500] and data[:500] == payload[:500]
+    fds = (cache._data, cache._log)
+    assert all(os.fstat(fd) for fd in fds)
+    del cache
+    gc.collect()
+    for fd in fds:  # (nothing in between opens a file: the numbers cannot have been reused)
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def _blob(nginx, name: str, size: int) -> tuple[str, bytes]:
+    data = np.random.default_rng(11).integers(1, 255, size, dtype=np.uint8).tobytes()  # no zero: a lost page shows
+    (nginx.root / name).write_bytes(data)
+    return nginx.url(name), data
+
+
+def test_the_gaps_a_fetch_goes_through_reach_the_shared_cache(nginx, tmp_path):
+    """A fetch through a gap publishes the gap too (another process may wait for exactly those bytes), and the
+    gap's pages, held by no one, go back once the writer has written them."""
+    _fresh()
+    url, data = _blob(nginx, "gapped.bin", 1 << 20)
+    f = RemoteFile(url, cache=str(tmp_path))
+    pieces = [(0, 1000), (5000, 6000), (15_000, 16_000)]  # gaps under a multi-range part's break-even
+    f.ensure_ranges(pieces)
+    assert f.bytes_fetched == 16_000  # one range, through both gaps
+    f._host.flush()
+    other = HostCache(str(tmp_path), url, f.size, f.etag)  # what another process on the host sees
+    assert other.held.ranges == [(0, 16_000)]
+    out = bytearray(16_000)
+    other.read_into(memoryview(out), 0, 16_000)
+    assert bytes(out) == data[:16_000]
+    assert f._have.ranges == pieces and not f._unwritten  # the gaps are no one's here...
+    assert _resident(f) == 3 * remote.PAGE  # ...and their page (8-12 KB) went back: the pieces' 3 stay
+
+
+def test_a_fetch_never_goes_through_a_chunk_another_process_claimed(nginx, tmp_path, monkeypatch):
+    """Pieces in chunks 0 and 2, with chunk 1 claimed by another process: two requests, none through chunk 1
+    (its bytes are that process's to fetch; through it, the host would fetch them twice)."""
+    _fresh()
+    monkeypatch.setattr(remote, "CLAIM_CHUNK", 4096)
+    url, data = _blob(nginx, "fenced.bin", 1 << 20)
+    f = RemoteFile(url, cache=str(tmp_path))
+    elsewhere = HostCache(str(tmp_path), url, f.size, f.etag)
+    assert elsewhere.claim(1)
+    pieces = [(1000, 2000), (9000, 10_000)]  # chunks 0 and 2: a 7 KB gap, which the plan would take
+    nginx.clear_log()
+    f.ensure_ranges(pieces)
+    assert f.bytes_fetched == 2000, f.bytes_fetched
+    assert bytes(f._buffer[1000:2000]) == data[1000:2000] and bytes(f._buffer[9000:10_000]) == data[9000:10_000]
+    f._host.flush()
+    assert HostCache(str(tmp_path), url, f.size, f.etag).held.ranges == pieces
 
 
 def test_a_process_killed_mid_range_does_not_stall_the_others(nginx, big, tmp_path):
