@@ -40,6 +40,7 @@ Example:
 """
 from __future__ import annotations
 
+import atexit
 import glob
 import hashlib
 import logging
@@ -58,6 +59,18 @@ _logger = logging.getLogger(__name__)
 
 CLAIM_CHUNK = 8 << 20
 WRITER_LINGER = 0.5  # seconds the writer thread waits for more work before it stops
+
+
+# Caches whose writer may have work left: a process that exits right after its load still completes them
+# (the writer is a daemon thread, which would be stopped mid-queue; the log would then lack those ranges,
+# and the next process fetch them again).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for cache in list(_OPEN):
+        cache.flush()
 
 
 def _close_descriptors(stem: str, fds) -> None:
@@ -96,6 +109,8 @@ class HostCache:
         # The owner (a RemoteFile) has no close of its own: the descriptors go when this object does. The
         # writer thread holds the object only while it has work, so that is soon after the last publish.
         self._close_files = weakref.finalize(self, _close_descriptors, self.stem, (self._data, self._log))
+        self._close_files.atexit = False  # at exit the writer may still need them (`_flush_at_exit`)
+        _OPEN.add(self)
         self._claims = self.stem + ".claims"
         os.makedirs(self._claims, exist_ok=True)
         self.held = RangeSet()
@@ -106,6 +121,8 @@ class HostCache:
         self._pending = 0
         self._idle = threading.Condition(self._lock)
         self._writer: threading.Thread | None = None
+        self._claims_lock = threading.Lock()
+        self._mine: dict[int, int] = {}  # chunk -> holds on its claim in this process (`claim`, `unclaim`)
         self.error: WriteError | None = None
         self.refresh()
 
@@ -157,9 +174,24 @@ class HostCache:
         return os.path.join(self._claims, str(chunk))
 
     def claim(self, chunk: int) -> bool:
-        """Try to become the one process fetching chunk `chunk` (bytes [chunk, chunk+1) x CLAIM_CHUNK)."""
+        """Try to become the one process fetching chunk `chunk` (bytes [chunk, chunk+1) x CLAIM_CHUNK).
+
+        A chunk this cache already claimed is claimed again at once (counted; `unclaim` releases it when the
+        last holder has): threads of one process fetch different bytes of one chunk side by side (the
+        process's own in-flight bookkeeping keeps them apart), where waiting for each other would make the
+        whole load wait for the cache's disk writes."""
         if self.error is not None:
             return True  # the cache is broken: fetch for ourselves, share nothing
+        with self._claims_lock:
+            if chunk in self._mine:
+                self._mine[chunk] += 1
+                return True
+            won = self._claim_file(chunk)
+            if won and self.error is None:
+                self._mine[chunk] = 1
+            return won
+
+    def _claim_file(self, chunk: int) -> bool:
         path = self._claim_path(chunk)
         for _ in range(2):
             try:
@@ -203,12 +235,22 @@ class HostCache:
         return True
 
     def unclaim(self, chunks) -> None:
-        """Release claims without publishing (the fetch failed): another process may claim them now."""
-        for c in chunks:
-            try:
-                os.unlink(self._claim_path(c))
-            except OSError as e:  # gone already; otherwise the claim goes stale after claim_ttl seconds
-                _logger.debug("cache %s: cannot release the claim on chunk %d: %s", self.stem, c, e)
+        """Give back one hold on each of `chunks` (the writer does, once their bytes are written; a failed
+        fetch does at once). A chunk's claim file goes when its last holder here gives it back: then another
+        process may claim it. Chunks this cache does not hold (a broken cache's) are left alone."""
+        with self._claims_lock:
+            for c in chunks:
+                held = self._mine.get(c, 0)
+                if held > 1:
+                    self._mine[c] = held - 1
+                    continue
+                if not held:
+                    continue
+                del self._mine[c]
+                try:
+                    os.unlink(self._claim_path(c))
+                except OSError as e:  # gone already; otherwise the claim goes stale after claim_ttl seconds
+                    _logger.debug("cache %s: cannot release the claim on chunk %d: %s", self.stem, c, e)
 
     # --- the writer -------------------------------------------------------------------------------------
     def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks) -> None:

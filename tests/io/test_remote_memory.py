@@ -18,6 +18,7 @@ import pytest
 from test_remote import _checkpoint, _watch_held_peak  # tests/io is on sys.path (pytest's rootdir insertion)
 
 import lazyweights as lw
+from lazyweights.core.errors import WriteError
 from lazyweights.io import remote
 from lazyweights.io.host_cache import HostCache
 from lazyweights.io.ranges import RangeSet, plan_requests
@@ -593,6 +594,44 @@ def test_the_cache_writer_stops_when_idle_and_the_files_close_with_the_cache(tmp
     for fd in fds:  # (nothing in between opens a file: the numbers cannot have been reused)
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_threads_of_one_process_share_its_claims_and_the_last_release_frees_the_chunk(tmp_path):
+    """A chunk this process claimed is claimed again at once by its other threads (they fetch other bytes of
+    it side by side; waiting made a first cached load wait for the cache's disk writes: 5.7 s against 4.3 s
+    for W1). Another process sees the chunk claimed until the last hold is given back. A broken cache, which
+    claims nothing, releases nothing: it never removes another process's claim."""
+    ours = HostCache(str(tmp_path), "http://x/m", 100 << 20, '"e"')
+    other = HostCache(str(tmp_path), "http://x/m", 100 << 20, '"e"')  # as another process would see it
+    assert ours.claim(3) and ours.claim(3)
+    assert not other.claim(3)
+    ours.unclaim([3])
+    assert not other.claim(3)  # one hold is left
+    ours.unclaim([3])
+    assert other.claim(3)
+    broken = HostCache(str(tmp_path), "http://x/m", 100 << 20, '"e"')
+    broken.error = WriteError("full disk", path=str(tmp_path))
+    assert broken.claim(3)  # fetches for itself...
+    broken.unclaim([3])
+    assert not ours.claim(3)  # ...and leaves the other's claim in place
+
+
+def test_a_process_that_exits_after_its_load_still_completes_the_cache(tmp_path):
+    """The writer is a daemon thread: a process that ends right after its load would stop it mid-queue, and
+    the next process would fetch those bytes again. At exit, what is queued is written (and the claims go)."""
+    script = textwrap.dedent("""
+        import sys, time
+        from lazyweights.io.host_cache import HostCache
+        cache = HostCache(sys.argv[1], "http://x/m", 1 << 20, '"e"')
+        assert cache.claim(0)
+        cache.after_writes(lambda: time.sleep(0.5))  # the writer is busy when the process ends
+        cache.publish(memoryview(bytes(range(256)) * 4096), [(0, 4096)], [0])
+    """)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = HostCache(str(tmp_path), "http://x/m", 1 << 20, '"e"')
+    assert after.held.ranges == [(0, 4096)]
+    assert after.claim(0)  # released
 
 
 def _blob(nginx, name: str, size: int) -> tuple[str, bytes]:
