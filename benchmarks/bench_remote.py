@@ -28,7 +28,10 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   the same slices of the local checkpoint, and the server's bytes are its share.
 - `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
-- `lazyweights-cached`: twice with `cache=DIR`; the second run's bytes from the server are reported.
+- `floor-file`: `floor`, each thread also writing what it received into a file per shard (`pwrite`, every
+  8 MiB as it arrives): the floor of a first run with `cache=`, which writes every byte to disk as well.
+- `lazyweights-cached`: twice with `cache=DIR` (empty before the first); the first run's time against
+  `floor-file`, and the second run's bytes from the server, are reported.
 - `convert`: the W1 conversion saved to safetensors files with `budget="256MB"`, straight from the URL: the
   peak private memory shows a remote checkpoint streams through the budget (the output is hashed against a
   local save of the same plan).
@@ -148,14 +151,16 @@ def _download4(shards, size_of, fetch_part) -> dict:
 
 
 def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0,
-                  prefault: bool = False) -> dict:
+                  prefault: bool = False, into_dir: str | None = None) -> dict:
     """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
     http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
     list and receiving each body with `readinto` straight into its place (one copy from the socket).
     `bounce`: receive into the thread's own `bounce`-byte buffer instead, and copy each piece into place
     (what lazyweights does with a cast: measured faster than readinto straight into a large buffer).
     `prefault`: one more thread faults the buffers in at once (`MADV_POPULATE_WRITE`) while the others
-    receive, as lazyweights does with its results (`lazyweights/run/prefault.py`)."""
+    receive, as lazyweights does with its results (`lazyweights/run/prefault.py`).
+    `into_dir`: each thread also writes what it received into a file per shard there (`pwrite`, every 8 MiB
+    as it arrives): the floor of a first run with `cache=`, which writes every byte to disk as well."""
     import http.client
     import threading
     import urllib.parse
@@ -178,6 +183,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     jobs.reverse()
     lock = threading.Lock()
     populate = None
+    files = {shard: os.open(os.path.join(into_dir, shard), os.O_WRONLY | os.O_CREAT, 0o644)
+             for shard in shards} if into_dir else {}
     if prefault:
         import ctypes
 
@@ -204,7 +211,7 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
             c.request("GET", path, headers={"Range": f"bytes={s}-{e - 1}"})
             r = c.getresponse()
             assert r.status == 206, r.status
-            view, done = bufs[shard][s:e], 0
+            view, done, written = bufs[shard][s:e], 0, 0
             while done < e - s:
                 if buf is None:
                     n = r.readinto(view[done:])
@@ -213,6 +220,9 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                     view[done:done + n] = buf[:n]
                 assert n, "short read"
                 done += n
+                if files and (done - written >= 8 << 20 or done == e - s):
+                    while written < done:
+                        written += os.pwrite(files[shard], view[written:done], s + written)
         c.close()
 
     threads = [threading.Thread(target=worker) for _ in range(ways)]
@@ -220,6 +230,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
         t.start()
     for t in threads + ([populate] if populate else []):
         t.join()
+    for fd in files.values():
+        os.close(fd)
     return bufs
 
 
@@ -281,9 +293,9 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
-        if name in ("floor", "floor-bounce", "floor-prefault"):
+        if name in ("floor", "floor-bounce", "floor-prefault", "floor-file"):
             _urllib_floor(base_url, shards, bounce=(1 << 20) if name == "floor-bounce" else 0,
-                          prefault=name == "floor-prefault")
+                          prefault=name == "floor-prefault", into_dir=cache if name == "floor-file" else None)
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "download4":
@@ -340,6 +352,12 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
                                       storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(sd).materialize()
+            if cache:  # timed until the cache holds every byte too, as floor-file's are in its files
+                from lazyweights.io.remote import RemoteFile
+
+                for f in list(RemoteFile._cache.values()):
+                    if f._host is not None:
+                        f._host.flush()
         elif name in ("fsspec", "s3-fsspec"):
             import fsspec
             from safetensors.torch import load  # safetensors.numpy cannot hold bf16
@@ -516,7 +534,7 @@ def main():
         print(json.dumps(r))
         return
     every = ["floor", "floor-bounce", "floor-prefault", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1",
-             "convert", "lazyweights-cached", "4proc-cache"]
+             "convert", "floor-file", "lazyweights-cached", "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     # as an installed package is: compiled once (pip compiles on install; with PYTHONDONTWRITEBYTECODE set, as on
@@ -611,14 +629,27 @@ def main():
         if any(n.partition("@")[0] == "rank0of4-w1" for n in chosen):
             references["rank0of4-w1"] = _digest(lw.plan(lw.shard(w1.convert_safetensor_state_dict(
                 dict(lw.load_weights([ckpt]).items()), huggingface_config=_config(ckpt)), 0, 4)).materialize())
+        cached = []
         for _ in range(args.reps):  # interleaved, so a noisy minute hurts every contestant alike
             for name in chosen:
                 if name == "curl":
                     r = curl()
                 elif name == "4proc-cache":
                     r = processes(4)
-                elif name == "lazyweights-cached":
+                elif name == "lazyweights-cached":  # a first run on an empty cache, then a second on it
+                    cache = tempfile.mkdtemp(prefix="bench-cache-")
+                    first, second = once(name, cache), once(name, cache)
+                    shutil.rmtree(cache)
+                    if first["digest"] != reference or second["digest"] != reference:
+                        raise SystemExit(f"{name}: output differs from the local materialization")
+                    cached.append((first, second))
+                    print(f"  {name}: {first['seconds']:.3f} s, then {second['seconds']:.3f} s, load average "
+                          f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
                     continue
+                elif name == "floor-file":
+                    folder = tempfile.mkdtemp(prefix="bench-floor-file-")
+                    r = once(name, folder)
+                    shutil.rmtree(folder)
                 else:
                     r = once(name)
                 want = references.get(name.partition("@")[0], reference)
@@ -629,12 +660,6 @@ def main():
                       f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         if args.s3:
             s3_results = run_s3(ckpt, once, reference, args.reps)
-        first = second = None
-        if "lazyweights-cached" in chosen:
-            cache = tempfile.mkdtemp(prefix="bench-cache-")
-            first, second = once("lazyweights-cached", cache), once("lazyweights-cached", cache)
-            assert second["digest"] == reference
-            shutil.rmtree(cache)
     finally:
         stop_nginx(proc)
 
@@ -667,9 +692,15 @@ def main():
         print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
               f"{served / total:>13.4f}{peak:>17.2f}  {runs}")
     print("every output identical to the local materialization (rank 0: to the same slices of it)")
-    if first is not None:
-        print(f"cache: first run served {first['served'] / total:.4f}x the checkpoint in {first['seconds']:.3f} s, "
-              f"the second {second['served']} bytes in {second['seconds']:.3f} s")
+    if cached:
+        first_s = statistics.median(f["seconds"] for f, _ in cached)
+        second_s = statistics.median(s["seconds"] for _, s in cached)
+        file_floor = (f", {first_s / statistics.median(r['seconds'] for r in results['floor-file']):.2f}x floor-file"
+                      if "floor-file" in results else "")
+        served = max(f["served"] for f, _ in cached) / total
+        print(f"cache (medians of {len(cached)}): a first run served {served:.4f}x the checkpoint in {first_s:.3f} s "
+              f"({first_s / floor:.2f}x the floor{file_floor}, which writes the bytes to a file as well), a second "
+              f"{max(s['served'] for _, s in cached)} bytes in {second_s:.3f} s")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
         print("\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), "
