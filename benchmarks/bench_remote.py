@@ -28,10 +28,11 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   the same slices of the local checkpoint, and the server's bytes are its share.
 - `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
-- `floor-file`: `floor`, each thread also writing what it received into a file per shard (`pwrite`, every
-  8 MiB as it arrives): the floor of a first run with `cache=`, which writes every byte to disk as well.
+- `floor-file`, `floor-file-map`: `floor`, the bytes also put in a file per shard: `pwrite` from the buffer every
+  8 MiB as they arrive, or received into a `MAP_SHARED` map of the file (the page cache itself) and copied
+  into place. The faster of the two is the floor of a first run with `cache=`, which writes every byte too.
 - `lazyweights-cached`: twice with `cache=DIR` (empty before the first); the first run's time against
-  `floor-file`, and the second run's bytes from the server, are reported.
+  the faster file floor, and the second run's bytes from the server, are reported.
 - `convert`: the W1 conversion saved to safetensors files with `budget="256MB"`, straight from the URL: the
   peak private memory shows a remote checkpoint streams through the budget (the output is hashed against a
   local save of the same plan).
@@ -151,7 +152,7 @@ def _download4(shards, size_of, fetch_part) -> dict:
 
 
 def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0,
-                  prefault: bool = False, into_dir: str | None = None) -> dict:
+                  prefault: bool = False, into_dir: str | None = None, file_map: bool = False) -> dict:
     """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
     http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
     list and receiving each body with `readinto` straight into its place (one copy from the socket).
@@ -159,9 +160,12 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     (what lazyweights does with a cast: measured faster than readinto straight into a large buffer).
     `prefault`: one more thread faults the buffers in at once (`MADV_POPULATE_WRITE`) while the others
     receive, as lazyweights does with its results (`lazyweights/run/prefault.py`).
-    `into_dir`: each thread also writes what it received into a file per shard there (`pwrite`, every 8 MiB
-    as it arrives): the floor of a first run with `cache=`, which writes every byte to disk as well."""
+    `into_dir`: the bytes go to a file per shard there as well (the floor of a first run with `cache=`, which
+    writes every byte to disk too), in one of two ways, neither always the faster on this VM: each piece
+    `pwrite` from the buffer every 8 MiB as it arrives, or (`file_map`) received into a `MAP_SHARED` map of
+    the file (the page cache itself) and then copied into the buffer."""
     import http.client
+    import mmap
     import threading
     import urllib.parse
 
@@ -183,8 +187,15 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     jobs.reverse()
     lock = threading.Lock()
     populate = None
-    files = {shard: os.open(os.path.join(into_dir, shard), os.O_WRONLY | os.O_CREAT, 0o644)
-             for shard in shards} if into_dir else {}
+    files, maps = {}, {}
+    for shard in shards if into_dir else ():
+        fd = os.open(os.path.join(into_dir, shard), os.O_RDWR | os.O_CREAT, 0o644)
+        if file_map:
+            os.ftruncate(fd, len(bufs[shard]))
+            maps[shard] = np.frombuffer(mmap.mmap(fd, len(bufs[shard]), mmap.MAP_SHARED), np.uint8)
+            os.close(fd)  # (the map keeps the file)
+        else:
+            files[shard] = fd
     if prefault:
         import ctypes
 
@@ -211,7 +222,7 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
             c.request("GET", path, headers={"Range": f"bytes={s}-{e - 1}"})
             r = c.getresponse()
             assert r.status == 206, r.status
-            view, done, written = bufs[shard][s:e], 0, 0
+            view, done, written = (memoryview(maps[shard])[s:e] if maps else bufs[shard][s:e]), 0, 0
             while done < e - s:
                 if buf is None:
                     n = r.readinto(view[done:])
@@ -223,6 +234,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                 if files and (done - written >= 8 << 20 or done == e - s):
                     while written < done:
                         written += os.pwrite(files[shard], view[written:done], s + written)
+            if maps:  # in the file's pages; then into memory
+                bufs[shard][s:e] = view
         c.close()
 
     threads = [threading.Thread(target=worker) for _ in range(ways)]
@@ -293,9 +306,10 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
-        if name in ("floor", "floor-bounce", "floor-prefault", "floor-file"):
+        if name in ("floor", "floor-bounce", "floor-prefault", "floor-file", "floor-file-map"):
             _urllib_floor(base_url, shards, bounce=(1 << 20) if name == "floor-bounce" else 0,
-                          prefault=name == "floor-prefault", into_dir=cache if name == "floor-file" else None)
+                          prefault=name == "floor-prefault", into_dir=cache if name.startswith("floor-file") else None,
+                          file_map=name == "floor-file-map")
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "download4":
@@ -534,7 +548,7 @@ def main():
         print(json.dumps(r))
         return
     every = ["floor", "floor-bounce", "floor-prefault", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1",
-             "convert", "floor-file", "lazyweights-cached", "4proc-cache"]
+             "convert", "floor-file", "floor-file-map", "lazyweights-cached", "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     # as an installed package is: compiled once (pip compiles on install; with PYTHONDONTWRITEBYTECODE set, as on
@@ -646,7 +660,7 @@ def main():
                     print(f"  {name}: {first['seconds']:.3f} s, then {second['seconds']:.3f} s, load average "
                           f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
                     continue
-                elif name == "floor-file":
+                elif name.startswith("floor-file"):
                     folder = tempfile.mkdtemp(prefix="bench-floor-file-")
                     r = once(name, folder)
                     shutil.rmtree(folder)
@@ -695,8 +709,10 @@ def main():
     if cached:
         first_s = statistics.median(f["seconds"] for f, _ in cached)
         second_s = statistics.median(s["seconds"] for _, s in cached)
-        file_floor = (f", {first_s / statistics.median(r['seconds'] for r in results['floor-file']):.2f}x floor-file"
-                      if "floor-file" in results else "")
+        file_floors = {n: statistics.median(r["seconds"] for r in results[n])
+                       for n in ("floor-file", "floor-file-map") if n in results}
+        file_name = min(file_floors, key=file_floors.__getitem__) if file_floors else None
+        file_floor = f", {first_s / file_floors[file_name]:.2f}x {file_name}" if file_name else ""
         served = max(f["served"] for f, _ in cached) / total
         print(f"cache (medians of {len(cached)}): a first run served {served:.4f}x the checkpoint in {first_s:.3f} s "
               f"({first_s / floor:.2f}x the floor{file_floor}, which writes the bytes to a file as well), a second "
