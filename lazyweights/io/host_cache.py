@@ -30,7 +30,8 @@ Example:
     >>> b = HostCache(d, "http://example/model.safetensors", 1000, '"v1"')
     >>> b.claim(0)  # a holds it
     False
-    >>> a.publish(memoryview(bytes(range(250)) * 4), [(0, 100)], [0]); a.flush()
+    >>> a.publish(memoryview(bytes(range(250)) * 4), [(0, 100)], [0]); a.flush()  # written: True
+    True
     >>> b.refresh(); b.held.ranges
     [(0, 100)]
     >>> out = bytearray(100); b.read_into(memoryview(out), 0, 100); bytes(out[:4])
@@ -59,6 +60,7 @@ _logger = logging.getLogger(__name__)
 
 CLAIM_CHUNK = 8 << 20
 WRITER_LINGER = 0.5  # seconds the writer thread waits for more work before it stops
+EXIT_FLUSH_SECONDS = 60.0  # the longest an exiting process waits for its caches' queued writes
 
 
 # Caches whose writer may have work left: a process that exits right after its load still completes them
@@ -69,8 +71,14 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
+    # Bounded: a stuck disk (a hung network mount) must not hang the exit; unwritten bytes are only fetched
+    # again by the next process.
+    deadline = time.monotonic() + EXIT_FLUSH_SECONDS
     for cache in list(_OPEN):
-        cache.flush()
+        if not cache.flush(timeout=max(0.0, deadline - time.monotonic())):
+            _logger.warning("cache %s: exiting with writes still queued (more than %.0f s); the next process "
+                            "fetches those bytes again", cache.directory, EXIT_FLUSH_SECONDS)
+            return
 
 
 def _close_descriptors(stem: str, fds) -> None:
@@ -272,11 +280,11 @@ class HostCache:
                 self._writer = threading.Thread(target=self._write_loop, daemon=True, name="lazyweights-cache")
                 self._writer.start()
 
-    def flush(self) -> None:
-        """Wait until everything published so far is written (or the writer has given up)."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything published so far is written (or the writer has given up); at most `timeout`
+        seconds if given. Returns whether it was."""
         with self._idle:
-            while self._pending:
-                self._idle.wait()
+            return self._idle.wait_for(lambda: not self._pending, timeout)
 
     def _write_loop(self) -> None:
         # The writer stops after WRITER_LINGER idle seconds (the next publish starts another): a thread kept

@@ -634,6 +634,23 @@ def test_a_process_that_exits_after_its_load_still_completes_the_cache(tmp_path)
     assert after.claim(0)  # released
 
 
+def test_a_stuck_cache_writer_does_not_hang_the_exit(tmp_path):
+    """The wait at exit is bounded (`EXIT_FLUSH_SECONDS`): a disk that never answers (here, a writer busy for
+    60 s) costs the next process a fetch, never a process that cannot end."""
+    script = textwrap.dedent("""
+        import sys, time
+        from lazyweights.io import host_cache
+        host_cache.EXIT_FLUSH_SECONDS = 0.3
+        cache = host_cache.HostCache(sys.argv[1], "http://x/m", 1 << 20, '"e"')
+        cache.after_writes(lambda: time.sleep(60))
+    """)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert "exiting with writes still queued" in done.stderr
+
+
 def _blob(nginx, name: str, size: int) -> tuple[str, bytes]:
     data = np.random.default_rng(11).integers(1, 255, size, dtype=np.uint8).tobytes()  # no zero: a lost page shows
     (nginx.root / name).write_bytes(data)
