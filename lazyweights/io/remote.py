@@ -536,10 +536,7 @@ class RemoteFile:
         it does not keep them, as what that fill fetches later lies in other claim chunks, so other pages."""
         with self._lock:
             self._unwritten.remove_many(unheld)
-            if self._map is None:
-                return
-            for lo, hi in self._unneeded_pages(unheld, claim):
-                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self._give_back_pages(unheld, claim)
 
     def _mark_held(self, ranges: list[tuple[int, int]], from_cache: bool = False,
                    fetched: list[tuple[int, int]] | None = None) -> None:
@@ -811,10 +808,17 @@ class RemoteFile:
             if self._doomed and ranges:
                 self._doomed.remove_many(ranges)
             self._have.remove_many(ranges)  # one sweep: thousands of row runs may be held and released
-            for lo, hi in self._unneeded_pages(ranges):
-                self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self._give_back_pages(ranges)
             first = self._have.first() or (0, 0)
             self._prefix_end = first[1] if first[0] == 0 else 0
+
+    def _give_back_pages(self, released: list[tuple[int, int]], done: tuple | None = None) -> None:
+        """Hand the kernel back the pages around `released` that nothing needs (`_unneeded_pages`; under
+        `_lock`)."""
+        if self._map is None:
+            return
+        for lo, hi in self._unneeded_pages(released, done):
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def _unneeded_pages(self, released: list[tuple[int, int]], done: tuple | None = None) -> list[tuple[int, int]]:
         """The pages around `released` (just removed from what is held) that hold no byte still held, leased,
