@@ -4,7 +4,8 @@
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, the `uni` executor) unless it asks for tensor_parallel_size > 1,
 so one process start (about 30 s of imports on the 2-core VM) serves many engines. For each key OUT holds the
 greedy token ids and top-5 logprobs of PROMPTS, the weight-loading seconds the loader reported, or the error
-(`{"error": type name, "message": ...}`) when the engine did not start.
+(`{"error": type name, "message": ...}`) when the engine did not start or failed to generate (then only the
+tests that use that engine fail, each naming the error).
 """
 from __future__ import annotations
 
@@ -33,10 +34,14 @@ def run_one(kw: dict) -> dict:
             cur = cur.__cause__ or cur.__context__
         return {"error": chain[0]["error"], "message": chain[0]["message"], "chain": chain}
     start = time.perf_counter() - t
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, logprobs=5))
-    res = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
-           "logprobs": [[{str(k): v.logprob for k, v in lp.items()} for lp in o.outputs[0].logprobs] for o in outs],
-           "start_seconds": start}
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, logprobs=5))
+        res = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+               "logprobs": [[{str(k): v.logprob for k, v in lp.items()} for lp in o.outputs[0].logprobs]
+                            for o in outs],
+               "start_seconds": start}
+    except Exception as e:  # noqa: BLE001 (this engine's failure is its own test's, not every other engine's)
+        res = {"error": type(e).__name__, "message": f"generating: {e}"[-2000:], "chain": []}
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:  # noqa: BLE001

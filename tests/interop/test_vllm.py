@@ -238,6 +238,16 @@ def in_s3(models, s3):
     return f"s3://{bucket}/llama/", dict(s3.options)
 
 
+def w8a8_dtype() -> str:
+    """The activations' dtype for the W8A8 engines. On a CPU with AMX tiles vLLM runs int8 layers with its
+    SGL kernel, which takes bfloat16 or float16 activations only ("int8_scaled_mm_with_quant: expect A to be
+    bfloat16 or half" under float32); elsewhere its oneDNN kernel takes float32, the other engines' dtype."""
+    import torch
+
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return "bfloat16" if amx is not None and amx() else "float32"
+
+
 @pytest.fixture(scope="module")
 def served(models, nginx):
     """The llama folder under nginx's root: its URL."""
@@ -260,7 +270,8 @@ def tp1(models, lora, served, nginx, request, tmp_path_factory):
         pass
     try:
         folder = request.getfixturevalue("compressed")
-        optional.update({"w8a8": {"model": folder}, "w8a8-lw": {"model": folder, **lw}})
+        w8a8 = {"model": folder, "dtype": w8a8_dtype()}
+        optional.update({"w8a8": w8a8, "w8a8-lw": {**w8a8, **lw}})
     except pytest.skip.Exception:
         pass
     runs = {
