@@ -70,10 +70,14 @@ def view_byte_ranges(v: np.ndarray, base: np.ndarray) -> list[tuple[int, int]]:
     while dims and dims[-1][1] == run:  # innermost dims laid end to end are one contiguous run
         run *= dims[-1][0]
         dims.pop()
+    if not dims:  # one contiguous run (every receive of a whole tensor)
+        return [(lo, lo + run)]
     offsets = np.zeros(1, np.int64)
     for n, st in dims:
         offsets = (offsets[:, None] + np.arange(n, dtype=np.int64) * st).ravel()
-    offsets = np.unique(offsets) + lo
+    # sorted, not np.unique: the merge below folds repeats, and np.unique imports numpy.ma (10-20 ms, in the
+    # time before a remote load's first request)
+    offsets = np.sort(offsets) + lo
     out: list[tuple[int, int]] = []
     for o in offsets.tolist():
         if out and o <= out[-1][1]:
