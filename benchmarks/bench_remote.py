@@ -20,6 +20,9 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   as lazyweights faults in its results: on these VMs, which take freed memory back about 2 s after a
   process frees it, memory touched early is much cheaper than memory touched late. The ratios are taken
   against the fastest of the three floors.
+- `floor-cast`: `floor-bounce` that also casts each piece bfloat16 -> float16 on its way into place, with
+  lazyweights' C loop: the plain download doing W1's conversion (W1 casts every byte but its norms'). Not one
+  of the floors the ratios are taken against; printed beside them, to show what of the gap is the cast.
 - `curl`: `curl --parallel` of the three shards to /dev/null: what the network moves with no memory to fill.
 - `lazyweights`: `load_weights(index URL)` + the W1 adapter + `plan(...).materialize()`.
 - `fsspec`: safetensors + fsspec, as people do it: each shard read whole through `fsspec.open(url)`, parsed
@@ -32,7 +35,9 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   8 MiB as they arrive, or received into a `MAP_SHARED` map of the file (the page cache itself) and copied
   into place. The faster of the two is the floor of a first run with `cache=`, which writes every byte too.
 - `lazyweights-cached`: twice with `cache=DIR` (empty before the first); the first run's time against
-  the faster file floor, and the second run's bytes from the server, are reported.
+  the faster file floor, and the second run's bytes from the server, are reported. The first run is timed
+  twice: when `materialize()` returns (what the caller waits for; the cache is written off that path) and
+  when the cache's writer has every byte in the file.
 - `convert`: the W1 conversion saved to safetensors files with `budget="256MB"`, straight from the URL: the
   peak private memory shows a remote checkpoint streams through the budget (the output is hashed against a
   local save of the same plan).
@@ -152,7 +157,8 @@ def _download4(shards, size_of, fetch_part) -> dict:
 
 
 def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0,
-                  prefault: bool = False, into_dir: str | None = None, file_map: bool = False) -> dict:
+                  prefault: bool = False, into_dir: str | None = None, file_map: bool = False,
+                  cast: bool = False) -> dict:
     """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
     http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
     list and receiving each body with `readinto` straight into its place (one copy from the socket).
@@ -163,7 +169,9 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     `into_dir`: the bytes go to a file per shard there as well (the floor of a first run with `cache=`, which
     writes every byte to disk too), in one of two ways, neither always the faster on this VM: each piece
     `pwrite` from the buffer every 8 MiB as it arrives, or (`file_map`) received into a `MAP_SHARED` map of
-    the file (the page cache itself) and then copied into the buffer."""
+    the file (the page cache itself) and then copied into the buffer.
+    `cast` (with `bounce`): each piece is cast from bfloat16 to float16 on its way into place, by lazyweights'
+    own C loop (F16C or portable; ml_dtypes' `astype` is slower): W1's conversion, done the plainest fast way."""
     import http.client
     import mmap
     import threading
@@ -186,6 +194,15 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     conn.close()
     jobs.reverse()
     lock = threading.Lock()
+    kernel = None
+    if cast:  # every range and piece starts on a whole 2-byte element (the shards' sizes are even)
+        import ml_dtypes
+
+        from lazyweights.kernels.casts import _kernel_for
+
+        kernel = _kernel_for(np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+        jobs = [(path, shard, s - s % 2, e if e == len(bufs[shard]) else e - e % 2)
+                for path, shard, s, e in jobs]
     populate = None
     files, maps = {}, {}
     for shard in shards if into_dir else ():
@@ -226,6 +243,14 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
             while done < e - s:
                 if buf is None:
                     n = r.readinto(view[done:])
+                elif kernel is not None:  # whole elements only: an odd byte waits for the next piece
+                    n = r.readinto(buf[:min(bounce, e - s - done)])
+                    while n % 2:
+                        more = r.readinto(buf[n:n + 1])
+                        assert more, "short read"
+                        n += more
+                    kernel.run(np.frombuffer(buf[:n], np.uint16),
+                               np.frombuffer(view[done:done + n], np.uint16))
                 else:
                     n = r.readinto(buf[:min(bounce, e - s - done)])
                     view[done:done + n] = buf[:n]
@@ -306,8 +331,9 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
-        if name in ("floor", "floor-bounce", "floor-prefault", "floor-file", "floor-file-map"):
-            _urllib_floor(base_url, shards, bounce=(1 << 20) if name == "floor-bounce" else 0,
+        if name in ("floor", "floor-bounce", "floor-prefault", "floor-cast", "floor-file", "floor-file-map"):
+            _urllib_floor(base_url, shards, bounce=(1 << 20) if name in ("floor-bounce", "floor-cast") else 0,
+                          cast=name == "floor-cast",
                           prefault=name == "floor-prefault", into_dir=cache if name.startswith("floor-file") else None,
                           file_map=name == "floor-file-map")
             seconds = time.perf_counter() - t
@@ -366,6 +392,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
                                       storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
             out = lw.plan(sd).materialize()
+            returned = time.perf_counter() - t  # what the caller waits for: the outputs are in memory
             if cache:  # timed until the cache holds every byte too, as floor-file's are in its files
                 from lazyweights.io.remote import RemoteFile
 
@@ -410,6 +437,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
         seconds = time.perf_counter() - t
+    if name.startswith("lazyweights") and cache:
+        return {"seconds": seconds, "returned_seconds": returned, **_mem(mem), "digest": _digest(out)}
     return {"seconds": seconds, **_mem(mem), "digest": _digest(out)}
 
 
@@ -547,8 +576,8 @@ def main():
         r["after_seconds"] = time.perf_counter() - start - r["seconds"]
         print(json.dumps(r))
         return
-    every = ["floor", "floor-bounce", "floor-prefault", "curl", "lazyweights", "fsspec", "rank0of4", "rank0of4-w1",
-             "convert", "floor-file", "floor-file-map", "lazyweights-cached", "4proc-cache"]
+    every = ["floor", "floor-bounce", "floor-prefault", "floor-cast", "curl", "lazyweights", "fsspec", "rank0of4",
+             "rank0of4-w1", "convert", "floor-file", "floor-file-map", "lazyweights-cached", "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     # as an installed package is: compiled once (pip compiles on install; with PYTHONDONTWRITEBYTECODE set, as on
@@ -706,8 +735,13 @@ def main():
         print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
               f"{served / total:>13.4f}{peak:>17.2f}  {runs}")
     print("every output identical to the local materialization (rank 0: to the same slices of it)")
+    if full and "floor-cast" in results:
+        cast_s = statistics.median(r["seconds"] for r in results["floor-cast"])
+        print(f"lazyweights against floor-cast (the plain download casting bf16 -> f16 as it receives): "
+              f"{full / cast_s:.2f}x; the cast alone costs the plain download {cast_s / floor:.2f}x")
     if cached:
         first_s = statistics.median(f["seconds"] for f, _ in cached)
+        returned_s = statistics.median(f["returned_seconds"] for f, _ in cached)
         second_s = statistics.median(s["seconds"] for _, s in cached)
         file_floors = {n: statistics.median(r["seconds"] for r in results[n])
                        for n in ("floor-file", "floor-file-map") if n in results}
@@ -717,6 +751,9 @@ def main():
         print(f"cache (medians of {len(cached)}): a first run served {served:.4f}x the checkpoint in {first_s:.3f} s "
               f"({first_s / floor:.2f}x the floor{file_floor}, which writes the bytes to a file as well), a second "
               f"{max(s['served'] for _, s in cached)} bytes in {second_s:.3f} s")
+        uncached = f", {returned_s / full:.2f}x the uncached lazyweights run" if full else ""
+        print(f"  the first run's materialize() returned at {returned_s:.3f} s ({returned_s / floor:.2f}x the floor"
+              f"{uncached}); the rest is the cache's writer finishing")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
         print("\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), "
