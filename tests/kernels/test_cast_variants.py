@@ -1,6 +1,7 @@
-"""The C extension's CPU-specific loops: bfloat16 -> float16 through F16C where the CPU has AVX2 and F16C,
-the portable loop elsewhere (or with LAZYWEIGHTS_CAST_LOOPS=portable). Both must give ml_dtypes' bits for
-every one of the 65536 bfloat16 patterns, gathers included."""
+"""The C extension's CPU-specific loops: bfloat16 -> float16 through AVX-512 where the CPU has AVX-512 F, BW
+and VL, through F16C where it has AVX2 and F16C, the portable loop elsewhere (LAZYWEIGHTS_CAST_LOOPS=f16c or
+=portable caps the choice). Each loop this CPU can run must give ml_dtypes' bits for every one of the 65536
+bfloat16 patterns, gathers and tails included."""
 from __future__ import annotations
 
 import subprocess
@@ -38,7 +39,16 @@ def cpu_has(*flags) -> bool:
     return all(f in line.split() for f in flags)
 
 
-@pytest.mark.parametrize("forced", [None, "portable"])
+def expected_loop(forced: str | None) -> str:
+    """The loop `pick_loops` should choose on this CPU under LAZYWEIGHTS_CAST_LOOPS=`forced`."""
+    if forced == "portable" or not cpu_has("avx2", "f16c"):
+        return "portable"
+    if forced != "f16c" and cpu_has("avx512f", "avx512bw", "avx512vl"):
+        return "avx512"
+    return "f16c"
+
+
+@pytest.mark.parametrize("forced", [None, "f16c", "portable"])
 def test_bf16_to_f16_loops_match_ml_dtypes(forced, child_env):
     env = dict(child_env)
     env.pop("LAZYWEIGHTS_CAST_LOOPS", None)
@@ -47,7 +57,6 @@ def test_bf16_to_f16_loops_match_ml_dtypes(forced, child_env):
     r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     variant, bad, gathered_bad, tail_bad = r.stdout.split()
-    want = "portable" if forced or not (sys.platform.startswith("linux") and cpu_has("avx2", "f16c")) else "f16c"
     if sys.platform.startswith("linux") and __import__("platform").machine() == "x86_64":
-        assert variant == want
+        assert variant == expected_loop(forced)
     assert (bad, gathered_bad, tail_bad) == ("0", "0", "0"), f"{variant}: {bad} of 65536 patterns differ"
