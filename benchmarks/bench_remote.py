@@ -746,10 +746,11 @@ def main():
         file_floors = {n: statistics.median(r["seconds"] for r in results[n])
                        for n in ("floor-file", "floor-file-map") if n in results}
         file_name = min(file_floors, key=file_floors.__getitem__) if file_floors else None
-        file_floor = f", {first_s / file_floors[file_name]:.2f}x {file_name}" if file_name else ""
+        file_floor = (f", {first_s / file_floors[file_name]:.2f}x {file_name}, which writes the bytes to a file as "
+                      "well" if file_name else "")
         served = max(f["served"] for f, _ in cached) / total
         print(f"cache (medians of {len(cached)}): a first run served {served:.4f}x the checkpoint in {first_s:.3f} s "
-              f"({first_s / floor:.2f}x the floor{file_floor}, which writes the bytes to a file as well), a second "
+              f"({first_s / floor:.2f}x the floor{file_floor}), a second "
               f"{max(s['served'] for _, s in cached)} bytes in {second_s:.3f} s")
         uncached = f", {returned_s / full:.2f}x the uncached lazyweights run" if full else ""
         print(f"  the first run's materialize() returned at {returned_s:.3f} s ({returned_s / floor:.2f}x the floor"
