@@ -201,30 +201,36 @@ __attribute__((target("avx2,f16c"))) static inline __m128i bf16x8_to_f16(__m128i
     return _mm_blendv_epi8(r, nan, is_nan);
 }
 
-__attribute__((target("avx2,f16c"))) static void loop_bf16_to_f16_f16c(
-    const void *src_, void *out_, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,
-    const Extra *extra) {
-    const uint16_t *src = (const uint16_t *)src_;
-    uint16_t *out = (uint16_t *)out_;
-    const int64_t *index = extra->index, *out_index = extra->out_index;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;
-        const Py_ssize_t out_row = out_index != NULL ? (Py_ssize_t)out_index[r] : r;
-        const uint16_t *s = src + first + row * stride;
-        uint16_t *o = out + out_row * cols;
-        Py_ssize_t c = 0;
-        for (; c + 16 <= cols; c += 16) {
-            const __m128i a = _mm_loadu_si128((const __m128i *)(s + c));
-            const __m128i b = _mm_loadu_si128((const __m128i *)(s + c + 8));
-            _mm_storeu_si128((__m128i *)(o + c), bf16x8_to_f16(a));
-            _mm_storeu_si128((__m128i *)(o + c + 8), bf16x8_to_f16(b));
-        }
-        for (; c < cols; c++) {
-            const uint32_t v = s[c];
-            o[c] = (uint16_t)NARROW_F16(v << 16, 0x7E00u, 0u, 0u);
-        }
+/* A row loop (index, out_index and stride as in DEFINE_LOOP) around CONVERT, a vector conversion of WIDTH
+ * elements in a VEC, two vectors a step; the columns past the last whole step take the portable narrowing. */
+#define DEFINE_BF16_TO_F16_VECTOR_LOOP(NAME, TARGET, VEC, WIDTH, LOAD, STORE, CONVERT)                            \
+    __attribute__((target(TARGET))) static void NAME(const void *src_, void *out_, Py_ssize_t rows,            \
+                                                     Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,    \
+                                                     const Extra *extra) {                                    \
+        const uint16_t *src = (const uint16_t *)src_;                                                        \
+        uint16_t *out = (uint16_t *)out_;                                                                    \
+        const int64_t *index = extra->index, *out_index = extra->out_index;                                  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                              \
+            const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;                                 \
+            const Py_ssize_t out_row = out_index != NULL ? (Py_ssize_t)out_index[r] : r;                     \
+            const uint16_t *s = src + first + row * stride;                                                  \
+            uint16_t *o = out + out_row * cols;                                                              \
+            Py_ssize_t c = 0;                                                                                \
+            for (; c + 2 * (WIDTH) <= cols; c += 2 * (WIDTH)) {                                              \
+                const VEC a = LOAD((const VEC *)(s + c));                                                    \
+                const VEC b = LOAD((const VEC *)(s + c + (WIDTH)));                                          \
+                STORE((VEC *)(o + c), CONVERT(a));                                                           \
+                STORE((VEC *)(o + c + (WIDTH)), CONVERT(b));                                                 \
+            }                                                                                                \
+            for (; c < cols; c++) {                                                                          \
+                const uint32_t v = s[c];                                                                     \
+                o[c] = (uint16_t)NARROW_F16(v << 16, 0x7E00u, 0u, 0u);                                       \
+            }                                                                                                \
+        }                                                                                                    \
     }
-}
+
+DEFINE_BF16_TO_F16_VECTOR_LOOP(loop_bf16_to_f16_f16c, "avx2,f16c", __m128i, 8, _mm_loadu_si128, _mm_storeu_si128,
+                               bf16x8_to_f16)
 
 /* The same with AVX-512 (F, BW and VL), where the CPU has it: 16 elements per conversion instruction and the
  * NaN lanes chosen by a mask register, a third of the F16C loop's instructions per element. Why: on the
@@ -241,30 +247,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m256i bf16x
     return _mm256_mask_blend_epi16(is_nan, r, nan);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void loop_bf16_to_f16_avx512(
-    const void *src_, void *out_, Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t first, Py_ssize_t stride,
-    const Extra *extra) {
-    const uint16_t *src = (const uint16_t *)src_;
-    uint16_t *out = (uint16_t *)out_;
-    const int64_t *index = extra->index, *out_index = extra->out_index;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        const Py_ssize_t row = index != NULL ? (Py_ssize_t)index[r] : r;
-        const Py_ssize_t out_row = out_index != NULL ? (Py_ssize_t)out_index[r] : r;
-        const uint16_t *s = src + first + row * stride;
-        uint16_t *o = out + out_row * cols;
-        Py_ssize_t c = 0;
-        for (; c + 32 <= cols; c += 32) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(s + c));
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(s + c + 16));
-            _mm256_storeu_si256((__m256i *)(o + c), bf16x16_to_f16(a));
-            _mm256_storeu_si256((__m256i *)(o + c + 16), bf16x16_to_f16(b));
-        }
-        for (; c < cols; c++) {
-            const uint32_t v = s[c];
-            o[c] = (uint16_t)NARROW_F16(v << 16, 0x7E00u, 0u, 0u);
-        }
-    }
-}
+DEFINE_BF16_TO_F16_VECTOR_LOOP(loop_bf16_to_f16_avx512, "avx512f,avx512bw,avx512vl", __m256i, 16, _mm256_loadu_si256,
+                               _mm256_storeu_si256, bf16x16_to_f16)
 #endif
 
 /* The bf16 -> f16 loop for this CPU: AVX-512's where it has AVX-512 F, BW and VL; F16C's where it has AVX2
