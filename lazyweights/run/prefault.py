@@ -34,6 +34,12 @@ import numpy as np
 
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>, Linux 5.14 (Python's mmap module names it from 3.13 only)
 PREFAULT_MIN_BYTES = 1 << 20  # smaller results are not worth a system call of their own
+# Faulted in this much per call. A call holds the process's memory-map lock for reading, and a thread that
+# maps memory (a new thread's stack, a large allocation) waits for it, with every page fault queued behind
+# that writer: one call over W1's 131 MB lm_head made `Thread.start` of the first prefetcher take 15-20 ms,
+# and 220-270 ms on a busy VM; in 4 MiB calls, the load's thread starts take about 10 ms in all
+# (benchmarks/RESULTS.md, issue 35).
+PREFAULT_STEP = 4 << 20
 _unsupported = False  # set once the kernel refused the advice: not asked again in this process
 
 
@@ -77,10 +83,12 @@ def prefault_in_background(arrays: Iterable[np.ndarray]) -> threading.Thread | N
 
         madvise = _madvise()
         for address, length in spans:
-            if madvise(address, length, MADV_POPULATE_WRITE) != 0:
-                if ctypes.get_errno() == 22:  # EINVAL: a kernel without the advice; stop asking
-                    _unsupported = True
-                break  # ENOMEM (no memory to fault in) and the like: the writers will fault as usual
+            for at in range(address, address + length, PREFAULT_STEP):
+                if madvise(at, min(PREFAULT_STEP, address + length - at), MADV_POPULATE_WRITE) != 0:
+                    if ctypes.get_errno() == 22:  # EINVAL: a kernel without the advice; stop asking
+                        _unsupported = True
+                    keep.clear()
+                    return  # ENOMEM (no memory to fault in) and the like: the writers will fault as usual
         keep.clear()
 
     thread = threading.Thread(target=run, name="lazyweights-prefault", daemon=True)
