@@ -156,6 +156,20 @@ def _download4(shards, size_of, fetch_part) -> dict:
     return out
 
 
+def _cast_loop():
+    """lazyweights' bf16 -> f16 C loop (bits in, bits out: `loop(src_u16, out_u16, 1, n, 0, 0)`), loaded from
+    the compiled extension alone: importing `lazyweights.kernels` would import the whole package inside the
+    floor's timer (about 0.1 s), and a slow floor flatters the contestant."""
+    import glob
+    import importlib.util
+
+    (path,) = glob.glob(os.path.join(HERE, "..", "lazyweights", "kernels", "_ccasts*.so"))
+    spec = importlib.util.spec_from_file_location("lazyweights.kernels._ccasts", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.k_bf16_to_f16
+
+
 def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0,
                   prefault: bool = False, into_dir: str | None = None, file_map: bool = False,
                   cast: bool = False) -> dict:
@@ -171,7 +185,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     `pwrite` from the buffer every 8 MiB as it arrives, or (`file_map`) received into a `MAP_SHARED` map of
     the file (the page cache itself) and then copied into the buffer.
     `cast` (with `bounce`): each piece is cast from bfloat16 to float16 on its way into place, by lazyweights'
-    own C loop (F16C or portable; ml_dtypes' `astype` is slower): W1's conversion, done the plainest fast way."""
+    own C loop (AVX-512, F16C or portable; ml_dtypes' `astype` is slower), the extension loaded alone:
+    W1's conversion, done the plainest fast way."""
     import http.client
     import mmap
     import threading
@@ -196,11 +211,7 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     lock = threading.Lock()
     kernel = None
     if cast:  # every range and piece starts on a whole 2-byte element (the shards' sizes are even)
-        import ml_dtypes
-
-        from lazyweights.kernels.casts import _kernel_for
-
-        kernel = _kernel_for(np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+        kernel = _cast_loop()
         jobs = [(path, shard, s - s % 2, e if e == len(bufs[shard]) else e - e % 2)
                 for path, shard, s, e in jobs]
     populate = None
@@ -249,8 +260,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                         more = r.readinto(buf[n:n + 1])
                         assert more, "short read"
                         n += more
-                    kernel.run(np.frombuffer(buf[:n], np.uint16),
-                               np.frombuffer(view[done:done + n], np.uint16))
+                    src = np.frombuffer(buf[:n], np.uint16)
+                    kernel(src, np.frombuffer(view[done:done + n], np.uint16), 1, src.size, 0, 0)
                 else:
                     n = r.readinto(buf[:min(bounce, e - s - done)])
                     view[done:done + n] = buf[:n]
