@@ -82,14 +82,15 @@ def prefault_in_background(arrays: Iterable[np.ndarray]) -> threading.Thread | N
         import ctypes
 
         madvise = _madvise()
-        for address, length in spans:
-            for at in range(address, address + length, PREFAULT_STEP):
-                if madvise(at, min(PREFAULT_STEP, address + length - at), MADV_POPULATE_WRITE) != 0:
-                    if ctypes.get_errno() == 22:  # EINVAL: a kernel without the advice; stop asking
-                        _unsupported = True
-                    keep.clear()
-                    return  # ENOMEM (no memory to fault in) and the like: the writers will fault as usual
-        keep.clear()
+        try:
+            for address, length in spans:
+                for at in range(address, address + length, PREFAULT_STEP):
+                    if madvise(at, min(PREFAULT_STEP, address + length - at), MADV_POPULATE_WRITE) != 0:
+                        if ctypes.get_errno() == 22:  # EINVAL: a kernel without the advice; stop asking
+                            _unsupported = True
+                        return  # ENOMEM (no memory to fault in) and the like: the writers will fault as usual
+        finally:
+            keep.clear()
 
     thread = threading.Thread(target=run, name="lazyweights-prefault", daemon=True)
     thread.start()
