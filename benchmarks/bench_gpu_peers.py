@@ -158,6 +158,7 @@ def lazyweights_plan(ckpt: str):
 
 
 LW_OPTIONS: dict = {}  # --lw-streams / --lw-host-threads: materialize_gpu's knobs, for a sweep
+_LW_KNOBS = {"s": "streams", "h": "host_threads", "b": "block_bytes", "ra": "readahead"}
 
 
 def lazyweights_gpu(ckpt: str, w1: W1Torch) -> dict:
@@ -168,19 +169,50 @@ def lazyweights_gpu(ckpt: str, w1: W1Torch) -> dict:
     return lazyweights_plan(ckpt).materialize(device="gpu:0")
 
 
-def host_to_pinned_seconds(files: list[str], threads: int, reps: int = 3) -> float:
+def lazyweights_variant(spec: str):
+    """A lazyweights contestant with materialize_gpu's knobs set: "s8h16b32ra0" is 8 streams, 16 host
+    threads, 32 MB blocks, no readahead (any subset, in any order)."""
+    import re
+
+    opts = {}
+    for key, num in re.findall(r"(ra|s|h|b)(\d+)", spec):
+        opts[_LW_KNOBS[key]] = int(num) << 20 if key == "b" else int(num)
+
+    def run(ckpt: str, w1: W1Torch) -> dict:
+        from lazyweights.run.gpu import materialize_gpu
+
+        return materialize_gpu(lazyweights_plan(ckpt), "gpu:0", **opts)
+    return run
+
+
+def plan_seconds(ckpt: str, reps: int = 5) -> float:
+    """lazyweights' part before any byte is read: open the files, adapt the names, build the plan (median)."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        lazyweights_plan(ckpt)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def host_to_pinned_seconds(files: list[str], threads: int, reps: int = 3, fresh_maps: bool = False) -> float:
     """The host side's floor: the checkpoint's bytes copied from memory maps (page cache warm) into one pinned
     buffer by `threads` threads, no device involved (best of reps). A loader reading from the page cache
-    cannot put the bytes on the link faster than this."""
+    cannot put the bytes on the link faster than this. `fresh_maps`: the files are mapped again inside each
+    timing, so the page faults of a first read are in it (what a loader that maps the files pays)."""
     import mmap
     from concurrent.futures import ThreadPoolExecutor
 
     from cupy.cuda import pinned_memory
 
-    maps = []
-    for p in files:
-        with open(p, "rb") as fh:
-            maps.append(np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8))
+    def open_maps():
+        out = []
+        for p in files:
+            with open(p, "rb") as fh:
+                out.append(np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8))
+        return out
+
+    maps = open_maps()
     total = sum(m.size for m in maps)
     mem = pinned_memory.PinnedMemory(total)
     host = np.ndarray((total,), np.uint8, buffer=pinned_memory.PinnedMemoryPointer(mem, 0))
@@ -195,7 +227,13 @@ def host_to_pinned_seconds(files: list[str], threads: int, reps: int = 3) -> flo
     with ThreadPoolExecutor(threads) as pool:
         for _ in range(reps):
             t = time.perf_counter()
-            list(pool.map(lambda j: np.copyto(host[j[2]:j[2] + j[3]], j[0][j[1]:j[1] + j[3]]), jobs))
+            if fresh_maps:
+                index = {id(m): k for k, m in enumerate(maps)}
+                new = open_maps()
+                run = [(new[index[id(j[0])]],) + j[1:] for j in jobs]
+            else:
+                run = jobs
+            list(pool.map(lambda j: np.copyto(host[j[2]:j[2] + j[3]], j[0][j[1]:j[1] + j[3]]), run))
             best = min(best, time.perf_counter() - t)
     return best  # the pinned buffer is freed with `mem` on return
 
@@ -290,6 +328,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--lw-streams", type=int, default=None, help="lazyweights' CUDA streams (default: its own)")
     ap.add_argument("--lw-host-threads", type=int, default=None, help="lazyweights' host threads (default: its own)")
+    ap.add_argument("--lw-variants", default="", help="extra lazyweights contestants with knobs set, comma-separated: "
+                    "s<streams>h<host threads>b<block MB>ra<readahead bytes>, e.g. s8h8,s8h16b32,ra0")
     a = ap.parse_args()
     if a.lw_streams:
         LW_OPTIONS["streams"] = a.lw_streams
@@ -305,6 +345,9 @@ def main() -> None:
         w1 = W1Torch(ckpt)
     size = sum(os.path.getsize(f) for f in files)
     names = a.only.split(",") if a.only else list(table)
+    for spec in filter(None, a.lw_variants.split(",")):
+        table = dict(table, **{f"lw-{spec}": lazyweights_variant(spec)})
+        names.append(f"lw-{spec}")
     print(f"device {torch.cuda.get_device_name(0)}, {os.cpu_count()} cpus; {ckpt}: {size / 1e9:.2f} GB "
           f"in {len(files)} files", flush=True)
     floor = pinned_h2d_seconds(size)
@@ -314,10 +357,23 @@ def main() -> None:
     host_floor = host_to_pinned_seconds(files, os.cpu_count() or 1)
     print(f"host floor: page cache -> pinned memory on {os.cpu_count()} threads {host_floor:.3f} s = "
           f"{size / host_floor / 1e9:.1f} GB/s", flush=True)
-    reference = as_torch(table["lazyweights"](ckpt, w1))
+    host_fresh = host_to_pinned_seconds(files, os.cpu_count() or 1, fresh_maps=True)
+    print(f"host floor, files mapped inside the timing: {host_fresh:.3f} s = {size / host_fresh / 1e9:.1f} GB/s",
+          flush=True)
+    if not a.gguf:
+        print(f"lazyweights before the first read (open, adapt, plan): {plan_seconds(ckpt):.4f} s", flush=True)
+    try:
+        reference = as_torch(table["lazyweights"](ckpt, w1))
+    except Exception:  # still measure the peers, against the first one that runs
+        import traceback
+
+        traceback.print_exc()
+        print("lazyweights failed: the peers are checked against the first of them instead", flush=True)
+        reference = as_torch(table[names[0] if names[0] != "lazyweights" else names[1]](ckpt, w1))
     ref_names = sorted(reference)
     results: dict = {"device": torch.cuda.get_device_name(0), "gb": size / 1e9, "pinned_s": floor,
-                     "host_floor_s": host_floor, "lw_options": LW_OPTIONS, "runs": {}}
+                     "host_floor_s": host_floor, "host_floor_fresh_maps_s": host_fresh, "lw_options": LW_OPTIONS,
+                     "runs": {}}
     identical = {}
     for name in names:
         fn = table[name]
@@ -332,6 +388,9 @@ def main() -> None:
             del got
             free_gpu()
         except Exception as e:  # a peer that cannot run here is reported, not fatal
+            import traceback
+
+            traceback.print_exc(limit=-4)
             print(f"{name}: cannot run ({type(e).__name__}: {e})", flush=True)
             identical[name] = None
             continue
@@ -361,7 +420,8 @@ def main() -> None:
                   flush=True)
     what = "GGUF dequantized" if a.gguf else "W1"
     print(f"\n{what} onto the GPU, {size / 1e9:.2f} GB, medians of {a.reps}; pinned floor {floor:.3f} s")
-    print(f"host floor (page cache -> pinned, {os.cpu_count()} threads) {host_floor:.3f} s; "
+    print(f"host floor (page cache -> pinned, {os.cpu_count()} threads) {host_floor:.3f} s, "
+          f"{host_fresh:.3f} s with fresh maps; "
           f"lazyweights options {LW_OPTIONS or 'default'}")
     print(f"{'contestant':16} {'warm s':>8} {'x floor':>8} {'cold s':>8} {'x floor':>8}  identical")
     for name in names:

@@ -95,6 +95,7 @@ from .blocks import write_rows
 from .driver import name_error
 from .fetch import fetch_step_sources, remote_reads
 from .progress import Progress
+from .readahead import LocalReadahead, readahead_bytes
 
 __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",
            "import_cupy", "check_device_destination", "INSTALL_HINT"]
@@ -374,14 +375,16 @@ class _Slot:
 
 def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None, *, backend=None,
                     streams: int = DEFAULT_STREAMS, host_threads: int | None = None,
-                    block_bytes: int | None = None) -> DeviceArrays:
+                    block_bytes: int | None = None, readahead: int | None = None) -> DeviceArrays:
     """Compute every output of `plan` on a GPU: name -> CuPy array (see the module docstring).
 
     `device`: "gpu:N" or DeviceRef.GPU(N). `budget`: bytes of pinned + device staging memory (int or
     "512MB"). `out`: name -> destination (CuPy arrays, torch CUDA tensors, or other CUDA DLPack arrays; bf16
     destinations may be uint16 CuPy arrays or torch.bfloat16 tensors). `streams`: CUDA streams (= staging
     slots). `host_threads`: threads reading sources into pinned memory. `block_bytes`: source bytes per
-    block. `backend`: a `NumpyDevice` to run the pipeline without a GPU (tests).
+    block. `readahead`: bytes of local sources asked of the kernel ahead of the blocks reading them
+    (`run/readahead.py`; default `LAZYWEIGHTS_READAHEAD` or 256 MB, 0 for none).
+    `backend`: a `NumpyDevice` to run the pipeline without a GPU (tests).
     Results in bf16/fp8 are unsigned integer arrays of the same bits; `.dtypes` has the real dtypes.
     """
 
@@ -438,6 +441,9 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
         # A block's step not yet prefetched is admitted into the window first (`RemoteReads.admit`), which
         # drains the blocks in flight when it is full (tests/io/test_remote_gpu.py holds the bound).
         reads = remote_reads(tasks, parse_size(budget) or DEFAULT_BUDGET)
+        # Local sources: the kernel reads the next steps' bytes while the host threads copy (a cold page cache).
+        ahead = LocalReadahead([g.step for g in gsteps], readahead_bytes(readahead))
+        ordinal = {id(g.step): k for k, g in enumerate(gsteps)}
         done = reads.task_done if reads is not None else None
         slots = [_Slot(backend, i, done) for i in range(streams)]
         pool = ThreadPoolExecutor(max_workers=host_threads or default_host_threads(),
@@ -462,7 +468,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                     for slot in slots:
                         slot.wait()
                         slot.free()  # make room: a solo block may use the whole budget
-                    _run_solo(backend, task, slots[0], bar)
+                    _run_solo(backend, task, slots[0], bar, ahead, ordinal)
                     if done is not None:
                         done(task)
                     continue
@@ -472,7 +478,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                     _launch(backend, pending.popleft(), bar)
                 slot.wait()  # its previous block's copy and kernel are done: the buffers are free
                 slot.ensure(pinned_bytes, dev_bytes)
-                pending.append((task, slot, pool.submit(_fill, task, slot.pinned)))
+                pending.append((task, slot, pool.submit(_fill, task, slot.pinned, ahead, ordinal)))
             while pending:
                 _launch(backend, pending.popleft(), bar)
             backend.synchronize([s.stream for s in slots])
@@ -504,10 +510,13 @@ def _tag(e: BaseException, task) -> None:
     setattr(e, "_lw_task", task)  # noqa: B010 (an attribute exceptions do not declare)
 
 
-def _fill(task, pinned: np.ndarray | None) -> None:
-    """Host thread: write the block's host-part rows (source dtype) into the pinned buffer."""
+def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, ordinal=None) -> None:
+    """Host thread: write the block's host-part rows (source dtype) into the pinned buffer (after hinting the
+    kernel to read the steps ahead, `ahead`)."""
     step, rows, g = task[0], task[1], task[2]
     try:
+        if ahead is not None:
+            ahead.ahead_of(ordinal[id(step)])
         if pinned is None:  # compile_gpu_steps gives every block with host rows its staging
             raise ExecutionError(f"{g.name!r}: a block with host rows has no pinned staging buffer", tensor=g.name)
         for r in step.sources:
@@ -555,14 +564,14 @@ def _enqueue(backend, task, pinned, dev, stream) -> None:
         backend.d2d(backend.flat_bytes(extra)[o0:o1], out_bytes[o0:o1], stream)
 
 
-def _run_solo(backend, task, slot: _Slot, bar) -> None:
+def _run_solo(backend, task, slot: _Slot, bar, ahead=None, ordinal=None) -> None:
     """A block too big for a slot: temporary buffers of its own size, filled and run alone."""
     g, rows = task[2], task[1]
     n_src = len(rows) * g.host_row_bytes
     pinned = backend.pinned(n_src)
     dev = backend.staging(n_src) if g.program is not None else None
     try:
-        _fill(task, pinned)
+        _fill(task, pinned, ahead, ordinal)
         try:
             _enqueue(backend, task, pinned, dev, slot.stream)
         except BaseException as e:
