@@ -158,7 +158,7 @@ def lazyweights_plan(ckpt: str):
 
 
 LW_OPTIONS: dict = {}  # --lw-streams / --lw-host-threads: materialize_gpu's knobs, for a sweep
-_LW_KNOBS = {"s": "streams", "h": "host_threads", "b": "block_bytes", "ra": "readahead"}
+_LW_KNOBS = {"s": "streams", "h": "host_threads", "b": "block_bytes", "ra": "readahead", "p": "read_calls"}
 
 
 def lazyweights_gpu(ckpt: str, w1: W1Torch) -> dict:
@@ -170,13 +170,13 @@ def lazyweights_gpu(ckpt: str, w1: W1Torch) -> dict:
 
 
 def lazyweights_variant(spec: str):
-    """A lazyweights contestant with materialize_gpu's knobs set: "s8h16b32ra0" is 8 streams, 16 host
-    threads, 32 MB blocks, no readahead (any subset, in any order)."""
+    """A lazyweights contestant with materialize_gpu's knobs set: "s8h16b32ra0p0" is 8 streams, 16 host
+    threads, 32 MB blocks, no readahead, copies from the map instead of pread (any subset, in any order)."""
     import re
 
     opts = {}
-    for key, num in re.findall(r"(ra|s|h|b)(\d+)", spec):
-        opts[_LW_KNOBS[key]] = int(num) << 20 if key == "b" else int(num)
+    for key, num in re.findall(r"(ra|s|h|b|p)(\d+)", spec):
+        opts[_LW_KNOBS[key]] = int(num) << 20 if key == "b" else bool(int(num)) if key == "p" else int(num)
 
     def run(ckpt: str, w1: W1Torch) -> dict:
         from lazyweights.run.gpu import materialize_gpu
@@ -329,7 +329,7 @@ def main() -> None:
     ap.add_argument("--lw-streams", type=int, default=None, help="lazyweights' CUDA streams (default: its own)")
     ap.add_argument("--lw-host-threads", type=int, default=None, help="lazyweights' host threads (default: its own)")
     ap.add_argument("--lw-variants", default="", help="extra lazyweights contestants with knobs set, comma-separated: "
-                    "s<streams>h<host threads>b<block MB>ra<readahead bytes>, e.g. s8h8,s8h16b32,ra0")
+                    "s<streams>h<host threads>b<block MB>ra<readahead bytes>p<0: no pread>, e.g. s8h8,s8h16b32,ra0")
     a = ap.parse_args()
     if a.lw_streams:
         LW_OPTIONS["streams"] = a.lw_streams

@@ -20,6 +20,8 @@
 #   sweep    lazyweights' knobs (streams, host threads, block size, readahead), warm, then cold for a few
 #   gguf     the Gemma GGUF dequantized onto the GPU: gguf-py, the CPU executor + upload, the device kernels
 #   scale    CPU serve and convert at 1/2/4/8/16 threads against their floors (scale_threads.sh, one rep)
+#   recheck  (not in the default list) after a change to the GPU executor: its tests, then W1 with the
+#            executor as it was and knob variants beside the new default, warm and cold
 #
 # Needs: the repository as the working directory, .dev/core carried (see benchmarks/RESULTS.md, "GPU"), python3
 # with torch, cupy and the image's packages.
@@ -123,6 +125,17 @@ gguf_bench() {
     --json "$OUT/gguf_ggufpy.json"
 }
 
+recheck() {  # after a change to the GPU executor: its tests on the device, then W1 before/after in one run
+  run 90 tests-recheck $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/run/test_gpu.py tests/run/test_gpu_reads.py \
+    "tests/adapters/test_lora.py::test_gpu_executor_computes_the_update_on_the_host"
+  # s4h4b16p0ra0 is the executor as it was (4 slots, 4 threads, 16 MB blocks, copies from the map, no readahead)
+  run 90 w1-recheck-warm $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 5 --cache warm \
+    --only naive,safetensors,lazyweights --json "$OUT/recheck_warm.json" \
+    --lw-variants s4h4b16p0ra0,s4h4b16,s16h8b4p0,s16h8b8,s16h16b4,s32h16b4,s32h16b8,s24h12b4,s16h8b16
+  run 90 w1-recheck-cold $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 3 --cache cold \
+    --only fastsafetensors,lazyweights --lw-variants s4h4b16p0ra0,s32h16b4 --json "$OUT/recheck_cold.json"
+}
+
 scale() {
   PYTHON=$PY run 150 scale bash benchmarks/scale_threads.sh /tmp/w1 /tmp/scratch 1 1 2 4 8 16
 }
@@ -138,6 +151,7 @@ for p in "${phases[@]}"; do
     sweep) sweep ;;
     gguf) gguf_bench ;;
     scale) scale ;;
+    recheck) recheck ;;
     *) echo "unknown phase $p" ;;
   esac
 done

@@ -142,6 +142,50 @@ class SourceFile:
         except (AttributeError, OSError, ValueError):
             pass  # a platform without madvise: prefetching is only a hint
 
+    def read_into(self, offset: int, out: np.ndarray, tensor: str | None = None) -> None:
+        """Fill `out` (a C-contiguous array) with the file's bytes from `offset` by `pread`, not through the map.
+
+        Why: a copy from the map faults every page of a fresh mapping in, and on a cold page cache each
+        fault waits for one small readahead, so a few threads keep only a few small reads queued. One read
+        call per block asks the kernel for the whole range (large reads) and costs no page-table work. The
+        descriptor is checked to be the file that was mapped (SourceChangedError otherwise), and a file
+        shortened under us gives a SourceChangedError naming the bytes, never a SIGBUS.
+
+        Example:
+            >>> import tempfile, os, numpy as np
+            >>> p = os.path.join(tempfile.mkdtemp(), "f.bin"); open(p, "wb").write(bytes(range(16)))
+            16
+            >>> out = np.empty(4, np.uint8); SourceFile.open(p).read_into(6, out); out.tolist()
+            [6, 7, 8, 9]
+        """
+        flat = out.reshape(-1).view(np.uint8)  # a view: `out` must be C-contiguous
+        if offset < 0 or offset + flat.size > self.size:
+            raise FormatError(f"{self.path}: wants bytes [{offset}, {offset + flat.size}) but the file has "
+                              f"{self.size} bytes")
+        about = f" while reading tensor {tensor!r}" if tensor else ""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise SourceChangedError(f"{self.path}: the file can no longer be opened{about} ({e.strerror}). "
+                                     "Reload it with load_weights().") from None
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != self._identity:
+                self.check_unchanged(tensor)  # names what changed
+                raise SourceChangedError(f"{self.path}: the file changed after it was opened{about}. "
+                                         "Reload it with load_weights().")
+            done, into = 0, flat.data  # the array's buffer, written in place
+            while done < flat.size:
+                n = os.preadv(fd, [into[done:]], offset + done)
+                if n <= 0:
+                    raise SourceChangedError(
+                        f"{self.path}: the file ended at byte {offset + done} while reading bytes [{offset}, "
+                        f"{offset + flat.size}){about}: it was shortened after it was opened. Reload it with "
+                        "load_weights().")
+                done += n
+        finally:
+            os.close(fd)
+
     def view(self, offset: int, length: int) -> np.ndarray:
         """A zero-copy, read-only uint8 view of [offset, offset+length) of the map."""
         return self._buffer[offset:offset + length]

@@ -90,6 +90,8 @@ from ..core.errors import (
     UsageError,
 )
 from ..core.units import available_cpus, parse_size
+from ..graph.layout import view_of
+from ..graph.opcodes import GroupOp, Op
 from ..kernels.cuda_casts import storage_dtype
 from .blocks import write_rows
 from .driver import name_error
@@ -100,19 +102,20 @@ from .readahead import LocalReadahead, readahead_bytes
 __all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",
            "import_cupy", "check_device_destination", "INSTALL_HINT"]
 
-DEFAULT_STREAMS = 4
+DEFAULT_STREAMS_PER_THREAD = 2
 INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an NVIDIA driver for CUDA 12)"
 
 
 
 def default_host_threads() -> int:
     """Host threads filling pinned buffers: `LAZYWEIGHTS_GPU_HOST_THREADS` if set, else the available CPUs
-    clamped to 2..4 (more did not help on the hosts measured; the link, not the fills, is then the bound)."""
+    clamped to 2..8. One thread reads 2-3 GB/s from the page cache on the H200 host measured (benchmarks/
+    RESULTS.md, "GPU"), so reaching the link's ~55 GB/s takes many; past 8 the gain was within noise."""
     env = os.environ.get("LAZYWEIGHTS_GPU_HOST_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
     cpus = available_cpus()
-    return max(2, min(4, cpus))
+    return max(2, min(8, cpus))
 
 
 # ==========================================================================================================
@@ -374,8 +377,9 @@ class _Slot:
 
 
 def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None, *, backend=None,
-                    streams: int = DEFAULT_STREAMS, host_threads: int | None = None,
-                    block_bytes: int | None = None, readahead: int | None = None) -> DeviceArrays:
+                    streams: int | None = None, host_threads: int | None = None,
+                    block_bytes: int | None = None, readahead: int | None = None,
+                    read_calls: bool = True) -> DeviceArrays:
     """Compute every output of `plan` on a GPU: name -> CuPy array (see the module docstring).
 
     `device`: "gpu:N" or DeviceRef.GPU(N). `budget`: bytes of pinned + device staging memory (int or
@@ -383,7 +387,8 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
     destinations may be uint16 CuPy arrays or torch.bfloat16 tensors). `streams`: CUDA streams (= staging
     slots). `host_threads`: threads reading sources into pinned memory. `block_bytes`: source bytes per
     block. `readahead`: bytes of local sources asked of the kernel ahead of the blocks reading them
-    (`run/readahead.py`; default `LAZYWEIGHTS_READAHEAD` or 256 MB, 0 for none).
+    (`run/readahead.py`; default `LAZYWEIGHTS_READAHEAD` or 256 MB, 0 for none). `read_calls`: read blocks
+    that are one contiguous range of a local file with `pread` (default) rather than copying from the map.
     `backend`: a `NumpyDevice` to run the pipeline without a GPU (tests).
     Results in bf16/fp8 are unsigned integer arrays of the same bits; `.dtypes` has the real dtypes.
     """
@@ -394,7 +399,12 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
             raise UsageError(f"materialize_gpu needs a GPU device, got {device}")
         backend = CupyDevice(device.id)
     outputs = outputs_of(plan)
-    streams = max(1, int(streams))
+    threads = max(1, int(host_threads or default_host_threads()))
+    # Twice as many slots as host threads: a slot is taken again only after `threads` later blocks were
+    # submitted, so its copy is long done and the main thread does not wait on the device (with one slot per
+    # thread it waited for the copy it had just enqueued, once per block).
+    streams = max(1, int(streams or DEFAULT_STREAMS_PER_THREAD * threads))
+    fills = min(threads, streams)  # blocks being filled at once (never more than the slots)
     target = int(block_bytes or DEFAULT_GPU_BLOCK_BYTES)
     out = dict(out or {})
     for name in out:
@@ -446,8 +456,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
         ordinal = {id(g.step): k for k, g in enumerate(gsteps)}
         done = reads.task_done if reads is not None else None
         slots = [_Slot(backend, i, done) for i in range(streams)]
-        pool = ThreadPoolExecutor(max_workers=host_threads or default_host_threads(),
-                                  thread_name_prefix="lazyweights-gpu-read")
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lazyweights-gpu-read")
         pending: deque = deque()
 
         def drain() -> None:  # finish every block in flight: their remote bytes are released
@@ -468,17 +477,19 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                     for slot in slots:
                         slot.wait()
                         slot.free()  # make room: a solo block may use the whole budget
-                    _run_solo(backend, task, slots[0], bar, ahead, ordinal)
+                    _run_solo(backend, task, slots[0], bar, ahead, ordinal, read_calls)
                     if done is not None:
                         done(task)
                     continue
                 slot = slots[turn]
                 turn = (turn + 1) % streams
-                while len(pending) >= streams:
+                # Enqueue the copies of blocks already filled (in order), and wait for fills while `fills`
+                # are in flight. Then no block in `pending` uses `slot` (fewer than `fills` <= `streams`).
+                while pending and (len(pending) >= fills or pending[0][2].done()):
                     _launch(backend, pending.popleft(), bar)
                 slot.wait()  # its previous block's copy and kernel are done: the buffers are free
                 slot.ensure(pinned_bytes, dev_bytes)
-                pending.append((task, slot, pool.submit(_fill, task, slot.pinned, ahead, ordinal)))
+                pending.append((task, slot, pool.submit(_fill, task, slot.pinned, ahead, ordinal, read_calls)))
             while pending:
                 _launch(backend, pending.popleft(), bar)
             backend.synchronize([s.stream for s in slots])
@@ -510,9 +521,11 @@ def _tag(e: BaseException, task) -> None:
     setattr(e, "_lw_task", task)  # noqa: B010 (an attribute exceptions do not declare)
 
 
-def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, ordinal=None) -> None:
+def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, ordinal=None,
+          read_calls: bool = True) -> None:
     """Host thread: write the block's host-part rows (source dtype) into the pinned buffer (after hinting the
-    kernel to read the steps ahead, `ahead`)."""
+    kernel to read the steps ahead, `ahead`). Rows that are one contiguous range of a local file are read with
+    `pread` (`read_calls`), others are copied from the memory map (`write_rows`)."""
     step, rows, g = task[0], task[1], task[2]
     try:
         if ahead is not None:
@@ -524,6 +537,10 @@ def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, 
         fetch_step_sources(step, task[3])  # a remote mirror holds only what was fetched: the step's ranges first
         host = g.host
         nbytes = len(rows) * g.host_row_bytes
+        span = _source_span(host, rows, nbytes) if read_calls else None
+        if span is not None:  # one contiguous range of a local file: read it with one call, no page faults
+            span[0].read_into(span[1], pinned[:nbytes], g.name)
+            return
         buf = pinned[:nbytes].view(host.dtype.to_numpy())
         if not host.shape:
             write_rows(host, rows, buf.reshape(()), {})
@@ -532,6 +549,26 @@ def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, 
     except BaseException as e:
         _tag(e, task)
         raise
+
+
+def _source_span(host, rows: range, nbytes: int):
+    """(local SourceFile, byte offset) if rows `rows` of `host` are `nbytes` contiguous bytes of one local
+    file (a source, or views of one: reshape, row slice, bitcast), else None. Only addresses are computed:
+    no page of the map is touched."""
+    leaf = host
+    while leaf.op in GroupOp.View:
+        leaf = leaf.srcs[0]
+    if leaf.op is not Op.SOURCE or not host.shape or not hasattr(getattr(leaf.arg, "file", None), "read_into"):
+        return None
+    base = leaf.arg.array(check=False, fetch=False)
+    view = view_of(host, lambda _: base)
+    if view is None:
+        return None
+    view = view[rows.start:rows.stop]
+    if view.nbytes != nbytes or not view.flags.c_contiguous:
+        return None
+    whole = leaf.arg.file.whole_view()
+    return leaf.arg.file, view.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
 
 
 def _launch(backend, entry, bar) -> None:
@@ -564,14 +601,14 @@ def _enqueue(backend, task, pinned, dev, stream) -> None:
         backend.d2d(backend.flat_bytes(extra)[o0:o1], out_bytes[o0:o1], stream)
 
 
-def _run_solo(backend, task, slot: _Slot, bar, ahead=None, ordinal=None) -> None:
+def _run_solo(backend, task, slot: _Slot, bar, ahead=None, ordinal=None, read_calls: bool = True) -> None:
     """A block too big for a slot: temporary buffers of its own size, filled and run alone."""
     g, rows = task[2], task[1]
     n_src = len(rows) * g.host_row_bytes
     pinned = backend.pinned(n_src)
     dev = backend.staging(n_src) if g.program is not None else None
     try:
-        _fill(task, pinned, ahead, ordinal)
+        _fill(task, pinned, ahead, ordinal, read_calls)
         try:
             _enqueue(backend, task, pinned, dev, slot.stream)
         except BaseException as e:

@@ -464,6 +464,10 @@ BACKENDS = {
     "tiny-blocks": dict(backend=lambda: NumpyDevice(seed=11), block_bytes=96, streams=3, host_threads=3),
     "one-stream": dict(backend=lambda: NumpyDevice(), streams=1, block_bytes=200),
     "small-budget": dict(backend=lambda: NumpyDevice(seed=5), budget=24 << 10, block_bytes=1 << 20),
+    # more slots than fills in flight (the default shape: 2 per thread), and more threads than slots (capped)
+    "slots-over-threads": dict(backend=lambda: NumpyDevice(seed=7), block_bytes=160, streams=6, host_threads=2),
+    "threads-over-slots": dict(backend=lambda: NumpyDevice(seed=9), block_bytes=160, streams=2, host_threads=5),
+    "map-copies": dict(backend=lambda: NumpyDevice(seed=13), block_bytes=160, read_calls=False),
 }
 
 
@@ -609,22 +613,31 @@ def test_public_api_dispatches_to_the_gpu_executor(ckpt, monkeypatch):
     assert isinstance(plan.materialize(device=lw.DeviceRef.GPU(0), budget="1MB"), G.DeviceArrays)
 
 
-def test_errors_name_the_tensor_and_free_everything(ckpt, monkeypatch):
+@pytest.mark.parametrize("read_calls", [True, False])
+def test_errors_name_the_tensor_and_free_everything(ckpt, monkeypatch, read_calls):
+    """A host thread's failure, in a copy from the map or in a read call, names the tensor; nothing is held."""
     d, cfg = ckpt
     plan = lw.plan(w1_like(d, cfg))
     import lazyweights.run.gpu as gmod
+    from lazyweights.formats.source import SourceFile
 
-    real = gmod.write_rows
+    real, real_read = gmod.write_rows, SourceFile.read_into
 
     def boom(node, rows, dst, cache=None):
         if node.dtype is DType.float16 and node.shape == (9, 16):
             raise RuntimeError("disk on fire")
         return real(node, rows, dst, cache)
 
+    def boom_read(self, offset, out, tensor=None):
+        if tensor and tensor.startswith(("f16.", "bitcast.cast")):
+            raise RuntimeError("disk on fire")
+        return real_read(self, offset, out, tensor)
+
     monkeypatch.setattr(gmod, "write_rows", boom)
+    monkeypatch.setattr(SourceFile, "read_into", boom_read)
     backend = NumpyDevice()
     with pytest.raises(lw.ExecutionError, match=r"'(f16\.|bitcast\.cast).*disk on fire"):
-        materialize_gpu(plan, backend=backend, block_bytes=128)
+        materialize_gpu(plan, backend=backend, block_bytes=128, read_calls=read_calls)
     assert backend.held == 0
 
 
