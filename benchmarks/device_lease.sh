@@ -17,7 +17,7 @@
 #            test_unary_gpu, test_remote_gpu, test_cuda_compile, the LoRA and sparse compressed-tensors GPU
 #            cases (-rs lists the skips: a `gpu`-marked test that skips there means the GPU was not usable)
 #   w1       benchmarks/bench_gpu_peers.py: W1 onto the GPU, every loader, warm and cold, medians of 3
-#   sweep    lazyweights' knobs (streams, host threads, block size, readahead), warm, then cold for a few
+#   sweep    lazyweights' knobs (streams, host threads, block size, pread), warm, then cold for a few
 #   gguf     the Gemma GGUF dequantized onto the GPU: gguf-py, the CPU executor + upload, the device kernels
 #   scale    CPU serve and convert at 1/2/4/8/16 threads against their floors (scale_threads.sh, one rep)
 #   recheck  (not in the default list) after a change to the GPU executor: its tests, then W1 with the
@@ -111,9 +111,9 @@ w1() {
 
 sweep() {
   run 120 sweep-warm $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 3 --cache warm --only lazyweights \
-    --lw-variants s4h4,s8h8,s8h16,s16h16,s8h8b32,s8h8b8,s16h16b32,ra0 --json "$OUT/sweep_warm.json"
+    --lw-variants s4h4,s8h8,s8h16,s16h16,s8h8b32,s8h8b8,s16h16b32,s4h4b16p0 --json "$OUT/sweep_warm.json"
   run 90 sweep-cold $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 2 --cache cold --only lazyweights \
-    --lw-variants ra0,s8h16,s8h16ra1073741824 --json "$OUT/sweep_cold.json"
+    --lw-variants s4h4b16p0,s8h16 --json "$OUT/sweep_cold.json"
 }
 
 gguf_bench() {
@@ -128,12 +128,12 @@ gguf_bench() {
 recheck() {  # after a change to the GPU executor: its tests on the device, then W1 before/after in one run
   run 90 tests-recheck $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/run/test_gpu.py tests/run/test_gpu_reads.py \
     "tests/adapters/test_lora.py::test_gpu_executor_computes_the_update_on_the_host"
-  # s4h4b16p0ra0 is the executor as it was (4 slots, 4 threads, 16 MB blocks, copies from the map, no readahead)
+  # s4h4b16p0 is the executor as it was before the H200 leases (4 slots, 4 threads, 16 MB blocks, map copies)
   run 90 w1-recheck-warm $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 5 --cache warm \
     --only naive,safetensors,lazyweights --json "$OUT/recheck_warm.json" \
-    --lw-variants s4h4b16p0ra0,s4h4b16,s16h8b4p0,s16h8b8,s16h16b4,s32h16b4,s32h16b8,s24h12b4,s16h8b16
+    --lw-variants s4h4b16p0,s4h4b16,s16h8b4p0,s16h8b8,s16h16b4,s32h16b4,s32h16b8,s24h12b4,s16h8b16
   run 90 w1-recheck-cold $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 3 --cache cold \
-    --only fastsafetensors,lazyweights --lw-variants s4h4b16p0ra0,s32h16b4 --json "$OUT/recheck_cold.json"
+    --only fastsafetensors,lazyweights --lw-variants s4h4b16p0,s32h16b4 --json "$OUT/recheck_cold.json"
 }
 
 scale() {

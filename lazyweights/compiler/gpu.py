@@ -33,7 +33,10 @@ from ..kernels.cuda_casts import DEVICE_CASTS
 from ..kernels.cuda_dequant import DEVICE_DEQUANT
 from .steps import DEFAULT_BUDGET, Step, compile_steps
 
-DEFAULT_GPU_BLOCK_BYTES = 16 << 20  # source bytes per block: large enough for full PCIe speed per copy
+# Source bytes per block: 8 MB copies already run at the link's full speed, and the staging memory (2 slots per
+# host thread, each a pinned and a device buffer of one block) is pinned afresh by each run, at ~0.5 ms per MB on
+# the H200 host measured: 16 MB blocks with 16 slots cost 0.1 s more a load than 8 MB (benchmarks/RESULTS.md).
+DEFAULT_GPU_BLOCK_BYTES = 8 << 20
 
 UINT_OF_SIZE: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
                                      8: np.dtype(np.uint64)}

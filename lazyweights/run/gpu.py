@@ -15,21 +15,26 @@ outputs are one step, computed once) is split in two:
 A chain with no device part (pure layout, or ops only the host implements) is a plain host-to-device copy
 from the pinned buffer into the output rows.
 
-Pipeline. There are `streams` (default 4) slots; each owns a CUDA stream, an event, a pinned buffer and (when
-any step has a device part) a device staging buffer. Blocks take slots round-robin:
+Pipeline. There are `streams` slots (default: two per host thread); each owns a CUDA stream, an event, a pinned
+buffer and (when any step has a device part) a device staging buffer. Blocks take slots round-robin:
 
     1. wait for the slot's event (its previous block's copy and kernel are done, so both buffers are free);
-    2. a host thread (a pool of `host_threads`, default up to 4) fills the pinned buffer with the block's rows;
+    2. a host thread (a pool of `host_threads`, default the CPUs clamped to 2..8) fills the pinned buffer with
+       the block's rows: one `pread` of the file where the rows are one contiguous range of a local file, a
+       copy from the memory map (gathers such as RoPE's, other layouts) otherwise;
     3. the main thread, in block order, enqueues on the slot's stream: the async H2D copy (pinned -> device
        staging, or straight into the output rows), the kernel, copies into extra tied destinations; then
-       records the slot's event.
+       records the slot's event. It enqueues each block as soon as its fill is done, and waits for fills only
+       while `host_threads` are in flight.
 
 So while block i's kernel runs on one stream, block i+1's copy runs on another and blocks i+2.. are being
-read on the host: reads, copies and kernels overlap. Only the main thread calls CUDA (CuPy's current device
-and stream are per thread); the host threads only run numpy.
+read on the host: reads, copies and kernels overlap. With twice as many slots as fills in flight, the slot a
+new block takes was enqueued `host_threads` blocks earlier, so its copy is done and the main thread does not
+wait on the device. Only the main thread calls CUDA (CuPy's current device and stream are per thread); the
+host threads only run numpy and read files.
 
 Memory. The budget (default 512 MB) bounds the staging memory: slots x (pinned + device staging) <= budget.
-Blocks are cut to at most `block_bytes` (default 16 MB) of source bytes and to what a slot may hold. A step
+Blocks are cut to at most `block_bytes` (default 8 MB) of source bytes and to what a slot may hold. A step
 that must be computed whole and does not fit a slot runs alone with temporary buffers after the pipeline
 drains (BudgetError, before any work, if even the whole budget is too small). The output arrays are the
 result, not working memory; they are allocated up front, so a device out-of-memory fails before any read.
@@ -62,6 +67,7 @@ Example (needs a CUDA GPU and cupy, so not run as a doctest):
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
@@ -97,10 +103,9 @@ from .blocks import write_rows
 from .driver import name_error
 from .fetch import fetch_step_sources, remote_reads
 from .progress import Progress
-from .readahead import LocalReadahead, readahead_bytes
 
-__all__ = ["materialize_gpu", "DeviceArrays", "DeviceProgram", "split_chain", "to_torch", "CupyDevice",
-           "import_cupy", "check_device_destination", "INSTALL_HINT"]
+__all__ = ["materialize_gpu", "DeviceArrays", "PIPELINE_TIMINGS", "DeviceProgram", "split_chain", "to_torch",
+           "CupyDevice", "import_cupy", "check_device_destination", "INSTALL_HINT"]
 
 DEFAULT_STREAMS_PER_THREAD = 2
 INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an NVIDIA driver for CUDA 12)"
@@ -166,11 +171,16 @@ class DeviceArrays(dict):
     """`name -> array` as `materialize(device="gpu:N")` returns it (CuPy arrays; numpy on the fake backend),
     with each output's real dtype in `.dtypes` (bf16/fp8 are stored as unsigned integer bits).
 
-    `to_torch(name)` gives a zero-copy torch tensor of the real dtype; `to_torch()` all of them."""
+    `to_torch(name)` gives a zero-copy torch tensor of the real dtype; `to_torch()` all of them.
+    `timings` says where the calling thread's time went, in seconds (`PIPELINE_TIMINGS`), and `blocks` how
+    many blocks ran: what to read first when a load is slower than the link."""
 
-    def __init__(self, arrays=(), dtypes: Mapping[str, DType] | None = None):
+    def __init__(self, arrays=(), dtypes: Mapping[str, DType] | None = None, timings: Mapping[str, float] | None = None,
+                 blocks: int = 0):
         super().__init__(arrays)
         self.dtypes: dict[str, DType] = dict(dtypes or {})
+        self.timings: dict[str, float] = dict(timings or {})
+        self.blocks = blocks
 
     def to_torch(self, name: str | None = None):
         """One output as a zero-copy torch tensor of its real dtype (bf16/fp8 included), or all of them as a dict."""
@@ -336,6 +346,32 @@ def check_device_destination(name: str, arr, dtype: DType, shape):
 # ==========================================================================================================
 # The pipeline.
 
+# What `DeviceArrays.timings` holds: the calling thread's seconds in each part of a run (they add up to about
+# `total`; the host threads' reads overlap them and show as `fill_wait` where the calling thread waited).
+PIPELINE_TIMINGS = {
+    "compile": "cutting the plan into GPU steps and blocks (compiler/gpu.py)",
+    "outputs": "allocating the output arrays on the device",
+    "staging": "allocating the slots' pinned and device staging buffers",
+    "fill_wait": "waiting for host threads to finish reading a block",
+    "slot_wait": "waiting for a slot's previous copy and kernel (the device behind)",
+    "enqueue": "enqueueing copies and kernels, recording events",
+    "finish": "waiting for the last blocks on the device",
+    "release": "stopping the host threads, freeing the staging buffers",
+    "total": "the whole call",
+}
+
+
+class _Clock(dict):
+    """Seconds per part of a run (`PIPELINE_TIMINGS`), added up by `part(name)` blocks on the calling thread."""
+
+    def __init__(self):
+        super().__init__((k, 0.0) for k in PIPELINE_TIMINGS)
+
+    def add(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        self[name] += now - since
+        return now
+
 @dataclass
 class _Running(GpuStep):
     """A compiled GPU step plus its output arrays on the device."""
@@ -378,21 +414,20 @@ class _Slot:
 
 def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None, *, backend=None,
                     streams: int | None = None, host_threads: int | None = None,
-                    block_bytes: int | None = None, readahead: int | None = None,
-                    read_calls: bool = True) -> DeviceArrays:
+                    block_bytes: int | None = None, read_calls: bool = True) -> DeviceArrays:
     """Compute every output of `plan` on a GPU: name -> CuPy array (see the module docstring).
 
     `device`: "gpu:N" or DeviceRef.GPU(N). `budget`: bytes of pinned + device staging memory (int or
     "512MB"). `out`: name -> destination (CuPy arrays, torch CUDA tensors, or other CUDA DLPack arrays; bf16
     destinations may be uint16 CuPy arrays or torch.bfloat16 tensors). `streams`: CUDA streams (= staging
     slots). `host_threads`: threads reading sources into pinned memory. `block_bytes`: source bytes per
-    block. `readahead`: bytes of local sources asked of the kernel ahead of the blocks reading them
-    (`run/readahead.py`; default `LAZYWEIGHTS_READAHEAD` or 256 MB, 0 for none). `read_calls`: read blocks
-    that are one contiguous range of a local file with `pread` (default) rather than copying from the map.
+    block. `read_calls`: read blocks that are one contiguous range of a local file with `pread` (default)
+    rather than copying them from the map.
     `backend`: a `NumpyDevice` to run the pipeline without a GPU (tests).
     Results in bf16/fp8 are unsigned integer arrays of the same bits; `.dtypes` has the real dtypes.
     """
 
+    clock, started = _Clock(), time.perf_counter()
     device = DeviceRef.parse(device)
     if backend is None:
         if not device.is_gpu:
@@ -413,9 +448,11 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
 
     # The compiler cuts blocks by this executor's cost model: staging (pinned + device copies of the
     # SOURCE rows) per slot, checked against the budget before any work (`compiler/gpu.py`).
+    t = time.perf_counter()
     compiled = compile_gpu_steps(outputs, budget=budget, streams=streams, block_bytes=target)
     gsteps = [_Running(**{f.name: getattr(g, f.name) for f in fields(GpuStep)}) for g in compiled.steps]
     pinned_bytes, dev_bytes = compiled.pinned_bytes, compiled.device_bytes
+    t = clock.add("compile", t)
 
     result: dict = {}
     dtypes = {name: node.dtype for name, node in outputs.items()}
@@ -438,6 +475,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                         f"gpu:{device.id} failed: {type(e).__name__}: {e}", tensor=g.name) from e
             for name in g.step.outputs:  # a destination is returned as the caller gave it, now filled
                 result[name] = out[name] if name in out else g.primary
+        clock.add("outputs", t)
 
         # (step, rows, GpuStep, the step's fetch cache, block index): `run/driver.BlockTask`'s first fields, so
         # `run/fetch.RemoteReads` accounts these blocks as it does the CPU executor's.
@@ -451,9 +489,6 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
         # A block's step not yet prefetched is admitted into the window first (`RemoteReads.admit`), which
         # drains the blocks in flight when it is full (tests/io/test_remote_gpu.py holds the bound).
         reads = remote_reads(tasks, parse_size(budget) or DEFAULT_BUDGET)
-        # Local sources: the kernel reads the next steps' bytes while the host threads copy (a cold page cache).
-        ahead = LocalReadahead([g.step for g in gsteps], readahead_bytes(readahead))
-        ordinal = {id(g.step): k for k, g in enumerate(gsteps)}
         done = reads.task_done if reads is not None else None
         slots = [_Slot(backend, i, done) for i in range(streams)]
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lazyweights-gpu-read")
@@ -461,7 +496,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
 
         def drain() -> None:  # finish every block in flight: their remote bytes are released
             while pending:
-                _launch(backend, pending.popleft(), bar)
+                _launch(backend, pending.popleft(), bar, clock)
             for slot in slots:
                 slot.wait()
 
@@ -473,11 +508,11 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                     reads.admit(task[0], drain)  # the window bounds what the blocks in flight fetch, too
                 if index in g.solo:
                     while pending:
-                        _launch(backend, pending.popleft(), bar)
+                        _launch(backend, pending.popleft(), bar, clock)
                     for slot in slots:
                         slot.wait()
                         slot.free()  # make room: a solo block may use the whole budget
-                    _run_solo(backend, task, slots[0], bar, ahead, ordinal, read_calls)
+                    _run_solo(backend, task, slots[0], bar, read_calls)
                     if done is not None:
                         done(task)
                     continue
@@ -486,15 +521,20 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                 # Enqueue the copies of blocks already filled (in order), and wait for fills while `fills`
                 # are in flight. Then no block in `pending` uses `slot` (fewer than `fills` <= `streams`).
                 while pending and (len(pending) >= fills or pending[0][2].done()):
-                    _launch(backend, pending.popleft(), bar)
+                    _launch(backend, pending.popleft(), bar, clock)
+                t = time.perf_counter()
                 slot.wait()  # its previous block's copy and kernel are done: the buffers are free
+                t = clock.add("slot_wait", t)
                 slot.ensure(pinned_bytes, dev_bytes)
-                pending.append((task, slot, pool.submit(_fill, task, slot.pinned, ahead, ordinal, read_calls)))
+                clock.add("staging", t)
+                pending.append((task, slot, pool.submit(_fill, task, slot.pinned, read_calls)))
             while pending:
-                _launch(backend, pending.popleft(), bar)
+                _launch(backend, pending.popleft(), bar, clock)
+            t = time.perf_counter()
             backend.synchronize([s.stream for s in slots])
             for slot in slots:
                 slot.wait()  # every event is done now: release the last blocks' remote bytes
+            clock.add("finish", t)
         except BaseException as e:
             for _, _, fut in pending:
                 fut.cancel()
@@ -506,14 +546,17 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
                 raise named from (None if named is e else e)
             raise
         finally:
+            t = time.perf_counter()
             pool.shutdown(wait=True)
             if reads is not None:
                 reads.stop()  # every exit: no prefetch thread outlives the run (nor fetches into a map after it)
             for slot in slots:
                 slot.free()
+            clock.add("release", t)
         if bar:
             bar.close()
-    return DeviceArrays({name: result[name] for name in outputs}, dtypes)
+    clock.add("total", started)
+    return DeviceArrays({name: result[name] for name in outputs}, dtypes, clock, len(tasks))
 
 
 def _tag(e: BaseException, task) -> None:
@@ -521,15 +564,12 @@ def _tag(e: BaseException, task) -> None:
     setattr(e, "_lw_task", task)  # noqa: B010 (an attribute exceptions do not declare)
 
 
-def _fill(task, pinned: np.ndarray | None, ahead: LocalReadahead | None = None, ordinal=None,
-          read_calls: bool = True) -> None:
-    """Host thread: write the block's host-part rows (source dtype) into the pinned buffer (after hinting the
-    kernel to read the steps ahead, `ahead`). Rows that are one contiguous range of a local file are read with
-    `pread` (`read_calls`), others are copied from the memory map (`write_rows`)."""
+def _fill(task, pinned: np.ndarray | None, read_calls: bool = True) -> None:
+    """Host thread: write the block's host-part rows (source dtype) into the pinned buffer. Rows that are one
+    contiguous range of a local file are read with `pread` (`read_calls`), others are copied from the memory
+    map (`write_rows`)."""
     step, rows, g = task[0], task[1], task[2]
     try:
-        if ahead is not None:
-            ahead.ahead_of(ordinal[id(step)])
         if pinned is None:  # compile_gpu_steps gives every block with host rows its staging
             raise ExecutionError(f"{g.name!r}: a block with host rows has no pinned staging buffer", tensor=g.name)
         for r in step.sources:
@@ -571,10 +611,12 @@ def _source_span(host, rows: range, nbytes: int):
     return leaf.arg.file, view.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
 
 
-def _launch(backend, entry, bar) -> None:
+def _launch(backend, entry, bar, clock: _Clock) -> None:
     """Main thread: once the block's host rows are in pinned memory, enqueue its copy and kernel."""
     task, slot, fut = entry
+    t = time.perf_counter()
     fut.result()  # re-raises the host thread's error (tagged with its task)
+    t = clock.add("fill_wait", t)
     try:
         _enqueue(backend, task, slot.pinned, slot.dev, slot.stream)
         slot.event = backend.record(slot.stream)
@@ -582,6 +624,7 @@ def _launch(backend, entry, bar) -> None:
     except BaseException as e:
         _tag(e, task)
         raise
+    clock.add("enqueue", t)
     if bar:
         bar.advance(len(task[1]) * task[2].out_row_bytes)
 
@@ -601,14 +644,14 @@ def _enqueue(backend, task, pinned, dev, stream) -> None:
         backend.d2d(backend.flat_bytes(extra)[o0:o1], out_bytes[o0:o1], stream)
 
 
-def _run_solo(backend, task, slot: _Slot, bar, ahead=None, ordinal=None, read_calls: bool = True) -> None:
+def _run_solo(backend, task, slot: _Slot, bar, read_calls: bool = True) -> None:
     """A block too big for a slot: temporary buffers of its own size, filled and run alone."""
     g, rows = task[2], task[1]
     n_src = len(rows) * g.host_row_bytes
     pinned = backend.pinned(n_src)
     dev = backend.staging(n_src) if g.program is not None else None
     try:
-        _fill(task, pinned, ahead, ordinal, read_calls)
+        _fill(task, pinned, read_calls)
         try:
             _enqueue(backend, task, pinned, dev, slot.stream)
         except BaseException as e:

@@ -92,3 +92,26 @@ def test_read_into_a_shortened_or_replaced_file_is_a_named_error(model):
     model.write_bytes(b"\0" * f.size)
     with pytest.raises(SourceChangedError, match="replaced by another file"):
         f.read_into(0, out)
+
+
+def test_timings_say_where_the_calling_thread_waited(model, monkeypatch):
+    """`DeviceArrays.timings`: every part named, the parts within the total, and a slow read shows as the
+    calling thread waiting for fills (not as device work)."""
+    import time
+
+    w = lw.load_weights(str(model))
+    plan = lw.plan({"w": w["w"].data().astype("float16"), "n": w["n"].data()})
+    real = SourceFile.read_into
+
+    def slow(self, off, out, tensor=None):
+        if tensor == "n":
+            time.sleep(0.2)
+        return real(self, off, out, tensor)
+
+    monkeypatch.setattr(SourceFile, "read_into", slow)
+    got = materialize_gpu(plan, "gpu:0", backend=NumpyDevice(), block_bytes=1024, host_threads=2)
+    t = got.timings
+    assert set(t) == set(G.PIPELINE_TIMINGS) and all(v >= 0 for v in t.values())
+    assert sum(v for k, v in t.items() if k != "total") <= t["total"] + 1e-3
+    assert t["fill_wait"] >= 0.15 and t["total"] >= t["fill_wait"]
+    assert got.blocks == 8  # w: 64 rows of 96 bytes in 1 KB blocks, 10 rows each (7 blocks); n: one
