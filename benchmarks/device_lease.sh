@@ -23,8 +23,9 @@
 #   recheck  (not in the default list) after a change to the GPU executor: its tests, then W1 with the
 #            executor as it was and knob variants beside the new default, warm and cold
 #
-# Needs: the repository as the working directory, .dev/core carried (see benchmarks/RESULTS.md, "GPU"), python3
-# with torch, cupy and the image's packages.
+# Needs: the repository as the working directory, .dev/core carried (`benchmarks/device_prepare.sh` makes it on
+# the development machine, with the Gemma pieces and the calls that carry them), python3 with torch, cupy and
+# the image's packages.
 set -uo pipefail
 OUT=${OUT:-/tmp/lease-out}
 mkdir -p "$OUT"
