@@ -362,7 +362,8 @@ PIPELINE_TIMINGS = {
 
 
 class _Clock(dict):
-    """Seconds per part of a run (`PIPELINE_TIMINGS`), added up by `part(name)` blocks on the calling thread."""
+    """Seconds per part of a run (`PIPELINE_TIMINGS`), on the calling thread: `t = clock.add(name, t)` adds the
+    time since `t` to `name` and returns now, so consecutive parts chain without a gap."""
 
     def __init__(self):
         super().__init__((k, 0.0) for k in PIPELINE_TIMINGS)
@@ -371,6 +372,7 @@ class _Clock(dict):
         now = time.perf_counter()
         self[name] += now - since
         return now
+
 
 @dataclass
 class _Running(GpuStep):
