@@ -162,6 +162,10 @@ class SourceFile:
         if offset < 0 or offset + flat.size > self.size:
             raise FormatError(f"{self.path}: wants bytes [{offset}, {offset + flat.size}) but the file has "
                               f"{self.size} bytes")
+        if not hasattr(os, "preadv"):  # Windows: no positioned read into a buffer; copy from the map
+            self.check_unchanged(tensor)
+            np.copyto(flat, self._buffer[offset:offset + flat.size])
+            return
         about = f" while reading tensor {tensor!r}" if tensor else ""
         try:
             fd = os.open(self.path, os.O_RDONLY)

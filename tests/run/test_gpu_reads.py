@@ -115,3 +115,18 @@ def test_timings_say_where_the_calling_thread_waited(model, monkeypatch):
     assert sum(v for k, v in t.items() if k != "total") <= t["total"] + 1e-3
     assert t["fill_wait"] >= 0.15 and t["total"] >= t["fill_wait"]
     assert got.blocks == 8  # w: 64 rows of 96 bytes in 1 KB blocks, 10 rows each (7 blocks); n: one
+
+
+def test_read_into_without_preadv_copies_from_the_map(model, monkeypatch):
+    """Where the platform has no `os.preadv` (Windows), the same bytes come from the map, checked first."""
+    f = SourceFile.open(str(model))
+    want = np.empty(100, np.uint8)
+    f.read_into(40, want)
+    monkeypatch.delattr(os, "preadv")
+    got = np.empty(100, np.uint8)
+    f.read_into(40, got)
+    assert got.tobytes() == want.tobytes() == open(model, "rb").read()[40:140]
+    with open(model, "r+b") as fh:
+        fh.truncate(f.size - 1)
+    with pytest.raises(SourceChangedError, match="size changed"):
+        f.read_into(40, got)
