@@ -574,15 +574,15 @@ def _fill(task, pinned: np.ndarray | None, read_calls: bool = True) -> None:
     try:
         if pinned is None:  # compile_gpu_steps gives every block with host rows its staging
             raise ExecutionError(f"{g.name!r}: a block with host rows has no pinned staging buffer", tensor=g.name)
-        for r in step.sources:
-            r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check before touching pages
-        fetch_step_sources(step, task[3])  # a remote mirror holds only what was fetched: the step's ranges first
         host = g.host
         nbytes = len(rows) * g.host_row_bytes
         span = _source_span(host, rows, nbytes) if read_calls else None
-        if span is not None:  # one contiguous range of a local file: read it with one call, no page faults
+        if span is not None:  # one contiguous range of a local file: one read call, which checks the file itself
             span[0].read_into(span[1], pinned[:nbytes], g.name)
             return
+        for r in step.sources:
+            r.file.check_unchanged(r.name)  # a truncated map would SIGBUS: check before touching pages
+        fetch_step_sources(step, task[3])  # a remote mirror holds only what was fetched: the step's ranges first
         buf = pinned[:nbytes].view(host.dtype.to_numpy())
         if not host.shape:
             write_rows(host, rows, buf.reshape(()), {})

@@ -130,3 +130,17 @@ def test_read_into_without_preadv_copies_from_the_map(model, monkeypatch):
         fh.truncate(f.size - 1)
     with pytest.raises(SourceChangedError, match="size changed"):
         f.read_into(40, got)
+
+
+@pytest.mark.parametrize("read_calls", [True, False])
+def test_a_checkpoint_shortened_after_load_is_a_named_error_on_either_path(model, read_calls):
+    """Read calls and map copies both refuse a file that changed after `load_weights`: a SourceChangedError
+    naming the file (never a SIGBUS from the map, never short or mixed bytes), and no staging is left held."""
+    w = lw.load_weights(str(model))
+    plan = lw.plan({"w": w["w"].data().astype("float16"), "wt": w["w"].data().T})
+    with open(model, "r+b") as fh:
+        fh.truncate(os.path.getsize(model) - 100)
+    backend = NumpyDevice()
+    with pytest.raises(SourceChangedError, match=r"m\.safetensors.*(size changed|shortened)"):
+        materialize_gpu(plan, "gpu:0", backend=backend, block_bytes=1024, read_calls=read_calls)
+    assert backend.held == 0
