@@ -20,8 +20,9 @@
 #   sweep    lazyweights' knobs (streams, host threads, block size, pread), warm, then cold for a few
 #   gguf     the Gemma GGUF dequantized onto the GPU: gguf-py, the CPU executor + upload, the device kernels
 #   scale    CPU serve and convert at 1/2/4/8/16 threads against their floors (scale_threads.sh, one rep)
-#   recheck  (not in the default list) after a change to the GPU executor: its tests, then W1 with the
-#            executor as it was and knob variants beside the new default, warm and cold
+#   recheck  (not in the default list) after a change to the GPU executor: its tests, where a load's time goes
+#            (gpu_pipeline_parts.py), then W1 with the executor as it was and knob variants beside the new
+#            default, warm and cold
 #
 # Needs: the repository as the working directory, .dev/core carried (`benchmarks/device_prepare.sh` makes it on
 # the development machine, with the Gemma pieces and the calls that carry them), python3 with torch, cupy and
@@ -130,6 +131,8 @@ recheck() {  # after a change to the GPU executor: its tests on the device, then
   run 90 tests-recheck $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/run/test_gpu.py tests/run/test_gpu_reads.py \
     "tests/adapters/test_lora.py::test_gpu_executor_computes_the_update_on_the_host"
   # s4h4b16p0 is the executor as it was before the H200 leases (4 slots, 4 threads, 16 MB blocks, map copies)
+  # where the time goes: the load with reads, staging allocation and kernels taken out in turn
+  run 60 parts $PY benchmarks/gpu_pipeline_parts.py /tmp/w1 --reps 5 --json "$OUT/parts.json"
   # the default is s16h8b8; s8h8b8 and s16h8b4 pin half the staging, s16h16b4 and s32h16b4 read on 16 threads
   run 150 w1-recheck-warm $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 5 --cache warm \
     --only naive,safetensors,lazyweights --json "$OUT/recheck_warm.json" \
