@@ -31,9 +31,10 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   the same slices of the local checkpoint, and the server's bytes are its share.
 - `rank0of4-w1`: rank 0 of 4 of the W1-adapted plan (renames, RoPE permutation, casts): the shard's slices
   sink below the permutation (`graph.rewrites.sink_slices`), so the rank still fetches only its rows.
-- `floor-file`, `floor-file-map`: `floor`, the bytes also put in a file per shard: `pwrite` from the buffer every
-  8 MiB as they arrive, or received into a `MAP_SHARED` map of the file (the page cache itself) and copied
-  into place. The faster of the two is the floor of a first run with `cache=`, which writes every byte too.
+- `floor-file`, `floor-file-map`, `floor-file-direct`: `floor`, the bytes also put in a file per shard: `pwrite`
+  from the buffer every 8 MiB as they arrive, received into a `MAP_SHARED` map of the file (the page cache
+  itself) and copied into place, or `pwrite` around the page cache (`O_DIRECT`, as lazyweights' cache writer
+  does). The fastest of the three is the floor of a first run with `cache=`, which writes every byte too.
 - `lazyweights-cached`: twice with `cache=DIR` (empty before the first); the first run's time against
   the faster file floor, and the second run's bytes from the server, are reported. The first run is timed
   twice: when `materialize()` returns (what the caller waits for; the cache is written off that path) and
@@ -172,7 +173,7 @@ def _cast_loop():
 
 def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None, bounce: int = 0,
                   prefault: bool = False, into_dir: str | None = None, file_map: bool = False,
-                  cast: bool = False) -> dict:
+                  file_direct: bool = False, cast: bool = False) -> dict:
     """The floor: every shard into a preallocated buffer, by `ways` threads each on its own keep-alive
     http.client connection, taking ranges (`part` bytes; default a `ways`-th of each shard) from a shared
     list and receiving each body with `readinto` straight into its place (one copy from the socket).
@@ -183,7 +184,9 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     `into_dir`: the bytes go to a file per shard there as well (the floor of a first run with `cache=`, which
     writes every byte to disk too), in one of two ways, neither always the faster on this VM: each piece
     `pwrite` from the buffer every 8 MiB as it arrives, or (`file_map`) received into a `MAP_SHARED` map of
-    the file (the page cache itself) and then copied into the buffer.
+    the file (the page cache itself) and then copied into the buffer. `file_direct`: the `pwrite`s go around
+    the page cache (`O_DIRECT`, from page-aligned buffers; the partial pages at each range's ends buffered), as
+    lazyweights' cache writer does.
     `cast` (with `bounce`): each piece is cast from bfloat16 to float16 on its way into place, by lazyweights'
     own C loop (AVX-512, F16C or portable; ml_dtypes' `astype` is slower), the extension loaded alone:
     W1's conversion, done the plainest fast way."""
@@ -203,7 +206,9 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
         r = conn.getresponse()
         r.read()
         size = int(r.headers["Content-Length"])
-        bufs[shard] = memoryview(np.empty(size, np.uint8))  # not bytearray(size): that zero-fills every page first
+        # not bytearray(size): that zero-fills every page first; a page-aligned map where direct I/O reads it
+        bufs[shard] = memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if file_direct
+                                 else np.empty(size, np.uint8))
         step = part or -(-size // ways)
         jobs += [(path, shard, s, min(s + step, size)) for s in range(0, size, step)]
     conn.close()
@@ -215,9 +220,11 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
         jobs = [(path, shard, s - s % 2, e if e == len(bufs[shard]) else e - e % 2)
                 for path, shard, s, e in jobs]
     populate = None
-    files, maps = {}, {}
+    files, maps, direct = {}, {}, {}
     for shard in shards if into_dir else ():
         fd = os.open(os.path.join(into_dir, shard), os.O_RDWR | os.O_CREAT, 0o644)
+        if file_direct:
+            direct[shard] = os.open(os.path.join(into_dir, shard), os.O_WRONLY | os.O_DIRECT)
         if file_map:
             os.ftruncate(fd, len(bufs[shard]))
             maps[shard] = np.frombuffer(mmap.mmap(fd, len(bufs[shard]), mmap.MAP_SHARED), np.uint8)
@@ -267,7 +274,9 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                     view[done:done + n] = buf[:n]
                 assert n, "short read"
                 done += n
-                if files and (done - written >= 8 << 20 or done == e - s):
+                if direct and (done - written >= 8 << 20 or done == e - s):
+                    written = _write_direct(files[shard], direct[shard], view, s, written, done, done == e - s)
+                elif files and (done - written >= 8 << 20 or done == e - s):
                     while written < done:
                         written += os.pwrite(files[shard], view[written:done], s + written)
             if maps:  # in the file's pages; then into memory
@@ -279,9 +288,25 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
         t.start()
     for t in threads + ([populate] if populate else []):
         t.join()
-    for fd in files.values():
+    for fd in list(files.values()) + list(direct.values()):
         os.close(fd)
     return bufs
+
+
+def _write_direct(fd: int, direct_fd: int, view, start: int, written: int, done: int, last: bool) -> int:
+    """Write `view[written:done]` (a range received from file offset `start`) to the file: whole pages with
+    direct I/O, the partial page before the first page boundary through the page cache, and, on the `last`
+    call, the partial page after the last boundary too. Returns how far it wrote."""
+    pos, upto = start + written, start + done
+    head = min(-(-pos // 4096) * 4096, upto)
+    while pos < head:
+        pos += os.pwrite(fd, view[pos - start:head - start], pos)
+    body = upto // 4096 * 4096
+    while pos < body:
+        pos += os.pwrite(direct_fd, view[pos - start:body - start], pos)
+    while last and pos < upto:
+        pos += os.pwrite(fd, view[pos - start:upto - start], pos)
+    return pos - start
 
 
 def _rss_anon(pid: int | str = "self") -> int:
@@ -342,11 +367,12 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
-        if name in ("floor", "floor-bounce", "floor-prefault", "floor-cast", "floor-file", "floor-file-map"):
+        if name in ("floor", "floor-bounce", "floor-prefault", "floor-cast", "floor-file", "floor-file-map",
+                    "floor-file-direct"):
             _urllib_floor(base_url, shards, bounce=(1 << 20) if name in ("floor-bounce", "floor-cast") else 0,
                           cast=name == "floor-cast",
                           prefault=name == "floor-prefault", into_dir=cache if name.startswith("floor-file") else None,
-                          file_map=name == "floor-file-map")
+                          file_map=name == "floor-file-map", file_direct=name == "floor-file-direct")
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
         if name == "download4":
@@ -588,7 +614,8 @@ def main():
         print(json.dumps(r))
         return
     every = ["floor", "floor-bounce", "floor-prefault", "floor-cast", "curl", "lazyweights", "fsspec", "rank0of4",
-             "rank0of4-w1", "convert", "floor-file", "floor-file-map", "lazyweights-cached", "4proc-cache"]
+             "rank0of4-w1", "convert", "floor-file", "floor-file-map", "floor-file-direct", "lazyweights-cached",
+             "4proc-cache"]
     chosen = args.only.split(",") if args.only else every
 
     # as an installed package is: compiled once (pip compiles on install; with PYTHONDONTWRITEBYTECODE set, as on
@@ -755,7 +782,7 @@ def main():
         returned_s = statistics.median(f["returned_seconds"] for f, _ in cached)
         second_s = statistics.median(s["seconds"] for _, s in cached)
         file_floors = {n: statistics.median(r["seconds"] for r in results[n])
-                       for n in ("floor-file", "floor-file-map") if n in results}
+                       for n in ("floor-file", "floor-file-map", "floor-file-direct") if n in results}
         file_name = min(file_floors, key=file_floors.__getitem__) if file_floors else None
         file_floor = (f", {first_s / file_floors[file_name]:.2f}x {file_name}, which writes the bytes to a file as "
                       "well" if file_name else "")

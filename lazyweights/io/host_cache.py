@@ -21,6 +21,13 @@ killed mid-range does not stall the others. `.log` lines are appended with singl
 A failing disk (full, read-only, over quota) does not fail the load: the bytes are in memory already. The
 writer stops, warns once with a `CacheWriteWarning` that names the cache, and the claims are released.
 
+The writer writes the page-aligned body of each range with direct I/O (`O_DIRECT`: from the process's memory
+to the disk, no page cache) and only the partial pages at its ends through the page cache. A buffered write
+puts every byte into a fresh page-cache page first: on the 2-core VM measured, 2.2 GB took 2.7-5.7 s of CPU
+that way, against 0.06 s of CPU (1.0 s of disk) direct, and that CPU was the load's own. Readers of the cache
+see the same bytes either way (the kernel keeps the two coherent); a filesystem without direct I/O, or a
+device that wants another alignment, gets buffered writes.
+
 Example:
     >>> import tempfile, numpy as np
     >>> d = tempfile.mkdtemp()
@@ -42,6 +49,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import errno
 import glob
 import hashlib
 import logging
@@ -59,6 +67,8 @@ from .ranges import RangeSet
 _logger = logging.getLogger(__name__)
 
 CLAIM_CHUNK = 8 << 20
+DIRECT_ALIGN = 4096  # offsets, lengths and addresses of direct writes: a page (every device's block divides it)
+DIRECT_MIN = 1 << 20  # a range's aligned body smaller than this goes through the page cache with its ends
 WRITER_LINGER = 0.5  # seconds the writer thread waits for more work before it stops
 EXIT_FLUSH_SECONDS = 60.0  # the longest an exiting process waits for its caches' queued writes
 
@@ -99,6 +109,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _open_direct(path: str) -> int | None:
+    """A write descriptor of `path` with O_DIRECT, or None where the platform or filesystem has none, or where
+    `LAZYWEIGHTS_CACHE_DIRECT=0` asks for page-cache writes (a next run on the same boot then reads the cache
+    from memory rather than the disk, at the first run's CPU cost)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or os.environ.get("LAZYWEIGHTS_CACHE_DIRECT", "").strip() == "0":
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag)
+    except OSError:  # EINVAL: a filesystem without direct I/O (tmpfs before Linux 6.6, some FUSE ones)
+        return None
+
+
+def _address(buffer: memoryview, offset: int) -> int:
+    """The memory address of `buffer[offset]` (direct I/O wants page-aligned memory as well as offsets)."""
+    import numpy as np
+
+    return int(np.frombuffer(buffer, np.uint8, count=1, offset=offset).__array_interface__["data"][0])
+
+
+def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int) -> None:
+    """Write `buffer[start:end]` at file offset `start` (the buffer holds the object's bytes at their offsets)."""
+    while start < end:
+        start += os.pwrite(fd, buffer[start:end], start)
+
+
 class HostCache:
     """The on-disk bytes of one object version, shared by every process that opens it with the same DIR."""
 
@@ -113,10 +149,12 @@ class HostCache:
         self.stem = os.path.join(directory, f"{key}-{version}")
         self._drop_other_versions(key)
         self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)  # grows sparse as written
+        self._direct = _open_direct(self.stem + ".data")  # the same file, written around the page cache
         self._log = os.open(self.stem + ".log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         # The owner (a RemoteFile) has no close of its own: the descriptors go when this object does. The
         # writer thread holds the object only while it has work, so that is soon after the last publish.
-        self._close_files = weakref.finalize(self, _close_descriptors, self.stem, (self._data, self._log))
+        fds = (self._data, self._log) + ((self._direct,) if self._direct is not None else ())
+        self._close_files = weakref.finalize(self, _close_descriptors, self.stem, fds)
         self._close_files.atexit = False  # at exit the writer may still need them (`_flush_at_exit`)
         _OPEN.add(self)
         self._claims = self.stem + ".claims"
@@ -310,9 +348,7 @@ class HostCache:
             try:
                 if self.error is None:
                     for s, e in ranges:
-                        done = 0
-                        while done < e - s:
-                            done += os.pwrite(self._data, mirror[s + done:e], s + done)
+                        self._write_range(mirror, s, e)
                     os.write(self._log, "".join(f"{s} {e}\n" for s, e in ranges).encode())
                     with self._lock:
                         self.held.add_many(ranges)
@@ -323,6 +359,28 @@ class HostCache:
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
+
+    def _write_range(self, mirror: memoryview, start: int, end: int) -> None:
+        """Write `mirror[start:end]` at `start`: the whole pages inside with direct I/O where it works and the
+        range is large, the partial pages at the ends (and everything else) through the page cache."""
+        body = (-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end // DIRECT_ALIGN * DIRECT_ALIGN)
+        if self._direct is None or body[1] - body[0] < DIRECT_MIN or _address(mirror, body[0]) % DIRECT_ALIGN:
+            _pwrite_all(self._data, mirror, start, end)
+            return
+        _pwrite_all(self._data, mirror, start, body[0])
+        pos = body[0]
+        try:
+            while pos < body[1]:
+                pos += os.pwrite(self._direct, mirror[pos:body[1]], pos)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            # The device or filesystem refuses this alignment (or direct I/O itself, found only on a write):
+            # buffered from here on, for this range and every later one.
+            _logger.debug("cache %s: direct writes refused (%s); writing through the page cache", self.stem, e)
+            fd, self._direct = self._direct, None
+            os.close(fd)
+        _pwrite_all(self._data, mirror, pos, end)
 
     def _fail(self, e: OSError) -> None:
         if self.error is None:
