@@ -149,12 +149,17 @@ class HostCache:
         self.stem = os.path.join(directory, f"{key}-{version}")
         self._drop_other_versions(key)
         self._data = os.open(self.stem + ".data", os.O_RDWR | os.O_CREAT, 0o644)  # grows sparse as written
-        self._direct = _open_direct(self.stem + ".data")  # the same file, written around the page cache
+        # The same file written around the page cache: whether this filesystem takes it (probed once), and
+        # the descriptor, open only while the writer thread runs (no descriptor more at rest, per shard).
+        probe = _open_direct(self.stem + ".data")
+        self._direct_ok = probe is not None
+        if probe is not None:
+            os.close(probe)
+        self._direct: int | None = None
         self._log = os.open(self.stem + ".log", os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         # The owner (a RemoteFile) has no close of its own: the descriptors go when this object does. The
         # writer thread holds the object only while it has work, so that is soon after the last publish.
-        fds = (self._data, self._log) + ((self._direct,) if self._direct is not None else ())
-        self._close_files = weakref.finalize(self, _close_descriptors, self.stem, fds)
+        self._close_files = weakref.finalize(self, _close_descriptors, self.stem, (self._data, self._log))
         self._close_files.atexit = False  # at exit the writer may still need them (`_flush_at_exit`)
         _OPEN.add(self)
         self._claims = self.stem + ".claims"
@@ -334,6 +339,7 @@ class HostCache:
                 with self._lock:
                     if self._queue.empty():
                         self._writer = None
+                        self._close_direct()
                         return
                 continue
             if callable(item):
@@ -364,9 +370,15 @@ class HostCache:
         """Write `mirror[start:end]` at `start`: the whole pages inside with direct I/O where it works and the
         range is large, the partial pages at the ends (and everything else) through the page cache."""
         body = (-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end // DIRECT_ALIGN * DIRECT_ALIGN)
-        if self._direct is None or body[1] - body[0] < DIRECT_MIN or _address(mirror, body[0]) % DIRECT_ALIGN:
+        if not self._direct_ok or body[1] - body[0] < DIRECT_MIN or _address(mirror, body[0]) % DIRECT_ALIGN:
             _pwrite_all(self._data, mirror, start, end)
             return
+        if self._direct is None:
+            self._direct = _open_direct(self.stem + ".data")
+            if self._direct is None:  # refused now (a flag changed, a descriptor limit): buffered for good
+                self._direct_ok = False
+                _pwrite_all(self._data, mirror, start, end)
+                return
         _pwrite_all(self._data, mirror, start, body[0])
         pos = body[0]
         try:
@@ -378,9 +390,15 @@ class HostCache:
             # The device or filesystem refuses this alignment (or direct I/O itself, found only on a write):
             # buffered from here on, for this range and every later one.
             _logger.debug("cache %s: direct writes refused (%s); writing through the page cache", self.stem, e)
-            fd, self._direct = self._direct, None
-            os.close(fd)
+            self._direct_ok = False
+            self._close_direct()
         _pwrite_all(self._data, mirror, pos, end)
+
+    def _close_direct(self) -> None:
+        """Close the direct-I/O descriptor (the writer thread's; it reopens one when it next needs it)."""
+        fd, self._direct = self._direct, None
+        if fd is not None:
+            os.close(fd)
 
     def _fail(self, e: OSError) -> None:
         if self.error is None:
