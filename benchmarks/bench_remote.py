@@ -185,13 +185,15 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
     writes every byte to disk too), in one of two ways, neither always the faster on this VM: each piece
     `pwrite` from the buffer every 8 MiB as it arrives, or (`file_map`) received into a `MAP_SHARED` map of
     the file (the page cache itself) and then copied into the buffer. `file_direct`: the `pwrite`s go around
-    the page cache (`O_DIRECT`, from page-aligned buffers; the partial pages at each range's ends buffered), as
-    lazyweights' cache writer does.
+    the page cache (`O_DIRECT`, from page-aligned buffers; the partial pages at each range's ends buffered),
+    made by one writer thread while the receivers go on, as lazyweights' cache writer does; timed until it
+    has written every byte.
     `cast` (with `bounce`): each piece is cast from bfloat16 to float16 on its way into place, by lazyweights'
     own C loop (AVX-512, F16C or portable; ml_dtypes' `astype` is slower), the extension loaded alone:
     W1's conversion, done the plainest fast way."""
     import http.client
     import mmap
+    import queue
     import threading
     import urllib.parse
 
@@ -221,6 +223,7 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                 for path, shard, s, e in jobs]
     populate = None
     files, maps, direct = {}, {}, {}
+    writes: queue.Queue = queue.Queue()  # (shard, range start, received so far, last piece): `file_direct`'s writer
     for shard in shards if into_dir else ():
         fd = os.open(os.path.join(into_dir, shard), os.O_RDWR | os.O_CREAT, 0o644)
         if file_direct:
@@ -275,7 +278,8 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                 assert n, "short read"
                 done += n
                 if direct and (done - written >= 8 << 20 or done == e - s):
-                    written = _write_direct(files[shard], direct[shard], view, s, written, done, done == e - s)
+                    writes.put((shard, view, s, done, done == e - s))  # the writer writes what arrived
+                    written = done
                 elif files and (done - written >= 8 << 20 or done == e - s):
                     while written < done:
                         written += os.pwrite(files[shard], view[written:done], s + written)
@@ -283,11 +287,22 @@ def _urllib_floor(base_url: str, shards, ways: int = 4, part: int | None = None,
                 bufs[shard][s:e] = view
         c.close()
 
+    def writer():  # `file_direct`: writes each range's bytes in arrival order, tracking how far it got
+        reached: dict = {}
+        while (item := writes.get()) is not None:
+            shard, view, s, done, last = item
+            reached[shard, s] = _write_direct(files[shard], direct[shard], view, s, reached.get((shard, s), 0),
+                                              done, last)
+
     threads = [threading.Thread(target=worker) for _ in range(ways)]
-    for t in threads:
+    writing = threading.Thread(target=writer) if direct else None
+    for t in threads + ([writing] if writing else []):
         t.start()
     for t in threads + ([populate] if populate else []):
         t.join()
+    if writing:
+        writes.put(None)
+        writing.join()
     for fd in list(files.values()) + list(direct.values()):
         os.close(fd)
     return bufs
