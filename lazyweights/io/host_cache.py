@@ -61,6 +61,8 @@ import time
 import warnings
 import weakref
 
+import numpy as np
+
 from ..core.errors import CacheWriteWarning, WriteError
 from .ranges import RangeSet
 
@@ -124,15 +126,18 @@ def _open_direct(path: str) -> int | None:
 
 def _address(buffer: memoryview, offset: int) -> int:
     """The memory address of `buffer[offset]` (direct I/O wants page-aligned memory as well as offsets)."""
-    import numpy as np
-
     return int(np.frombuffer(buffer, np.uint8, count=1, offset=offset).__array_interface__["data"][0])
 
 
-def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int) -> None:
-    """Write `buffer[start:end]` at file offset `start` (the buffer holds the object's bytes at their offsets)."""
+def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int) -> int:
+    """Write `buffer[start:end]` at file offset `start` (the buffer holds the object's bytes at their offsets).
+    Returns `end`; a write that makes no progress is an ENOSPC (the cache's write error), not a loop."""
     while start < end:
-        start += os.pwrite(fd, buffer[start:end], start)
+        n = os.pwrite(fd, buffer[start:end], start)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        start += n
+    return end
 
 
 class HostCache:
@@ -382,8 +387,7 @@ class HostCache:
         _pwrite_all(self._data, mirror, start, body[0])
         pos = body[0]
         try:
-            while pos < body[1]:
-                pos += os.pwrite(self._direct, mirror[pos:body[1]], pos)
+            pos = _pwrite_all(self._direct, mirror, pos, body[1])
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
