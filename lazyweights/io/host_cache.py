@@ -129,11 +129,12 @@ def _address(buffer: memoryview, offset: int) -> int:
     return int(np.frombuffer(buffer, np.uint8, count=1, offset=offset).__array_interface__["data"][0])
 
 
-def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int) -> int:
-    """Write `buffer[start:end]` at file offset `start` (the buffer holds the object's bytes at their offsets).
-    Returns `end`; a write that makes no progress is an ENOSPC (the cache's write error), not a loop."""
+def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int, origin: int = 0) -> int:
+    """Write the object's bytes [start, end) at file offset `start`, from `buffer`, which holds the object's
+    bytes from byte `origin` on. Returns `end`; a write that makes no progress is an ENOSPC (the cache's write
+    error), not a loop."""
     while start < end:
-        n = os.pwrite(fd, buffer[start:end], start)
+        n = os.pwrite(fd, buffer[start - origin:end - origin], start)
         if n <= 0:
             raise OSError(errno.ENOSPC, "short write")
         start += n
@@ -143,8 +144,10 @@ def _pwrite_all(fd: int, buffer: memoryview, start: int, end: int) -> int:
 class HostCache:
     """The on-disk bytes of one object version, shared by every process that opens it with the same DIR."""
 
-    def __init__(self, directory: str, url: str, size: int, etag: str | None, claim_ttl: float = 60.0):
+    def __init__(self, directory: str, url: str, size: int, etag: str | None, claim_ttl: float = 60.0,
+                 on_idle=None):
         self.directory = directory
+        self._on_idle = on_idle  # called when the writer thread stops for want of work
         self.url = url
         self.size = size
         self.claim_ttl = claim_ttl
@@ -309,10 +312,12 @@ class HostCache:
                     _logger.debug("cache %s: cannot release the claim on chunk %d: %s", self.stem, c, e)
 
     # --- the writer -------------------------------------------------------------------------------------
-    def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks) -> None:
-        """Write `ranges` of `mirror` (the object's bytes at their offsets) into the cache in the background,
-        then log them and release `chunks`' claims. `flush` waits for it (before the mirror drops them)."""
-        self._enqueue((mirror, ranges, list(chunks)))
+    def publish(self, mirror: memoryview, ranges: list[tuple[int, int]], chunks, origin: int = 0,
+                done=None) -> None:
+        """Write `ranges` of `mirror` (the object's bytes from byte `origin` on) into the cache in the
+        background, then log them, release `chunks`' claims and call `done()` (the mirror is then free for
+        other bytes). `flush` waits for it."""
+        self._enqueue((mirror, ranges, list(chunks), origin, done))
 
     def after_writes(self, call) -> None:
         """Run `call()` on the writer thread once everything published so far is written (or given up)."""
@@ -345,6 +350,8 @@ class HostCache:
                     if self._queue.empty():
                         self._writer = None
                         self._close_direct()
+                        if self._on_idle is not None:
+                            self._on_idle()
                         return
                 continue
             if callable(item):
@@ -355,11 +362,11 @@ class HostCache:
                         self._pending -= 1
                         self._idle.notify_all()
                 continue
-            mirror, ranges, chunks = item
+            mirror, ranges, chunks, origin, done = item
             try:
                 if self.error is None:
                     for s, e in ranges:
-                        self._write_range(mirror, s, e)
+                        self._write_range(mirror, s, e, origin)
                     os.write(self._log, "".join(f"{s} {e}\n" for s, e in ranges).encode())
                     with self._lock:
                         self.held.add_many(ranges)
@@ -367,27 +374,31 @@ class HostCache:
                 self._fail(e)
             finally:
                 self.unclaim(chunks)
+                if done is not None:
+                    done()
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
 
-    def _write_range(self, mirror: memoryview, start: int, end: int) -> None:
-        """Write `mirror[start:end]` at `start`: the whole pages inside with direct I/O where it works and the
-        range is large, the partial pages at the ends (and everything else) through the page cache."""
+    def _write_range(self, mirror: memoryview, start: int, end: int, origin: int = 0) -> None:
+        """Write the object's bytes [start, end) at `start`, from `mirror` (which holds them from byte `origin`
+        on): the whole pages inside with direct I/O where it works and the range is large, the partial pages
+        at the ends (and everything else) through the page cache."""
         body = (-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end // DIRECT_ALIGN * DIRECT_ALIGN)
-        if not self._direct_ok or body[1] - body[0] < DIRECT_MIN or _address(mirror, body[0]) % DIRECT_ALIGN:
-            _pwrite_all(self._data, mirror, start, end)
+        if (not self._direct_ok or body[1] - body[0] < DIRECT_MIN
+                or _address(mirror, body[0] - origin) % DIRECT_ALIGN):
+            _pwrite_all(self._data, mirror, start, end, origin)
             return
         if self._direct is None:
             self._direct = _open_direct(self.stem + ".data")
             if self._direct is None:  # refused now (a flag changed, a descriptor limit): buffered for good
                 self._direct_ok = False
-                _pwrite_all(self._data, mirror, start, end)
+                _pwrite_all(self._data, mirror, start, end, origin)
                 return
-        _pwrite_all(self._data, mirror, start, body[0])
+        _pwrite_all(self._data, mirror, start, body[0], origin)
         pos = body[0]
         try:
-            pos = _pwrite_all(self._direct, mirror, pos, body[1])
+            pos = _pwrite_all(self._direct, mirror, pos, body[1], origin)
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
@@ -396,7 +407,7 @@ class HostCache:
             _logger.debug("cache %s: direct writes refused (%s); writing through the page cache", self.stem, e)
             self._direct_ok = False
             self._close_direct()
-        _pwrite_all(self._data, mirror, pos, end)
+        _pwrite_all(self._data, mirror, pos, end, origin)
 
     def _close_direct(self) -> None:
         """Close the direct-I/O descriptor (the writer thread's; it reopens one when it next needs it)."""

@@ -66,6 +66,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
+from .cached_receive import WRITE_BUFFERS, receive_shared
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .http_backend import HTTPBackend
 from .ranges import LinkMeter, RangeSet, merge, plan_requests
@@ -291,6 +292,11 @@ def _free_pages(pages: list[tuple[int, int]], busy: list[tuple[int, int]]) -> li
     return pages
 
 
+def _copy_into(out: memoryview, piece, offset: int) -> None:
+    """`receive`'s `convert` for a plain copy into `out`."""
+    out[offset:offset + len(piece)] = piece
+
+
 def _retrying(call, url: str, what: str, retries: int, *args):
     """`call(*args)`, retried with exponential backoff on `Transient` failures; then a `RemoteError`."""
     delay = 0.1
@@ -370,7 +376,8 @@ class RemoteFile:
         self._host = None
         if cache and self.etag is not None and self.size:  # without an ETag a cached byte could be stale
             try:
-                self._host = HostCache(cache, url, self.size, self.etag, float(self.options.get("claim_ttl", 60)))
+                self._host = HostCache(cache, url, self.size, self.etag, float(self.options.get("claim_ttl", 60)),
+                                       on_idle=WRITE_BUFFERS.trim)
             except OSError as e:
                 warnings.warn(f"cache {cache}: cannot use it for {url} ({e.strerror or e}); the load goes on from "
                               "memory without the cache", CacheWriteWarning, stacklevel=2)
@@ -640,7 +647,11 @@ class RemoteFile:
         `convert(piece, offset)`, where given, takes the bytes instead of `out` (which then only gives the
         length): each piece as it arrives (whole `unit`s, in the receiving thread's warm buffer; see
         `io/transport.Converting`), with its offset from `start`. A cast writes them into the result
-        converted, so no byte is read back from memory to be cast."""
+        converted, so no byte is read back from memory to be cast.
+
+        With a shared `cache=`, the bytes reach the cache too: through a small pool of buffers the cache's
+        writer writes from, not through the map (`io/cached_receive.py`); bytes the cache holds are copied
+        from it."""
         if len(out) != end - start:
             raise UsageError(f"receive: bytes [{start}, {end}) of {self.path} ({end - start} bytes) into a "
                              f"{len(out)}-byte buffer")
@@ -660,6 +671,13 @@ class RemoteFile:
         missing = RangeSet(held).missing_many([(start, end)])
         if not missing:
             return
+        if self._host is not None and self._host.error is None:  # the cache gets the bytes too
+            if convert is None:
+                convert, unit = functools.partial(_copy_into, out), 1
+            rest = receive_shared(self, start, missing, convert, unit)
+            if rest:
+                self._receive_through_map(start, end, rest, convert, unit)
+            return
         part_size = max(unit, self.part_size // unit * unit)  # parts start on a unit too
         requests = plan_requests(missing, gap=0, multi_range=False, part_size=part_size)
 
@@ -675,6 +693,21 @@ class RemoteFile:
             one(requests[0])
             return
         self._run_all(one, requests)
+
+    def _receive_through_map(self, start: int, end: int, ranges: list[tuple[int, int]], convert, unit: int) -> None:
+        """The pieces of a shared-cache `receive` that `receive_shared` leaves (units a claim chunk's edge
+        cuts, bytes the cache holds in part, pieces with no pool buffer free): brought into the map the way a
+        block's reads are (`ensure_ranges`: cache, claims, the writer), whole units, handed to `convert`, then
+        released."""
+        units = merge([(start + (s - start) // unit * unit, min(end, start + -(-(e - start) // unit) * unit))
+                       for s, e in ranges])
+        self.acquire(units)
+        try:
+            self.ensure_ranges(units)
+            for s, e in units:
+                convert(self._mem[s:e], s - start)
+        finally:
+            self.release(units)
 
     def _request(self, ranges: list[tuple[int, int]], into=None) -> None:
         if self._link is None:
@@ -836,11 +869,6 @@ class RemoteFile:
             busy += self._unwritten.held_many(pages)
         busy += [(c[0], c[1]) for c in self._inflight if c is not done]
         return _free_pages(pages, busy)
-
-    @property
-    def shares_cache(self) -> bool:
-        """Whether fetched bytes are also written to a `cache=` directory (then they must reach it unchanged)."""
-        return self._host is not None
 
     def held_bytes(self) -> int:
         """Bytes of the object now in memory (fetched or copied from the cache, not yet released)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import threading
 
-from ..core.errors import RemoteError, SourceChangedError
+from ..core.errors import RemoteError, SourceChangedError, UsageError
 
 
 class Transient(Exception):
@@ -63,10 +63,22 @@ class Converting:
     >>> read_body(lambda n: next(chunks, b""), dest)
     >>> got  # whole 2-byte units only: "c" waits for "d"
     [(0, b'ab'), (2, b'cdef')]
+
+    `keep`: a writable memoryview of `nbytes` to receive into instead of the thread's buffer. The pieces are
+    then handed on from their places in it, and after the body it holds every byte (for the cache's writer,
+    `io/cached_receive.py`).
+
+    >>> got, kept, chunks = [], memoryview(bytearray(6)), iter([b"abc", b"def"])
+    >>> read_body(lambda n: next(chunks, b""), Converting(lambda p, o: got.append((o, bytes(p))), 6, 2, kept))
+    >>> got, bytes(kept)
+    ([(0, b'ab'), (2, b'cdef')], b'abcdef')
     """
 
-    def __init__(self, convert, nbytes: int, unit: int = 1):
+    def __init__(self, convert, nbytes: int, unit: int = 1, keep: memoryview | None = None):
         self.convert, self.nbytes, self.unit = convert, int(nbytes), max(1, int(unit))
+        if keep is not None and len(keep) != self.nbytes:
+            raise UsageError(f"a {len(keep)}-byte buffer to keep a {self.nbytes}-byte body")
+        self.keep = keep
 
     def __len__(self) -> int:
         return self.nbytes
@@ -80,6 +92,9 @@ def _read_converting(read, fp, dest: Converting) -> None:
     """`read_body` into a `Converting` destination: through this thread's warm buffer, a piece at a time,
     handing on whole units (the tail of a unit cut by the socket waits for the rest). The last piece may be a
     partial unit only when the range's length is not a whole number of units."""
+    if dest.keep is not None:
+        _read_converting_kept(read, fp, dest)
+        return
     buf = getattr(_BOUNCE, "buf", None)
     if buf is None:
         buf = _BOUNCE.buf = memoryview(bytearray(BOUNCE_BYTES))
@@ -102,6 +117,28 @@ def _read_converting(read, fp, dest: Converting) -> None:
         if carry:
             buf[:carry] = buf[whole:have]
         pos += n
+
+
+def _read_converting_kept(read, fp, dest: Converting) -> None:
+    """`_read_converting` into `dest.keep`: each `BOUNCE_BYTES` piece lands at its place and is handed on from
+    there (whole units: a unit the socket cut is handed on with the next piece), so the buffer ends whole."""
+    buf, want, unit = dest.keep, dest.nbytes, dest.unit
+    pos = done = 0  # bytes received, bytes handed on
+    while pos < want:
+        room = min(BOUNCE_BYTES, want - pos)
+        if fp is not None:
+            n = fp.readinto(buf[pos:pos + room])
+        else:
+            chunk = read(room)
+            n = len(chunk)
+            buf[pos:pos + n] = chunk
+        if not n:
+            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+        pos += n
+        whole = pos if pos == want else done + (pos - done) // unit * unit
+        if whole > done:
+            dest.convert(buf[done:whole], done)
+            done = whole
 
 
 def read_body(read, out, stream=None) -> None:

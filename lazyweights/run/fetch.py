@@ -197,9 +197,8 @@ def receive_target(step, out: np.ndarray) -> tuple | None:
     (a whole tensor, or a rank's slice of whole rows) that fills `out` exactly (`rows` None), or of a whole
     tensor whose rows reach `out` in another order (`rows`: the output row of each source row; a RoPE q/k
     permutation, `source_row_order`). Then a cast is done as the bytes arrive (`receive_into`) and each byte is
-    written once, as a plain download would. None otherwise (the bytes go through the source's map), and for a
-    source that shares a `cache=` directory (its writer reads the bytes after they arrive, and an in-place
-    cast would change them under it)."""
+    written once, as a plain download would (with a `cache=` directory, the cache's writer gets them from a
+    small pool of buffers, `io/cached_receive.py`). None otherwise (the bytes go through the source's map)."""
     node = step.node
     if not node.shape or not out.flags.c_contiguous or out.nbytes == 0:
         return None
@@ -211,7 +210,7 @@ def receive_target(step, out: np.ndarray) -> tuple | None:
     leaf = src
     while leaf.op in GroupOp.View or leaf.op is Op.TAKE:
         leaf = leaf.srcs[0]
-    if leaf.op is not Op.SOURCE or not is_remote_record(leaf.arg) or getattr(leaf.arg.file, "shares_cache", True):
+    if leaf.op is not Op.SOURCE or not is_remote_record(leaf.arg) or not hasattr(leaf.arg.file, "receive"):
         return None
     if any(n.op is Op.TAKE for n in _layout_chain(src)):  # not a numpy view: rows in another order, or none
         rows = source_row_order(src)
