@@ -123,6 +123,7 @@ def _read_converting_kept(read, fp, dest: Converting) -> None:
     """`_read_converting` into `dest.keep`: each `BOUNCE_BYTES` piece lands at its place and is handed on from
     there (whole units: a unit the socket cut is handed on with the next piece), so the buffer ends whole."""
     buf, want, unit = dest.keep, dest.nbytes, dest.unit
+    assert buf is not None
     pos = done = 0  # bytes received, bytes handed on
     while pos < want:
         room = min(BOUNCE_BYTES, want - pos)
