@@ -69,7 +69,7 @@ from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageErr
 from .cached_receive import WRITE_BUFFERS, receive_shared
 from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
 from .http_backend import HTTPBackend
-from .ranges import LinkMeter, RangeSet, merge, plan_requests
+from .ranges import LinkMeter, RangeSet, merge, page_runs, plan_requests
 from .transport import Converting, S3Backend, Transient
 
 _log = logging.getLogger(__name__)
@@ -216,6 +216,7 @@ def _anonymous_map(size: int) -> mmap.mmap:
             os.close(fd)
 
 
+GIVE_BACK_GAP = 1 << 20  # released runs this close are given back as one span of pages (`_unneeded_pages`)
 HUGE_PAGE = 2 << 20  # x86-64's and arm64's transparent huge page (with 4 KB base pages)
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
@@ -262,16 +263,18 @@ def _grouped(pieces: list[tuple[int, int]], fence: list[tuple[int, int]]) -> lis
     return list(groups.values())
 
 
-def _pages_around(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Every page each of `ranges` touches, as merged page-aligned runs.
+def _pages_around(ranges: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+    """Every page each of `ranges` touches, as merged page-aligned runs; runs at most `gap` bytes apart become
+    one, the pages between them included.
 
     >>> P = PAGE; _pages_around([(1, 10), (4 * P + 5, 4 * P + 6), (P - 1, P + 1)]) == [(0, 2 * P), (4 * P, 5 * P)]
+    True
+    >>> _pages_around([(1, 10), (4 * P + 5, 4 * P + 6)], gap=4 * P) == [(0, 5 * P)]
     True
     """
     if not ranges:
         return []
-    a = np.asarray(ranges, np.int64)
-    return merge(list(zip((a[:, 0] // PAGE * PAGE).tolist(), (-(-a[:, 1] // PAGE) * PAGE).tolist())))
+    return page_runs(ranges, PAGE, gap)
 
 
 def _free_pages(pages: list[tuple[int, int]], busy: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -356,12 +359,16 @@ class RemoteFile:
         self.requests = 0
         self._token: object = None  # the load that last revalidated this object (`open`)
         self._lock = threading.Lock()
+        # the counters' own lock: a receiving thread that counts its request must not wait for `_lock`, which
+        # a release of a rank's thousands of row runs holds for milliseconds (benchmarks/RESULTS.md, issue 35)
+        self._counts_lock = threading.Lock()
         self._have = RangeSet()
         self._releasing = RangeSet()  # released, but the cache writer still has to write them
         self._unwritten = RangeSet()  # fetched through a gap, held by no one, not yet in the cache's file
         self._pinned = RangeSet()  # handed out by `view`: a caller's array aliases them, never released
         # (start, end) -> how many leases readers hold on it (`acquire`): no release drops a leased byte
         self._leases: dict[tuple[int, int], int] = {}
+        self._union: RangeSet | None = None  # their union, merged (`_lease_union`)
         # released by a run while another reader's lease kept them: dropped when that lease ends (`_leased`)
         self._doomed = RangeSet()
         self._inflight: list[tuple[int, int, threading.Event]] = []
@@ -739,7 +746,7 @@ class RemoteFile:
             self._count([(s, e)])
 
     def _count(self, ranges: list[tuple[int, int]]) -> None:
-        with self._lock:
+        with self._counts_lock:
             self.bytes_fetched += sum(e - s for s, e in ranges)
             self.requests += 1
 
@@ -755,7 +762,10 @@ class RemoteFile:
         with self._lock:
             for r in ranges:
                 if r[1] > r[0]:
-                    self._leases[r] = self._leases.get(r, 0) + 1
+                    n = self._leases.get(r, 0)
+                    self._leases[r] = n + 1
+                    if not n:
+                        self._union = None
 
     def _unlease(self, ranges: list[tuple[int, int]]) -> None:
         """Give back one lease on each of `ranges` (one not leased gives back nothing); under `_lock`."""
@@ -767,11 +777,16 @@ class RemoteFile:
                 self._leases[r] = n - 1
             else:
                 del self._leases[r]
+                self._union = None
 
     def _lease_union(self) -> RangeSet:
-        """The bytes some lease covers, merged (under `_lock`)."""
-        union = RangeSet()
-        union.add_many(list(self._leases))
+        """The bytes some lease covers, merged (under `_lock`; read it, never change it). Kept until a lease
+        comes or goes: a release of a rank's row runs asked for it twice, each time merging every lease of
+        every step in flight, thousands of runs (benchmarks/RESULTS.md, issue 35)."""
+        union = getattr(self, "_union", None)
+        if union is None:
+            union = self._union = RangeSet()
+            union.add_many(list(self._leases))
         return union
 
     @contextlib.contextmanager
@@ -857,7 +872,11 @@ class RemoteFile:
         """The pages around `released` (just removed from what is held) that hold no byte still held, leased,
         pinned or being fetched (an in-flight claim's hull: its bytes land after this look, under no lock), so
         giving them back loses nothing anyone needs (under `_lock`)."""
-        pages = _pages_around(released)
+        # The released runs of one record as one span of pages, the pages between them too: a rank's row
+        # runs (one every 4-11 KB) gave thousands of spans, each a madvise, all under `_lock` (17 ms a release
+        # of W1's rank 0 of 4, its exact rows; benchmarks/RESULTS.md). A page between them that holds
+        # nothing anyone needs has nothing to lose; one that does is busy below.
+        pages = _pages_around(released, GIVE_BACK_GAP)
         if not pages:
             return []
         busy = self._have.held_many(pages)

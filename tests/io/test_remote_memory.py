@@ -447,6 +447,34 @@ def test_plan_requests_merges_by_cost_and_packs_multi_range():
     assert big == [[(0, 8 << 20)], [(8 << 20, 16 << 20)], [(16 << 20, 20 << 20)]]
 
 
+def test_the_kept_union_of_leases_follows_every_lease_that_comes_and_goes():
+    """`_lease_union` is kept between calls and dropped when a lease comes or goes: after any sequence of
+    acquires and releases it equals a byte mask of the leases held (counted: a range leased twice stays
+    until given back twice)."""
+    f = RemoteFile.__new__(RemoteFile)
+    f._lock, f._leases, f._union = threading.Lock(), {}, None
+    rng = np.random.default_rng(35)
+    pool = [(int(s), int(s) + int(n)) for s, n in zip(rng.integers(0, 900, 40), rng.integers(1, 120, 40))]
+    held: list = []
+    for _ in range(400):
+        if held and rng.random() < 0.45:
+            r = held.pop(int(rng.integers(len(held))))
+            with f._lock:
+                f._unlease([r])
+        else:
+            r = pool[int(rng.integers(len(pool)))]
+            f.acquire([r])
+            held.append(r)
+        mask = np.zeros(1100, bool)
+        for s, e in held:
+            mask[s:e] = True
+        got = np.zeros(1100, bool)
+        with f._lock:
+            for s, e in f._lease_union().ranges:
+                got[s:e] = True
+        assert (got == mask).all()
+
+
 def test_rangeset_remove_and_held():
     r = RangeSet([(0, 100), (200, 300)])
     r.remove(50, 250)
@@ -861,8 +889,8 @@ def test_options_reach_the_files_and_no_etag_means_no_shared_cache():
 
 
 # --- pages: strided slices go back whole, big fetches may take huge pages ------------------------------------
-def _resident(f) -> int:
-    """Bytes of `f`'s map the kernel holds in memory (mincore, page by page), whatever `f` believes it holds."""
+def _resident_pages(f) -> np.ndarray:
+    """One bool per page of `f`'s map: whether the kernel holds it in memory (mincore), whatever `f` believes."""
     import ctypes
     import mmap
 
@@ -871,7 +899,44 @@ def _resident(f) -> int:
     pages = -(-f.size // mmap.PAGESIZE)
     vec = np.zeros(pages, np.uint8)
     assert libc.mincore(f._buffer.ctypes.data, f.size, vec.ctypes.data) == 0, ctypes.get_errno()
-    return int((vec & 1).sum()) * mmap.PAGESIZE
+    return (vec & 1).astype(bool)
+
+
+def _resident(f) -> int:
+    """Bytes of `f`'s map the kernel holds in memory (mincore, page by page), whatever `f` believes it holds."""
+    return int(_resident_pages(f).sum()) * remote.PAGE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore over an anonymous map")
+def test_a_release_gives_its_runs_pages_back_in_one_span_and_keeps_every_held_byte(nginx, big, monkeypatch):
+    """A rank's exact row runs, one in each page: released, their pages go back as one span (one madvise, not
+    one per run; they were thousands, under the file's lock). Runs another reader still leases, on the pages
+    in between, keep their pages and their bytes."""
+    _fresh()
+    shard = sorted(big.glob("*.safetensors"))[1]
+    local = shard.read_bytes()
+    f = RemoteFile.open(nginx.url(f"big/{shard.name}"), {"part_cost": 0}, None)
+    P, first = remote.PAGE, remote.FIRST_READAHEAD // remote.PAGE + 4
+    assert (first + 64) * P < len(local)
+    runs = [((first + k) * P + 100, (first + k) * P + 1100) for k in range(64)]
+    mine, other = runs[0::2], runs[1::2]
+    f.acquire(runs)
+    f.ensure_ranges(runs)
+    assert _resident_pages(f)[first:first + 64].all()
+    spans = []
+    real = RemoteFile._unneeded_pages
+    monkeypatch.setattr(RemoteFile, "_unneeded_pages", lambda self, *a: spans.append(real(self, *a)) or spans[-1])
+
+    f.release(mine)
+    resident = _resident_pages(f)[first:first + 64]
+    assert not resident[0::2].any() and resident[1::2].all()
+    assert all(f.read(s, e - s) == local[s:e] for s, e in other)  # (a view would pin them for good)
+    assert f._have.held_many(other) == other and f._have.held_many(mine) == []
+
+    spans.clear()
+    f.release(other)  # nothing in between is held any more: every page of the runs goes back in one span
+    assert spans == [[((first + 1) * P, (first + 64) * P)]], spans
+    assert not _resident_pages(f)[first:first + 64].any()
 
 
 def _vmas(f) -> list[tuple[int, int, list[str]]]:
