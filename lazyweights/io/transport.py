@@ -88,6 +88,20 @@ BOUNCE_BYTES = 1 << 20  # a Converting destination's receive buffer: cache-sized
 _BOUNCE = threading.local()
 
 
+def _receive_some(read, fp, into: memoryview, pos: int, want: int) -> int:
+    """Receive at least one byte and at most `len(into)` of a body into `into` (`pos` of `want` came before):
+    `readinto` from the socket's file object where there is one, else a chunk from `read`, copied in."""
+    if fp is not None:
+        n = fp.readinto(into)
+    else:
+        chunk = read(len(into))
+        n = len(chunk)
+        into[:n] = chunk
+    if not n:
+        raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+    return n
+
+
 def _read_converting(read, fp, dest: Converting) -> None:
     """`read_body` into a `Converting` destination: through this thread's warm buffer, a piece at a time,
     handing on whole units (the tail of a unit cut by the socket waits for the rest). The last piece may be a
@@ -100,15 +114,7 @@ def _read_converting(read, fp, dest: Converting) -> None:
         buf = _BOUNCE.buf = memoryview(bytearray(BOUNCE_BYTES))
     pos, carry, want, unit = 0, 0, dest.nbytes, dest.unit
     while pos < want:
-        room = min(len(buf) - carry, want - pos)
-        if fp is not None:
-            n = fp.readinto(buf[carry:carry + room])
-        else:
-            chunk = read(room)
-            n = len(chunk)
-            buf[carry:carry + n] = chunk
-        if not n:
-            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
+        n = _receive_some(read, fp, buf[carry:carry + min(len(buf) - carry, want - pos)], pos, want)
         have = carry + n
         whole = have if pos + n == want else have - have % unit
         if whole:
@@ -126,16 +132,7 @@ def _read_converting_kept(read, fp, dest: Converting) -> None:
     assert buf is not None
     pos = done = 0  # bytes received, bytes handed on
     while pos < want:
-        room = min(BOUNCE_BYTES, want - pos)
-        if fp is not None:
-            n = fp.readinto(buf[pos:pos + room])
-        else:
-            chunk = read(room)
-            n = len(chunk)
-            buf[pos:pos + n] = chunk
-        if not n:
-            raise Transient(f"truncated body: {pos} of {want} bytes arrived")
-        pos += n
+        pos += _receive_some(read, fp, buf[pos:pos + min(BOUNCE_BYTES, want - pos)], pos, want)
         whole = pos if pos == want else done + (pos - done) // unit * unit
         if whole > done:
             dest.convert(buf[done:whole], done)

@@ -16,7 +16,7 @@ from lazyweights.io import cached_receive
 from lazyweights.io.cached_receive import WriteBuffers, chunk_pieces
 from lazyweights.io.host_cache import _OPEN, CLAIM_CHUNK, HostCache
 from lazyweights.io.remote import RemoteFile
-from lazyweights.io.transport import Converting, read_body
+from lazyweights.io.transport import Converting, Transient, read_body
 from lazyweights.tools import demo as w1
 
 # head_dim 128: q and k are received a row at a time in their RoPE order (a unit of 3072 bytes), and the
@@ -219,6 +219,9 @@ def test_a_kept_converting_body_hands_on_whole_units_and_keeps_every_byte(unit):
     assert bytes(kept) == body and bytes(got) == body
     with pytest.raises(ValueError, match="100-byte buffer"):
         Converting(convert, 99, 1, memoryview(bytearray(100)))
+    cut = iter([body[:unit * 3 + 1]])
+    with pytest.raises(Transient, match=f"truncated body: {unit * 3 + 1} of {len(body)} bytes arrived"):
+        read_body(lambda n: next(cut, b""), Converting(convert, len(body), unit, memoryview(bytearray(len(body)))))
 
 
 def test_the_writer_writes_a_buffer_that_starts_at_another_offset(tmp_path):
