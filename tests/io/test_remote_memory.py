@@ -722,6 +722,21 @@ def test_a_fetch_never_goes_through_a_chunk_another_process_claimed(nginx, tmp_p
     assert HostCache(str(tmp_path), url, f.size, f.etag).held.ranges == pieces
 
 
+def test_a_fetch_never_goes_through_bytes_the_cache_holds(nginx, tmp_path, monkeypatch):
+    """Pieces on both sides of bytes another process has written to the cache: two requests, not one through
+    them (the host would fetch those bytes twice)."""
+    _fresh()
+    url, data = _blob(nginx, "cached-gap.bin", 1 << 20)
+    f = RemoteFile(url, cache=str(tmp_path))
+    elsewhere = HostCache(str(tmp_path), url, f.size, f.etag)
+    elsewhere.publish(memoryview(data), [(3000, 8000)], [])
+    assert elsewhere.flush(timeout=30)
+    pieces = [(1000, 2000), (9000, 10_000)]  # a 7 KB gap, which the plan would take, holding cached bytes
+    f.ensure_ranges(pieces)
+    assert f.bytes_fetched == 2000, f.bytes_fetched
+    assert bytes(f._buffer[1000:2000]) == data[1000:2000] and bytes(f._buffer[9000:10_000]) == data[9000:10_000]
+
+
 def test_a_process_killed_mid_range_does_not_stall_the_others(nginx, big, tmp_path):
     """A process that claimed chunks and was killed before writing them: another process with the same cache
     breaks its claims and completes, byte-identical."""
