@@ -555,8 +555,9 @@ class RemoteFile:
 
     def _mark_held(self, ranges: list[tuple[int, int]], from_cache: bool = False,
                    fetched: list[tuple[int, int]] | None = None) -> None:
+        new = merge(list(ranges) + list(fetched)) if fetched else ranges  # merged before the lock is taken
         with self._lock:
-            self._have.add_many(merge(list(ranges) + list(fetched)) if fetched else ranges)
+            self._have.add_many(new)
             if from_cache:
                 self.bytes_from_cache += sum(e - s for s, e in ranges)
 
@@ -843,8 +844,9 @@ class RemoteFile:
         piece another thread is fetching into is not held yet, and its pages must not be zeroed under it."""
         if self._map is None:
             return
+        ranges = merge(ranges)  # before the lock is taken
         with self._lock:
-            ranges = self._have.held_many(merge(ranges))
+            ranges = self._have.held_many(ranges)
             if self._pinned:
                 ranges = self._pinned.missing_many(ranges)
             if self._leases and ranges:
