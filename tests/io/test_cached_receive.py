@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import types
 
 import ml_dtypes
@@ -242,3 +243,26 @@ def test_the_writer_writes_a_buffer_that_starts_at_another_offset(tmp_path):
     assert open(cache.stem + ".data", "rb").read()[s:e] == data[s:e].tobytes()
     other = HostCache(str(tmp_path), "http://example/m", size, '"v"')
     assert other.held.ranges == [(s, e)] and other.claim(0)  # logged, and the claim was given back
+
+
+def test_an_object_replaced_before_a_cached_receive_raises_and_leaves_nothing_behind(nginx, tmp_path):
+    """The object changes after it was opened: the pool path's request is refused (If-Match), the receive
+    raises SourceChangedError naming the URL, every pool buffer comes back, the chunks' claims are released
+    and the cache logs none of the new object's bytes as the old one's."""
+    from lazyweights.core.errors import SourceChangedError
+
+    old = np.random.default_rng(5).integers(0, 256, 2 * CLAIM_CHUNK, dtype=np.uint8).tobytes()
+    path = nginx.root / "replaced.bin"
+    path.write_bytes(old)
+    RemoteFile._cache.clear()
+    f = RemoteFile.open(nginx.url("replaced.bin"), None, str(tmp_path / "cache"))
+    time.sleep(1.1)  # nginx's ETag holds the modification time in seconds
+    path.write_bytes(old[::-1])
+    start, end = 100_000, CLAIM_CHUNK + 500_000
+    with pytest.raises(SourceChangedError, match="replaced.bin"):
+        f.receive(start, end, memoryview(bytearray(end - start)), lambda piece, offset: None, 2)
+    _flush()
+    assert cached_receive.WRITE_BUFFERS._out == 0
+    other = HostCache(str(tmp_path / "cache"), f.path, f.size, f.etag)  # another process, the old version
+    assert other.held.held_many([(start, end)]) == []
+    assert other.claim(0) and other.claim(1)  # no claim left behind
