@@ -808,6 +808,8 @@ def main():
         uncached = f", {returned_s / full:.2f}x the uncached lazyweights run" if full else ""
         print(f"  the first run's materialize() returned at {returned_s:.3f} s ({returned_s / floor:.2f}x the floor"
               f"{uncached}); the rest is the cache's writer finishing")
+        peaks = [statistics.median(run[k]["peak_anon"] for run in cached) / 1e9 for k in (0, 1)]
+        print(f"  peak RssAnon: the first run {peaks[0]:.2f} GB, the second {peaks[1]:.2f} GB")
     if args.s3:
         s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
         print("\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), "
