@@ -225,7 +225,13 @@ class RangeSet:
             cut = cut[cut[:, 1] > cut[:, 0]]
             if len(cut):  # what stays held: the held ranges' pieces in the gaps of the (merged) cut
                 cut = _merged(cut)
-                self._set_array(_intersect(self._array(), *_gaps_between(cut)))
+                held = self._array()
+                # only the held ranges the cut's span touches are cut (a release is one record's runs, the
+                # held set every run in flight); those before and after are kept as they are
+                lo = int(np.searchsorted(held[:, 1], cut[0, 0], side="right"))
+                hi = int(np.searchsorted(held[:, 0], cut[-1, 1], side="left"))
+                self._set_array(np.concatenate([held[:lo], _intersect(held[lo:hi], *_gaps_between(cut)),
+                                                held[hi:]]))
             return
         cut_list = merge([r for r in ranges if r[1] > r[0]])
         if cut_list:

@@ -110,3 +110,20 @@ def test_link_meter_counts_bytes_over_busy_time(monkeypatch):
     now[0] = 13.0
     assert m.bandwidth() == (32 << 20) / 5  # a request in flight counts its time so far
     assert LinkMeter().bandwidth() is None
+
+
+@pytest.mark.parametrize("cut", [[(0, 5)], [(995, 2000)], [(35, 38)], [(12, 13), (55, 61)], [(0, 2000)],
+                                 [(10, 20), (30, 40)], [(19, 31)]])
+def test_a_sweep_removal_cuts_only_what_its_span_touches(monkeypatch, cut):
+    """`remove_many` on the vectorized path cuts the held ranges inside the cut's span and keeps those
+    before and after it as they are: a cut before, after or between every held range, inside one, across
+    several, over all."""
+    monkeypatch.setattr(R, "NUMPY_FROM", 0)
+    start = [(10, 20), (30, 40), (50, 60), (900, 990)]
+    held, mask = RangeSet(start), np.zeros(2100, bool)
+    for s, e in start:
+        mask[s:e] = True
+    held.remove_many(cut)
+    for s, e in cut:
+        mask[s:e] = False
+    assert held.ranges == _runs(mask)
