@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from .host_cache import CLAIM_CHUNK, DIRECT_ALIGN
+from .host_cache import CLAIM_CHUNK, DIRECT_ALIGN, LOG_WAIT_FIRST, LOG_WAIT_MAX
 from .transport import BOUNCE_BYTES, Converting
 
 # A buffer holds one claim chunk's share of a range, placed at the offset's position within a page (so the
@@ -45,7 +45,6 @@ CHUNK_BUFFER_BYTES = CLAIM_CHUNK + DIRECT_ALIGN
 # direct write of 8 MiB takes ~10 ms, so the writer's queue stays short unless the disk is slower than the
 # network (then pieces go through the map, as before).
 POOL_BUFFERS = 24
-CACHE_WAIT_MAX = 0.02  # seconds between looks at the cache's log while another process fetches a chunk
 
 
 class WriteBuffers:
@@ -145,7 +144,7 @@ def receive_shared(file, start: int, ranges: list[tuple[int, int]], convert, uni
     is left for the map path (see the module's docstring)."""
     host = file._host
     todo, rest = chunk_pieces(start, ranges, unit)
-    delay = 0.001
+    delay = LOG_WAIT_FIRST
     while todo:
         host.refresh()
         waiting = []
@@ -156,11 +155,11 @@ def receive_shared(file, start: int, ranges: list[tuple[int, int]], convert, uni
             elif state == "through the map":
                 rest.append(piece[:2])
             else:
-                delay = 0.001
+                delay = LOG_WAIT_FIRST
         todo = waiting
         if todo:  # another process is fetching these chunks: wait for its log lines or its claims to go
             time.sleep(delay)
-            delay = min(delay * 2, CACHE_WAIT_MAX)
+            delay = min(delay * 2, LOG_WAIT_MAX)
     return sorted(rest)
 
 

@@ -71,6 +71,9 @@ _logger = logging.getLogger(__name__)
 CLAIM_CHUNK = 8 << 20
 DIRECT_ALIGN = 4096  # offsets, lengths and addresses of direct writes: a page (every device's block divides it)
 DIRECT_MIN = 1 << 20  # a range's aligned body smaller than this goes through the page cache with its ends
+# Seconds between looks at the log while another process fetches a chunk we need: from the first to the
+# longest, doubling (`RemoteFile._fill` and `cached_receive.receive_shared` wait the same way)
+LOG_WAIT_FIRST, LOG_WAIT_MAX = 0.001, 0.02
 WRITER_LINGER = 0.5  # seconds the writer thread waits for more work before it stops
 EXIT_FLUSH_SECONDS = 60.0  # the longest an exiting process waits for its caches' queued writes
 

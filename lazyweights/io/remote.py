@@ -67,7 +67,7 @@ import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .cached_receive import WRITE_BUFFERS, receive_shared
-from .host_cache import CLAIM_CHUNK, CacheWriteWarning, HostCache
+from .host_cache import CLAIM_CHUNK, LOG_WAIT_FIRST, LOG_WAIT_MAX, CacheWriteWarning, HostCache
 from .http_backend import HTTPBackend
 from .ranges import LinkMeter, RangeSet, merge, page_runs, plan_requests
 from .transport import Converting, S3Backend, Transient
@@ -499,7 +499,7 @@ class RemoteFile:
             fetched = self._fetch(pieces)
             self._mark_held(pieces, fetched=_clip(fetched, within))
             return
-        delay = 0.001
+        delay = LOG_WAIT_FIRST
         while pieces:
             host.refresh()
             cached = host.held.held_many(pieces)
@@ -540,10 +540,10 @@ class RemoteFile:
                 if unheld:
                     host.after_writes(functools.partial(self._written, unheld, claim))
                 pieces = span.missing_many(pieces)
-                delay = 0.001
+                delay = LOG_WAIT_FIRST
             else:  # every chunk we need is being fetched by another process: wait for its log lines
                 time.sleep(delay)
-                delay = min(delay * 2, 0.02)
+                delay = min(delay * 2, LOG_WAIT_MAX)
 
     def _written(self, unheld: list[tuple[int, int]], claim: tuple | None) -> None:
         """The cache writer wrote `unheld` (gap bytes no one here holds): their pages may go back now. `claim`,
