@@ -23,6 +23,8 @@
 #   recheck  (not in the default list) after a change to the GPU executor: its tests, where a load's time goes
 #            (gpu_pipeline_parts.py), then W1 with the executor as it was and knob variants beside the new
 #            default, warm and cold
+#   confirm  (not in the default list) after a change of the executor's defaults: its tests, then W1 with the
+#            new default beside the old (s16h8b8) and two neighbours, warm (medians of 5) and cold (of 3)
 #
 # Needs: the repository as the working directory, .dev/core carried (`benchmarks/device_prepare.sh` makes it on
 # the development machine, with the Gemma pieces and the calls that carry them), python3 with torch, cupy and
@@ -141,6 +143,16 @@ recheck() {  # after a change to the GPU executor: its tests on the device, then
     --only fastsafetensors,lazyweights --lw-variants s4h4b16p0,s32h16b4 --json "$OUT/recheck_cold.json"
 }
 
+confirm() {  # after a change of a GPU executor default: its tests, then the new default beside the old, warm and cold
+  run 60 tests-confirm $PY -m pytest -q -rs -p no:cacheprovider -n 8 tests/run/test_gpu.py tests/run/test_gpu_reads.py \
+    "tests/adapters/test_lora.py::test_gpu_executor_computes_the_update_on_the_host"
+  # the default is one slot per host thread (s8h8b8 on 16 cores); s16h8b8 is the default before it
+  run 120 w1-confirm-warm $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 5 --cache warm --only naive,lazyweights \
+    --lw-variants s16h8b8,s16h16b8,s8h8b4 --json "$OUT/confirm_warm.json"
+  run 80 w1-confirm-cold $PY benchmarks/bench_gpu_peers.py /tmp/w1 --reps 3 --cache cold \
+    --only fastsafetensors,lazyweights --lw-variants s16h8b8 --json "$OUT/confirm_cold.json"
+}
+
 scale() {
   PYTHON=$PY run 150 scale bash benchmarks/scale_threads.sh /tmp/w1 /tmp/scratch 1 1 2 4 8 16
 }
@@ -157,6 +169,7 @@ for p in "${phases[@]}"; do
     gguf) gguf_bench ;;
     scale) scale ;;
     recheck) recheck ;;
+    confirm) confirm ;;
     *) echo "unknown phase $p" ;;
   esac
 done

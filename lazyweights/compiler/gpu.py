@@ -33,7 +33,7 @@ from ..kernels.cuda_casts import DEVICE_CASTS
 from ..kernels.cuda_dequant import DEVICE_DEQUANT
 from .steps import DEFAULT_BUDGET, Step, compile_steps
 
-# Source bytes per block: 8 MB copies already run at the link's full speed, and the staging memory (2 slots per
+# Source bytes per block: 8 MB copies already run at the link's full speed, and the staging memory (a slot per
 # host thread, each a pinned and a device buffer of one block) is pinned afresh by each run, at ~0.5 ms per MB on
 # the H200 host measured: 16 MB blocks with 16 slots cost 0.1 s more a load than 8 MB (benchmarks/RESULTS.md).
 DEFAULT_GPU_BLOCK_BYTES = 8 << 20

@@ -15,7 +15,7 @@ outputs are one step, computed once) is split in two:
 A chain with no device part (pure layout, or ops only the host implements) is a plain host-to-device copy
 from the pinned buffer into the output rows.
 
-Pipeline. There are `streams` slots (default: two per host thread); each owns a CUDA stream, an event, a pinned
+Pipeline. There are `streams` slots (default: one per host thread); each owns a CUDA stream, an event, a pinned
 buffer and (when any step has a device part) a device staging buffer. Blocks take slots round-robin:
 
     1. wait for the slot's event (its previous block's copy and kernel are done, so both buffers are free);
@@ -28,9 +28,10 @@ buffer and (when any step has a device part) a device staging buffer. Blocks tak
        while `host_threads` are in flight.
 
 So while block i's kernel runs on one stream, block i+1's copy runs on another and blocks i+2.. are being
-read on the host: reads, copies and kernels overlap. With twice as many slots as fills in flight, the slot a
-new block takes was enqueued `host_threads` blocks earlier, so its copy is done and the main thread does not
-wait on the device. Only the main thread calls CUDA (CuPy's current device and stream are per thread); the
+read on the host: reads, copies and kernels overlap. The slot a new block takes was enqueued `streams` blocks
+earlier; with more slots than fills in flight its copy is more surely done when the slot comes round again,
+but every slot costs its staging allocation (pinning host memory: ~0.5 ms a MB on the H200 host measured),
+and on that host one slot per host thread was the faster trade (`DEFAULT_STREAMS_PER_THREAD`). Only the main thread calls CUDA (CuPy's current device and stream are per thread); the
 host threads only run numpy and read files.
 
 Memory. The budget (default 512 MB) bounds the staging memory: slots x (pinned + device staging) <= budget.
@@ -107,7 +108,10 @@ from .progress import Progress
 __all__ = ["materialize_gpu", "DeviceArrays", "PIPELINE_TIMINGS", "DeviceProgram", "split_chain", "to_torch",
            "CupyDevice", "import_cupy", "check_device_destination", "INSTALL_HINT"]
 
-DEFAULT_STREAMS_PER_THREAD = 2
+# Slots per host thread. The third H200 lease (benchmarks/RESULTS.md, "GPU"), W1 warm, medians of 5 in one run:
+# 8 slots for 8 threads 0.201 s against 16 slots 0.260 s; the extra slots' waits saved (0.009 s against 0.031 s
+# of `slot_wait`) cost less than their pinned and device staging (0.071 s against 0.036 s of `staging`).
+DEFAULT_STREAMS_PER_THREAD = 1
 INSTALL_HINT = "pip install 'lazyweights[gpu]'  (installs cupy-cuda12x; needs an NVIDIA driver for CUDA 12)"
 
 
@@ -437,9 +441,7 @@ def materialize_gpu(plan, device="gpu:0", budget=None, progress=False, out=None,
         backend = CupyDevice(device.id)
     outputs = outputs_of(plan)
     threads = max(1, int(host_threads or default_host_threads()))
-    # Twice as many slots as host threads: a slot is taken again only after `threads` later blocks were
-    # submitted, so its copy is long done and the main thread does not wait on the device (with one slot per
-    # thread it waited for the copy it had just enqueued, once per block).
+    # One slot per host thread by default (`DEFAULT_STREAMS_PER_THREAD`: staging is the dearer cost).
     streams = max(1, int(streams or DEFAULT_STREAMS_PER_THREAD * threads))
     fills = min(threads, streams)  # blocks being filled at once (never more than the slots)
     target = int(block_bytes or DEFAULT_GPU_BLOCK_BYTES)
