@@ -44,6 +44,13 @@ inside it (`NAME+sampler` runs NAME with such a thread, to show what it costs):
   local save of the same plan).
 - `4proc-cache`: four `lazyweights` processes started together with one empty `cache=DIR`, as the ranks of
   one host would be: the wall time until the last finishes, and the bytes the server sent to all four.
+- `replay:NAME` (NAME a rank contestant, e.g. `replay:rank0of4@part_cost=0`): the floor of NAME's own plan. NAME
+  runs once first, untimed, and nginx logs every GET it makes with its `Range` header; each timed run is then a
+  fresh process that sends exactly those requests with plain `http.client` on 4 keep-alive connections (the
+  floor's) and receives each reply whole into a warm buffer, parsing nothing: the same requests, parts and bytes,
+  with no work beside receiving them. A rank's time against it (`x plan`) is what lazyweights adds to its plan;
+  the replay against the full checkpoint's floor is what the plan itself costs on this server (a multi-range
+  part costs nginx and the kernel CPU that a byte does not).
 - `NAME@KEY=VALUE:KEY=VALUE`: a lazyweights contestant (`lazyweights`, `rank0of4`, `rank0of4-w1`) with these
   `storage_options`, e.g. `rank0of4@part_cost=0` (exactly the slices' bytes), `rank0of4@bandwidth=3e8` (the
   cost model priced for a 300 MB/s link) or `rank0of4@bandwidth=auto` (priced at what the fetches observe).
@@ -78,6 +85,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.environ.get("LAZYWEIGHTS_SHARED_BENCH", os.path.join(HERE, "..", "..", "shared", "bench"))
@@ -324,6 +332,72 @@ def _write_direct(fd: int, direct_fd: int, view, start: int, written: int, done:
     return pos - start
 
 
+def _replay(base_url: str, requests_file: str, ways: int = 4) -> int:
+    """`replay:NAME`: send the logged (path, Range) GETs of `requests_file` on `ways` keep-alive `http.client`
+    connections, each reply received whole into the thread's warm buffer (nothing parsed, nothing kept).
+    Returns the body bytes received; a reply that is not a 200/206 or comes short stops the run."""
+    import http.client
+    import threading
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(base_url)
+    with open(requests_file) as f:
+        jobs = [tuple(job) for job in json.load(f)]
+    jobs.reverse()
+    lock = threading.Lock()
+    received = [0]
+    errors: list = []
+
+    def worker():
+        c = http.client.HTTPConnection(u.hostname, u.port)
+        buf = memoryview(bytearray(MULTI_BODY_MAX))
+        try:
+            while True:
+                with lock:
+                    if not jobs:
+                        return
+                    path, ranges = jobs.pop()
+                c.request("GET", path, headers={"Range": ranges} if ranges else {})
+                r = c.getresponse()
+                if r.status not in (200, 206):
+                    raise RuntimeError(f"replay: {path} {ranges[:40]}: HTTP {r.status}")
+                want, got = int(r.headers["Content-Length"]), 0
+                while got < want:
+                    n = r.readinto(buf[:min(len(buf), want - got)])
+                    if not n:
+                        raise RuntimeError(f"replay: {path}: {got} of {want} bytes")
+                    got += n
+                with lock:
+                    received[0] += got
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(ways)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return received[0]
+
+
+MULTI_BODY_MAX = 16 << 20  # a replay thread's receive buffer (a multi-range reply is at most ~8 MiB and framing)
+
+
+def logged_requests(log: str, prefix: str) -> list[tuple[str, str]]:
+    """The (path, Range header) of every GET in nginx's access log (`start_nginx`'s format), in order, for paths
+    under `prefix` (the checkpoint's folder)."""
+    out = []
+    with open(log) as f:
+        for line in f:
+            method, uri, _status, _nbytes, rng = line.rstrip("\n").split(" ", 4)
+            rng = rng.strip('"')
+            if method == "GET" and uri.startswith(prefix):
+                out.append((uri, "" if rng == "-" else rng))
+    return out
+
+
 def _rss_anon(pid: int | str = "self") -> int:
     """RssAnon of a process (private memory, not the file pages of maps), in bytes; 0 once it has gone."""
     try:
@@ -390,6 +464,10 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
                           file_map=name == "floor-file-map", file_direct=name == "floor-file-direct")
             seconds = time.perf_counter() - t
             return {"seconds": seconds, **_mem(mem), "digest": None}
+        if name == "replay":  # --url is the server's root, --cache the logged requests' file
+            received = _replay(base_url, cache)
+            seconds = time.perf_counter() - t
+            return {"seconds": seconds, **_mem(mem), "digest": None, "received": received}
         if name == "download4":
             import requests
 
@@ -536,7 +614,7 @@ def start_nginx(root: str):
         f.write(f"""{user}
 daemon off; worker_processes 2; pid {base}/nginx.pid; error_log {base}/error.log warn;
 events {{ worker_connections 512; }}
-http {{ log_format counted '$request_method $uri $status $body_bytes_sent';
+http {{ log_format counted '$request_method $uri $status $body_bytes_sent "$http_range"';
   access_log {base}/access.log counted; sendfile on;
   client_body_temp_path {base}/b; proxy_temp_path {base}/p; fastcgi_temp_path {base}/f; uwsgi_temp_path {base}/u;
   scgi_temp_path {base}/s;
@@ -593,6 +671,8 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
         return results
     finally:
         stop_nginx(proc)
+        for file in replays.values():
+            os.remove(file)
         shutil.rmtree(root)
 
 
@@ -697,6 +777,7 @@ def main():
         return {"seconds": seconds, "process_seconds": seconds, "peak_anon": max(r["peak_anon"] for r in rs),
                 "digest": None, "served": served_bytes(log)}
 
+    replays: dict[str, str] = {}
     try:
         import lazyweights as lw
         from lazyweights.tools import demo as w1
@@ -725,11 +806,20 @@ def main():
         if any(n.partition("@")[0] == "rank0of4-w1" for n in chosen):
             references["rank0of4-w1"] = _digest(lw.plan(lw.shard(w1.convert_safetensor_state_dict(
                 dict(lw.load_weights([ckpt]).items()), huggingface_config=_config(ckpt)), 0, 4)).materialize())
+        for name in chosen:  # replay:NAME: the file of NAME's logged requests, captured in one untimed run first
+            if name.startswith("replay:"):
+                once(name.partition(":")[2])
+                requests = logged_requests(log, urllib.parse.urlsplit(url).path + "/")
+                fd, replays[name] = tempfile.mkstemp(prefix="bench-replay-", suffix=".json")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(requests, f)
         cached = []
         for _ in range(args.reps):  # interleaved, so a noisy minute hurts every contestant alike
             for name in chosen:
                 if name == "curl":
                     r = curl()
+                elif name in replays:
+                    r = once("replay", replays[name])
                 elif name == "4proc-cache":
                     r = processes(4)
                 elif name == "lazyweights-cached":  # a first run on an empty cache, then a second on it
@@ -758,6 +848,8 @@ def main():
             s3_results = run_s3(ckpt, once, reference, args.reps)
     finally:
         stop_nginx(proc)
+        for file in replays.values():
+            os.remove(file)
 
     # the floor is the fastest of the plain downloads (readinto straight into place, through a buffer, or
     # with the buffers faulted in by another thread)
@@ -776,7 +868,7 @@ def main():
     print("timed: in the contestant, from before its imports until its bytes are in memory; 'process s': the whole")
     print("process from its start to its exit, timed by the parent, less the hashing of its output; memory sampled")
     print("by the parent (--inproc-sampler: by a thread in the contestant)")
-    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'x full':>8}{'process s':>11}{'x floor':>9}"
+    print(f"{'contestant':<28}{'wall s':>9}{'x floor':>9}{'x full':>8}{'process s':>11}{'x floor':>9}"
           f"{'served/ckpt':>13}{'peak RssAnon GB':>17}  runs s")
     for name, rs in results.items():
         s = statistics.median(r["seconds"] for r in rs)
@@ -785,9 +877,17 @@ def main():
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
         rel = f"{s / full:>8.2f}" if full else f"{'':>8}"
         runs = ", ".join(f"{r['seconds']:.2f}" for r in rs)
-        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
+        print(f"{name:<28}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
               f"{served / total:>13.4f}{peak:>17.2f}  {runs}")
     print("every output identical to the local materialization (rank 0: to the same slices of it)")
+    for name in (n for n in results if n.startswith("replay:")):
+        plan_floor = statistics.median(r["seconds"] for r in results[name])
+        of = name.partition(":")[2]
+        mine = (f"; {of} took {statistics.median(r['seconds'] for r in results[of]) / plan_floor:.2f}x it"
+                if of in results else "")
+        print(f"{name}: {of}'s own requests, replayed by a plain client, {plan_floor:.3f} s: {plan_floor / floor:.2f}x "
+              f"the floor of the whole checkpoint{f', {plan_floor / full:.2f}x the full lazyweights load' if full else ''}"
+              f"{mine}")
     if full and "floor-cast" in results:
         cast_s = statistics.median(r["seconds"] for r in results["floor-cast"])
         print(f"lazyweights against floor-cast (the plain download casting bf16 -> f16 as it receives): "
