@@ -1,7 +1,8 @@
 """Receiving a remote range straight into its output while a shared `cache=` directory gets the same bytes.
 
-Without a cache, `RemoteFile.receive` takes a tensor's bytes from the socket into a small warm buffer and
-casts (or copies) them from there into the output: each byte is touched once, as a plain download would.
+Without a cache, `RemoteFile.receive` takes a tensor's bytes from the socket into their place in the output
+and casts them there (or into a small warm buffer, and casts them from there into the output): each byte is
+touched once, as a plain download would.
 With `cache=DIR` the bytes must also reach the disk, written by the cache's writer thread off the critical
 path. Before, they went through the object's memory map for that: received into 2.2 GB of fresh pages (W1),
 which this kind of VM faults in slowly, kept there until written, then cast from there into the outputs. A

@@ -656,7 +656,9 @@ class RemoteFile:
         `convert(piece, offset)`, where given, takes the bytes instead of `out` (which then only gives the
         length): each piece as it arrives (whole `unit`s, in the receiving thread's warm buffer; see
         `io/transport.Converting`), with its offset from `start`. A cast writes them into the result
-        converted, so no byte is read back from memory to be cast.
+        converted, so no byte is read back from memory to be cast. A convert marked `in_place` (a copy, a
+        cast the kernel may do onto its own input: `run/fetch._in_place`) gets each piece received straight
+        into its place in `out` instead, and converts it there while it is in cache.
 
         With a shared `cache=`, the bytes reach the cache too: through a small pool of buffers the cache's
         writer writes from, not through the map (`io/cached_receive.py`); bytes the cache holds are copied
@@ -690,10 +692,16 @@ class RemoteFile:
         part_size = max(unit, self.part_size // unit * unit)  # parts start on a unit too
         requests = plan_requests(missing, gap=0, multi_range=False, part_size=part_size)
 
+        # A convert that works in place (`in_place`: a copy, or a cast between dtypes of one width) has the
+        # bytes received straight into their place in `out`, then converted there a piece at a time while the
+        # piece is in cache; any other receives into the thread's warm buffer and converts from there.
+        in_place = convert is not None and getattr(convert, "in_place", False)
+
         def into(s: int, e: int):
             if convert is None:
                 return out[s - start:e - start]
-            return Converting(lambda piece, offset: convert(piece, s - start + offset), e - s, unit)
+            keep = out[s - start:e - start] if in_place else None
+            return Converting(lambda piece, offset: convert(piece, s - start + offset), e - s, unit, keep)
 
         def one(request: list[tuple[int, int]]) -> None:
             self._request(request, into)

@@ -414,6 +414,31 @@ def has_fast_path(src_dtype, dst_dtype) -> bool:
     return _table is not None and (src, dst) in _table and (src, dst) not in _disabled
 
 
+def casts_in_place(src_dtype, dst_dtype) -> bool:
+    """Whether `cast_into(src, out)` is well defined when `src` is `out`'s own bytes viewed as `src_dtype` (a
+    cast done where the bytes already lie: `RemoteFile.receive` receives a tensor straight into its result and
+    casts each piece there while it is in cache).
+
+    True for a same-dtype copy (nothing to do), and for bfloat16 -> float16 where the kernel in use is the
+    AVX-512 or F16C loop: they read each vector before writing it back and make no no-aliasing promise to the
+    compiler. The other kernels are compiled with `restrict` pointers, under which a cast onto its own input is
+    undefined in C even where it happens to work; for them the answer is False and the caller casts from a
+    separate buffer. Widths must match for any of this to mean anything.
+
+    Example:
+        >>> import numpy as np, ml_dtypes
+        >>> from lazyweights.kernels.casts import casts_in_place
+        >>> casts_in_place(np.float16, np.float16), casts_in_place(np.float32, np.float16)
+        (True, False)
+    """
+    src, dst = _as_dtype(src_dtype), _as_dtype(dst_dtype)
+    if src == dst:
+        return True
+    if src.itemsize != dst.itemsize or (src, dst) != (_BF16, _F16) or not has_fast_path(src, dst):
+        return False
+    return _K is not None and _K.bf16_to_f16_variant() in ("avx512", "f16c")
+
+
 def _blocks(shape: tuple[int, ...], chunk: int) -> Iterator[tuple[Any, int]]:
     """Split an array of `shape` into consecutive C-order blocks of at most `chunk` elements (but at least
     one element), each addressable by basic indexing. Yields (index, number of elements)."""

@@ -297,8 +297,9 @@ def source_row_order(node: Node) -> np.ndarray | None:
 def receive_into(step, out: np.ndarray, cache: dict) -> bool:
     """Arrange for `step`'s bytes to be received straight into `out` (see `receive_target`); True when they
     will. A cast is done as the bytes arrive, on the thread receiving them (`RemoteFile.receive`'s `convert`):
-    each piece goes from the socket into that thread's cache-sized buffer and is cast (or copied) from there
-    into `out`, so the blocks of the step have nothing left to do. Rows that land in another order are
+    each piece goes from the socket into its place in `out` and is cast there while in cache (a copy, or a
+    cast the kernel may do onto its own input: `_in_place`), or into that thread's cache-sized buffer and is
+    cast from there into `out`; either way the blocks of the step have nothing left to do. Rows that land in another order are
     received a whole row at a time and put in their places (`_rows_from_pieces`)."""
     target = receive_target(step, out)
     if target is None:
@@ -309,7 +310,7 @@ def receive_into(step, out: np.ndarray, cache: dict) -> bool:
         convert, unit = _rows_from_pieces(src_dtype, out, rows), out.shape[-1] * out.itemsize
     elif step.node.op is Op.CAST:
         convert, unit = _cast_from_pieces(src_dtype, out), out.itemsize
-    else:  # a copy goes through the same warm buffer: faster here than readinto straight into a large array
+    else:  # a copy is received in its place (`_copy_from_pieces` then has nothing to do)
         convert, unit = _copy_from_pieces(out), 1
     cache[RECEIVE] = (file, start, end, out.reshape(-1).view(np.uint8).data, convert, unit)
     return True
@@ -343,21 +344,25 @@ BOUNCE_ELEMENTS = 1 << 19
 
 
 def _copy_from_pieces(out: np.ndarray):
-    """convert(piece, offset) for `RemoteFile.receive`: `piece` is bytes `offset` onward of `out`, copied in
-    (from the receiving thread's warm 1 MiB buffer: 16 x 32 MB from nginx over 4 threads took 0.86 s and 0.26 s
-    of CPU this way, 1.30 s and 0.42 s with readinto straight into the arrays; benchmarks/RESULTS.md)."""
+    """convert(piece, offset) for `RemoteFile.receive`: `piece` is bytes `offset` onward of `out`, copied in;
+    nothing to do when the piece was received in its place (`in_place`, see `_in_place`)."""
     flat = out.reshape(-1).view(np.uint8)
+    base = flat.ctypes.data
 
     def convert(piece, offset: int) -> None:
-        flat[offset:offset + len(piece)] = np.frombuffer(piece, np.uint8)
+        src = np.frombuffer(piece, np.uint8)
+        if src.ctypes.data != base + offset:
+            flat[offset:offset + len(src)] = src
 
-    return convert
+    return _in_place(convert)
 
 
 def _cast_from_pieces(src_dtype: np.dtype, out: np.ndarray):
     """convert(piece, offset) for `RemoteFile.receive`: the raw source bytes `piece` (whole elements of
-    `src_dtype`, the same width as `out`'s) are byte `offset` onward of `out`, cast into place."""
-    from ..kernels.casts import cast_into
+    `src_dtype`, the same width as `out`'s) are byte `offset` onward of `out`, cast into place. Where the
+    kernel may cast onto its own input (`kernels.casts.casts_in_place`), the pieces are received straight
+    into `out` and cast there."""
+    from ..kernels.casts import cast_into, casts_in_place
 
     flat = out.reshape(-1)
     size = flat.itemsize
@@ -365,8 +370,18 @@ def _cast_from_pieces(src_dtype: np.dtype, out: np.ndarray):
     def convert(piece, offset: int) -> None:
         src = np.frombuffer(piece, src_dtype)
         first = offset // size
-        cast_into(src, flat[first:first + src.size])
+        cast_into(src, flat[first:first + src.size])  # in place when `piece` is its own place in `out`
 
+    return _in_place(convert) if casts_in_place(src_dtype, flat.dtype) else convert
+
+
+def _in_place(convert):
+    """Mark `convert` as one `RemoteFile.receive` may hand pieces received straight into their places in the
+    output (a copy, or an element-wise cast between dtypes of one width): the bytes then go from the socket
+    into the output, and a cast is done over each 1 MiB piece there while it is in cache. On the 2-core Intel
+    VM (issue 35, benchmarks/RESULTS.md) a plain download casting in place took 1.13 s for W1 against 1.28 s
+    through a warm 1 MiB buffer, and copying through that buffer cost 1.77x receiving into place."""
+    convert.in_place = True
     return convert
 
 

@@ -183,6 +183,55 @@ def test_rows_in_another_order_are_received_into_their_places(nginx, monkeypatch
     assert held  # the transpose read its bytes through the map
 
 
+@pytest.mark.parametrize("dst", ["copy", "f16", "f32-as-u32"])
+def test_a_copy_or_a_cast_of_one_width_is_received_in_its_place(nginx, monkeypatch, dst):
+    """A copy, or a bf16 -> f16 cast where the kernel may cast onto its own input (`casts_in_place`), is
+    received straight into the result and converted there, a piece at a time: the receiving thread's buffer is
+    not used. Any other convert (one not marked `in_place`: the raw bytes into a uint32 array here) goes
+    through that buffer. Every result equals numpy's."""
+    from lazyweights.io import transport
+    from lazyweights.kernels.casts import casts_in_place
+
+    _fresh()
+    n, start = 400_000, 64 << 10  # past what the open fetched: every received byte comes from the socket
+    bits = _bf16_bits(n, 5)
+    (nginx.root / "place.bin").write_bytes(bits.tobytes())
+    f = RemoteFile(nginx.url("place.bin"))
+    rest = bits[start // 2:]
+    kept = []
+    real_kept = transport._read_converting_kept
+
+    def spy_kept(read, fp, dest):
+        kept.append(np.frombuffer(dest.keep, np.uint8).ctypes.data)
+        return real_kept(read, fp, dest)
+
+    monkeypatch.setattr(transport, "_read_converting_kept", spy_kept)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    if dst == "copy":
+        out = np.empty(rest.size, bf16)
+        convert, want, in_place = fetch._copy_from_pieces(out), rest, True
+    elif dst == "f16":
+        out = np.empty(rest.size, np.float16)
+        convert, want = fetch._cast_from_pieces(bf16, out), rest.view(bf16).astype(np.float16)
+        in_place = casts_in_place(bf16, np.float16)
+    else:
+        out = np.empty(rest.size // 2, np.uint32)
+        flat = out.view(np.uint8)
+
+        def convert(piece, offset):
+            flat[offset:offset + len(piece)] = np.frombuffer(piece, np.uint8)
+
+        want, in_place = rest, False
+    view = out.view(np.uint8)
+    f.receive(start, 2 * n, view.data, convert, 2)
+    assert view.tobytes() == want.tobytes()
+    assert f.held_bytes() == 64 << 10  # nothing went through the map
+    if in_place:
+        assert kept and all(view.ctypes.data <= a < view.ctypes.data + view.nbytes for a in kept), kept
+    else:
+        assert not kept
+
+
 def test_a_copy_into_the_callers_buffers_is_received_there(nginx, big, monkeypatch):
     """`materialize(out=...)` of untransformed remote tensors: each is a plain copy received through the warm
     buffer into the caller's array (no map bytes held for it), byte-identical to the local file."""

@@ -60,3 +60,46 @@ def test_bf16_to_f16_loops_match_ml_dtypes(forced, child_env):
     if sys.platform.startswith("linux") and __import__("platform").machine() == "x86_64":
         assert variant == expected_loop(forced)
     assert (bad, gathered_bad, tail_bad) == ("0", "0", "0"), f"{variant}: {bad} of 65536 patterns differ"
+
+
+IN_PLACE = r"""
+import ml_dtypes, numpy as np
+from lazyweights.kernels import casts
+src = np.random.default_rng(1).permutation(np.arange(1 << 16, dtype=np.uint16))  # every pattern, shuffled
+want = src.view(ml_dtypes.bfloat16).astype(np.float16)
+ok = casts.casts_in_place(ml_dtypes.bfloat16, np.float16)
+bad = -1
+if ok:  # cast onto its own bytes, from an odd element on, with a tail no vector covers
+    buf = src.copy()
+    view = buf[3:-5]
+    casts.cast_into(view.view(ml_dtypes.bfloat16), view.view(np.float16))
+    bad = int(np.count_nonzero(buf[3:-5] != want[3:-5].view(np.uint16))
+              + np.count_nonzero(buf[:3] != src[:3]) + np.count_nonzero(buf[-5:] != src[-5:]))
+print(casts._K.bf16_to_f16_variant(), ok, bad)
+"""
+
+
+@pytest.mark.parametrize("forced", [None, "f16c", "portable"])
+def test_bf16_to_f16_cast_in_place(forced, child_env):
+    """`casts_in_place` answers True only for the loops without `restrict` (AVX-512, F16C), and a cast onto
+    its own bytes there gives ml_dtypes' bits for every pattern and leaves the bytes around it alone."""
+    env = dict(child_env)
+    env.pop("LAZYWEIGHTS_CAST_LOOPS", None)
+    if forced:
+        env["LAZYWEIGHTS_CAST_LOOPS"] = forced
+    r = subprocess.run([sys.executable, "-c", IN_PLACE], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    variant, ok, bad = r.stdout.split()
+    assert ok == str(variant in ("avx512", "f16c")), (variant, ok)
+    if ok == "True":
+        assert bad == "0", f"{variant}: {bad} elements differ after a cast in place"
+
+
+def test_casts_in_place_never_for_other_pairs():
+    import ml_dtypes
+    import numpy as np
+
+    assert casts.casts_in_place(np.float32, np.float32)
+    assert not casts.casts_in_place(np.float16, ml_dtypes.bfloat16)  # a `restrict` loop
+    assert not casts.casts_in_place(ml_dtypes.bfloat16, np.float32)  # widths differ
+    assert not casts.casts_in_place(ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2)
