@@ -48,13 +48,19 @@ def expected_loop(forced: str | None) -> str:
     return "f16c"
 
 
-@pytest.mark.parametrize("forced", [None, "f16c", "portable"])
-def test_bf16_to_f16_loops_match_ml_dtypes(forced, child_env):
+def _loops_env(child_env: dict, forced: str | None) -> dict:
+    """The child's environment with the loop choice capped at `forced` (None: the CPU's best)."""
     env = dict(child_env)
     env.pop("LAZYWEIGHTS_CAST_LOOPS", None)
     if forced:
         env["LAZYWEIGHTS_CAST_LOOPS"] = forced
-    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120)
+    return env
+
+
+@pytest.mark.parametrize("forced", [None, "f16c", "portable"])
+def test_bf16_to_f16_loops_match_ml_dtypes(forced, child_env):
+    r = subprocess.run([sys.executable, "-c", CHECK], env=_loops_env(child_env, forced), capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     variant, bad, gathered_bad, tail_bad = r.stdout.split()
     if sys.platform.startswith("linux") and __import__("platform").machine() == "x86_64":
@@ -83,11 +89,8 @@ print(casts._K.bf16_to_f16_variant(), ok, bad)
 def test_bf16_to_f16_cast_in_place(forced, child_env):
     """`casts_in_place` answers True only for the loops without `restrict` (AVX-512, F16C), and a cast onto
     its own bytes there gives ml_dtypes' bits for every pattern and leaves the bytes around it alone."""
-    env = dict(child_env)
-    env.pop("LAZYWEIGHTS_CAST_LOOPS", None)
-    if forced:
-        env["LAZYWEIGHTS_CAST_LOOPS"] = forced
-    r = subprocess.run([sys.executable, "-c", IN_PLACE], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", IN_PLACE], env=_loops_env(child_env, forced), capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     variant, ok, bad = r.stdout.split()
     assert ok == str(variant in ("avx512", "f16c")), (variant, ok)
