@@ -349,7 +349,6 @@ def _replay(base_url: str, requests_file: str, ways: int = 4) -> int:
     Returns the body bytes received; a reply that is not a 200/206 or comes short stops the run."""
     import http.client
     import threading
-    import urllib.parse
 
     u = urllib.parse.urlsplit(base_url)
     with open(requests_file) as f:
@@ -682,8 +681,6 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
         return results
     finally:
         stop_nginx(proc)
-        for file in replays.values():
-            os.remove(file)
         shutil.rmtree(root)
 
 
@@ -896,9 +893,9 @@ def main():
         of = name.partition(":")[2]
         mine = (f"; {of} took {statistics.median(r['seconds'] for r in results[of]) / plan_floor:.2f}x it"
                 if of in results else "")
-        print(f"{name}: {of}'s own requests, replayed by a plain client, {plan_floor:.3f} s: {plan_floor / floor:.2f}x "
-              f"the floor of the whole checkpoint{f', {plan_floor / full:.2f}x the full lazyweights load' if full else ''}"
-              f"{mine}")
+        against_full = f", {plan_floor / full:.2f}x the full lazyweights load" if full else ""
+        print(f"{name}: {of}'s own requests, replayed by a plain client, {plan_floor:.3f} s: "
+              f"{plan_floor / floor:.2f}x the floor of the whole checkpoint{against_full}{mine}")
     if full and "floor-cast" in results:
         cast_s = statistics.median(r["seconds"] for r in results["floor-cast"])
         print(f"lazyweights against floor-cast (the plain download casting bf16 -> f16 as it receives): "

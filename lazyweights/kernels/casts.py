@@ -423,7 +423,7 @@ def casts_in_place(src_dtype, dst_dtype) -> bool:
     AVX-512 or F16C loop: they read each vector before writing it back and make no no-aliasing promise to the
     compiler. The other kernels are compiled with `restrict` pointers, under which a cast onto its own input is
     undefined in C even where it happens to work; for them the answer is False and the caller casts from a
-    separate buffer. Widths must match for any of this to mean anything.
+    separate buffer.
 
     Example:
         >>> import numpy as np, ml_dtypes
@@ -434,7 +434,7 @@ def casts_in_place(src_dtype, dst_dtype) -> bool:
     src, dst = _as_dtype(src_dtype), _as_dtype(dst_dtype)
     if src == dst:
         return True
-    if src.itemsize != dst.itemsize or (src, dst) != (_BF16, _F16) or not has_fast_path(src, dst):
+    if (src, dst) != (_BF16, _F16) or not has_fast_path(src, dst):
         return False
     return _K is not None and _K.bf16_to_f16_variant() in ("avx512", "f16c")
 

@@ -299,8 +299,8 @@ def receive_into(step, out: np.ndarray, cache: dict) -> bool:
     will. A cast is done as the bytes arrive, on the thread receiving them (`RemoteFile.receive`'s `convert`):
     each piece goes from the socket into its place in `out` and is cast there while in cache (a copy, or a
     cast the kernel may do onto its own input: `_in_place`), or into that thread's cache-sized buffer and is
-    cast from there into `out`; either way the blocks of the step have nothing left to do. Rows that land in another order are
-    received a whole row at a time and put in their places (`_rows_from_pieces`)."""
+    cast from there into `out`; either way the blocks of the step have nothing left to do. Rows that land in
+    another order are received a whole row at a time and put in their places (`_rows_from_pieces`)."""
     target = receive_target(step, out)
     if target is None:
         return False

@@ -31,8 +31,9 @@ So while block i's kernel runs on one stream, block i+1's copy runs on another a
 read on the host: reads, copies and kernels overlap. The slot a new block takes was enqueued `streams` blocks
 earlier; with more slots than fills in flight its copy is more surely done when the slot comes round again,
 but every slot costs its staging allocation (pinning host memory: ~0.5 ms a MB on the H200 host measured),
-and on that host one slot per host thread was the faster trade (`DEFAULT_STREAMS_PER_THREAD`). Only the main thread calls CUDA (CuPy's current device and stream are per thread); the
-host threads only run numpy and read files.
+and on that host one slot per host thread was the faster trade (`DEFAULT_STREAMS_PER_THREAD`). Only the main
+thread calls CUDA (CuPy's current device and stream are per thread); the host threads only run numpy and read
+files.
 
 Memory. The budget (default 512 MB) bounds the staging memory: slots x (pinned + device staging) <= budget.
 Blocks are cut to at most `block_bytes` (default 8 MB) of source bytes and to what a slot may hold. A step
