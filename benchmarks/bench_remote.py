@@ -72,7 +72,9 @@ numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-
 Needs, beyond lazyweights[remote]: Debian's nginx and curl, `pip install aiohttp` (fsspec's HTTP filesystem)
 and, for --s3, `pip install s3fs runai-model-streamer runai-model-streamer-s3`.
 
-Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
+Each contestant also reports the CPU its process used until its timer stopped (`CPU s`: user and system
+seconds of all its threads), which on a 2-core VM says more than its wall time when server and client share
+the cores. Bytes are counted by nginx (its access log's `$body_bytes_sent`), not by the client. Every contestant's
 output is hashed tensor by tensor and must equal a local lazyweights materialization. Prints medians.
 """
 from __future__ import annotations
@@ -81,6 +83,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -435,8 +438,11 @@ class _Unsampled:
 
 
 def _mem(mem) -> dict:
+    """The contestant's memory, and the CPU its process has used so far (taken when its timer stops: user and
+    system seconds of every thread, the kernel's receive copies and page faults included)."""
     peak = None if mem.peak_anon is None else mem.peak_anon - mem.base_anon
-    return {"base_anon": mem.base_anon, "peak_anon": peak}
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return {"base_anon": mem.base_anon, "peak_anon": peak, "cpu_user": used.ru_utime, "cpu_sys": used.ru_stime}
 
 
 def _number(v: str):
@@ -515,6 +521,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
             try:
                 files = lw.plan(sd).save(folder, budget="256MB", max_shard_size="1GB")
                 seconds = time.perf_counter() - t
+                spent = _mem(mem)  # before the hashing below
                 digest = hashlib.sha256()
                 for f in sorted(files):
                     with open(f, "rb") as fh:
@@ -522,7 +529,7 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
                             digest.update(chunk)
             finally:
                 shutil.rmtree(folder)
-            return {"seconds": seconds, **_mem(mem), "digest": digest.hexdigest()}
+            return {"seconds": seconds, **spent, "digest": digest.hexdigest()}
         elif name.startswith(("lazyweights", "s3-lazyweights")):
             import lazyweights as lw
             from lazyweights.tools import demo as w1
@@ -875,8 +882,9 @@ def main():
                      else float("nan"))
     print("timed: in the contestant, from before its imports until its bytes are in memory; 'process s': the whole")
     print("process from its start to its exit, timed by the parent, less the hashing of its output; memory sampled")
-    print("by the parent (--inproc-sampler: by a thread in the contestant)")
-    print(f"{'contestant':<28}{'wall s':>9}{'x floor':>9}{'x full':>8}{'process s':>11}{'x floor':>9}"
+    print("by the parent (--inproc-sampler: by a thread in the contestant); 'CPU s': the contestant's user and system")
+    print("seconds when its timer stopped (every thread; the kernel's receive copies and page faults included)")
+    print(f"{'contestant':<28}{'wall s':>9}{'x floor':>9}{'x full':>8}{'process s':>11}{'x floor':>9}{'CPU s':>7}"
           f"{'served/ckpt':>13}{'peak RssAnon GB':>17}  runs s")
     for name, rs in results.items():
         s = statistics.median(r["seconds"] for r in rs)
@@ -885,7 +893,9 @@ def main():
         peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
         rel = f"{s / full:>8.2f}" if full else f"{'':>8}"
         runs = ", ".join(f"{r['seconds']:.2f}" for r in rs)
-        print(f"{name:<28}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}"
+        cpu = [r["cpu_user"] + r["cpu_sys"] for r in rs if r.get("cpu_user") is not None]
+        cpu_s = f"{statistics.median(cpu):>7.2f}" if cpu else f"{'':>7}"
+        print(f"{name:<28}{s:>9.3f}{s / floor:>9.2f}{rel}{ps:>11.3f}{ps / floor_process:>9.2f}{cpu_s}"
               f"{served / total:>13.4f}{peak:>17.2f}  {runs}")
     print("every output identical to the local materialization (rank 0: to the same slices of it)")
     for name in (n for n in results if n.startswith("replay:")):
