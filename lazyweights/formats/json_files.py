@@ -1,7 +1,7 @@
 """The JSON files a checkpoint keeps beside its weights (config.json, preprocessor_config.json,
 tokenizer_config.json, modules.json, ...), read one way, local or remote, with one error.
 
-`read_json(path)` is the JSON object (or array) in a local file or a URL (`http://`, `https://`, `s3://`),
+`read_json(path)` is the JSON object (or array) in a local file or a URL (`http://`, `https://`, `s3://`, `gs://`),
 None when there is no such file; `json_beside(path, name)` is the file `name` in the folder of `path` (a
 checkpoint file, a folder, or a URL: its sibling object). A file that exists but is not UTF-8 JSON holding
 the kind of value expected is a `JSONFileError` (a `FormatError`, so a `ValueError`) naming the file and the

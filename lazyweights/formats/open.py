@@ -24,6 +24,7 @@ from ..core.errors import FormatError, RemoteError, UsageError
 from ..core.units import paused_gc
 from ..io.remote import (
     FIRST_READAHEAD,
+    LISTED_SCHEMES,
     METADATA_READAHEAD,
     RemoteFile,
     current_options,
@@ -80,8 +81,8 @@ def _url_name(url: str) -> str:
 
 
 def _expand_url(url: str) -> list[str]:
-    """A checkpoint file's URL as it is; an `s3://` prefix becomes its index or its checkpoint files."""
-    if _url_name(url).endswith((".safetensors", ".json", ".gguf")) or not url.lower().startswith("s3://"):
+    """A checkpoint file's URL as it is; an `s3://` or `gs://` prefix becomes its index or its checkpoint files."""
+    if _url_name(url).endswith((".safetensors", ".json", ".gguf")) or not url.lower().startswith(LISTED_SCHEMES):
         return [url]
     objects = list_prefix(url, current_options()[0])
     names = [o for o in objects if "/" not in o[len(url.rstrip("/")) + 1:]]  # this level only
@@ -137,9 +138,9 @@ def open_checkpoint(paths: PathLike | Iterable[PathLike], allow_pickle=None, *, 
                     cache: str | None = None, decompress: bool = True) -> Checkpoint:
     """Resolve `paths` to files, validate every header, and collect the tensor records.
 
-    Any path may be a URL (`http(s)://`, `s3://`; an `s3://` prefix is listed), opened with `storage_options`
-    and, with `cache=DIR`, a persistent range cache (`io/remote.py`). Pickle checkpoints are refused unless
-    `allow_pickle="weights_only"` (torch's restricted unpickler, see `formats/torch_pickle.py`).
+    Any path may be a URL (`http(s)://`, `s3://`, `gs://`; an `s3://` or `gs://` prefix is listed), opened with
+    `storage_options` and, with `cache=DIR`, a persistent range cache (`io/remote.py`). Pickle checkpoints are
+    refused unless `allow_pickle="weights_only"` (torch's restricted unpickler, see `formats/torch_pickle.py`).
 
     A compressed-tensors folder (config.json's `quantization_config`) comes back as lazy dense weights
     (`formats/compressed_tensors.py`) unless `decompress=False`."""

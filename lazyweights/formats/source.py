@@ -81,7 +81,7 @@ class SourceFile:
     def open(cls, path: str) -> "SourceFile":
         """The shared SourceFile for `path`, re-opened if the file on disk changed since it was cached.
 
-        A URL (`http(s)://`, `s3://`) opens a `RemoteFile` instead, with the `storage_options` and cache
+        A URL (`http(s)://`, `s3://`, `gs://`) opens a `RemoteFile` instead, with the `storage_options` and cache
         of the `io.remote.remote_options` block in force (`load_weights` sets them): same interface."""
         if is_url(path):
             return RemoteFile.open(path, *current_options())  # type: ignore[return-value]

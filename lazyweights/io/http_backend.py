@@ -133,6 +133,7 @@ class HTTPBackend:
         import urllib3
 
         self.url = url
+        self.name = url  # what messages call the object (a subclass may request another URL for it)
         self.timeout = float(options.get("timeout", 30))
         self.headers = dict(options.get("headers", {}))
         if not any(k.lower() == "authorization" for k in self.headers):
@@ -145,18 +146,23 @@ class HTTPBackend:
         self._retries = urllib3.Retry(total=None, connect=0, read=False, status=0, other=0, redirect=REDIRECTS,
                                       raise_on_redirect=True, raise_on_status=False)
 
-    def _send(self, method: str, headers: dict):
-        """The reply to one request, its body not yet read (the caller closes it: `_finish` / `_discard`)."""
+    multi_range = True  # may take several ranges in one request (`get_many`); a server may turn out not to
+    request_latency = 0.0005  # seconds a request costs beyond its bytes (the cost model's default)
+
+    def _send(self, method: str, headers: dict, url: str | None = None):
+        """The reply to one request (to `self.url` unless `url`), its body not yet read (the caller closes it:
+        `_finish` / `_discard`)."""
         import urllib3
 
         try:
-            return self._pool.request(method, self.url, headers={**self.headers, **headers}, retries=self._retries,
-                                      timeout=self._timeout, preload_content=False, decode_content=False)
+            return self._pool.request(method, url or self.url, headers={**self.headers, **headers},
+                                      retries=self._retries, timeout=self._timeout, preload_content=False,
+                                      decode_content=False)
         except (urllib3.exceptions.HTTPError, OSError) as e:
             reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
             if isinstance(reason, urllib3.exceptions.ResponseError):  # too many redirects
-                raise RemoteError(f"{self.url}: {reason}", url=self.url) from None
-            unreachable = unreachable_error(self.url, e)
+                raise RemoteError(f"{self.name}: {reason}", url=self.name) from None
+            unreachable = unreachable_error(self.name, e)
             if unreachable is not None:
                 raise unreachable from None
             # (urllib3's NewConnectionError is a ConnectTimeoutError too: a refused connection is not a timeout)
@@ -178,7 +184,7 @@ class HTTPBackend:
         r.release_conn()
 
     def _status_error(self, r, what: str) -> RemoteError:
-        return RemoteError(f"{self.url}: {what}: HTTP {r.status} {r.reason}", url=self.url, status=r.status)
+        return RemoteError(f"{self.name}: {what}: HTTP {r.status} {r.reason}", url=self.name, status=r.status)
 
     def identity(self) -> tuple[int, str | None]:
         """(length, ETag) from a HEAD request."""
@@ -191,9 +197,9 @@ class HTTPBackend:
             try:
                 size = int(r.headers["Content-Length"])
             except (KeyError, ValueError):
-                raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size is "
-                                  "unknown", url=self.url) from None
-            return size, r.headers.get("ETag")
+                raise RemoteError(f"{self.name}: the server gives no Content-Length, so the object's size is "
+                                  "unknown", url=self.name) from None
+            return size, self._version(r)
         finally:
             # A reply to HEAD has no body (RFC 9110 9.3.2; http.client reads none): reading it marks the reply
             # complete and the connection goes back to the pool. A reload revalidates each of a checkpoint's
@@ -210,21 +216,21 @@ class HTTPBackend:
         try:
             if r.status >= 500:
                 raise Transient(f"HTTP {r.status} {r.reason}")
-            etag = r.headers.get("ETag")
+            etag = self._version(r)
             if r.status == 416:  # an empty object has no byte 0
                 return 0, etag, b""
             if r.status == 206:
                 got = content_range(r.headers.get("Content-Range"))
                 if got is None or got[0] != 0 or got[2] < 0:
-                    raise RemoteError(f"{self.url}: asked for bytes [0, {length}) but the reply's Content-Range "
-                                      f"is {r.headers.get('Content-Range')!r}", url=self.url)
+                    raise RemoteError(f"{self.name}: asked for bytes [0, {length}) but the reply's Content-Range "
+                                      f"is {r.headers.get('Content-Range')!r}", url=self.name)
                 size, want = got[2], got[1]
             elif r.status == 200:
                 try:
                     size = want = int(r.headers["Content-Length"])
                 except (KeyError, ValueError):
-                    raise RemoteError(f"{self.url}: the server gives no Content-Length, so the object's size "
-                                      "is unknown", url=self.url) from None
+                    raise RemoteError(f"{self.name}: the server gives no Content-Length, so the object's size "
+                                      "is unknown", url=self.name) from None
                 if size > length:
                     return size, etag, None
             else:
@@ -249,14 +255,22 @@ class HTTPBackend:
 
     def _check_common(self, r, etag: str | None, what: str) -> None:
         if r.status in (412, 416):
-            raise changed_error(self.url, f"HTTP {r.status} for {what}, ETag {etag}")
+            raise changed_error(self.name, f"HTTP {r.status} for {what}, ETag {etag}")
         if r.status >= 500:
             raise Transient(f"HTTP {r.status} {r.reason}")
-        reply_etag = r.headers.get("ETag")
+        reply_etag = self._version(r)
         if etag and reply_etag and reply_etag != etag:
-            raise changed_error(self.url, f"ETag {etag} became {reply_etag}")
+            raise changed_error(self.name, f"{self.version_name} {etag} became {reply_etag}")
+
+    version_name = "ETag"  # what `_version` reads, as messages call it
+
+    @staticmethod
+    def _version(r) -> str | None:
+        """The object version a reply names (its ETag): what `identity` returns and every ranged GET must match."""
+        return r.headers.get("ETag")
 
     def _ranged(self, ranges: str, etag: str | None):
+        """A GET of `ranges` (`a-b,c-d`) on condition that the object is still version `etag` (`If-Match`)."""
         headers = {"Range": "bytes=" + ranges, "Accept-Encoding": "identity"}
         if etag and not etag.startswith("W/"):
             headers["If-Match"] = etag
@@ -273,18 +287,18 @@ class HTTPBackend:
             if r.status == 200:
                 if not (start == 0 and end == size):
                     raise RemoteError(
-                        f"{self.url}: {what}: the server ignored the Range header (status 200 with the whole "
+                        f"{self.name}: {what}: the server ignored the Range header (status 200 with the whole "
                         f"{r.headers.get('Content-Length', '?')}-byte object); serve the checkpoint from a "
-                        "server that supports range requests", url=self.url, status=200)
+                        "server that supports range requests", url=self.name, status=200)
             elif r.status != 206:
                 raise self._status_error(r, what)
             else:
                 got = content_range(r.headers.get("Content-Range"))
                 if got is None or got[:2] != (start, end):
-                    raise RemoteError(f"{self.url}: asked for {what} but the reply's Content-Range is "
-                                      f"{r.headers.get('Content-Range')!r}", url=self.url)
+                    raise RemoteError(f"{self.name}: asked for {what} but the reply's Content-Range is "
+                                      f"{r.headers.get('Content-Range')!r}", url=self.name)
                 if got[2] not in (-1, size):
-                    raise changed_error(self.url, f"its length changed from {size} to {got[2]} bytes")
+                    raise changed_error(self.name, f"its length changed from {size} to {got[2]} bytes")
             self._read(r, out)
             done = _whole(r, len(out))
         finally:
@@ -327,7 +341,7 @@ class HTTPBackend:
             raise Transient("multi-range reply without a length or a readable stream")
         body = receive_buffer(length)
         receive_batched(raw, body)
-        split_parts(self.url, body, boundary, ranges, size, outs)
+        split_parts(self.name, body, boundary, ranges, size, outs)
 
 
 def _whole(r, nbytes: int) -> bool:

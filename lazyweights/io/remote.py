@@ -67,6 +67,7 @@ import numpy as np
 
 from ..core.errors import FormatError, RemoteError, SourceChangedError, UsageError
 from .cached_receive import WRITE_BUFFERS, receive_shared
+from .gcs_backend import GCSBackend
 from .host_cache import CLAIM_CHUNK, LOG_WAIT_FIRST, LOG_WAIT_MAX, CacheWriteWarning, HostCache
 from .http_backend import HTTPBackend
 from .ranges import LinkMeter, RangeSet, merge, page_runs, plan_requests
@@ -77,7 +78,8 @@ _log = logging.getLogger(__name__)
 __all__ = ["RemoteFile", "RangeSet", "is_url", "remote_options", "current_options", "list_prefix", "fetch_small",
            "sibling_options", "url_exists", "open_all", "options_of"]
 
-URL_SCHEMES = ("http://", "https://", "s3://")
+URL_SCHEMES = ("http://", "https://", "s3://", "gs://")
+LISTED_SCHEMES = ("s3://", "gs://")  # where a prefix is listed (`list_prefix`); HTTP has no listing
 HEADER_READAHEAD = 256 << 10  # GGUF metadata: a few requests, not one per field
 FIRST_READAHEAD = 64 << 10  # fetched with the object's identity: most safetensors headers fit
 METADATA_READAHEAD = 16 << 20  # a metadata file (an index, a config) in the request that opens it
@@ -87,7 +89,7 @@ _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("l
 
 
 def is_url(path: Any) -> bool:
-    """True for the object-storage URLs lazyweights reads (`http://`, `https://`, `s3://`).
+    """True for the object-storage URLs lazyweights reads (`http://`, `https://`, `s3://`, `gs://`).
 
     >>> is_url("s3://bucket/model.safetensors"), is_url("/data/model.safetensors")
     (True, False)
@@ -135,8 +137,11 @@ def current_options() -> tuple[dict, str | None]:
 
 
 def list_prefix(url: str, storage_options: dict | None = None) -> list[str]:
-    """The objects under an `s3://bucket/prefix` (what `load_weights` does with a prefix)."""
-    return S3Backend(url, dict(storage_options or {})).list()
+    """The objects under an `s3://bucket/prefix` or a `gs://bucket/prefix` (what `load_weights` does with a
+    prefix)."""
+    if not url.lower().startswith(LISTED_SCHEMES):
+        raise UsageError(f"{url}: only s3:// and gs:// prefixes can be listed; name the checkpoint's files or index")
+    return backend(url, dict(storage_options or {})).list()
 
 
 def fetch_small(url: str, limit: int = 64 << 20) -> bytes:
@@ -170,8 +175,14 @@ def url_exists(url: str) -> bool:
 
 
 def backend(url: str, options: dict) -> Any:
-    """The transport for `url`: S3 (boto3) for `s3://`, HTTP(S) (urllib3) otherwise."""
-    return S3Backend(url, options) if url.lower().startswith("s3://") else HTTPBackend(url, options)
+    """The transport for `url`: S3 (boto3) for `s3://`, GCS (its JSON API over urllib3) for `gs://`, HTTP(S)
+    (urllib3) otherwise."""
+    scheme = url[:5].lower()
+    if scheme == "s3://":
+        return S3Backend(url, options)
+    if scheme == "gs://":
+        return GCSBackend(url, options)
+    return HTTPBackend(url, options)
 
 
 OPEN_CONCURRENCY = 16  # objects opened at once by `open_all` (a checkpoint's shards, a split GGUF's parts)
@@ -318,9 +329,11 @@ class RemoteFile:
     """One remote object, read by validated byte ranges into an anonymous memory map of its size.
 
     Options (`storage_options`, fsspec's names where they exist): `endpoint_url`, `key`, `secret`, `token`,
-    `region_name`, `anon`, `client_kwargs` (S3); `headers` (HTTP); `timeout` (seconds per request, 30),
+    `region_name`, `anon`, `client_kwargs` (S3); `token`, `endpoint_url`, `anon` (GCS, `io/gcs_backend.py`);
+    `headers` (HTTP, GCS); `timeout` (seconds per request, 30),
     `retries` (5), `max_concurrency` (requests in flight, 8), `part_size` (bytes per request, 128 MiB), and the
-    cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3),
+    cost model: `request_latency` (seconds a request costs beyond its bytes; 0.5 ms for HTTP, 5 ms for S3 and
+    GCS),
     `part_cost` (seconds one more part of a multi-range request costs, 20 us; 0 fetches exactly the bytes
     asked for) and `bandwidth` (bytes per second, 1 GB/s; `"auto"`: what this host's fetches observe, once
     16 MiB came, `io/ranges.LinkMeter`): a gap between two needed ranges is fetched through when its bytes
@@ -340,8 +353,7 @@ class RemoteFile:
         self.part_size = max(1 << 16, int(self.options.get("part_size", DEFAULT_PART_SIZE)))
         self.max_concurrency = max(1, int(self.options.get("max_concurrency", 8)))
         self._backend = backend(url, self.options)
-        s3 = isinstance(self._backend, S3Backend)
-        latency = float(self.options.get("request_latency", 0.005 if s3 else 0.0005))
+        latency = float(self.options.get("request_latency", self._backend.request_latency))
         auto = self.options.get("bandwidth") == "auto"  # priced at what this host's fetches observe
         self.bandwidth = 1e9 if auto else float(self.options.get("bandwidth", 1e9))
         self._latency, self._part_cost = latency, float(self.options.get("part_cost", 20e-6))
@@ -373,7 +385,8 @@ class RemoteFile:
         self._doomed = RangeSet()
         self._inflight: list[tuple[int, int, threading.Event]] = []
         self._prefix_end = 0  # bytes [0, _prefix_end) are known to be present
-        self._multi_range = not s3  # S3 has no multi-range GET; an HTTP server may turn out not to either
+        # S3 and GCS have no multi-range GET; an HTTP server may turn out not to either
+        self._multi_range = self._backend.multi_range
         self._pool: ThreadPoolExecutor | None = None
         self._map = _anonymous_map(self.size) if self.size else None
         self._buffer = np.frombuffer(self._map, np.uint8) if self._map is not None else np.empty(0, np.uint8)

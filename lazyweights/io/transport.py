@@ -1,5 +1,6 @@
 """One validated ranged GET, from the socket into the caller's memory: HTTP(S) through urllib3
-(`io/http_backend.py`), S3 through `boto3`; and what both share (body reads, multi-range parsing, errors).
+(`io/http_backend.py`, and GCS on it: `io/gcs_backend.py`), S3 through `boto3`; and what they share (body
+reads, multi-range parsing, errors).
 
 A backend answers two questions: `identity()`, the object's (length, ETag) (`first_bytes` gives the same
 with the object's first bytes, in one request), and `get(start, end, size, etag, out)`, which receives
@@ -15,7 +16,8 @@ Why not fsspec or obstore for the bytes: fsspec's HTTP `cat_file` accepts a full
 s3fs cannot send `IfMatch`, and neither receives into the caller's buffer; obstore returns its own buffers
 (one more copy of every byte) and was measured against this path in benchmarks/bench_transport.py.
 
-The HTTP(S) backend is `io/http_backend.HTTPBackend`; `io/remote.backend(url, options)` picks one for a URL.
+The HTTP(S) backend is `io/http_backend.HTTPBackend`, Google Cloud Storage's `io/gcs_backend.GCSBackend` (an
+HTTPBackend pinned to the object's generation); `io/remote.backend(url, options)` picks one for a URL.
 """
 from __future__ import annotations
 
@@ -315,6 +317,9 @@ def receive_buffer(nbytes: int) -> memoryview:
 
 class S3Backend:
     """Ranged GetObject with boto3 (fsspec's option names: endpoint_url, key, secret, token, region_name, anon)."""
+
+    multi_range = False  # S3 answers a multi-range GET with the whole object
+    request_latency = 0.005  # seconds a request costs beyond its bytes (the cost model's default)
 
     def __init__(self, url: str, options: dict):
         import boto3

@@ -267,10 +267,11 @@ def load_weights(paths, *, allow_pickle=None, storage_options: dict | None = Non
     """Open a checkpoint lazily: `.safetensors` file(s), a directory, a `model.safetensors.index.json`,
     or `.gguf` file(s) (split GGUF too). Reads and validates headers only.
 
-    Any of them may be a URL: `http(s)://` or `s3://` (an `s3://` prefix is listed). `storage_options`
-    (fsspec's names: `endpoint_url`, `key`, `secret`, `anon`, `headers`, `timeout`, `retries`, ...) reach the
-    object store; `cache="~/.cache/lazyweights"` keeps fetched byte ranges for the next run, keyed by URL,
-    ETag and length. Tensor bytes are fetched by exact byte range when a plan first needs them.
+    Any of them may be a URL: `http(s)://`, `s3://` or `gs://` (an `s3://` or `gs://` prefix is listed).
+    `storage_options` (fsspec's names: `endpoint_url`, `key`, `secret`, `token`, `anon`, `headers`, `timeout`,
+    `retries`, ...) reach the object store; `cache="~/.cache/lazyweights"` keeps fetched byte ranges for the next
+    run, keyed by URL, ETag (a GCS generation) and length. Tensor bytes are fetched by exact byte range when a
+    plan first needs them.
 
     Pickle checkpoints (`.bin`, `.pt`, `.pth`) are refused unless `allow_pickle="weights_only"`: then torch's
     restricted unpickler loads them (`torch.load(weights_only=True, mmap=True)`), zero-copy.

@@ -14,7 +14,7 @@
     lazyweights verify PATH [--write] [--manifest FILE] [--json] [--scheduler sync|threads] [--budget 1GB]
     lazyweights archs [--json]
 
-Every PATH may be an http(s):// or s3:// URL. Each subcommand's `--help` shows its defaults and examples.
+Every PATH may be an http(s)://, s3:// or gs:// URL. Each subcommand's `--help` shows its defaults and examples.
 
 ADAPTER is `package.module:function`, `path/to/file.py:function`, a module or file holding a MAX-style
 `convert_safetensor_state_dict` / `convert_gguf_state_dict`, or a registered architecture name; it is called
@@ -787,10 +787,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def _remote_arg(p):
         p.add_argument("--storage-options", metavar="JSON", type=_json_object, default=None,
-                       help="for http(s):// and s3:// paths: options as fsspec names them, e.g. "
+                       help="for http(s)://, s3:// and gs:// paths: options as fsspec names them, e.g. "
                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}'")
         p.add_argument("--cache", metavar="DIR", default=None,
-                       help="keep byte ranges fetched from http(s):// and s3:// paths here for the next run")
+                       help="keep byte ranges fetched from http(s)://, s3:// and gs:// paths here for the next run")
 
     p = sub.add_parser("inspect", parents=[common], help="list a checkpoint's tensors (reads headers only)",
                        description="List names, dtypes, shapes, quantization and sizes, with totals per dtype.")

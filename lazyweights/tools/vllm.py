@@ -103,25 +103,26 @@ def parse_options(extra: Mapping[str, Any] | None) -> dict:
 
 
 def source_kind(source: str) -> str:
-    """'gguf' (a .gguf file, local or remote), 'remote' (an http(s):// or s3:// folder or file), 'local'."""
+    """'gguf' (a .gguf file, local or remote), 'remote' (an http(s)://, s3:// or gs:// folder or file), 'local'."""
     s = os.fspath(source)
     if s.lower().endswith(".gguf"):
         return "gguf"
-    if re.match(r"(?i)^(https?|s3)://", s):
+    if re.match(r"(?i)^(https?|s3|gs)://", s):
         return "remote"
     return "local"
 
 
 def _is_url(s: str) -> bool:
-    return bool(re.match(r"(?i)^(https?|s3)://", s))
+    return bool(re.match(r"(?i)^(https?|s3|gs)://", s))
 
 
 def _checkpoint_paths(source: str, storage_options: Mapping | None = None) -> list[str]:
     """What `load_weights` opens for `source`: a local folder or file as it is; an http(s) folder (HTTP has no
-    listing) by its `model.safetensors.index.json`, else its `model.safetensors`; an s3:// prefix as it is."""
+    listing) by its `model.safetensors.index.json`, else its `model.safetensors`; an s3:// or gs:// prefix as it
+    is (it is listed)."""
     if source_kind(source) == "gguf" or not _is_url(source):
         return [source]
-    if source.lower().endswith((".safetensors", ".json")) or source.lower().startswith("s3://"):
+    if source.lower().endswith((".safetensors", ".json")) or source.lower().startswith(("s3://", "gs://")):
         return [source]
     from ..io.remote import remote_options, url_exists
 
@@ -645,7 +646,7 @@ def _patch_engine_args() -> None:
     """Let `vllm serve URL_OR_GGUF --load-format lazyweights` work: before vLLM builds its engine config, a
     source that is not a local folder gets a small local folder of config and tokenizer files (fetched, or
     written from GGUF metadata), vLLM's `model` points at it, and `model_weights` (vLLM's own field, which
-    `runai_streamer` uses the same way) keeps the source the loader reads; an s3:// source goes in the loader's
+    `runai_streamer` uses the same way) keeps the source the loader reads; an s3:// or gs:// source goes in the loader's
     extra config as `source` instead (vLLM refuses an object-storage `model_weights` for other loaders)."""
     from vllm.engine.arg_utils import EngineArgs
 
@@ -667,7 +668,7 @@ def _patch_engine_args() -> None:
             self.model = folder
             if re.match(r"(?i)^https?://", source) or not _is_url(source):
                 self.model_weights = source
-            else:  # vLLM takes an s3:// `model_weights` for its runai_streamer loaders only
+            else:  # vLLM takes an s3:// or gs:// `model_weights` for its runai_streamer loaders only
                 self.model_loader_extra_config = {**extra, "source": source}
         return original(self, *args, **kwargs)
 

