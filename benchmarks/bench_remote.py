@@ -69,6 +69,10 @@ by nginx on 127.0.0.1; see `run_s3` for why not moto) by:
 `s3-runai` (runai-model-streamer's `SafetensorsStreamer` on the s3:// shards, then the W1 transform in
 numpy, as `fsspec` does; runai reads S3, GCS and Azure, not plain HTTP) and `s3-fsspec` (s3fs + safetensors).
 
+With `--gcs`, the same checkpoint is also read through GCS's JSON API (object metadata and ranged media
+downloads, served by nginx on 127.0.0.1; see `run_gcs`) by `gs-floor` (`floor` on the media URLs) and
+`gs-lazyweights` (`load_weights("gs://models/w1/...")`, each object pinned to its generation).
+
 Needs, beyond lazyweights[remote]: Debian's nginx and curl, `pip install aiohttp` (fsspec's HTTP filesystem)
 and, for --s3, `pip install s3fs runai-model-streamer runai-model-streamer-s3`.
 
@@ -472,6 +476,8 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
         sampler = _Unsampled()
     with sampler as mem:
         t = time.perf_counter()
+        if name == "gs-floor":  # `floor` on the media download URLs of the GCS side (`run_gcs`)
+            name, base_url = "floor", os.environ["BENCH_GCS_MEDIA"]
         if name in ("floor", "floor-bounce", "floor-prefault", "floor-cast", "floor-cast-inplace", "floor-file",
                     "floor-file-map", "floor-file-direct"):
             _urllib_floor(base_url, shards, bounce=(1 << 20) if name in ("floor-bounce", "floor-cast") else 0,
@@ -530,11 +536,14 @@ def contestant(name: str, base_url: str, ckpt: str, cache: str | None, inproc_sa
             finally:
                 shutil.rmtree(folder)
             return {"seconds": seconds, **spent, "digest": digest.hexdigest()}
-        elif name.startswith(("lazyweights", "s3-lazyweights")):
+        elif name.startswith(("lazyweights", "s3-lazyweights", "gs-lazyweights")):
             import lazyweights as lw
             from lazyweights.tools import demo as w1
 
-            options = _s3_fsspec_options() if name.startswith("s3-") else options
+            if name.startswith("s3-"):
+                options = _s3_fsspec_options()
+            elif name.startswith("gs-"):
+                options = {"endpoint_url": os.environ["BENCH_GCS_ENDPOINT"]}
             weights = lw.load_weights([f"{base_url}/model.safetensors.index.json"], cache=cache,
                                       storage_options=options)
             sd = w1.convert_safetensor_state_dict(dict(weights.items()), huggingface_config=_config(ckpt))
@@ -620,7 +629,9 @@ def _run_sampled(commands: list[list[str]], env=None, every: float = 0.005) -> t
     return seconds, runs
 
 
-def start_nginx(root: str):
+def start_nginx(root: str, server: str = ""):
+    """Debian's nginx on 127.0.0.1 serving `root` (plus `server`: more directives for its server block):
+    (process, port, access log)."""
     exe = shutil.which("nginx") or "/usr/sbin/nginx"
     base = tempfile.mkdtemp(prefix="bench-nginx-")
     with socket.socket() as s:
@@ -635,7 +646,7 @@ http {{ log_format counted '$request_method $uri $status $body_bytes_sent "$http
   access_log {base}/access.log counted; sendfile on;
   client_body_temp_path {base}/b; proxy_temp_path {base}/p; fastcgi_temp_path {base}/f; uwsgi_temp_path {base}/u;
   scgi_temp_path {base}/s;
-  server {{ listen 127.0.0.1:{port}; root {root}; }} }}
+  server {{ listen 127.0.0.1:{port}; root {root}; {server} }} }}
 """)
     proc = subprocess.Popen([exe, "-c", f"{base}/nginx.conf", "-p", base])
     proc.folder = base  # its config, log and pid file: removed by stop_nginx
@@ -691,6 +702,42 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
         shutil.rmtree(root)
 
 
+def run_gcs(ckpt: str, once, reference: dict, reps: int) -> dict:
+    """Serve the checkpoint to GCS clients and run the GCS contestants; their outputs must equal `reference`.
+
+    The endpoint is nginx answering what lazyweights' gs:// reader asks of GCS's JSON API: each object's
+    metadata (`GET /storage/v1/b/BUCKET/o/NAME`: a static JSON file of its size and generation) and its media
+    (`GET /download/storage/v1/b/BUCKET/o/NAME?alt=media` with Range: the file, `X-Goog-Generation` added to
+    every reply). nginx decodes the `%2F` of an object name into a path. Not fake-gcs-server (the emulator the
+    tests use): it holds objects in its own memory and would time its copies, not the client's. `gs-floor` is
+    `floor` on the same media URLs."""
+    root = tempfile.mkdtemp(prefix="bench-gcs-")
+    media = os.path.join(root, "download", "storage", "v1", "b", "models", "o", "w1")
+    meta = os.path.join(root, "storage", "v1", "b", "models", "o", "w1")
+    os.makedirs(media)
+    os.makedirs(meta)
+    for f in os.listdir(ckpt):
+        os.symlink(os.path.join(ckpt, f), os.path.join(media, f))
+        with open(os.path.join(meta, f), "w") as out:
+            json.dump({"size": str(os.path.getsize(os.path.join(ckpt, f))), "generation": "1"}, out)
+    proc, port, _ = start_nginx(root, "add_header X-Goog-Generation 1 always;")
+    endpoint = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, BENCH_GCS_ENDPOINT=endpoint, BENCH_GCS_MEDIA=f"{endpoint}/download/storage/v1/b/models/o/w1")
+    env.pop("STORAGE_EMULATOR_HOST", None)
+    try:
+        results: dict[str, list] = {}
+        for _ in range(reps):
+            for name in ("gs-floor", "gs-lazyweights"):
+                r = once(name, base="gs://models/w1", env=env)
+                if r["digest"] is not None and r["digest"] != reference:
+                    raise SystemExit(f"{name}: output differs from the local materialization")
+                results.setdefault(name, []).append(r)
+        return results
+    finally:
+        stop_nginx(proc)
+        shutil.rmtree(root)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ckpt")
@@ -703,6 +750,7 @@ def main():
                     help="sample memory with a thread inside each contestant (the old harness, kept for the A/B; "
                          "see NAME+sampler)")
     ap.add_argument("--s3", action="store_true", help="also run the S3 contestants (S3 protocol served by nginx)")
+    ap.add_argument("--gcs", action="store_true", help="also run the GCS contestants (GCS's JSON API served by nginx)")
     ap.add_argument("--only", help="comma-separated contestants to run (default: all but the S3 ones); NAME+sampler "
                                    "runs NAME with the in-process sampler, beside NAME without it")
     ap.add_argument("--link-rate", help="run in a network namespace whose loopback is limited to this rate (tc's "
@@ -861,6 +909,8 @@ def main():
                       f"{os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         if args.s3:
             s3_results = run_s3(ckpt, once, reference, args.reps)
+        if args.gcs:
+            gcs_results = run_gcs(ckpt, once, reference, args.reps)
     finally:
         stop_nginx(proc)
         for file in replays.values():
@@ -938,6 +988,17 @@ def main():
             peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
             same = "floor" if name == "s3-download4" else "yes"
             print(f"{name:<22}{s:>9.3f}{s / s3_floor:>9.2f}{peak:>17.2f}  {same}")
+    if args.gcs:
+        gcs_floor = statistics.median(r["seconds"] for r in gcs_results["gs-floor"])
+        print("\nW1 over GCS's JSON API (media downloads served by nginx on 127.0.0.1), "
+              f"medians of {args.reps}, warm memory")
+        print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'CPU s':>7}{'peak RssAnon GB':>17}  identical")
+        for name, rs in gcs_results.items():
+            s = statistics.median(r["seconds"] for r in rs)
+            cpu = statistics.median(r["cpu_user"] + r["cpu_sys"] for r in rs)
+            peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
+            same = "floor" if name == "gs-floor" else "yes"
+            print(f"{name:<22}{s:>9.3f}{s / gcs_floor:>9.2f}{cpu:>7.2f}{peak:>17.2f}  {same}")
 
 
 if __name__ == "__main__":
