@@ -688,11 +688,18 @@ def run_s3(ckpt: str, once, reference: dict, reps: int) -> dict:
     env = dict(os.environ, BENCH_S3_ENDPOINT=endpoint, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing",
                AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
                RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
+    return _run_side(("s3-download4", "s3-lazyweights", "s3-runai", "s3-fsspec"), "s3://models/w1", env, once,
+                     reference, reps, proc, root)
+
+
+def _run_side(names, base: str, env: dict, once, reference: dict, reps: int, proc, root: str) -> dict:
+    """Run `names` `reps` times each (round-robin) against `base` with `env`, each output checked against
+    `reference`; then stop the side's server `proc` and remove its folder `root`."""
     try:
         results: dict[str, list] = {}
         for _ in range(reps):
-            for name in ("s3-download4", "s3-lazyweights", "s3-runai", "s3-fsspec"):
-                r = once(name, base="s3://models/w1", env=env)
+            for name in names:
+                r = once(name, base=base, env=env)
                 if r["digest"] is not None and r["digest"] != reference:
                     raise SystemExit(f"{name}: output differs from the local materialization")
                 results.setdefault(name, []).append(r)
@@ -722,20 +729,10 @@ def run_gcs(ckpt: str, once, reference: dict, reps: int) -> dict:
             json.dump({"size": str(os.path.getsize(os.path.join(ckpt, f))), "generation": "1"}, out)
     proc, port, _ = start_nginx(root, "add_header X-Goog-Generation 1 always;")
     endpoint = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, BENCH_GCS_ENDPOINT=endpoint, BENCH_GCS_MEDIA=f"{endpoint}/download/storage/v1/b/models/o/w1")
+    env = dict(os.environ, BENCH_GCS_ENDPOINT=endpoint,
+               BENCH_GCS_MEDIA=f"{endpoint}/download/storage/v1/b/models/o/w1")
     env.pop("STORAGE_EMULATOR_HOST", None)
-    try:
-        results: dict[str, list] = {}
-        for _ in range(reps):
-            for name in ("gs-floor", "gs-lazyweights"):
-                r = once(name, base="gs://models/w1", env=env)
-                if r["digest"] is not None and r["digest"] != reference:
-                    raise SystemExit(f"{name}: output differs from the local materialization")
-                results.setdefault(name, []).append(r)
-        return results
-    finally:
-        stop_nginx(proc)
-        shutil.rmtree(root)
+    return _run_side(("gs-floor", "gs-lazyweights"), "gs://models/w1", env, once, reference, reps, proc, root)
 
 
 def main():
