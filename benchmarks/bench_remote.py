@@ -976,26 +976,25 @@ def main():
         peaks = [statistics.median(run[k]["peak_anon"] for run in cached) / 1e9 for k in (0, 1)]
         print(f"  peak RssAnon: the first run {peaks[0]:.2f} GB, the second {peaks[1]:.2f} GB")
     if args.s3:
-        s3_floor = statistics.median(r["seconds"] for r in s3_results["s3-download4"])
-        print("\nW1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1), "
-              f"medians of {args.reps}, warm memory")
-        print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'peak RssAnon GB':>17}  identical")
-        for name, rs in s3_results.items():
-            s = statistics.median(r["seconds"] for r in rs)
-            peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-            same = "floor" if name == "s3-download4" else "yes"
-            print(f"{name:<22}{s:>9.3f}{s / s3_floor:>9.2f}{peak:>17.2f}  {same}")
+        _print_side("W1 over the S3 protocol (path-style GET/HEAD served by nginx on 127.0.0.1)", s3_results,
+                    "s3-download4", args.reps)
     if args.gcs:
-        gcs_floor = statistics.median(r["seconds"] for r in gcs_results["gs-floor"])
-        print("\nW1 over GCS's JSON API (media downloads served by nginx on 127.0.0.1), "
-              f"medians of {args.reps}, warm memory")
-        print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'CPU s':>7}{'peak RssAnon GB':>17}  identical")
-        for name, rs in gcs_results.items():
-            s = statistics.median(r["seconds"] for r in rs)
-            cpu = statistics.median(r["cpu_user"] + r["cpu_sys"] for r in rs)
-            peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
-            same = "floor" if name == "gs-floor" else "yes"
-            print(f"{name:<22}{s:>9.3f}{s / gcs_floor:>9.2f}{cpu:>7.2f}{peak:>17.2f}  {same}")
+        _print_side("W1 over GCS's JSON API (media downloads served by nginx on 127.0.0.1)", gcs_results,
+                    "gs-floor", args.reps)
+
+
+def _print_side(title: str, results: dict, floor_name: str, reps: int) -> None:
+    """The table of an S3 or GCS side: each contestant's median wall time against the side's own floor, its CPU
+    seconds and its peak private memory."""
+    floor = statistics.median(r["seconds"] for r in results[floor_name])
+    print(f"\n{title}, medians of {reps}, warm memory")
+    print(f"{'contestant':<22}{'wall s':>9}{'x floor':>9}{'CPU s':>7}{'peak RssAnon GB':>17}  identical")
+    for name, rs in results.items():
+        s = statistics.median(r["seconds"] for r in rs)
+        cpu = [r["cpu_user"] + r["cpu_sys"] for r in rs if r.get("cpu_user") is not None]
+        cpu_s = f"{statistics.median(cpu):>7.2f}" if cpu else f"{'':>7}"
+        peak = statistics.median(r["peak_anon"] for r in rs) / 1e9
+        print(f"{name:<22}{s:>9.3f}{s / floor:>9.2f}{cpu_s}{peak:>17.2f}  {'floor' if name == floor_name else 'yes'}")
 
 
 if __name__ == "__main__":
