@@ -255,7 +255,7 @@ class HTTPBackend:
 
     def _check_common(self, r, etag: str | None, what: str) -> None:
         if r.status in (412, 416):
-            raise changed_error(self.name, f"HTTP {r.status} for {what}, ETag {etag}")
+            raise changed_error(self.name, f"HTTP {r.status} for {what}, {self.version_name} {etag}")
         if r.status >= 500:
             raise Transient(f"HTTP {r.status} {r.reason}")
         reply_etag = self._version(r)
