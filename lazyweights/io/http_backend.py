@@ -162,8 +162,10 @@ class HTTPBackend:
             reason = e.reason if isinstance(e, urllib3.exceptions.MaxRetryError) else e
             if isinstance(reason, urllib3.exceptions.ResponseError):  # too many redirects
                 raise RemoteError(f"{self.name}: {reason}", url=self.name) from None
-            unreachable = unreachable_error(self.name, e)
+            unreachable = unreachable_error(url or self.url, e)  # named by where nothing listens
             if unreachable is not None:
+                if self.name != self.url:  # an object named otherwise (gs://): which one, then where
+                    raise RemoteError(f"{self.name}: {unreachable}", url=self.name) from None
                 raise unreachable from None
             # (urllib3's NewConnectionError is a ConnectTimeoutError too: a refused connection is not a timeout)
             if isinstance(reason, (urllib3.exceptions.TimeoutError, TimeoutError)) and \

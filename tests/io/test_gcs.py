@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import free_port
 from safetensors.numpy import load_file, save
 
 import lazyweights as lw
@@ -110,6 +111,13 @@ def test_a_missing_object_or_bucket_names_the_gs_url(gcs):
     assert e.value.status == 404
     with pytest.raises(lw.RemoteError, match=r"gs://no-such-bucket/m.safetensors: cannot open: HTTP 404"):
         lw.load_weights(["gs://no-such-bucket/m.safetensors"], storage_options=gcs.options)
+
+
+def test_an_endpoint_where_nothing_listens_names_the_object_and_the_endpoint():
+    port = free_port()
+    with pytest.raises(lw.RemoteError, match=rf"gs://bkt/m.safetensors: .*connection refused: nothing listens on "
+                                             rf"127.0.0.1:{port}"):
+        lw.load_weights(["gs://bkt/m.safetensors"], storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
 
 
 def test_a_prefix_without_weights_is_a_format_error(gcs):
