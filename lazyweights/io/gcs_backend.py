@@ -138,13 +138,15 @@ class GCSBackend(HTTPBackend):
     def __init__(self, url: str, options: dict):
         self.bucket, self.object_name = split_gs_url(url)
         self.endpoint = gcs_endpoint(options)
-        path = f"b/{quote(self.bucket, safe='')}/o/{quote(self.object_name, safe='')}"
-        self._object = f"{self.endpoint}/storage/v1/{path}"
-        media = f"{self.endpoint}/download/storage/v1/{path}?alt=media"
-        super().__init__(media, {k: v for k, v in options.items() if k in ("headers", "timeout")})
+        path = f"b/{quote(self.bucket, safe='')}/o"
+        name = quote(self.object_name, safe="")
+        self._objects = f"{self.endpoint}/storage/v1/{path}"  # the bucket's objects: listings
+        self._object = f"{self._objects}/{name}"  # this object's metadata
+        # requests go to the live object's media download URL (`self.url`); reads add the generation
+        super().__init__(f"{self.endpoint}/download/storage/v1/{path}/{name}?alt=media",
+                         {k: v for k, v in options.items() if k in ("headers", "timeout")})
         self.headers = dict(options.get("headers", {}))  # no ~/.netrc login: GCS takes bearer tokens
         self.name = url
-        self._media = media
         self._credentials = _credentials(url, options)
 
     # --- credentials ------------------------------------------------------------------------------------
@@ -182,7 +184,7 @@ class GCSBackend(HTTPBackend):
 
     def _ranged(self, ranges: str, etag: str | None):
         """A GET of `ranges` from generation `etag` of the object (None: the live one)."""
-        url = self._media + (f"&generation={etag}" if etag else "")
+        url = self.url + (f"&generation={etag}" if etag else "")
         return self._send("GET", {"Range": "bytes=" + ranges, "Accept-Encoding": "identity"}, url)
 
     def _check_common(self, r, etag: str | None, what: str) -> None:
@@ -202,7 +204,7 @@ class GCSBackend(HTTPBackend):
     def list(self) -> list[str]:
         """The object URLs under this prefix (sorted): `gs://bucket/prefix/...`."""
         prefix = self.object_name.rstrip("/") + "/" if self.object_name else ""
-        base = (f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o?prefix={quote(prefix, safe='')}"
+        base = (f"{self._objects}?prefix={quote(prefix, safe='')}"
                 f"&maxResults={LIST_PAGE}&fields=items%2Fname%2CnextPageToken")
         out, page = [], None
         while True:
